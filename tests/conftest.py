@@ -1,0 +1,105 @@
+"""Shared fixtures: a private redis-server per test session, never a Redis we did not start."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+REFERENCE_DIR = Path(
+    os.environ.get(
+        "COSYQ_REFERENCE_DIR",
+        Path(__file__).resolve().parents[1].parent / "shared" / "cosyvoice2-reference",
+    )
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server process we own: started on a free port, stopped and restartable."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail(
+                "redis-server is not installed (apt install redis-server / brew install redis)"
+            )
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """A clean database on our own server (safe to flush: we started it)."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushdb()
+    yield redis_server.url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    if not (REFERENCE_DIR / "config.json").is_file():
+        pytest.fail(f"reference set not found at {REFERENCE_DIR}; set COSYQ_REFERENCE_DIR")
+    return REFERENCE_DIR
