@@ -1,0 +1,36 @@
+"""`cosyq-worker`: the worker-side command line.
+
+Each command group lives in its own module exposing `register(subparsers)`; registering stays
+cheap (no torch import) so `cosyq-worker --help` is instant, and each command imports what it
+needs when it runs. Add a group by appending its module to `COMMAND_MODULES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cosyq-worker", description="cosyq worker: run, pool, model tools, benchmarks"
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run the chosen command; its return value is the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
