@@ -1,0 +1,124 @@
+"""A CosyVoice 2 model directory in the upstream layout, checked before anything is loaded.
+
+`COSYQ_MODEL_DIR` points at a real `CosyVoice2-0.5B` download or at a tiny directory written by
+`cosyq-worker model init-tiny`. Every missing or unreadable file is reported by name with what
+was expected there, so a worker fails at start-up with one clear message instead of deep in a
+stack trace, and never downloads anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ModelLoadError
+from workers.model.yaml_plain import load_plain_yaml
+
+YAML_FILE = "cosyvoice2.yaml"
+QWEN_DIR = "CosyVoice-BlankEN"
+CHECKPOINTS = ("llm", "flow", "hift")
+EXPECTED_FILES: dict[str, str] = {
+    YAML_FILE: "the model configuration (HyperPyYAML)",
+    "llm.pt": "the Qwen2LM state_dict (torch.save)",
+    "flow.pt": "the flow-matching state_dict (torch.save)",
+    "hift.pt": "the HiFT vocoder state_dict (torch.save)",
+    "campplus.onnx": "the CAM++ speaker-embedding ONNX model",
+    "speech_tokenizer_v2.onnx": "the 25 Hz speech-tokenizer ONNX model",
+    f"{QWEN_DIR}/config.json": "the Qwen2 backbone configuration",
+    f"{QWEN_DIR}/vocab.json": "the Qwen2 BPE vocabulary",
+    f"{QWEN_DIR}/merges.txt": "the Qwen2 BPE merges",
+    f"{QWEN_DIR}/tokenizer_config.json": "the Qwen2 tokenizer configuration (added tokens)",
+}
+PROMPT_AUDIO = "prompt.wav"  # optional: the directory's built-in default voice
+PROMPT_TEXT = "prompt.txt"
+_HASH_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class ModelDirectory:
+    """Paths and plain-data configuration of one model directory."""
+
+    root: Path
+
+    def check_layout(self) -> None:
+        """Raise ModelLoadError naming every missing file and what it should have been."""
+        if not self.root.is_dir():
+            raise ModelLoadError(f"{self.root}: model directory not found")
+        missing = [
+            f"{name} ({what})"
+            for name, what in EXPECTED_FILES.items()
+            if not (self.root / name).is_file()
+        ]
+        if missing:
+            raise ModelLoadError(f"{self.root}: missing " + "; ".join(missing))
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    def checkpoint(self, stage: str) -> Path:
+        return self.root / f"{stage}.pt"
+
+    @cached_property
+    def yaml(self) -> dict[str, Any]:
+        return load_plain_yaml(self.root / YAML_FILE)
+
+    @cached_property
+    def qwen_config(self) -> dict[str, Any]:
+        path = self.root / QWEN_DIR / "config.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{path}: unreadable Qwen2 config ({e})") from e
+        if not isinstance(data, dict):
+            raise ModelLoadError(f"{path}: expected a JSON object")
+        return data
+
+    @property
+    def default_prompt(self) -> tuple[Path, str] | None:
+        """The built-in prompt (audio path, transcript) if the directory carries one."""
+        audio, text = self.root / PROMPT_AUDIO, self.root / PROMPT_TEXT
+        if audio.is_file() and text.is_file():
+            return audio, text.read_text(encoding="utf-8").strip()
+        return None
+
+    @property
+    def name(self) -> str:
+        return self.root.resolve().name
+
+
+def file_sha256(path: Path, cache_dir: Path | None = None) -> str:
+    """SHA-256 of a file, cached by (path, size, mtime) so recycled workers don't rehash 2.5 GB."""
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    cache_file = None
+    if cache_dir is not None:
+        cache_file = cache_dir / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".sha256")
+        if cache_file.is_file():
+            return cache_file.read_text().strip()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    value = digest.hexdigest()
+    if cache_file is not None:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(value)
+        tmp.replace(cache_file)
+    return value
+
+
+def checkpoint_hashes(directory: ModelDirectory, cache_dir: Path | None = None) -> dict[str, str]:
+    """Per-file SHA-256 of llm.pt, flow.pt and hift.pt."""
+    return {f"{s}.pt": file_sha256(directory.checkpoint(s), cache_dir) for s in CHECKPOINTS}
+
+
+def combined_hash(hashes: dict[str, str]) -> str:
+    """One short identity for a set of checkpoints (reported in every result)."""
+    joined = "\n".join(f"{name}={value}" for name, value in sorted(hashes.items()))
+    return hashlib.sha256(joined.encode()).hexdigest()[:16]
