@@ -3,7 +3,8 @@
 They speak the real contract (request dict in, SynthesisResult dict out, failure reason in
 job.meta["cosyq_error"]) and use the real storage and audio code; only the model is replaced by a
 tone whose length follows the text (10 ms per character, at least 0.1 s). Settings come from the
-environment, as in a real worker.
+environment, as in a real worker. A request whose metadata holds "fail_with" fails with that
+reason.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def synthesize(request: dict[str, Any]) -> dict[str, Any]:
         job.meta[ERROR_META_KEY] = JobFailure("invalid_request", str(e)).as_meta()
         job.save_meta()
         raise
+    if "fail_with" in checked.metadata:  # lets a test make one job of a batch fail
+        message = str(checked.metadata["fail_with"])
+        job.meta[ERROR_META_KEY] = JobFailure("internal", message).as_meta()
+        job.save_meta()
+        raise RuntimeError(message)
     samples = tone_for(checked.text)
     encoded = encode_audio(
         samples, NATIVE_SAMPLE_RATE, checked.format, checked.sample_rate, checked.sample_format
