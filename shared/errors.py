@@ -23,3 +23,51 @@ class ModelLoadError(CosyqError):
 
 class TransientError(CosyqError):
     """A fault outside the request that may pass (storage or Redis unreachable)."""
+
+
+class SettingsError(CosyqError):
+    """The deployment settings are wrong (unknown COSYQ_ variable, bad value): fix and restart."""
+
+
+class StorageError(CosyqError):
+    """Storage refused an operation for a reason that retrying will not fix (no such bucket)."""
+
+
+class ObjectNotFoundError(InvalidRequestError):
+    """A URI names an object or file that does not exist (a prompt audio URI, a result)."""
+
+
+class QueueFullError(TransientError):
+    """A queue holds `max_queue_depth` jobs already: submit later or slower.
+
+    `submitted` holds the job ids a `submit_many` call enqueued before the queue filled, in
+    request order, so a caller can resume with the rest.
+    """
+
+    def __init__(self, message: str, *, queue: str, depth: int, submitted: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.queue = queue
+        self.depth = depth
+        self.submitted = submitted
+
+
+class JobNotFoundError(CosyqError):
+    """No job with this id exists in Redis (never submitted, or expired after its TTL)."""
+
+
+class JobFailedError(CosyqError):
+    """A job ended without a result; `kind` is the worker's reason kind (invalid_request, ...)."""
+
+    def __init__(self, job_id: str, kind: str, message: str):
+        super().__init__(f"job {job_id} failed ({kind}): {message}")
+        self.job_id = job_id
+        self.kind = kind
+        self.reason = message
+
+
+class ResultTimeoutError(CosyqError, TimeoutError):
+    """A job did not finish within the time the caller was willing to wait."""
+
+
+class AudioDecodeError(InvalidRequestError):
+    """Bytes that no audio decoder accepts (an unreadable or truncated prompt file)."""

@@ -1,0 +1,295 @@
+"""The job contract: what a backend service sends (`SynthesisRequest`) and gets back.
+
+`validate_request` is the one gate: the producer runs it before enqueueing and the worker runs it
+again on the payload it pops (anyone who can write to Redis can bypass the producer). Its errors
+name the field and the rule, e.g. "text: 2,314 characters, limit 2,000".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from shared.errors import InvalidRequestError
+from shared.keys import Priority
+from shared.results import AUDIO_FORMATS, AudioFormat, SampleFormat, SynthesisResult
+from shared.settings import Settings
+
+__all__ = [
+    "NATIVE_SAMPLE_RATE",
+    "SUPPORTED_SAMPLE_RATES",
+    "RequestLimits",
+    "SynthesisRequest",
+    "SynthesisResult",
+    "check_output_key",
+    "check_prompt_uri",
+    "validate_request",
+]
+
+Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+
+NATIVE_SAMPLE_RATE = 24000  # CosyVoice 2's HiFT output rate
+SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+MIN_SPEED, MAX_SPEED = 0.5, 2.0
+MAX_SEED = 2**32 - 1  # numpy's and every backend's generators accept this range
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+VOICE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+OUTPUT_KEY_CHARS_RE = re.compile(r"[A-Za-z0-9._\-=+@,/]+")
+PROMPT_URI_SCHEMES = ("file://", "s3://")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_NEVER_ECHOED = frozenset({"text", "prompt_text", "instruction"})  # never repeat input text
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The size limits a request is checked against (from Settings, the same on both sides)."""
+
+    max_text_chars: int = 2000
+    max_metadata_bytes: int = 4096
+    max_output_key_chars: int = 512
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        return cls(
+            max_text_chars=settings.max_text_chars,
+            max_metadata_bytes=settings.max_metadata_bytes,
+            max_output_key_chars=settings.max_output_key_chars,
+        )
+
+
+def _rule(message: str) -> PydanticCustomError:
+    return PydanticCustomError("cosyq_rule", message)
+
+
+def _limits(info: ValidationInfo) -> RequestLimits:
+    context = info.context or {}
+    limits = context.get("limits")
+    return limits if isinstance(limits, RequestLimits) else RequestLimits()
+
+
+def _check_text_like(value: str, limit: int, *, required: bool) -> str:
+    value = value.strip()
+    if required and not value:
+        raise _rule("must not be empty (after trimming whitespace)")
+    if len(value) > limit:
+        raise _rule(f"{len(value):,} characters, limit {limit:,}")
+    control = _CONTROL_RE.search(value)
+    if control:
+        raise _rule(f"contains control character U+{ord(control.group()):04X}")
+    return value
+
+
+def check_output_key(key: str, limit: int) -> str:
+    """Reject any key that could escape the storage prefix; returns the key unchanged.
+
+    Raises ValueError naming the rule (used for requests and again by `Storage.put`).
+    """
+    if not key:
+        raise ValueError("must not be empty")
+    if len(key) > limit:
+        raise ValueError(f"{len(key):,} characters, limit {limit:,}")
+    if "\\" in key:
+        raise ValueError("backslashes are not allowed")
+    if key.startswith("/") or key.startswith("~") or re.match(r"[A-Za-z]:", key):
+        raise ValueError("must be a relative key, not an absolute path")
+    segments = key.split("/")
+    if any(segment in ("..", ".") for segment in segments):
+        raise ValueError("'..' and '.' segments are not allowed")
+    if any(segment == "" for segment in segments):
+        raise ValueError("empty segments ('//' or a trailing '/') are not allowed")
+    if not OUTPUT_KEY_CHARS_RE.fullmatch(key):
+        raise ValueError("only letters, digits and . _ - = + @ , / are allowed")
+    return key
+
+
+def check_prompt_uri(uri: str) -> str:
+    """A prompt audio URI the worker can read: file:///absolute/path or s3://bucket/key."""
+    if not uri.startswith(PROMPT_URI_SCHEMES):
+        raise ValueError("must be a file:// or s3:// URI")
+    rest = uri.split("://", 1)[1]
+    if uri.startswith("file://") and not rest.startswith("/"):
+        raise ValueError("a file URI needs an absolute path: file:///path/to/prompt.wav")
+    if uri.startswith("s3://"):
+        bucket, _, key = rest.partition("/")
+        if not bucket or not key:
+            raise ValueError("an s3 URI needs a bucket and a key: s3://bucket/key")
+    return uri
+
+
+class SynthesisRequest(BaseModel):
+    """One text to synthesize and how. Version 1 of the contract; unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    text: str
+    voice: str | None = None  # a registered voice; None with no prompt_audio: voice "default"
+    prompt_audio: str | None = None  # file:// or s3:// URI, read by the worker
+    prompt_text: str | None = None  # the transcript of prompt_audio
+    mode: Mode = "zero_shot"
+    instruction: str | None = None  # instruct2 only, e.g. "speak slowly and calmly"
+    speed: float = 1.0
+    seed: int | None = Field(None, strict=True)
+    format: AudioFormat = "wav"
+    sample_format: SampleFormat = "pcm16"  # wav only: pcm16 or float32
+    sample_rate: int = Field(NATIVE_SAMPLE_RATE, strict=True)
+    output_key: str | None = None
+    idempotency_key: str | None = None
+    priority: Priority = "default"
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    @field_validator("text")
+    @classmethod
+    def _check_text(cls, value: str, info: ValidationInfo) -> str:
+        return _check_text_like(value, _limits(info).max_text_chars, required=True)
+
+    @field_validator("prompt_text", "instruction")
+    @classmethod
+    def _check_optional_text(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        return _check_text_like(value, _limits(info).max_text_chars, required=True)
+
+    @field_validator("voice")
+    @classmethod
+    def _check_voice(cls, value: str | None) -> str | None:
+        if value is not None and not VOICE_NAME_RE.fullmatch(value):
+            raise _rule("1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        return value
+
+    @field_validator("prompt_audio")
+    @classmethod
+    def _check_prompt_audio(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return check_prompt_uri(value)
+        except ValueError as e:
+            raise _rule(str(e)) from e
+
+    @field_validator("speed")
+    @classmethod
+    def _check_speed(cls, value: float) -> float:
+        if not MIN_SPEED <= value <= MAX_SPEED:  # also false for NaN
+            raise _rule(f"{value} is outside {MIN_SPEED}-{MAX_SPEED}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _check_seed(cls, value: int | None) -> int | None:
+        if value is not None and not 0 <= value <= MAX_SEED:
+            raise _rule(f"{value} is outside 0-{MAX_SEED:,}")
+        return value
+
+    @field_validator("sample_rate")
+    @classmethod
+    def _check_sample_rate(cls, value: int) -> int:
+        if value not in SUPPORTED_SAMPLE_RATES:
+            rates = ", ".join(str(rate) for rate in SUPPORTED_SAMPLE_RATES)
+            raise _rule(f"{value} Hz is not supported; use one of {rates}")
+        return value
+
+    @field_validator("output_key")
+    @classmethod
+    def _check_output_key(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        try:
+            return check_output_key(value, _limits(info).max_output_key_chars)
+        except ValueError as e:
+            raise _rule(str(e)) from e
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _check_idempotency_key(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value or len(value) > MAX_IDEMPOTENCY_KEY_CHARS:
+            raise _rule(f"{len(value)} characters, must be 1-{MAX_IDEMPOTENCY_KEY_CHARS}")
+        if not value.isprintable():
+            raise _rule("must be printable characters only")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        limit = _limits(info).max_metadata_bytes
+        if size > limit:
+            raise _rule(f"{size:,} bytes as JSON, limit {limit:,}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> SynthesisRequest:
+        problems = _combination_problems(self)
+        if problems:
+            raise _rule("; ".join(problems))
+        return self
+
+
+def _combination_problems(request: SynthesisRequest) -> list[str]:
+    """Rules across fields, each phrased "field: rule"."""
+    problems = []
+    if request.voice is not None and request.prompt_audio is not None:
+        problems.append("voice: give either voice or prompt_audio, not both")
+    if request.prompt_text is not None and request.prompt_audio is None:
+        problems.append("prompt_text: only used with prompt_audio (a voice has its transcript)")
+    if request.mode == "zero_shot" and request.prompt_audio and request.prompt_text is None:
+        problems.append("prompt_text: required by mode zero_shot with prompt_audio")
+    if request.mode == "instruct2" and request.instruction is None:
+        problems.append("instruction: required by mode instruct2")
+    if request.mode != "instruct2" and request.instruction is not None:
+        problems.append(f"instruction: only used by mode instruct2 (mode is {request.mode})")
+    if request.sample_format == "float32" and request.format != "wav":
+        problems.append(f"sample_format: float32 needs format wav (format is {request.format})")
+    if request.output_key is not None:
+        suffix = request.output_key.rsplit("/", 1)[-1].rpartition(".")[2]
+        if suffix in AUDIO_FORMATS and suffix != request.format:
+            problems.append(f"output_key: ends in .{suffix} but format is {request.format}")
+    return problems
+
+
+def validate_request(
+    data: Mapping[str, Any] | SynthesisRequest, limits: RequestLimits
+) -> SynthesisRequest:
+    """Check a request payload against the contract and the limits; the producer and the worker
+    both call this. Raises InvalidRequestError naming each field and rule that failed."""
+    if isinstance(data, SynthesisRequest):
+        data = data.model_dump()
+    if not isinstance(data, Mapping):
+        raise InvalidRequestError(f"request: must be a JSON object (got {type(data).__name__})")
+    try:
+        return SynthesisRequest.model_validate(dict(data), context={"limits": limits})
+    except ValidationError as e:
+        raise InvalidRequestError("; ".join(_describe(error) for error in e.errors())) from e
+
+
+def _describe(error: Any) -> str:
+    """One pydantic error as "field: rule"."""
+    field = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "cosyq_rule":
+        return f"{field}: {error['msg']}" if field else error["msg"]
+    if error["type"] == "extra_forbidden":
+        return f"{field}: unknown field"
+    if error["type"] == "missing":
+        return f"{field}: required"
+    if field in _NEVER_ECHOED:
+        return f"{field}: {error['msg'].lower()}"
+    got = error.get("input")
+    shown = repr(got) if len(repr(got)) <= 40 else repr(got)[:37] + "..."
+    return f"{field or 'request'}: {error['msg'].lower()} (got {shown})"

@@ -1,0 +1,71 @@
+"""Every Redis key and queue name cosyq uses, in one place.
+
+RQ owns its own `rq:*` keys; ours live under `cosyq:`. Workers listen on the three queues in
+priority order, so a `high` job is always taken before a waiting `default` one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+Priority = Literal["high", "default", "low"]
+
+QUEUE_HIGH = "cosyq-high"
+QUEUE_DEFAULT = "cosyq-default"
+QUEUE_LOW = "cosyq-low"
+QUEUE_BY_PRIORITY: dict[str, str] = {
+    "high": QUEUE_HIGH,
+    "default": QUEUE_DEFAULT,
+    "low": QUEUE_LOW,
+}
+QUEUES_IN_PRIORITY_ORDER: tuple[str, ...] = (QUEUE_HIGH, QUEUE_DEFAULT, QUEUE_LOW)
+
+PREFIX = "cosyq:"
+IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(idempotency key) -> "<job id> <request hash>"
+VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (issue 4)
+VOICES_SET = PREFIX + "voices"  # set of registered voice names
+JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
+WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash (see WORKER_STATS_FIELDS)
+
+# Fields of a worker-stats hash, as the worker publishes them and `cosyq status` reads them.
+WORKER_STATS_FIELDS = (
+    "pid",
+    "rss_mb",
+    "jobs_done",
+    "state",
+    "current_job",
+    "backend",
+    "device",
+    "started_at",
+)
+
+# Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
+SYNTHESIZE_FUNCTION = "workers.tasks.synthesize"
+ADD_VOICE_FUNCTION = "workers.tasks.add_voice"
+
+# job.meta keys
+ERROR_META_KEY = "cosyq_error"  # {"kind": ..., "message": ...} written by the worker on failure
+SUBMIT_META_KEY = "cosyq_submit"  # what the producer recorded at submit time (no text)
+
+
+def queue_for(priority: str) -> str:
+    """The RQ queue name for a request priority."""
+    return QUEUE_BY_PRIORITY[priority]
+
+
+def idempotency_key(key: str) -> str:
+    """The Redis key guarding one idempotency key (hashed: any length, no odd characters)."""
+    return IDEMPOTENCY_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def voice_key(name: str) -> str:
+    return VOICE_PREFIX + name
+
+
+def job_heartbeat_key(job_id: str) -> str:
+    return JOB_HEARTBEAT_PREFIX + job_id
+
+
+def worker_stats_key(worker_name: str) -> str:
+    return WORKER_STATS_PREFIX + worker_name

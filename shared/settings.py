@@ -1,0 +1,281 @@
+"""Deployment settings: one `Settings`, read from `COSYQ_*` variables and an optional `.env`.
+
+Build it once per entry point with `load_settings()` and pass it down; there is no module-global
+instance. A typo must not be silently ignored (pydantic-settings ignores unknown variables by
+itself), so every `COSYQ_*` name in the environment or the `.env` file that is not a field is
+rejected with the closest field suggested.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from dotenv import dotenv_values
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import SettingsError
+
+ENV_PREFIX = "COSYQ_"
+DEFAULT_ENV_FILE = ".env"
+
+# COSYQ_ variables that are not settings: read by scripts/ and the test harness only.
+NON_SETTINGS_VARIABLES = frozenset(
+    {
+        "COSYQ_PYTHON",  # scripts/env.sh: the interpreter that creates .venv
+        "COSYQ_REFERENCE_DIR",  # tests: the CosyVoice 2 reference set
+        "COSYQ_REQUIRE_REFERENCE",  # tests/CI: fail (not skip) when the reference set is missing
+    }
+)
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+STORAGE_SCHEMES = ("file", "s3")
+
+
+def _default_storage_url() -> str:
+    return (Path.cwd() / "cosyq-output").resolve().as_uri()
+
+
+def _default_coreml_cache_dir() -> Path:
+    return Path.home() / ".cache" / "cosyq" / "coreml"
+
+
+class Settings(BaseSettings):
+    """Every knob of a cosyq process; each limit is named here with its default.
+
+    Producer side: redis_*, storage_url, s3_*, max_*_chars/bytes, max_queue_depth, backpressure*,
+    submit_chunk_size, job/result/failure TTLs, retries, idempotency_ttl_s, result polling.
+    Worker side: model_dir, backend, device, dtype, compute_units, coreml_*, engine, recycling
+    limits (max_jobs*, max_rss_mb, max_lifetime_s), threads, pool_size, heartbeats.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=DEFAULT_ENV_FILE,
+        env_file_encoding="utf-8",
+        extra="ignore",  # unknown COSYQ_ names are rejected by _reject_unknown_variables
+        validate_default=True,
+    )
+
+    # Connections and storage
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        repr=False,  # may hold a password
+        description="Redis URL: redis://, rediss:// (TLS) or unix://; user:password@ for ACLs",
+    )
+    redis_connect_timeout_s: float = Field(5.0, gt=0, description="Redis connect timeout")
+    redis_socket_timeout_s: float | None = Field(
+        None, gt=0, description="Redis read timeout (unset: as long as a blocking call asks)"
+    )
+    redis_health_check_interval_s: int = Field(
+        30, ge=0, description="PING an idle Redis connection before reuse after this long"
+    )
+    redis_ssl_ca_certs: Path | None = Field(
+        None, description="CA bundle for rediss:// servers with a private CA"
+    )
+    storage_url: str = Field(
+        default_factory=_default_storage_url,
+        description="where audio is written: file:///path or s3://bucket/prefix",
+    )
+    s3_endpoint_url: str | None = Field(None, description="S3 endpoint (MinIO, R2); unset: AWS")
+    s3_region: str | None = Field(None, description="S3 region; unset: the AWS environment's")
+    s3_access_key_id: str | None = Field(
+        None, description="S3 key id; unset: the usual AWS variables, profile or role"
+    )
+    s3_secret_access_key: SecretStr | None = Field(None, description="S3 secret key")
+    s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
+        "auto", description="S3 addressing: auto, path (most MinIO setups) or virtual"
+    )
+    max_read_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="largest object read from storage (prompt audio)"
+    )
+
+    # Model and backend (worker)
+    model_dir: Path | None = Field(None, description="a CosyVoice2-0.5B-layout model folder")
+    backend: Literal["auto", "torch", "coreml"] = Field("auto", description="auto, torch or coreml")
+    device: Literal["auto", "cpu", "mps", "cuda"] = Field(
+        "auto", description="torch device: auto, cpu, mps or cuda"
+    )
+    dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="weights: fp32/fp16/bf16")
+    compute_units: Literal["ALL", "CPU_AND_NE", "CPU_AND_GPU", "CPU_ONLY"] = Field(
+        "ALL", description="Core ML compute units"
+    )
+    coreml_dir: Path | None = Field(
+        None, description="converted Core ML packages (unset: <model_dir>/coreml)"
+    )
+    coreml_cache_dir: Path = Field(
+        default_factory=_default_coreml_cache_dir, description="compiled .mlmodelc cache"
+    )
+    engine: str = Field(
+        "workers.pipeline:load_engine",
+        description="dotted factory(settings) -> engine (operator config; tests use doubles)",
+    )
+    normalize_text: bool = Field(True, description="text normalisation (wetext) before tokens")
+    allow_rosetta: bool = Field(False, description="let a worker run under Rosetta 2 (slow)")
+
+    # Request limits (checked by producer and worker alike)
+    max_text_chars: int = Field(2000, gt=0, description="longest text (and prompt text)")
+    max_metadata_bytes: int = Field(4096, ge=0, description="largest request metadata, as JSON")
+    max_output_key_chars: int = Field(
+        512, gt=0, description="longest output_key (S3 allows 1,024 bytes with the prefix)"
+    )
+    max_prompt_seconds: float = Field(
+        30.0, gt=0, description="longest prompt audio (the speech tokenizer's limit)"
+    )
+
+    # Queueing
+    max_queue_depth: int = Field(
+        10000, gt=0, description="jobs a queue may hold before submit pushes back"
+    )
+    backpressure: Literal["raise", "block"] = Field(
+        "raise", description="on a full queue: raise QueueFullError, or block until room"
+    )
+    backpressure_timeout_s: float = Field(
+        60.0, ge=0, description="longest block for room before QueueFullError"
+    )
+    backpressure_poll_s: float = Field(0.25, gt=0, description="queue-depth poll while blocked")
+    submit_chunk_size: int = Field(500, gt=0, description="jobs per pipelined round trip")
+    idempotency_ttl_s: int = Field(
+        86400, gt=0, description="how long an idempotency key maps to its first job"
+    )
+    job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
+    result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
+    failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
+    max_retries: int = Field(2, ge=0, description="retries of a transient failure")
+    retry_backoff_s: float = Field(
+        5.0, ge=0, description="retry k waits retry_backoff_s * 2**(k-1) seconds"
+    )
+    result_poll_interval_s: float = Field(
+        0.5, gt=0, description="longest pause between status polls while waiting"
+    )
+    wait_timeout_s: float = Field(
+        3600.0, gt=0, description="default wait for results (result(), cosyq --wait, say)"
+    )
+
+    # Worker processes
+    max_jobs: int = Field(200, gt=0, description="jobs a worker takes before it recycles")
+    max_jobs_jitter: int | None = Field(
+        None, ge=0, description="random extra jobs per worker (unset: 10% of max_jobs)"
+    )
+    max_rss_mb: int = Field(8192, gt=0, description="recycle a worker above this RSS")
+    max_lifetime_s: int = Field(21600, gt=0, description="recycle a worker after this long")
+    threads: int | None = Field(
+        None, gt=0, description="intra-op threads per worker (unset: cores // pool_size)"
+    )
+    pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
+    heartbeat_interval_s: float = Field(2.0, gt=0, description="per-job heartbeat period")
+    heartbeat_ttl_s: float = Field(
+        10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"
+    )
+
+    # Logging
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto: JSON lines unless on a terminal"
+    )
+
+    def __init__(self, **values: Any) -> None:
+        env_file = values.get("_env_file", DEFAULT_ENV_FILE)
+        _reject_unknown_variables(os.environ, _read_env_files(env_file))
+        super().__init__(**values)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str) -> str:
+        scheme = urlsplit(value).scheme
+        if scheme not in REDIS_SCHEMES:
+            raise ValueError(f"scheme must be one of {', '.join(REDIS_SCHEMES)} (got {scheme!r})")
+        return value
+
+    @field_validator("storage_url")
+    @classmethod
+    def _check_storage_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in STORAGE_SCHEMES:
+            raise ValueError("must start with file:// or s3://")
+        if parts.scheme == "file" and (parts.netloc not in ("", "localhost") or not parts.path):
+            raise ValueError("a file URL needs an absolute path: file:///srv/cosyq-output")
+        if parts.scheme == "s3" and not parts.netloc:
+            raise ValueError("an s3 URL needs a bucket: s3://bucket/prefix")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        name = value.upper()
+        if not isinstance(logging.getLevelName(name), int):
+            raise ValueError("must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return name
+
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> Settings:
+        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError("heartbeat_ttl_s must be longer than heartbeat_interval_s")
+        return self
+
+    def redacted_redis_url(self) -> str:
+        """The Redis URL with any password replaced by ***, for logs and `cosyq status`."""
+        return redact_url(self.redis_url)
+
+
+def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: Any) -> Settings:
+    """Build Settings for an entry point; bad values become one SettingsError naming each field."""
+    try:
+        return Settings(_env_file=env_file, **overrides)
+    except ValidationError as e:
+        problems = []
+        for error in e.errors():
+            field = ".".join(str(part) for part in error["loc"]) or "settings"
+            name = ENV_PREFIX + field.upper() if field in Settings.model_fields else field
+            problems.append(f"{name}: {error['msg']} (got {error.get('input')!r})")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from e
+
+
+def redact_url(url: str) -> str:
+    """Replace the password in a URL (redis://user:secret@host) with ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo = f"{parts.username or ''}:***"
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{userinfo}@{host}").geturl()
+
+
+def _read_env_files(env_file: Any) -> dict[str, str]:
+    files: Iterable[Any]
+    if env_file is None:
+        files = ()
+    elif isinstance(env_file, (str, Path)):
+        files = (env_file,)
+    else:
+        files = env_file
+    found: dict[str, str] = {}
+    for file in files:
+        if Path(file).is_file():
+            found.update({k: v or "" for k, v in dotenv_values(file).items()})
+    return found
+
+
+def _reject_unknown_variables(environ: Mapping[str, str], dotenv: Mapping[str, str]) -> None:
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    problems = []
+    for source, names in (("environment", environ), (".env file", dotenv)):
+        for name in sorted(names):
+            upper = name.upper()
+            if not upper.startswith(ENV_PREFIX) or upper in known:
+                continue
+            if upper in NON_SETTINGS_VARIABLES:
+                continue
+            close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            problems.append(f"unknown setting {name} (from the {source}){hint}")
+    if problems:
+        raise SettingsError(
+            "; ".join(problems) + " (README.md, Configuration, lists every setting)"
+        )

@@ -1,0 +1,26 @@
+"""Redis key helpers: priorities map to the three queues; idempotency keys are hashed."""
+
+from __future__ import annotations
+
+import hashlib
+
+from shared import keys
+
+
+def test_priorities_map_to_queues_in_listening_order() -> None:
+    assert [keys.queue_for(p) for p in ("high", "default", "low")] == list(
+        keys.QUEUES_IN_PRIORITY_ORDER
+    )
+
+
+def test_idempotency_key_is_hashed_under_the_prefix() -> None:
+    raw = "order-42/line 7 with spaces and ünïcode"
+    key = keys.idempotency_key(raw)
+    assert key == "cosyq:idem:" + hashlib.sha256(raw.encode()).hexdigest()
+    assert keys.idempotency_key("a") != keys.idempotency_key("b")
+
+
+def test_per_name_keys() -> None:
+    assert keys.voice_key("alice") == "cosyq:voice:alice"
+    assert keys.job_heartbeat_key("j1") == "cosyq:job-heartbeat:j1"
+    assert keys.worker_stats_key("w1") == "cosyq:worker-stats:w1"

@@ -1,0 +1,112 @@
+"""Settings: COSYQ_ variables and .env are read; typos and bad values are refused clearly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shared.errors import SettingsError
+from shared.settings import Settings, load_settings, redact_url
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No COSYQ_ settings from the caller's shell, and a cwd without a .env."""
+    for name in list(os.environ):
+        if name.upper().startswith("COSYQ_") and name.lower()[6:] in Settings.model_fields:
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_defaults(clean_env: Path) -> None:
+    settings = load_settings()
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.storage_url == (clean_env / "cosyq-output").resolve().as_uri()
+    assert settings.backend == "auto"
+    assert settings.max_text_chars == 2000
+    assert settings.backpressure == "raise"
+
+
+def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSYQ_REDIS_URL", "rediss://alice:s3cret@redis.example:6380/2")
+    monkeypatch.setenv("COSYQ_STORAGE_URL", "s3://bucket/audio")
+    monkeypatch.setenv("COSYQ_MODEL_DIR", "/models/CosyVoice2-0.5B")
+    monkeypatch.setenv("COSYQ_BACKEND", "coreml")
+    monkeypatch.setenv("COSYQ_DEVICE", "mps")
+    monkeypatch.setenv("COSYQ_MAX_JOBS", "7")
+    settings = load_settings()
+    assert settings.redis_url.startswith("rediss://alice:")
+    assert settings.storage_url == "s3://bucket/audio"
+    assert settings.model_dir == Path("/models/CosyVoice2-0.5B")
+    assert (settings.backend, settings.device, settings.max_jobs) == ("coreml", "mps", 7)
+
+
+def test_unknown_variable_is_rejected_with_a_suggestion(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSYQ_REDIS_ULR", "redis://x")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert "unknown setting COSYQ_REDIS_ULR (from the environment)" in message
+    assert "did you mean COSYQ_REDIS_URL?" in message
+
+
+def test_unknown_variable_is_rejected_by_plain_constructor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSYQ_NOT_A_THING", "1")
+    with pytest.raises(SettingsError, match="COSYQ_NOT_A_THING"):
+        Settings()
+
+
+def test_harness_variables_are_not_settings_but_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSYQ_REFERENCE_DIR", "/somewhere")
+    monkeypatch.setenv("COSYQ_REQUIRE_REFERENCE", "1")
+    monkeypatch.setenv("COSYQ_PYTHON", "python3.12")
+    load_settings()
+
+
+def test_env_file_is_read_and_its_typos_rejected(clean_env: Path) -> None:
+    (clean_env / ".env").write_text("COSYQ_MAX_QUEUE_DEPTH=12\nAWS_REGION=eu-west-1\n")
+    assert load_settings().max_queue_depth == 12
+    (clean_env / ".env").write_text("COSYQ_MAX_QUEUE_DEPHT=12\n")
+    with pytest.raises(SettingsError, match=r"COSYQ_MAX_QUEUE_DEPHT \(from the .env file\)"):
+        load_settings()
+    assert load_settings(env_file=None).max_queue_depth == 10000
+
+
+def test_environment_overrides_env_file(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (clean_env / ".env").write_text("COSYQ_MAX_JOBS=5\n")
+    monkeypatch.setenv("COSYQ_MAX_JOBS", "9")
+    assert load_settings().max_jobs == 9
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("COSYQ_MAX_JOBS", "abc", "COSYQ_MAX_JOBS: Input should be a valid integer"),
+        ("COSYQ_MAX_JOBS", "0", "COSYQ_MAX_JOBS: Input should be greater than 0"),
+        ("COSYQ_BACKEND", "tensorflow", "COSYQ_BACKEND: Input should be 'auto', 'torch'"),
+        ("COSYQ_REDIS_URL", "http://x", "COSYQ_REDIS_URL: Value error, scheme must be one of"),
+        ("COSYQ_STORAGE_URL", "ftp://x/y", "COSYQ_STORAGE_URL: Value error, must start with"),
+        ("COSYQ_STORAGE_URL", "s3:///prefix", "an s3 URL needs a bucket"),
+        ("COSYQ_STORAGE_URL", "file://relative/path", "a file URL needs an absolute path"),
+        ("COSYQ_LOG_LEVEL", "LOUD", "COSYQ_LOG_LEVEL: Value error, must be DEBUG"),
+        ("COSYQ_HEARTBEAT_TTL_S", "1", "heartbeat_ttl_s must be longer"),
+    ],
+)
+def test_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert expected in str(caught.value)
+
+
+def test_redis_password_is_kept_out_of_repr_and_redacted() -> None:
+    settings = load_settings(redis_url="redis://alice:s3cret@host:6379/0")
+    assert "s3cret" not in repr(settings)
+    assert settings.redacted_redis_url() == "redis://alice:***@host:6379/0"
+    assert redact_url("redis://:pw@host/0") == "redis://:***@host/0"
+    assert redact_url("redis://host/0") == "redis://host/0"
