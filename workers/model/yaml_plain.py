@@ -42,6 +42,10 @@ class _PlainLoader(yaml.SafeLoader):
 
 def _construct_tagged(loader: _PlainLoader, suffix: str, node: yaml.Node) -> Any:
     if suffix == "ref":
+        if not isinstance(node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, "!ref takes a scalar", node.start_mark
+            )
         return _Ref(str(loader.construct_scalar(node)))
     target = suffix.split(":", 1)[1] if ":" in suffix else suffix
     if isinstance(node, yaml.MappingNode):
@@ -49,7 +53,7 @@ def _construct_tagged(loader: _PlainLoader, suffix: str, node: yaml.Node) -> Any
         return {TARGET_KEY: target, **data}
     if isinstance(node, yaml.SequenceNode):
         return {TARGET_KEY: target, "args": loader.construct_sequence(node, deep=True)}
-    value = loader.construct_scalar(node)
+    value = loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else None
     return {TARGET_KEY: target} if value in ("", None) else {TARGET_KEY: target, "value": value}
 
 
