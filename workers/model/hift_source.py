@@ -99,7 +99,8 @@ class SourceModule(nn.Module):
         self.l_linear = nn.Linear(self.harmonics, 1)
 
     def frame_phase(self, f0: torch.Tensor) -> torch.Tensor:
-        """f0: (B, T) Hz -> phase (B, H, T) in rad at the end of each frame, times 480."""
+        """f0: (B, T) Hz -> (B, H, T) rad: 480 · 2π · running sum over frames of the per-sample
+        increment k·f0/sr mod 1 (cycles), the value the ×480 interpolation puts at frame centres."""
         harmonic = torch.arange(1, self.harmonics + 1, dtype=f0.dtype, device=f0.device)
         increments = (f0[:, None, :] * harmonic[None, :, None] / self.sampling_rate) % 1
         phase = torch.cumsum(increments, dim=2) * 2 * math.pi
