@@ -152,7 +152,7 @@ class HiFTGenerator(nn.Module):
                 device=mel.device,
             )
         f0 = self.f0_predictor(mel)
-        source = self.m_source(f0, noise.normal)
+        source = self.m_source(f0, noise.normal.to(mel.device))
         if source_prefix is not None and source_prefix.shape[-1] > 0:
             source = source.clone()
             source[:, :, : source_prefix.shape[-1]] = source_prefix
