@@ -75,13 +75,17 @@ class ConditionalFlowMatching(nn.Module):
             "rand_noise", make_noise(config.cfm, config.mel_bins), persistent=False
         )
 
-    def noise(self, num_frames: int) -> Tensor:
-        """(1, 80, num_frames): the first frames of the fixed noise, times the temperature."""
+    def check_frames(self, num_frames: int) -> None:
+        """Raise `InvalidRequestError` when the fixed noise is too short for `num_frames`."""
         if num_frames > self.rand_noise.size(-1):
             raise InvalidRequestError(
-                f"flow: {num_frames} mel frames exceed the noise buffer "
-                f"({self.rand_noise.size(-1)} frames, {self.rand_noise.size(-1) // 50} s)"
+                f"flow: {num_frames} mel frames (prompt + target) exceed the noise buffer "
+                f"of {self.rand_noise.size(-1)} frames"
             )
+
+    def noise(self, num_frames: int) -> Tensor:
+        """(1, 80, num_frames): the first frames of the fixed noise, times the temperature."""
+        self.check_frames(num_frames)
         return self.rand_noise[:, :, :num_frames] * self.cfm.temperature
 
     def forward(
@@ -198,12 +202,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
         `embedding` is the (1, 192) speaker vector. The returned mel excludes the prompt frames.
         """
         self._check_inputs(token, prompt_token, prompt_feat, embedding)
-        lookahead = self.config.encoder.pre_lookahead_len
-        if not finalize and token.size(1) <= lookahead:
-            raise InvalidRequestError(
-                f"flow token: a non-final chunk needs more than {lookahead} tokens "
-                f"(the last {lookahead} are look-ahead only), got {token.size(1)}"
-            )
+        self._check_length(token.size(1) + prompt_token.size(1), token.size(1), finalize)
         spks = self.project_speaker(embedding)
         tokens = torch.cat([prompt_token, token.to(prompt_token.dtype)], dim=1)
         encoder_out, mu = self.encode(tokens, finalize=finalize, streaming=streaming)
@@ -219,6 +218,17 @@ class CausalMaskedDiffWithXvec(nn.Module):
         )
         extra = FlowIntermediates(spks, encoder_out, mu, noise, cond, steps)
         return mel[:, :, prompt_frames:].float(), extra
+
+    def _check_length(self, total_tokens: int, tokens: int, finalize: bool) -> None:
+        """Reject, before any compute, a chunk too short for its look-ahead or too long."""
+        lookahead = self.config.encoder.pre_lookahead_len
+        if not finalize and tokens <= lookahead:
+            raise InvalidRequestError(
+                f"flow token: a non-final chunk needs more than {lookahead} tokens "
+                f"(the last {lookahead} are look-ahead only), got {tokens}"
+            )
+        frames = self.config.token_mel_ratio * (total_tokens - (0 if finalize else lookahead))
+        self.decoder.check_frames(frames)
 
     def _check_inputs(
         self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor

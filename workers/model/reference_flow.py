@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from workers.model.checkpoint import read_state_dict
-from workers.model.flow import CausalMaskedDiffWithXvec, EulerStep, build_flow, make_noise
+from workers.model.flow import CausalMaskedDiffWithXvec, EulerStep, build_flow
 from workers.model.flow_config import FlowConfig
 from workers.model.parity import ArrayCheck, ReferenceSet, compare
 
@@ -91,10 +91,16 @@ def load_reference_flow(ref: ReferenceSet, device: torch.device = CPU) -> Causal
     return build_flow(config, read_state_dict(path), device=device, source=path)
 
 
-@torch.inference_mode()
 def check_flow(ref: ReferenceSet, device: torch.device = CPU) -> list[ArrayCheck]:
     """One comparison per reference array of the flow stage (and the CFM noise buffer)."""
-    flow = load_reference_flow(ref, device)
+    return compare_flow(load_reference_flow(ref, device), ref, device)
+
+
+@torch.inference_mode()
+def compare_flow(
+    flow: CausalMaskedDiffWithXvec, ref: ReferenceSet, device: torch.device = CPU
+) -> list[ArrayCheck]:
+    """Run `flow` on the reference inputs and compare with every stored flow array."""
     arrays = ref.arrays(REFERENCE_FILE)
     mel, mid = flow.inference(*_inputs(arrays, device))
     checks = [
@@ -108,7 +114,7 @@ def check_flow(ref: ReferenceSet, device: torch.device = CPU) -> list[ArrayCheck
     ]
     if ref.has(NOISE_FILE):
         stored = ref.arrays(NOISE_FILE)["rand_noise"]
-        ours = make_noise(flow.config.cfm, flow.config.mel_bins)
+        ours = flow.decoder.rand_noise.detach().cpu()
         checks.append(compare(f"{Path(NOISE_FILE).stem}:rand_noise", ours, stored, EXACT_TOL))
     return checks
 
