@@ -65,82 +65,66 @@ def random_flow(
 
 @dataclass(frozen=True)
 class FlowTiming:
-    """Mean seconds per stage over the timed runs (after warm-up)."""
+    """Seconds per stage for each timed run (after warm-up); `mean` and `best` summarise them."""
 
     tokens: int
     prompt_tokens: int
     mel_frames: int
     threads: int
-    runs: int
-    speaker_s: float
-    encoder_s: float
-    cfm_s: float
-    total_s: float
+    speaker_s: tuple[float, ...]
+    encoder_s: tuple[float, ...]
+    cfm_s: tuple[float, ...]
+    total_s: tuple[float, ...]
 
     @property
-    def estimator_call_s(self) -> float:
-        """One batch-of-2 estimator call (the CFM makes n_timesteps of them)."""
-        return self.cfm_s / 10
+    def runs(self) -> int:
+        return len(self.total_s)
 
-    def rows(self) -> list[tuple[str, str]]:
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(stage, mean s, best s): a shared machine makes the best run the steadier figure."""
+
+        def row(name: str, values: tuple[float, ...]) -> tuple[str, str, str]:
+            return name, f"{statistics.fmean(values):.3f}", f"{min(values):.3f}"
+
         return [
-            ("tokens + prompt tokens", f"{self.tokens} + {self.prompt_tokens}"),
-            ("mel frames through the CFM", str(self.mel_frames)),
-            ("threads / timed runs", f"{self.threads} / {self.runs}"),
-            ("speaker projection s", f"{self.speaker_s:.4f}"),
-            ("encoder (embed, conformer, proj) s", f"{self.encoder_s:.3f}"),
-            ("CFM, 10 Euler steps x batch-2 estimator s", f"{self.cfm_s:.3f}"),
-            ("flow total s", f"{self.total_s:.3f}"),
+            row("speaker projection", self.speaker_s),
+            row("encoder (embed, conformer, proj)", self.encoder_s),
+            row("CFM: 10 Euler steps, batch-2 estimator", self.cfm_s),
+            row("flow total", self.total_s),
         ]
 
 
 def _inputs(
     flow: CausalMaskedDiffWithXvec, tokens: int, prompt_tokens: int, seed: int
-) -> dict[str, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Random (token, prompt_token, prompt_feat, embedding) shaped like a real request."""
     cfg = flow.config
     device = next(flow.parameters()).device
     g = torch.Generator().manual_seed(seed)
-    return {
-        "token": torch.randint(0, cfg.vocab_size, (1, tokens), generator=g).to(device),
-        "prompt_token": torch.randint(0, cfg.vocab_size, (1, prompt_tokens), generator=g).to(
-            device
-        ),
-        "prompt_feat": torch.randn(
-            1, cfg.token_mel_ratio * prompt_tokens, cfg.mel_bins, generator=g
-        ).to(device),
-        "embedding": torch.randn(1, cfg.spk_embed_dim, generator=g).to(device),
-    }
+    token = torch.randint(0, cfg.vocab_size, (1, tokens), generator=g)
+    prompt_token = torch.randint(0, cfg.vocab_size, (1, prompt_tokens), generator=g)
+    prompt_feat = torch.randn(1, cfg.token_mel_ratio * prompt_tokens, cfg.mel_bins, generator=g)
+    embedding = torch.randn(1, cfg.spk_embed_dim, generator=g)
+    return token.to(device), prompt_token.to(device), prompt_feat.to(device), embedding.to(device)
 
 
 def _run_once(
-    flow: CausalMaskedDiffWithXvec, inputs: dict[str, Tensor], sync: Callable[[], None]
+    flow: CausalMaskedDiffWithXvec,
+    inputs: tuple[Tensor, Tensor, Tensor, Tensor],
+    sync: Callable[[], None],
 ) -> tuple[float, float, float, float, int]:
-    """One inference, stage by stage, with the same calls `inference` makes."""
-    dtype = next(flow.parameters()).dtype
+    """One `inference` call; its `stage_done` marks split the time into stages."""
+    marks: dict[str, float] = {}
+
+    def stage_done(stage: str) -> None:
+        sync()
+        marks[stage] = time.perf_counter()
+
     start = time.perf_counter()
-    spks = flow.project_speaker(inputs["embedding"].to(dtype))
-    sync()
-    after_speaker = time.perf_counter()
-    tokens = torch.cat([inputs["prompt_token"], inputs["token"]], dim=1)
-    _, mu = flow.encode(tokens)
-    sync()
-    after_encoder = time.perf_counter()
-    frames, prompt_frames = mu.size(1), inputs["prompt_feat"].size(1)
-    cond = torch.zeros(1, frames, flow.config.mel_bins, dtype=mu.dtype, device=mu.device)
-    cond[:, :prompt_frames] = inputs["prompt_feat"].to(mu.dtype)
-    mask = torch.ones(1, 1, frames, dtype=mu.dtype, device=mu.device)
-    noise = flow.decoder.noise(frames).to(mu.device, mu.dtype)
-    mel = flow.decoder.solve(noise, mu.transpose(1, 2), mask, spks, cond.transpose(1, 2))
-    mel = mel[:, :, prompt_frames:].float()
-    sync()
-    end = time.perf_counter()
-    return (
-        after_speaker - start,
-        after_encoder - after_speaker,
-        end - after_encoder,
-        end - start,
-        frames,
-    )
+    mel, _ = flow.inference(*inputs, stage_done=stage_done)
+    speaker, encoder, cfm = marks["speaker"], marks["encoder"], marks["cfm"]
+    frames = mel.size(-1) + inputs[2].size(1)  # + prompt frames
+    return speaker - start, encoder - speaker, cfm - encoder, cfm - start, frames
 
 
 @torch.inference_mode()
@@ -166,10 +150,8 @@ def time_flow(
         samples = [_run_once(flow, inputs, sync) for _ in range(runs)]
     finally:
         torch.set_num_threads(previous)
-    mean = [statistics.fmean(column) for column in zip(*samples, strict=True)]
-    return FlowTiming(
-        tokens, prompt_tokens, samples[0][4], threads, runs, mean[0], mean[1], mean[2], mean[3]
-    )
+    speaker, encoder, cfm, total, frames = zip(*samples, strict=True)
+    return FlowTiming(tokens, prompt_tokens, frames[0], threads, speaker, encoder, cfm, total)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -188,10 +170,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads=args.threads,
         runs=args.runs,
     )
-    width = max(len(name) for name, _ in timing.rows())
-    print(f"flow, FULL size, random weights, fp32, device {args.device}")
-    for name, value in timing.rows():
-        print(f"  {name:<{width}}  {value}")
+    print(
+        f"flow, FULL size, random weights, fp32, device {args.device}, {timing.threads} threads, "
+        f"{timing.tokens} tokens + {timing.prompt_tokens} prompt tokens = {timing.mel_frames} "
+        f"mel frames, {timing.runs} timed runs"
+    )
+    width = max(len(name) for name, _, _ in timing.rows())
+    print(f"  {'stage':<{width}}  {'mean s':>8}  {'best s':>8}")
+    for name, mean, best in timing.rows():
+        print(f"  {name:<{width}}  {mean:>8}  {best:>8}")
     return 0
 
 

@@ -11,7 +11,7 @@ Stages, each callable on its own so they can be timed and converted separately:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from shared.errors import InvalidRequestError
 from workers.model.checkpoint import load_strict
+from workers.model.cpu_linear import Linear
 from workers.model.flow_config import CfmConfig, FlowConfig
 from workers.model.flow_encoder import UpsampleConformerEncoder
 from workers.model.flow_estimator import CausalConditionalDecoder
@@ -153,9 +154,9 @@ class CausalMaskedDiffWithXvec(nn.Module):
         self.config = config
         width = config.encoder.width
         self.input_embedding = nn.Embedding(config.vocab_size, width)
-        self.spk_embed_affine_layer = nn.Linear(config.spk_embed_dim, config.mel_bins)
+        self.spk_embed_affine_layer = Linear(config.spk_embed_dim, config.mel_bins)
         self.encoder = UpsampleConformerEncoder(config.encoder)
-        self.encoder_proj = nn.Linear(width, config.mel_bins)
+        self.encoder_proj = Linear(width, config.mel_bins)
         self.decoder = ConditionalFlowMatching(config)
 
     def project_speaker(self, embedding: Tensor) -> Tensor:
@@ -186,6 +187,12 @@ class CausalMaskedDiffWithXvec(nn.Module):
         encoder_out = self.encoder(h, context, streaming)
         return encoder_out, self.encoder_proj(encoder_out)
 
+    def prompt_condition(self, prompt_feat: Tensor, num_frames: int) -> Tensor:
+        """(1, 80, num_frames): the prompt mel (1, P', 80) in the first frames, zeros after."""
+        cond = prompt_feat.new_zeros(1, num_frames, self.config.mel_bins)
+        cond[:, : prompt_feat.size(1)] = prompt_feat
+        return cond.transpose(1, 2)
+
     def inference(
         self,
         token: Tensor,
@@ -196,27 +203,31 @@ class CausalMaskedDiffWithXvec(nn.Module):
         streaming: bool = False,
         finalize: bool = True,
         record: list[EulerStep] | None = None,
+        stage_done: Callable[[str], None] | None = None,
     ) -> tuple[Tensor, FlowIntermediates]:
         """Mel (1, 80, T_out) for `token` (1, N), after prompt tokens (1, P) / feat (1, 2P, 80).
 
         `embedding` is the (1, 192) speaker vector. The returned mel excludes the prompt frames.
+        `record` collects every estimator call; `stage_done(name)` is called after the stages
+        "speaker", "encoder" and "cfm" (for timing).
         """
         self._check_inputs(token, prompt_token, prompt_feat, embedding)
         self._check_length(token.size(1) + prompt_token.size(1), token.size(1), finalize)
+        mark = stage_done or (lambda _stage: None)
         spks = self.project_speaker(embedding)
+        mark("speaker")
         tokens = torch.cat([prompt_token, token.to(prompt_token.dtype)], dim=1)
         encoder_out, mu = self.encode(tokens, finalize=finalize, streaming=streaming)
+        mark("encoder")
         num_frames, prompt_frames = mu.size(1), prompt_feat.size(1)
-        cond = torch.zeros(1, num_frames, self.config.mel_bins, dtype=mu.dtype, device=mu.device)
-        cond[:, :prompt_frames] = prompt_feat.to(mu.dtype)
-        cond = cond.transpose(1, 2)
-        mask = torch.ones(1, 1, num_frames, dtype=mu.dtype, device=mu.device)
+        cond = self.prompt_condition(prompt_feat.to(mu.dtype), num_frames)
+        mask = mu.new_ones(1, 1, num_frames)
         noise = self.decoder.noise(num_frames).to(mu.device, mu.dtype)
-        steps = record if record is not None else []
         mel = self.decoder.solve(
-            noise, mu.transpose(1, 2), mask, spks, cond, streaming=streaming, record=steps
+            noise, mu.transpose(1, 2), mask, spks, cond, streaming=streaming, record=record
         )
-        extra = FlowIntermediates(spks, encoder_out, mu, noise, cond, steps)
+        mark("cfm")
+        extra = FlowIntermediates(spks, encoder_out, mu, noise, cond, record or [])
         return mel[:, :, prompt_frames:].float(), extra
 
     def _check_length(self, total_tokens: int, tokens: int, finalize: bool) -> None:

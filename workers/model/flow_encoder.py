@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from workers.model.cpu_linear import Linear
 from workers.model.flow_config import FlowEncoderConfig
 
 
@@ -63,11 +64,11 @@ class RelPositionSelfAttention(nn.Module):
         self.heads = heads
         self.head_dim = width // heads
         # Registration order follows upstream so state_dict() lists keys in file order.
-        self.linear_q = nn.Linear(width, width)
-        self.linear_k = nn.Linear(width, width)
-        self.linear_v = nn.Linear(width, width)
-        self.linear_out = nn.Linear(width, width)
-        self.linear_pos = nn.Linear(width, width, bias=False)
+        self.linear_q = Linear(width, width)
+        self.linear_k = Linear(width, width)
+        self.linear_v = Linear(width, width)
+        self.linear_out = Linear(width, width)
+        self.linear_pos = Linear(width, width, bias=False)
         self.pos_bias_u = nn.Parameter(torch.empty(heads, self.head_dim))
         self.pos_bias_v = nn.Parameter(torch.empty(heads, self.head_dim))
 
@@ -94,8 +95,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, width: int, hidden: int) -> None:
         super().__init__()
-        self.w_1 = nn.Linear(width, hidden)
-        self.w_2 = nn.Linear(hidden, width)
+        self.w_1 = Linear(width, hidden)
+        self.w_2 = Linear(hidden, width)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w_2(F.silu(self.w_1(x)))
@@ -122,7 +123,7 @@ class LinearEmbed(nn.Module):
 
     def __init__(self, width: int, eps: float) -> None:
         super().__init__()
-        self.out = nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width, eps=eps))
+        self.out = nn.Sequential(Linear(width, width), nn.LayerNorm(width, eps=eps))
         self.scale = math.sqrt(width)
 
     def forward(self, x: Tensor) -> Tensor:

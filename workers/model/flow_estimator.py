@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from workers.model.cpu_linear import Linear
 from workers.model.flow_config import EstimatorConfig
 from workers.model.flow_encoder import chunk_mask
 
@@ -40,8 +41,8 @@ class TimestepMLP(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int) -> None:
         super().__init__()
-        self.linear_1 = nn.Linear(in_dim, out_dim)
-        self.linear_2 = nn.Linear(out_dim, out_dim)
+        self.linear_1 = Linear(in_dim, out_dim)
+        self.linear_2 = Linear(out_dim, out_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear_2(F.silu(self.linear_1(x)))
@@ -89,7 +90,7 @@ class CausalResnetBlock1D(nn.Module):
 
     def __init__(self, dim: int, dim_out: int, time_dim: int, eps: float) -> None:
         super().__init__()
-        self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_dim, dim_out))
+        self.mlp = nn.Sequential(nn.Mish(), Linear(time_dim, dim_out))
         self.block1 = CausalBlock1D(dim, dim_out, eps)
         self.block2 = CausalBlock1D(dim_out, dim_out, eps)
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
@@ -107,10 +108,10 @@ class SelfAttention(nn.Module):
         super().__init__()
         inner = heads * head_dim
         self.heads = heads
-        self.to_q = nn.Linear(dim, inner, bias=False)
-        self.to_k = nn.Linear(dim, inner, bias=False)
-        self.to_v = nn.Linear(dim, inner, bias=False)
-        self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
+        self.to_q = Linear(dim, inner, bias=False)
+        self.to_k = Linear(dim, inner, bias=False)
+        self.to_v = Linear(dim, inner, bias=False)
+        self.to_out = nn.ModuleList([Linear(inner, dim)])
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x (B, T, dim), mask bool broadcastable to (B, H, T, T) -> (B, T, dim)."""
@@ -129,7 +130,7 @@ class GeluProjection(nn.Module):
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
-        self.proj = nn.Linear(dim, hidden)
+        self.proj = Linear(dim, hidden)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.gelu(self.proj(x))
@@ -141,7 +142,7 @@ class FeedForward(nn.Module):
     def __init__(self, dim: int, mult: int) -> None:
         super().__init__()
         self.net = nn.ModuleDict(
-            {"0": GeluProjection(dim, mult * dim), "2": nn.Linear(mult * dim, dim)}
+            {"0": GeluProjection(dim, mult * dim), "2": Linear(mult * dim, dim)}
         )
 
     def forward(self, x: Tensor) -> Tensor:
