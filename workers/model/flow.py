@@ -160,8 +160,9 @@ class CausalMaskedDiffWithXvec(nn.Module):
         self.decoder = ConditionalFlowMatching(config)
 
     def project_speaker(self, embedding: Tensor) -> Tensor:
-        """Speaker embedding (1, 192) -> (1, 80): L2-normalised, then affine."""
-        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        """Speaker embedding (1, 192) -> (1, 80): L2-normalised (in float32), then affine."""
+        unit = F.normalize(embedding.float(), dim=1)
+        return self.spk_embed_affine_layer(unit.to(self.spk_embed_affine_layer.weight.dtype))
 
     def embed_tokens(self, tokens: Tensor, lengths: Tensor | None = None) -> Tensor:
         """Token ids (B, T), int32 or int64 -> (B, T, D); negatives read row 0, padding zeroed."""
