@@ -156,7 +156,10 @@ def flow_key_differences(config: FlowConfig, keys_file: Path) -> list[str]:
 
 
 def check_flow_full_keys(ref: ReferenceSet) -> list[str]:
-    """FULL-size flow keys/shapes/dtypes vs `keys-flow.txt`; an empty list means equal."""
+    """FULL-size flow keys/shapes/dtypes vs `keys-flow.txt`; an empty list means equal.
+
+    The list is optional in a reference set: call this only when `ref.has("keys-flow.txt")`.
+    """
     config: dict[str, Any] = ref.config
     return flow_key_differences(
         FlowConfig.from_reference(config, "full"), ref.root / FULL_KEYS_FILE

@@ -119,3 +119,15 @@ def test_solver_traces_with_noise_as_input_and_any_length() -> None:
     traced = torch.jit.trace(solver, example(24))
     for frames in (24, 37):
         assert torch.allclose(traced(*example(frames)), solver(*example(frames)), atol=1e-5)
+
+
+def test_token_embedding_zeroes_padding_and_clamps_negative_ids(
+    flow: CausalMaskedDiffWithXvec,
+) -> None:
+    tokens = torch.tensor([[5, 7, -1], [5, 7, 9]], dtype=torch.int32)
+    with torch.inference_mode():
+        h = flow.embed_tokens(tokens, torch.tensor([2, 3]))
+        table = flow.input_embedding.weight
+        assert torch.equal(h[0, 2], torch.zeros_like(h[0, 2]))
+        assert torch.equal(h[1, 2], table[9])
+        assert torch.equal(flow.embed_tokens(tokens)[0, 2], table[0])
