@@ -1,0 +1,56 @@
+"""The oneDNN-backed Linear: same keys and results as nn.Linear, plain linear when traced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from workers.model import cpu_linear
+from workers.model.cpu_linear import Linear, linear
+
+
+def _pair(seed: int = 0) -> tuple[Linear, nn.Linear]:
+    torch.manual_seed(seed)
+    ours = Linear(48, 24)
+    reference = nn.Linear(48, 24)
+    reference.load_state_dict(ours.state_dict())
+    return ours, reference
+
+
+def test_same_state_dict_keys_as_nn_linear() -> None:
+    ours, reference = _pair()
+    assert list(ours.state_dict()) == list(reference.state_dict()) == ["weight", "bias"]
+
+
+@pytest.mark.parametrize("shape", [(48,), (7, 48), (2, 9, 48)])
+def test_matches_nn_linear_in_inference(shape: tuple[int, ...]) -> None:
+    ours, reference = _pair()
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        assert torch.allclose(ours(x), reference(x), atol=1e-5)
+        strided = torch.randn(*shape[:-1], 96)[..., ::2]
+        assert torch.allclose(ours(strided), reference(strided), atol=1e-5)
+        assert torch.allclose(linear(x, reference.weight), x @ reference.weight.T, atol=1e-5)
+
+
+def test_uses_onednn_only_without_autograd() -> None:
+    ours, _ = _pair()
+    x = torch.randn(3, 48, requires_grad=True)
+    assert not cpu_linear._use_onednn(x, ours.weight)
+    ours(x).sum().backward()  # falls back to F.linear, so gradients work
+    assert x.grad is not None
+    with torch.inference_mode():
+        expected = cpu_linear.ONEDNN_LINEAR
+        assert cpu_linear._use_onednn(torch.randn(3, 48), ours.weight) == expected
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
+def test_traced_graph_holds_a_plain_linear() -> None:
+    """Converters (Core ML) must see aten::linear, never the private oneDNN op."""
+    ours, _ = _pair()
+    with torch.inference_mode():
+        graph = str(torch.jit.trace(ours, torch.randn(2, 48)).inlined_graph)
+    assert "aten::linear" in graph
+    assert "mkldnn" not in graph
