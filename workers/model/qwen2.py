@@ -12,7 +12,9 @@ names, so official checkpoints load strictly. Differences on purpose:
 
 from __future__ import annotations
 
+import functools
 import math
+import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -105,8 +107,9 @@ class KVCache:
                 f"{config.max_position_embeddings}"
             )
         shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # Uninitialised on purpose: attention only ever reads positions already written.
+        self.keys = torch.empty(shape, device=device, dtype=dtype)
+        self.values = torch.empty(shape, device=device, dtype=dtype)
         self.capacity = capacity
         self.length = 0
 
@@ -134,13 +137,24 @@ class KernelLinear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+@functools.cache
 def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """True if this torch build runs oneDNN's linear here (probed once on a tiny matmul)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w, b = torch.ones(1, 4), torch.eye(4), torch.zeros(4)
+        y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.equal(y, x))
 
 
 def default_linear_kernel(device: torch.device, dtype: torch.dtype) -> str:
-    """oneDNN for float32 on CPU where this torch build has it; F.linear everywhere else."""
-    if device.type == "cpu" and dtype == torch.float32 and onednn_available():
+    """oneDNN for float32 on x86 CPUs (measured there); F.linear everywhere else, including
+    Apple silicon, whose Accelerate BLAS is not the single-core gemv this works around."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if device.type == "cpu" and dtype == torch.float32 and x86 and onednn_available():
         return "onednn"
     return "torch"
 

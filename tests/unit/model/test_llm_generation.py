@@ -16,7 +16,7 @@ from workers.model.llm import (
     iter_speech_tokens,
 )
 from workers.model.llm_sampling import SamplingConfig, nucleus_size, ras_sampling
-from workers.model.qwen2 import KVCache, Qwen2Config
+from workers.model.qwen2 import KVCache, Qwen2Config, default_linear_kernel, set_linear_kernel
 from workers.model.yaml_plain import load_plain_yaml
 
 QWEN = {
@@ -240,3 +240,10 @@ def test_bench_functions_run_on_a_small_config() -> None:
     )
     assert result.decode_tokens == 4 and result.prefill_s > 0 and result.ms_per_token > 0
     assert "per token" in format_table(result)
+
+
+def test_linear_kernel_choice() -> None:
+    assert default_linear_kernel(torch.device("meta"), torch.float32) == "torch"
+    assert default_linear_kernel(torch.device("cpu"), torch.float16) == "torch"
+    with pytest.raises(ValueError, match="linear kernel must be one of"):
+        set_linear_kernel(torch.nn.Linear(2, 2), "fast")
