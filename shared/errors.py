@@ -67,3 +67,7 @@ class JobFailedError(CosyqError):
 
 class ResultTimeoutError(CosyqError, TimeoutError):
     """A job did not finish within the time the caller was willing to wait."""
+
+
+class AudioDecodeError(InvalidRequestError):
+    """Bytes that no audio decoder accepts (an unreadable or truncated prompt file)."""

@@ -1,0 +1,119 @@
+"""S3 access for storage: a boto3 client made on first use, and errors mapped to ours.
+
+Endpoint, region and keys come from settings when set, else from boto3's usual chain (AWS_*
+variables, ~/.aws, instance roles), so AWS, MinIO and R2 all work. boto3 is the `cosyq[s3]` extra:
+it is imported only when an s3:// URI is actually used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.errors import (
+    CosyqError,
+    InvalidRequestError,
+    ObjectNotFoundError,
+    StorageError,
+    TransientError,
+)
+from shared.settings import Settings
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
+_TRANSIENT_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
+)
+S3_MAX_ATTEMPTS = 3  # botocore's standard retry mode, before our own job-level retries
+
+
+class S3Access:
+    """get/put of whole objects with one lazily created client."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._client: Any = None
+
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = make_s3_client(self._settings)
+        return self._client
+
+    def put(
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        *,
+        content_type: str,
+        metadata: dict[str, str],
+        uri: str,
+    ) -> None:
+        try:
+            self.client().put_object(
+                Bucket=bucket, Key=key, Body=data, ContentType=content_type, Metadata=metadata
+            )
+        except Exception as e:
+            raise _translate(e, uri, "write") from e
+
+    def get(self, bucket: str, key: str, uri: str, max_bytes: int) -> bytes:
+        try:
+            response = self.client().get_object(Bucket=bucket, Key=key)
+            body = response["Body"]
+            size = int(response.get("ContentLength") or 0)
+            if size > max_bytes:
+                body.close()
+                raise _TooLargeError(size)
+            return bytes(body.read())
+        except _TooLargeError as e:
+            raise InvalidRequestError(
+                f"{uri}: {e.size:,} bytes, limit {max_bytes:,} (COSYQ_MAX_READ_BYTES)"
+            ) from e
+        except Exception as e:
+            raise _translate(e, uri, "read") from e
+
+
+class _TooLargeError(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def make_s3_client(settings: Settings) -> Any:
+    """A boto3 S3 client configured from settings (None values fall back to boto3's chain)."""
+    try:
+        import boto3  # noqa: PLC0415 (optional extra, imported on first S3 use)
+        from botocore.config import Config  # noqa: PLC0415
+    except ImportError as e:
+        raise StorageError("s3:// storage needs boto3: pip install 'cosyq[s3]'") from e
+    secret = settings.s3_secret_access_key
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        aws_access_key_id=settings.s3_access_key_id,
+        aws_secret_access_key=secret.get_secret_value() if secret else None,
+        config=Config(
+            s3={"addressing_style": settings.s3_addressing_style},
+            retries={"mode": "standard", "max_attempts": S3_MAX_ATTEMPTS},
+        ),
+    )
+
+
+def _translate(error: Exception, uri: str, action: str) -> CosyqError:
+    """botocore's exceptions -> not found / transient / storage error, by code, not by text."""
+    if isinstance(error, CosyqError):
+        return error
+    from botocore import exceptions as boto_errors  # noqa: PLC0415
+
+    if isinstance(error, boto_errors.ClientError):
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if code in _NOT_FOUND_CODES:
+            return ObjectNotFoundError(f"{uri}: not found ({code})")
+        if code in _TRANSIENT_CODES or status >= 500:
+            return TransientError(f"cannot {action} {uri}: {code} (HTTP {status})")
+        return StorageError(f"cannot {action} {uri}: {code} (HTTP {status})")
+    if isinstance(error, boto_errors.NoCredentialsError | boto_errors.PartialCredentialsError):
+        return StorageError(f"cannot {action} {uri}: no S3 credentials ({error})")
+    if isinstance(error, boto_errors.BotoCoreError | ConnectionError | TimeoutError):
+        return TransientError(f"cannot {action} {uri}: {error}")
+    return StorageError(f"cannot {action} {uri}: {type(error).__name__}: {error}")

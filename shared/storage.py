@@ -1,0 +1,181 @@
+"""Where audio lands: a folder (`file:///path`) or a bucket (`s3://bucket/prefix`).
+
+`open_storage(settings)` picks the backend from `storage_url`. Keys are relative to the prefix and
+checked again here (not only in the request), so no key can write outside it. Disk writes go to a
+temporary file beside the target and are renamed into place: a reader never sees half a file.
+Either backend reads both kinds of URI (`get`), for prompt audio and for `cosyq say --out`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from shared.errors import InvalidRequestError, ObjectNotFoundError, StorageError
+from shared.jobs import check_output_key
+from shared.s3 import S3Access
+from shared.settings import Settings
+
+_JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """Where a put landed."""
+
+    uri: str
+    bytes: int
+
+
+def object_key(
+    job_id: str, ext: str, output_key: str | None = None, now: datetime | None = None
+) -> str:
+    """The key for a job's audio, relative to the storage prefix.
+
+    Default `<yyyy>/<mm>/<dd>/<job id>.<ext>` (UTC date of `now`; pass the job's enqueue time so
+    a retry overwrites the same key). An `output_key` is used as given, `.<ext>` appended when it
+    does not already end with it.
+    """
+    if not ext.isalnum():
+        raise ValueError(f"extension {ext!r}: letters and digits only")
+    if output_key is not None:
+        key = check_output_key(output_key, limit=1024)
+        return key if key.endswith("." + ext) else f"{key}.{ext}"
+    if not job_id or not set(job_id) <= _JOB_ID_CHARS:
+        raise ValueError(f"job id {job_id!r}: letters, digits, '_' and '-' only")
+    when = (now or datetime.now(UTC)).astimezone(UTC)
+    return f"{when:%Y/%m/%d}/{job_id}.{ext}"
+
+
+def audio_metadata(*, job_id: str, sha256: str, duration_s: float) -> dict[str, str]:
+    """The metadata set on every audio object (S3 user metadata: ASCII strings)."""
+    return {"job-id": job_id, "sha256": sha256, "duration-s": f"{duration_s:.3f}"}
+
+
+class Storage(ABC):
+    """Writes under one base URI; reads any file:// or s3:// URI, up to `max_read_bytes`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._max_read_bytes = settings.max_read_bytes
+        self._s3 = S3Access(settings)
+
+    @property
+    @abstractmethod
+    def base_uri(self) -> str:
+        """The folder or bucket prefix every key is written under."""
+
+    @abstractmethod
+    def put(
+        self, key: str, data: bytes, content_type: str, metadata: Mapping[str, str]
+    ) -> StoredObject:
+        """Write `data` at `key` under the base URI, replacing any object there."""
+
+    def get(self, uri: str) -> bytes:
+        """Read a whole object; ObjectNotFoundError when it is not there."""
+        parts = urlsplit(uri)
+        if parts.scheme == "file":
+            return self._read_file(Path(unquote(parts.path)), uri)
+        if parts.scheme == "s3":
+            key = parts.path.lstrip("/")
+            if not parts.netloc or not key:
+                raise InvalidRequestError(f"{uri}: an s3 URI needs a bucket and a key")
+            return self._s3.get(parts.netloc, key, uri, self._max_read_bytes)
+        raise InvalidRequestError(f"{uri}: only file:// and s3:// URIs can be read")
+
+    def _read_file(self, path: Path, uri: str) -> bytes:
+        try:
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                _check_size(uri, size, self._max_read_bytes)
+                return file.read()
+        except FileNotFoundError as e:
+            raise ObjectNotFoundError(f"{uri}: no such file") from e
+        except IsADirectoryError as e:
+            raise InvalidRequestError(f"{uri}: is a directory, not a file") from e
+        except PermissionError as e:
+            raise StorageError(f"{uri}: permission denied") from e
+
+
+def _check_size(uri: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise InvalidRequestError(f"{uri}: {size:,} bytes, limit {limit:,} (COSYQ_MAX_READ_BYTES)")
+
+
+class FileStorage(Storage):
+    """A local or mounted folder. Metadata is not kept beside the file (the result carries it)."""
+
+    def __init__(self, settings: Settings, root: Path) -> None:
+        super().__init__(settings)
+        self.root = root
+
+    @property
+    def base_uri(self) -> str:
+        return self.root.as_uri()
+
+    def put(
+        self, key: str, data: bytes, content_type: str, metadata: Mapping[str, str]
+    ) -> StoredObject:
+        path = self.root / check_output_key(key, limit=1024)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.parent.resolve().is_relative_to(self.root.resolve()):
+                raise StorageError(f"{key}: resolves outside {self.root} (a symlink?)")
+            _write_atomically(path, data)
+        except OSError as e:
+            raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
+        return StoredObject(uri=path.as_uri(), bytes=len(data))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, fsync, rename over the target."""
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temp_name, 0o644)
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+class S3Storage(Storage):
+    """An S3-compatible bucket (AWS, MinIO, R2): one PUT per object, atomic by nature."""
+
+    def __init__(self, settings: Settings, bucket: str, prefix: str) -> None:
+        super().__init__(settings)
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    @property
+    def base_uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def put(
+        self, key: str, data: bytes, content_type: str, metadata: Mapping[str, str]
+    ) -> StoredObject:
+        key = check_output_key(key, limit=1024)
+        full_key = f"{self.prefix}/{key}" if self.prefix else key
+        uri = f"s3://{self.bucket}/{full_key}"
+        self._s3.put(
+            self.bucket, full_key, data, content_type=content_type, metadata=dict(metadata), uri=uri
+        )
+        return StoredObject(uri=uri, bytes=len(data))
+
+
+def open_storage(settings: Settings) -> Storage:
+    """The storage `settings.storage_url` names."""
+    parts = urlsplit(settings.storage_url)
+    if parts.scheme == "file":
+        return FileStorage(settings, Path(unquote(parts.path)))
+    if parts.scheme == "s3":
+        return S3Storage(settings, parts.netloc, unquote(parts.path))
+    raise StorageError(f"COSYQ_STORAGE_URL: unsupported scheme {parts.scheme!r}")
