@@ -16,11 +16,12 @@ import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from rq.exceptions import DeserializationError
 from rq.job import Job
+from rq.job_lifecycle import record_job_failure
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry
 from rq.utils import current_timestamp, now, utcformat
@@ -52,8 +53,10 @@ def resolve_job_function(func_name: str | None) -> Callable[..., Any]:
     if target is None:
         raise RefusedJobError(f"job function {func_name!r} is not one of cosyq's job functions")
     module_name, attribute = target
-    function: Callable[..., Any] = getattr(importlib.import_module(module_name), attribute)
-    return function
+    function = getattr(importlib.import_module(module_name), attribute, None)
+    if function is None:
+        raise RefusedJobError(f"job function {func_name} is not available in this worker version")
+    return cast(Callable[..., Any], function)
 
 
 class CosyqJob(Job):
@@ -130,7 +133,10 @@ def _is_json(value: object) -> bool:
 
 
 def _check_signature(func_name: str, kwargs: dict[str, Any]) -> Refusal | None:
-    function = resolve_job_function(func_name)
+    try:
+        function = resolve_job_function(func_name)
+    except RefusedJobError as e:
+        return Refusal(str(e))
     try:
         inspect.signature(function).bind(**kwargs)
     except TypeError as e:
@@ -170,3 +176,9 @@ def refuse_unreadable(
         pipe.zadd(failed_key, {job_id: current_timestamp() + failure_ttl_s})
         pipe.lrem(queue.intermediate_queue_key, 1, job_id)
         pipe.execute()
+
+
+def record_refusal(job: Job, message: str, pipe: Any) -> None:
+    """Queue the writes that fail a refused job: status, failed registry, result, meta."""
+    record_job_failure(job, message, pipe)
+    pipe.hset(job.key, "meta", json.dumps(job.meta))
