@@ -1,0 +1,154 @@
+"""structlog set up once per process: JSON lines off a TTY, a readable console on one.
+
+Python's own loggers (rq, botocore, ...) go through the same processors via one root handler, so
+every line of a process has the same shape. Call `configure_logging` before constructing an rq
+worker: rq only installs its own handler when none is in effect. Input text is never logged; a
+processor replaces any `text`, `prompt_text` or `instruction` value with its length, in case one
+slips into an event by mistake.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+from shared.results import SynthesisResult
+from shared.settings import Settings
+
+JOB_CONTEXT_KEYS = ("job_id", "queue", "voice", "worker", "attempt")
+REDACTED_KEYS = frozenset({"text", "prompt_text", "instruction"})
+_HANDLER_NAME = "cosyq"
+
+
+def redact_input_text(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Replace request text fields with their length: text must never reach a log."""
+    for key in REDACTED_KEYS & event_dict.keys():
+        value = event_dict[key]
+        event_dict[key] = f"<{len(value)} chars>" if isinstance(value, str) else "<redacted>"
+    return event_dict
+
+
+def _use_json(settings: Settings, stream: TextIO) -> bool:
+    if settings.log_format != "auto":
+        return settings.log_format == "json"
+    isatty = getattr(stream, "isatty", None)
+    return not (callable(isatty) and isatty())
+
+
+def configure_logging(settings: Settings, *, stream: TextIO | None = None) -> None:
+    """Route structlog and stdlib logging to `stream` (stdout by default) at settings.log_level.
+
+    Safe to call again (tests, CLI): the previous cosyq handler is replaced, not duplicated.
+    """
+    stream = stream if stream is not None else sys.stdout
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.PositionalArgumentsFormatter(),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+        redact_input_text,
+    ]
+    json_lines = _use_json(settings, stream)
+    renderer: Processor = (
+        structlog.processors.JSONRenderer()
+        if json_lines
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    final: list[Processor] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+    if json_lines:
+        final.append(structlog.processors.format_exc_info)
+    structlog.configure(
+        processors=[structlog.stdlib.filter_by_level, *shared, _to_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(stream)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processors=[*final, renderer])
+    )
+    _install_root_handler(handler, settings.log_level)
+
+
+_to_formatter = structlog.stdlib.ProcessorFormatter.wrap_for_formatter
+
+
+def _install_root_handler(handler: logging.Handler, level: str) -> None:
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("rq", "rq.worker", "rq.queue", "rq.job"):
+        # Drop handlers rq may have installed before us, and let records reach the root.
+        logger = logging.getLogger(name)
+        for own in list(logger.handlers):
+            logger.removeHandler(own)
+        logger.propagate = True
+        logger.setLevel(logging.NOTSET)  # the root's level rules (rq's work() may set its own)
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger named like a stdlib one (`get_logger(__name__)`)."""
+    return structlog.stdlib.get_logger(name)
+
+
+def bind_job_context(
+    *,
+    job_id: str,
+    queue: str | None = None,
+    voice: str | None = None,
+    worker: str | None = None,
+    attempt: int | None = None,
+) -> None:
+    """Bind the current job's identity to every log line until `clear_job_context`."""
+    clear_job_context()
+    values: dict[str, Any] = {"job_id": job_id, "queue": queue, "voice": voice}
+    values.update(worker=worker, attempt=attempt)
+    structlog.contextvars.bind_contextvars(**{k: v for k, v in values.items() if v is not None})
+
+
+def clear_job_context() -> None:
+    structlog.contextvars.unbind_contextvars(*JOB_CONTEXT_KEYS)
+
+
+@contextmanager
+def job_context(**values: Any) -> Iterator[None]:
+    """`with job_context(job_id=..., queue=...):` binds for the block and always clears."""
+    bind_job_context(**values)
+    try:
+        yield
+    finally:
+        clear_job_context()
+
+
+def log_synthesis_finished(
+    logger: Any,
+    result: SynthesisResult,
+    *,
+    text_chars: int,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """The one canonical per-job line: lengths, audio seconds, RTF and stage timings."""
+    logger.info(
+        "synthesis_finished",
+        text_chars=text_chars,
+        audio_s=round(result.duration_s, 3),
+        rtf=round(result.rtf, 4),
+        speech_tokens=result.speech_tokens,
+        format=result.format,
+        sample_rate=result.sample_rate,
+        bytes=result.bytes,
+        uri=result.uri,
+        **{k: round(v, 4) for k, v in result.timings.model_dump().items()},
+        **(extra or {}),
+    )
