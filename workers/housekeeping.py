@@ -19,15 +19,15 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
-import structlog
 from rq.queue import Queue
 
 from shared import keys
+from shared.logs import get_logger
 from workers.host import rss_mb
 from workers.reaper import Reaper
 from workers.retries import promote_due_retries
 
-log = structlog.get_logger("cosyq.housekeeping")
+log = get_logger(__name__)
 
 # Delete the heartbeat key only if it still names us (a reaped job may run elsewhere by now).
 _DELETE_IF_OURS = """

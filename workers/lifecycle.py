@@ -9,18 +9,18 @@ so the process exits non-zero without ever taking a job.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from typing import TYPE_CHECKING
 
 import redis
-import structlog
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
+from shared.connection import redis_connection
 from shared.errors import CosyqError
 from shared.jobs import RequestLimits
+from shared.logs import configure_logging, get_logger
 from shared.storage import open_storage
 from workers import control, host
 from workers.engine_factory import LoadedEngine, load_engine
@@ -34,9 +34,7 @@ if TYPE_CHECKING:
 
     from workers.worker import CosyqWorker
 
-log = structlog.get_logger("cosyq.worker")
-
-RQ_LOGGERS = ("rq.worker", "rq.job", "rq.queue", "rq.registry", "rq.scheduler")
+log = get_logger(__name__)
 
 
 class WorkerLifecycle:
@@ -52,7 +50,7 @@ class WorkerLifecycle:
         self._orphan_noted = False
 
     def start(self) -> None:
-        adopt_rq_loggers()
+        configure_logging(self.settings)  # again is harmless; `rq worker -w` never did it
         translated = host.is_translated()
         facts = host.host_facts(translated)
         try:
@@ -101,11 +99,9 @@ class WorkerLifecycle:
 
     def _build_housekeeper(self) -> Housekeeper:
         worker, settings = self.worker, self.settings
-        side = redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=max(1.0, settings.heartbeat_ttl_s / 2),
-            socket_connect_timeout=max(1.0, settings.heartbeat_ttl_s / 2),
-        )
+        side = redis_connection(settings)  # its own pool: never stuck behind a blocking dequeue
+        quick = max(1.0, settings.heartbeat_ttl_s / 2)  # a stuck call must not outlive the TTL
+        side.connection_pool.connection_kwargs.update(socket_timeout=quick)
         stats = WorkerStats(
             name=worker.name,
             pid=os.getpid(),
@@ -179,16 +175,3 @@ class WorkerLifecycle:
             self._orphan_noted = True
             log.warning("worker_orphaned", parent_pid=self._parent_pid)
             os.kill(os.getpid(), signal.SIGTERM)
-
-
-def adopt_rq_loggers() -> None:
-    """Route RQ's loggers through the process's logging setup instead of RQ's own handler.
-
-    `rq worker` installs a colourising stdout handler before our class is built; removing it
-    lets RQ's records reach the root handler that the logging configuration installed.
-    """
-    for name in RQ_LOGGERS:
-        logger = logging.getLogger(name)
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-        logger.propagate = True

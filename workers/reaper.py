@@ -19,7 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, cast
 
-import structlog
 from redis import Redis
 from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
@@ -29,11 +28,13 @@ from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.utils import as_text, now, parse_composite_key
+from rq.worker import SimpleWorker
 
 from shared import keys
+from shared.logs import get_logger
 from workers.admission import CosyqJob
 
-log = structlog.get_logger("cosyq.reaper")
+log = get_logger(__name__)
 
 LAST_ERROR_META_KEY = "cosyq_last_error"  # why the previous attempt of a retried job failed
 Outcome = Literal["retried", "failed"]
@@ -149,3 +150,12 @@ def _forget_execution(connection: Redis, job: Job, execution_id: str, pipe: obje
         execution.restore(data)
     execution.worker_name = execution.worker_name or (job.worker_name or "")
     execution.delete(job=job, pipeline=pipe)  # type: ignore[arg-type]
+
+
+def forget_worker(connection: Redis, worker_name: str) -> None:
+    """Deregister a worker known to be dead (RQ would list it until its key expired)."""
+    connection.delete(keys.worker_stats_key(worker_name))
+    key = SimpleWorker.redis_worker_namespace_prefix + worker_name
+    worker = SimpleWorker.find_by_key(key, connection=connection, serializer=JSONSerializer)
+    if worker is not None:
+        worker.register_death()

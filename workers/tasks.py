@@ -20,13 +20,14 @@ from rq.job import Job
 
 from shared.audio import EncodedAudio, encode_audio
 from shared.jobs import SynthesisRequest, validate_request
+from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.runtime import WorkerRuntime, current_runtime
 from workers.voices import DEFAULT_VOICE
 
-log = structlog.get_logger("cosyq.tasks")
+log = get_logger(__name__)
 
 ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
 
@@ -72,8 +73,11 @@ def run_synthesis(
     runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
 ) -> SynthesisResult:
     """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished."""
-    with structlog.contextvars.bound_contextvars(
-        job_id=context.job_id, queue=context.queue, worker=runtime.worker_name
+    with job_context(
+        job_id=context.job_id,
+        queue=context.queue,
+        worker=runtime.worker_name,
+        attempt=context.attempt,
     ):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
@@ -129,19 +133,8 @@ def _log_finished(
     request: SynthesisRequest, result: SynthesisResult, *, synthesis_s: float
 ) -> None:
     """The canonical per-job line: sizes and timings only, never the text."""
-    log.info(
-        "synthesis_finished",
-        text_chars=len(request.text),
-        audio_s=round(result.duration_s, 3),
-        rtf=round(result.rtf, 4),
-        synthesis_s=round(synthesis_s, 4),
-        speech_tokens=result.speech_tokens,
-        attempt=result.attempt,
-        bytes=result.bytes,
-        format=result.format,
-        sample_rate=result.sample_rate,
-        **{name: round(value, 4) for name, value in result.timings.model_dump().items()},
-    )
+    extra = {"synthesis_s": round(synthesis_s, 4)}
+    log_synthesis_finished(log, result, text_chars=len(request.text), extra=extra)
 
 
 def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisInput:

@@ -24,7 +24,6 @@ from types import FrameType
 from typing import Any
 
 import redis
-import structlog
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job
 from rq.queue import Queue
@@ -33,6 +32,8 @@ from rq.utils import now
 from rq.worker import DequeueStrategy, SimpleWorker
 
 from shared import keys
+from shared.connection import redis_connection
+from shared.logs import get_logger
 from shared.settings import Settings, load_settings
 from workers import admission, control, host
 from workers.failures import JobError, classify
@@ -42,7 +43,7 @@ from workers.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.retries import apply_default_retries
 from workers.tasks import ATTEMPT_META_KEY
 
-log = structlog.get_logger("cosyq.worker")
+log = get_logger(__name__)
 
 COLD_EXIT_CODE = 1  # second signal: the job was given back, the process stops at once
 DUPLICATE_SIGNAL_WINDOW_S = 1.0  # Ctrl+C reaches a pool's children twice: ignore the echo
@@ -86,10 +87,12 @@ class CosyqWorker(SimpleWorker):
         self._refused_serializer = kwargs.get("serializer")
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = admission.CosyqJob
+        kwargs["log_job_description"] = False  # RQ's description repeats the request text
+        kwargs.setdefault("default_result_ttl", self.settings.result_ttl_s)
         if not args and not kwargs.get("name"):
             kwargs["name"] = default_worker_name()
         if kwargs.get("connection") is None:
-            kwargs["connection"] = redis.Redis.from_url(self.settings.redis_url)
+            kwargs["connection"] = redis_connection(self.settings)
         super().__init__(_queue_names(queues), *args, **kwargs)
         self.slot = slot
         self.control = control.ControlChannel(control_fd) if control_fd is not None else None
