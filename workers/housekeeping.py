@@ -119,6 +119,7 @@ class Housekeeper:
             self._job_id = job_id
             self.stats.state, self.stats.current_job = "busy", job_id
         self.connection.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+        self._guarded("publish_stats", self.publish_stats)
 
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""
@@ -130,6 +131,7 @@ class Housekeeper:
                 self.stats.state = "idle"
         key = keys.job_heartbeat_key(job_id)
         self._guarded("end_job", lambda: self._delete_if_ours(keys=[key], args=[self.stats.name]))
+        self._guarded("publish_stats", self.publish_stats)
 
     def publish_stats(self) -> None:
         with self.connection.pipeline() as pipe:

@@ -104,21 +104,22 @@ def release_job(
         return None
     worker_name = job.worker_name or ""
     error = {"kind": kind, "message": message}
+    retry = bool(job.retries_left and job.retries_left > 0)
     with connection.pipeline() as pipe:
         _forget_execution(connection, job, execution_id, pipe)
-        outcome: Outcome
-        if job.retries_left and job.retries_left > 0:
-            job.retries_left -= 1
-            job.meta[LAST_ERROR_META_KEY] = error
-            queue.enqueue_job(job, pipeline=pipe, at_front=True)
-            outcome = "retried"
-        else:
+        if not retry:
             job.meta[keys.ERROR_META_KEY] = error
             job.ended_at = now()
             record_job_failure(job, message, pipe)
             pipe.hset(job.key, "meta", json.dumps(job.meta))
-            outcome = "failed"
         pipe.execute()
+    outcome: Outcome = "failed"
+    if retry:
+        # After the pipeline: RQ's enqueue WATCHes dependencies, so it cannot join one.
+        job.retries_left = (job.retries_left or 1) - 1
+        job.meta[LAST_ERROR_META_KEY] = error
+        queue.enqueue_job(job, at_front=True)
+        outcome = "retried"
     log.warning(
         "job_released",
         job_id=job_id,
