@@ -147,7 +147,7 @@ class Housekeeper:
             self._guarded("reap", self.reaper.reap)
         self._guarded("promote_retries", lambda: promote_due_retries(self.connection, self.queues))
         for duty in self.extra_duties:
-            self._guarded(getattr(duty, "__name__", "duty"), duty)
+            self._guarded(getattr(duty, "__name__", "duty"), duty, uses_redis=False)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -169,7 +169,7 @@ class Housekeeper:
             return True
         return False
 
-    def _guarded(self, duty: str, action: Callable[[], object]) -> bool:
+    def _guarded(self, duty: str, action: Callable[[], object], *, uses_redis: bool = True) -> bool:
         try:
             action()
         except redis.RedisError as e:
@@ -180,7 +180,7 @@ class Housekeeper:
         except Exception:
             log.exception("housekeeping_error", duty=duty)
             return False
-        if self._failing:
+        if self._failing and uses_redis:
             self._failing = False
             self._recovered_at = time.monotonic()
             log.info("housekeeping_redis_recovered", duty=duty)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import TYPE_CHECKING
 
 import redis
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from workers.worker import CosyqWorker
 
 log = get_logger(__name__)
+
+REDIS_WAIT_MAX_S = 10.0  # longest wait between start-up attempts to reach Redis
 
 
 class WorkerLifecycle:
@@ -73,6 +76,7 @@ class WorkerLifecycle:
             raise
         host.limit_threads_after_load(self.threads)
         self._install(loaded)
+        wait_for_redis(self.worker.connection)
         self._announce_ready(loaded, facts)
 
     def stop(self) -> None:
@@ -175,3 +179,16 @@ class WorkerLifecycle:
             self._orphan_noted = True
             log.warning("worker_orphaned", parent_pid=self._parent_pid)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def wait_for_redis(connection: redis.Redis) -> None:
+    """Block until Redis answers: RQ's registration does not survive it being down."""
+    delay = 0.5
+    while True:
+        try:
+            connection.ping()
+            return
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            log.warning("waiting_for_redis", error=str(e), retry_in_s=delay)
+            time.sleep(delay)
+            delay = min(delay * 2, REDIS_WAIT_MAX_S)

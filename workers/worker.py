@@ -19,6 +19,7 @@ import random
 import signal
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -37,7 +38,7 @@ from shared.logs import get_logger
 from shared.settings import Settings, load_settings
 from workers import admission, control, host
 from workers.failures import JobError, classify
-from workers.lifecycle import WorkerLifecycle
+from workers.lifecycle import WorkerLifecycle, wait_for_redis
 from workers.reaper import LAST_ERROR_META_KEY
 from workers.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.retries import apply_default_retries
@@ -45,6 +46,8 @@ from workers.tasks import ATTEMPT_META_KEY
 
 log = get_logger(__name__)
 
+REDIS_OUTAGE = (redis.ConnectionError, redis.TimeoutError)
+REDIS_RETRY_MAX_S = 10.0  # longest wait between attempts to reach Redis again
 COLD_EXIT_CODE = 1  # second signal: the job was given back, the process stops at once
 DUPLICATE_SIGNAL_WINDOW_S = 1.0  # Ctrl+C reaches a pool's children twice: ignore the echo
 
@@ -93,6 +96,8 @@ class CosyqWorker(SimpleWorker):
             kwargs["name"] = default_worker_name()
         if kwargs.get("connection") is None:
             kwargs["connection"] = redis_connection(self.settings)
+        if kwargs.get("prepare_for_work", True):
+            wait_for_redis(kwargs["connection"])  # RQ's constructor talks to Redis
         super().__init__(_queue_names(queues), *args, **kwargs)
         self.slot = slot
         self.control = control.ControlChannel(control_fd) if control_fd is not None else None
@@ -141,9 +146,15 @@ class CosyqWorker(SimpleWorker):
                 self._retire(RecycleReason.LIFETIME)
                 return None
             max_idle_time = left if max_idle_time is None else min(max_idle_time, left)
+        delay = 0.5
         while True:
             try:
                 result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except REDIS_OUTAGE as e:  # RQ retries inside its wait, not around it
+                log.warning("dequeue_failed", error=str(e), retry_in_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, REDIS_RETRY_MAX_S)
+                continue
             except Exception as e:
                 if getattr(e, "job_id", None) is None:
                     raise
@@ -164,14 +175,60 @@ class CosyqWorker(SimpleWorker):
     # -- one job -----------------------------------------------------------------------------
 
     def _run(self, job: Job, queue: Queue) -> None:
-        self._prepare_attempt(job)
+        try:
+            self._prepare_attempt(job)
+        except REDIS_OUTAGE as e:
+            log.warning("job_not_started", job_id=job.id, error=str(e))
+            self._push_back(job, queue)
+            return
         self._current = (job, queue)
         try:
             super().execute_job(job, queue)
+        except REDIS_OUTAGE as e:
+            # The outcome could not be recorded; the job's heartbeat stops with this attempt,
+            # so a reaper retries it once Redis is back. The worker itself carries on.
+            log.warning("job_outcome_unrecorded", job_id=job.id, error=str(e))
         finally:
             self._current = None
             if self.lifecycle is not None:
                 self.lifecycle.housekeeper.end_job(job.id)
+
+    def _push_back(self, job: Job, queue: Queue) -> None:
+        """Return a job we popped but could not start to the head of its queue."""
+        delay = 0.5
+        while True:
+            try:
+                self.connection.lpush(queue.key, job.id)
+                log.info("job_pushed_back", job_id=job.id, queue=queue.name)
+                return
+            except REDIS_OUTAGE:
+                time.sleep(delay)
+                delay = min(delay * 2, REDIS_RETRY_MAX_S)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's worker heartbeat, which must not end the worker during a Redis outage."""
+        try:
+            super().heartbeat(timeout, pipeline)
+        except REDIS_OUTAGE as e:
+            log.warning("worker_heartbeat_failed", error=str(e))
+
+    def check_for_suspension(self, burst: bool) -> None:
+        try:
+            super().check_for_suspension(burst)
+        except REDIS_OUTAGE as e:
+            log.warning("suspension_check_failed", error=str(e))  # the dequeue waits for Redis
+
+    def run_maintenance_tasks(self) -> None:
+        try:
+            super().run_maintenance_tasks()
+        except REDIS_OUTAGE as e:
+            log.warning("maintenance_failed", error=str(e))
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        except REDIS_OUTAGE as e:
+            log.warning("worker_deregister_failed", error=str(e))
 
     def _prepare_attempt(self, job: Job) -> None:
         """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat."""

@@ -158,3 +158,42 @@ def all_done(connection: redis.Redis, jobs: list[Job], final: tuple[str, ...] = 
 
 def lines(path: Path) -> Iterator[str]:
     yield from path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+class PersistentRedis:
+    """A redis-server with an append-only file, restartable on the same port without losing
+    data (the session server in tests/conftest.py runs without persistence)."""
+
+    def __init__(self, workdir: Path, port: int) -> None:
+        self.workdir = workdir
+        self.port = port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        command += ["--dir", str(self.workdir), "--save", "", "--appendonly", "yes"]
+        command += ["--appendfsync", "always"]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        client = redis.Redis.from_url(self.url)
+        wait_for(lambda: _pings(client), 10, "redis-server to accept connections")
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 import zlib
@@ -21,7 +20,9 @@ from rq import Callback, Queue
 from rq.job import Job
 from rq.serializers import PickleSerializer
 
-from tests.support.harness import REPO_ROOT, Cluster, enqueue, json_queue, named
+from tests.support.harness import Cluster, enqueue, json_queue, named
+
+RQ_WORKER = [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.worker.CosyqWorker"]
 
 
 class Detonator:
@@ -159,8 +160,7 @@ def test_stock_rq_cli_with_pickle_default_still_never_unpickles(
         "workers.tasks.synthesize", request=Detonator(marker), meta={"x": Detonator(marker)}
     )
     good = enqueue(connection, "the good one")
-    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.worker.CosyqWorker",
-               "--url", redis_url, "--burst", "cosyq-default"]  # fmt: skip
+    command = [*RQ_WORKER, "--url", redis_url, "--burst", "cosyq-default"]
     worker = cluster.spawn(command, "rq.log")
     assert worker.wait(timeout=60) == 0
     assert not marker.exists()
@@ -172,11 +172,10 @@ def test_rq_cli_with_json_and_max_jobs_processes_jobs(
     cluster: Cluster, connection: redis.Redis, redis_url: str
 ) -> None:
     jobs = [enqueue(connection, f"sentence {i}") for i in range(3)]
-    command = [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.worker.CosyqWorker",
-               "-S", "rq.serializers.JSONSerializer", "--url", redis_url,
-               "--max-jobs", "2", "--burst", "cosyq-default"]  # fmt: skip
+    json_serializer = ["-S", "rq.serializers.JSONSerializer"]
+    command = [*RQ_WORKER, *json_serializer, "--url", redis_url, "--max-jobs", "2", "--burst"]
+    command.append("cosyq-default")
     worker = cluster.spawn(command, "rq.log")
     assert worker.wait(timeout=60) == 0
     assert [job.get_status() for job in jobs] == ["finished", "finished", "queued"]
     assert named(cluster.events("rq.log"), "worker_ready")  # our start-up ran under rq's CLI
-    assert REPO_ROOT.exists()

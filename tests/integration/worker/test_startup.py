@@ -21,14 +21,20 @@ def test_model_that_fails_to_load_exits_nonzero_and_takes_no_job(
         assert worker.wait(timeout=30) == 2
         log_text = (cluster.root / f"{engine}.log").read_text()
         assert message in log_text
-        assert f"cosyq-worker: " in log_text  # the one clear line on stderr
+        assert "cosyq-worker: " in log_text  # the one clear line on stderr
     assert job.get_status() == "queued"
     assert connection.smembers("rq:workers") == set()
 
 
 def test_worker_ready_reports_load_and_host_facts(cluster: Cluster) -> None:
-    worker = cluster.start("run", "--burst", log_name="w.log", TESTENGINE_LOAD_S="0.3",
-                           COSYQ_ENGINE="tests.support.engines:slow_load", COSYQ_THREADS="1")  # fmt: skip
+    worker = cluster.start(
+        "run",
+        "--burst",
+        log_name="w.log",
+        TESTENGINE_LOAD_S="0.3",
+        COSYQ_ENGINE="tests.support.engines:slow_load",
+        COSYQ_THREADS="1",
+    )
     assert worker.wait(timeout=60) == 0
     events = cluster.events("w.log")
     ready = named(events, "worker_ready")[0]
