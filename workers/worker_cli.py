@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "exit, let at most one slot load at a time, back off on crash loops, and forward "
         "SIGTERM/SIGINT as a warm shutdown.",
     )
-    pool.add_argument("-n", "--workers", type=int, default=1, help="number of slots K")
+    pool.add_argument("-n", "--workers", type=int, help="number of slots K (COSYQ_POOL_SIZE)")
     pool.add_argument("queues", nargs="*", metavar="QUEUE", help="queues, highest priority first")
     pool.add_argument("--backoff-initial", type=float, default=1.0, help="seconds (default 1)")
     pool.add_argument("--backoff-max", type=float, default=60.0, help="seconds (default 60)")
@@ -67,17 +67,18 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_pool(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        print("cosyq-worker pool: -n must be at least 1", file=sys.stderr)
-        return EXIT_START_FAILED
     try:
         settings = load_settings()
     except CosyqError as e:
         print(f"cosyq-worker: {e}", file=sys.stderr)
         return EXIT_START_FAILED
+    size = args.workers if args.workers is not None else settings.pool_size
+    if size < 1:
+        print("cosyq-worker pool: -n must be at least 1", file=sys.stderr)
+        return EXIT_START_FAILED
     configure_logging(settings)
     config = PoolConfig(
-        size=args.workers,
+        size=size,
         queues=tuple(args.queues),
         backoff_initial_s=args.backoff_initial,
         backoff_max_s=args.backoff_max,
