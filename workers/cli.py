@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES: tuple[str, ...] = ("workers.worker_cli", "workers.deploy_cli")
+COMMAND_MODULES: tuple[str, ...] = ("workers.worker_cli", "workers.deploy_cli", "workers.bench_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,9 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
+from rq.exceptions import StopRequested
+from rq.job import Job
 from rq.queue import Queue
 
 from shared import keys
@@ -113,13 +116,17 @@ class Housekeeper:
         self.stats.state = state
         self._guarded("publish_stats", self.publish_stats)
 
-    def begin_job(self, job_id: str) -> None:
-        """Claim the job's heartbeat; called before RQ marks the job started."""
+    def begin_job(self, job_id: str, job_fields: Mapping[str, str | int]) -> None:
+        """Claim the job's heartbeat and write `job_fields` to its hash, in one round trip;
+        called before RQ marks the job started (see workers/reaper.py for why)."""
         with self._lock:
             self._job_id = job_id
             self.stats.state, self.stats.current_job = "busy", job_id
-        self.connection.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
-        self._guarded("publish_stats", self.publish_stats)
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
+            pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+            self._queue_stats(pipe)
+            pipe.execute()
 
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""
@@ -130,14 +137,23 @@ class Housekeeper:
             if self.stats.state == "busy":
                 self.stats.state = "idle"
         key = keys.job_heartbeat_key(job_id)
-        self._guarded("end_job", lambda: self._delete_if_ours(keys=[key], args=[self.stats.name]))
-        self._guarded("publish_stats", self.publish_stats)
+
+        def release() -> None:
+            with self.connection.pipeline(transaction=False) as pipe:
+                self._delete_if_ours(keys=[key], args=[self.stats.name], client=pipe)
+                self._queue_stats(pipe)
+                pipe.execute()
+
+        self._guarded("end_job", release)
 
     def publish_stats(self) -> None:
-        with self.connection.pipeline() as pipe:
-            pipe.hset(self.stats_key, mapping=cast(Mapping[Any, Any], self.stats.as_mapping()))
-            pipe.pexpire(self.stats_key, self.ttl_ms)
+        with self.connection.pipeline(transaction=False) as pipe:
+            self._queue_stats(pipe)
             pipe.execute()
+
+    def _queue_stats(self, pipe: Pipeline) -> None:
+        pipe.hset(self.stats_key, mapping=cast(Mapping[Any, Any], self.stats.as_mapping()))
+        pipe.pexpire(self.stats_key, self.ttl_ms)
 
     def tick(self) -> None:
         """One round of every duty; errors are logged, never raised."""
@@ -172,6 +188,8 @@ class Housekeeper:
     def _guarded(self, duty: str, action: Callable[[], object], *, uses_redis: bool = True) -> bool:
         try:
             action()
+        except StopRequested:
+            raise  # RQ's warm-stop signal, raised in the main thread: not ours to swallow
         except redis.RedisError as e:
             if not self._failing:
                 log.warning("housekeeping_redis_error", duty=duty, error=str(e), pid=os.getpid())

@@ -76,6 +76,7 @@ class CosyqWorker(SimpleWorker):
     """
 
     job_class = admission.CosyqJob
+    log_result_lifespan = False  # one line per job is enough: synthesis_finished
 
     def __init__(
         self,
@@ -109,6 +110,7 @@ class CosyqWorker(SimpleWorker):
         self._retire_lock = threading.Lock()
         self._retire_announced = False
         self._current: tuple[Job, Queue] | None = None
+        self._handling_job = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -165,12 +167,16 @@ class CosyqWorker(SimpleWorker):
             return result
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        refusal = admission.screen(job)
-        if refusal is not None:
-            self._refuse(job, queue, refusal)
-        else:
-            self._run(job, queue)
-        self._after_job()
+        self._handling_job = True  # a stop signal from here on waits for the bookkeeping
+        try:
+            refusal = admission.screen(job)
+            if refusal is not None:
+                self._refuse(job, queue, refusal)
+            else:
+                self._run(job, queue)
+            self._after_job()
+        finally:
+            self._handling_job = False
 
     # -- one job -----------------------------------------------------------------------------
 
@@ -246,8 +252,9 @@ class CosyqWorker(SimpleWorker):
         if job.retry_intervals is not None:
             fields["retry_intervals"] = json.dumps(job.retry_intervals)
         if self.lifecycle is not None:
-            self.lifecycle.housekeeper.begin_job(job.id)
-        self.connection.hset(job.key, mapping=fields)  # type: ignore[arg-type]
+            self.lifecycle.housekeeper.begin_job(job.id, fields)
+        else:
+            self.connection.hset(job.key, mapping=fields)  # type: ignore[arg-type]
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
         """Classify the failure once; log one line (a traceback only for internal errors)."""
@@ -356,10 +363,23 @@ class CosyqWorker(SimpleWorker):
     # -- signals -----------------------------------------------------------------------------
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """First signal: stop after the current job, including our bookkeeping after it.
+
+        RQ raises StopRequested from the handler as soon as its own state says idle, which it
+        does before our post-job steps (heartbeat release, recycle check) have run; while a
+        job is being handled the stop is recorded instead, and the loop ends after it.
+        """
         log.info("worker_stop_requested", signal=signal.Signals(signum).name, mode="warm")
         if self.lifecycle is not None:
             self.lifecycle.housekeeper.set_state("stopping")
-        super().request_stop(signum, frame)
+        if not self._handling_job:
+            super().request_stop(signum, frame)
+            return
+        self._shutdown_requested_date = now()
+        signal.signal(signal.SIGINT, self.request_force_stop)
+        signal.signal(signal.SIGTERM, self.request_force_stop)
+        self.handle_warm_shutdown_request()
+        self._stop_requested = True
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         """Second signal: give the running job back to the queue and exit now."""

@@ -33,7 +33,7 @@ def test_launchd_renders_one_keepalive_agent_per_slot(
         agent = plistlib.loads(path.read_bytes())
         assert agent["Label"] == f"com.cosyq.worker.{slot}"
         assert agent["KeepAlive"] is True and agent["RunAtLoad"] is True
-        assert agent["ExitTimeOut"] == 360 > 300  # above the job timeout
+        assert agent["ExitTimeOut"] == 300 + 60  # above the job timeout
         assert agent["ProcessType"] == "Interactive"
         assert agent["ProgramArguments"] == [sys.executable, "-m", "workers.cli", "run"]
         assert agent["WorkingDirectory"] == str(tmp_path.resolve())
@@ -57,7 +57,7 @@ def test_supervisord_renders_numprocs_autorestart_and_a_long_stop_wait(
     assert program["numprocs"] == "3"
     assert program["autorestart"] == "true"
     assert program["stopsignal"] == "TERM"
-    assert int(program["stopwaitsecs"]) == 360 > 300
+    assert int(program["stopwaitsecs"]) == 300 + 60
     assert program["command"] == f"{sys.executable} -m workers.cli run"
     assert program["process_name"] == "%(program_name)s_%(process_num)02d"
     assert 'COSYQ_POOL_SIZE="3"' in program["environment"]
