@@ -1,0 +1,33 @@
+"""The producer side of cosyq: `CosyqClient` (Python API) and the `cosyq` command line.
+
+Depends only on `shared/`; never imports torch, onnxruntime or coremltools (a test checks).
+"""
+
+from producer.client import CosyqClient
+from producer.tracking import JobOutcome, JobStatus
+from shared.errors import (
+    InvalidRequestError,
+    JobFailedError,
+    JobNotFoundError,
+    QueueFullError,
+    ResultTimeoutError,
+)
+from shared.jobs import SynthesisRequest
+from shared.results import JobFailure, SynthesisResult
+from shared.settings import Settings, load_settings
+
+__all__ = [
+    "CosyqClient",
+    "InvalidRequestError",
+    "JobFailedError",
+    "JobFailure",
+    "JobNotFoundError",
+    "JobOutcome",
+    "JobStatus",
+    "QueueFullError",
+    "ResultTimeoutError",
+    "Settings",
+    "SynthesisRequest",
+    "SynthesisResult",
+    "load_settings",
+]

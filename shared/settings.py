@@ -64,65 +64,121 @@ class Settings(BaseSettings):
     )
 
     # Connections and storage
-    redis_url: str = Field("redis://127.0.0.1:6379/0", repr=False)  # may hold a password
-    redis_connect_timeout_s: float = Field(5.0, gt=0)
-    redis_socket_timeout_s: float | None = Field(None, gt=0)  # None: block as long as RQ asks
-    redis_health_check_interval_s: int = Field(30, ge=0)
-    redis_ssl_ca_certs: Path | None = None  # CA bundle for rediss:// with a private CA
-    storage_url: str = Field(default_factory=_default_storage_url)
-    s3_endpoint_url: str | None = None  # MinIO, R2, ...; None: AWS
-    s3_region: str | None = None
-    s3_access_key_id: str | None = None  # None: the usual AWS environment / profile chain
-    s3_secret_access_key: SecretStr | None = None
-    s3_addressing_style: Literal["auto", "path", "virtual"] = "auto"
-    max_read_bytes: int = Field(64 * 1024 * 1024, gt=0)  # largest object Storage.get reads
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        repr=False,  # may hold a password
+        description="Redis URL: redis://, rediss:// (TLS) or unix://; user:password@ for ACLs",
+    )
+    redis_connect_timeout_s: float = Field(5.0, gt=0, description="Redis connect timeout")
+    redis_socket_timeout_s: float | None = Field(
+        None, gt=0, description="Redis read timeout (unset: as long as a blocking call asks)"
+    )
+    redis_health_check_interval_s: int = Field(
+        30, ge=0, description="PING an idle Redis connection before reuse after this long"
+    )
+    redis_ssl_ca_certs: Path | None = Field(
+        None, description="CA bundle for rediss:// servers with a private CA"
+    )
+    storage_url: str = Field(
+        default_factory=_default_storage_url,
+        description="where audio is written: file:///path or s3://bucket/prefix",
+    )
+    s3_endpoint_url: str | None = Field(None, description="S3 endpoint (MinIO, R2); unset: AWS")
+    s3_region: str | None = Field(None, description="S3 region; unset: the AWS environment's")
+    s3_access_key_id: str | None = Field(
+        None, description="S3 key id; unset: the usual AWS variables, profile or role"
+    )
+    s3_secret_access_key: SecretStr | None = Field(None, description="S3 secret key")
+    s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
+        "auto", description="S3 addressing: auto, path (most MinIO setups) or virtual"
+    )
+    max_read_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="largest object read from storage (prompt audio)"
+    )
 
     # Model and backend (worker)
-    model_dir: Path | None = None
-    backend: Literal["auto", "torch", "coreml"] = "auto"
-    device: Literal["auto", "cpu", "mps", "cuda"] = "auto"
-    dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
-    compute_units: Literal["ALL", "CPU_AND_NE", "CPU_AND_GPU", "CPU_ONLY"] = "ALL"
-    coreml_dir: Path | None = None  # None: <model_dir>/coreml
-    coreml_cache_dir: Path = Field(default_factory=_default_coreml_cache_dir)
-    engine: str = "workers.pipeline:load_engine"
-    normalize_text: bool = True
-    allow_rosetta: bool = False
+    model_dir: Path | None = Field(None, description="a CosyVoice2-0.5B-layout model folder")
+    backend: Literal["auto", "torch", "coreml"] = Field("auto", description="auto, torch or coreml")
+    device: Literal["auto", "cpu", "mps", "cuda"] = Field(
+        "auto", description="torch device: auto, cpu, mps or cuda"
+    )
+    dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="weights: fp32/fp16/bf16")
+    compute_units: Literal["ALL", "CPU_AND_NE", "CPU_AND_GPU", "CPU_ONLY"] = Field(
+        "ALL", description="Core ML compute units"
+    )
+    coreml_dir: Path | None = Field(
+        None, description="converted Core ML packages (unset: <model_dir>/coreml)"
+    )
+    coreml_cache_dir: Path = Field(
+        default_factory=_default_coreml_cache_dir, description="compiled .mlmodelc cache"
+    )
+    engine: str = Field(
+        "workers.pipeline:load_engine",
+        description="dotted factory(settings) -> engine (operator config; tests use doubles)",
+    )
+    normalize_text: bool = Field(True, description="text normalisation (wetext) before tokens")
+    allow_rosetta: bool = Field(False, description="let a worker run under Rosetta 2 (slow)")
 
     # Request limits (checked by producer and worker alike)
-    max_text_chars: int = Field(2000, gt=0)
-    max_metadata_bytes: int = Field(4096, ge=0)
-    max_output_key_chars: int = Field(512, gt=0)  # S3 allows 1,024 bytes including the prefix
-    max_prompt_seconds: float = Field(30.0, gt=0)  # the speech tokenizer's limit
+    max_text_chars: int = Field(2000, gt=0, description="longest text (and prompt text)")
+    max_metadata_bytes: int = Field(4096, ge=0, description="largest request metadata, as JSON")
+    max_output_key_chars: int = Field(
+        512, gt=0, description="longest output_key (S3 allows 1,024 bytes with the prefix)"
+    )
+    max_prompt_seconds: float = Field(
+        30.0, gt=0, description="longest prompt audio (the speech tokenizer's limit)"
+    )
 
     # Queueing
-    max_queue_depth: int = Field(10000, gt=0)
-    backpressure: Literal["raise", "block"] = "raise"
-    backpressure_timeout_s: float = Field(60.0, ge=0)
-    backpressure_poll_s: float = Field(0.25, gt=0)
-    submit_chunk_size: int = Field(500, gt=0)
-    idempotency_ttl_s: int = Field(86400, gt=0)  # how long a key maps to its first job
-    job_timeout_s: int = Field(600, gt=0)
-    result_ttl_s: int = Field(86400, gt=0)
-    failure_ttl_s: int = Field(604800, gt=0)
-    max_retries: int = Field(2, ge=0)
-    retry_backoff_s: float = Field(5.0, ge=0)  # attempt k waits retry_backoff_s * 2**(k-1)
-    result_poll_interval_s: float = Field(0.5, gt=0)  # longest sleep between status polls
-    wait_timeout_s: float = Field(3600.0, gt=0)  # the CLI's --wait limit
+    max_queue_depth: int = Field(
+        10000, gt=0, description="jobs a queue may hold before submit pushes back"
+    )
+    backpressure: Literal["raise", "block"] = Field(
+        "raise", description="on a full queue: raise QueueFullError, or block until room"
+    )
+    backpressure_timeout_s: float = Field(
+        60.0, ge=0, description="longest block for room before QueueFullError"
+    )
+    backpressure_poll_s: float = Field(0.25, gt=0, description="queue-depth poll while blocked")
+    submit_chunk_size: int = Field(500, gt=0, description="jobs per pipelined round trip")
+    idempotency_ttl_s: int = Field(
+        86400, gt=0, description="how long an idempotency key maps to its first job"
+    )
+    job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
+    result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
+    failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
+    max_retries: int = Field(2, ge=0, description="retries of a transient failure")
+    retry_backoff_s: float = Field(
+        5.0, ge=0, description="retry k waits retry_backoff_s * 2**(k-1) seconds"
+    )
+    result_poll_interval_s: float = Field(
+        0.5, gt=0, description="longest pause between status polls while waiting"
+    )
+    wait_timeout_s: float = Field(
+        3600.0, gt=0, description="default wait for results (result(), cosyq --wait, say)"
+    )
 
     # Worker processes
-    max_jobs: int = Field(200, gt=0)
-    max_jobs_jitter: int | None = Field(None, ge=0)  # None: 10% of max_jobs, rounded down
-    max_rss_mb: int = Field(8192, gt=0)
-    max_lifetime_s: int = Field(21600, gt=0)
-    threads: int | None = Field(None, gt=0)  # None: physical cores // pool_size, at least 1
-    pool_size: int = Field(1, gt=0)
-    heartbeat_interval_s: float = Field(2.0, gt=0)
-    heartbeat_ttl_s: float = Field(10.0, gt=0)
+    max_jobs: int = Field(200, gt=0, description="jobs a worker takes before it recycles")
+    max_jobs_jitter: int | None = Field(
+        None, ge=0, description="random extra jobs per worker (unset: 10% of max_jobs)"
+    )
+    max_rss_mb: int = Field(8192, gt=0, description="recycle a worker above this RSS")
+    max_lifetime_s: int = Field(21600, gt=0, description="recycle a worker after this long")
+    threads: int | None = Field(
+        None, gt=0, description="intra-op threads per worker (unset: cores // pool_size)"
+    )
+    pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
+    heartbeat_interval_s: float = Field(2.0, gt=0, description="per-job heartbeat period")
+    heartbeat_ttl_s: float = Field(
+        10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"
+    )
 
     # Logging
-    log_level: str = "INFO"
-    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto: JSON lines unless on a terminal"
+    )
 
     def __init__(self, **values: Any) -> None:
         env_file = values.get("_env_file", DEFAULT_ENV_FILE)

@@ -1,0 +1,102 @@
+"""`cosyq`: the producer-side command line (submit, say, status, failed, result, ...).
+
+Each command group lives in its own module under `producer/commands/` exposing
+`register(subparsers)`; its handlers take `(args, context)` and return the exit status. Add a
+group by appending its module to `COMMAND_MODULES` (issue 4 adds `producer.commands.voices` for
+`cosyq voices list|add|rm`). Settings come from COSYQ_* variables and `.env`; logs go to stderr,
+command output to stdout.
+
+Exit status: 0 success, 1 a failure the command reports (bad lines, failed jobs, errors),
+2 usage or settings errors, 3 `cosyq result` of a job that is not done yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import redis
+from rich.console import Console
+
+from producer.client import CosyqClient
+from shared.errors import CosyqError, SettingsError
+from shared.logs import configure_logging
+from shared.settings import Settings, load_settings
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "producer.commands.submit",  # submit FILE.jsonl, say "text"
+    "producer.commands.inspect",  # status, failed, result
+    # "producer.commands.voices",  # voices list|add|rm (issue 4)
+)
+
+PIPED_WIDTH = 160  # columns for tables when stdout is not a terminal
+ClientFactory = Callable[[Settings], CosyqClient]
+
+
+@dataclass
+class CliContext:
+    """What every command handler gets: settings, a way to make the client, two consoles."""
+
+    settings: Settings
+    make_client: ClientFactory
+    out: Console  # command output (stdout)
+    err: Console  # progress, warnings, problems (stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cosyq",
+        description="cosyq producer: submit speech jobs to Redis and read their results",
+    )
+    parser.add_argument(
+        "--env-file", default=".env", help="settings file read besides COSYQ_* (default .env)"
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | None = None) -> int:
+    """Parse arguments and run the chosen command; returns the exit status.
+
+    `client_factory` lets tests (and embedding code) choose how the client is built.
+    """
+    args = build_parser().parse_args(argv)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        settings = load_settings(env_file=args.env_file)
+    except SettingsError as e:
+        err.print(f"cosyq: {e}", markup=False)
+        return 2
+    configure_logging(settings, stream=sys.stderr)
+    context = CliContext(
+        settings=settings, make_client=client_factory or CosyqClient, out=_stdout(), err=err
+    )
+    try:
+        return int(args.handler(args, context) or 0)
+    except SettingsError as e:
+        err.print(f"cosyq: {e}", markup=False)
+        return 2
+    except CosyqError as e:
+        err.print(f"cosyq: {e}", markup=False)
+        return 1
+    except redis.RedisError as e:
+        where = settings.redacted_redis_url()
+        err.print(f"cosyq: Redis at {where}: {e}", markup=False)
+        return 1
+
+
+def _stdout() -> Console:
+    """Command output; piped into a file it is not cut to 80 columns."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, PIPED_WIDTH))
+    return console
+
+
+if __name__ == "__main__":
+    sys.exit(main())

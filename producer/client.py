@@ -1,0 +1,262 @@
+"""`CosyqClient`: what a backend service calls to enqueue speech jobs and collect results.
+
+This module is the one place jobs are enqueued. A job is RQ's JSON-serialized call of the dotted
+path `workers.tasks.synthesize` with `request=<request dict>`: the producer never imports the
+worker code, and no pickle crosses Redis.
+
+Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in one pipeline
+(MULTI/EXEC), which also reads the queue depths back for the next chunk's backpressure check. A
+chunk holding idempotency keys costs one more round trip first, to reserve the keys atomically
+(`SET NX GET`): the first submitter of a key wins, later ones get the first job's id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from rq import Queue, Retry
+from rq.serializers import JSONSerializer
+
+from producer.tracking import JobOutcome, JobStatus, JobTracker
+from shared import keys
+from shared.connection import redis_connection
+from shared.errors import InvalidRequestError, QueueFullError, TransientError
+from shared.jobs import RequestLimits, SynthesisRequest, validate_request
+from shared.results import SynthesisResult
+from shared.settings import Settings
+
+RequestLike = SynthesisRequest | Mapping[str, Any]
+
+# Compare-and-delete: free an idempotency key only if it still names our job.
+_RELEASE_SCRIPT = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class _PlannedJob:
+    index: int  # position in the caller's request list
+    job_id: str
+    queue: str
+    request: SynthesisRequest
+
+
+class CosyqClient:
+    """Submit synthesis jobs and read their results; built from Settings.
+
+    Options (keyword-only): `connection` reuses a Redis client (else one from
+    settings.redis_url); `job_function` is the dotted path enqueued (tests point it at a test
+    double; the product always uses workers.tasks.synthesize).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        connection: redis.Redis | None = None,
+        job_function: str = keys.SYNTHESIZE_FUNCTION,
+    ) -> None:
+        self.settings = settings
+        self.connection = connection if connection is not None else redis_connection(settings)
+        self.job_function = job_function
+        self.limits = RequestLimits.from_settings(settings)
+        self._queues = {
+            name: Queue(name, connection=self.connection, serializer=JSONSerializer)
+            for name in keys.QUEUES_IN_PRIORITY_ORDER
+        }
+        self.tracker = JobTracker(self.connection, settings)
+
+    def __enter__(self) -> CosyqClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    # ---- submitting
+
+    def submit(self, request: RequestLike) -> str:
+        """Validate and enqueue one request; returns its job id (the first job's id when the
+        idempotency key was seen before). Raises InvalidRequestError or QueueFullError."""
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: Iterable[RequestLike]) -> list[str]:
+        """Validate all, then enqueue in pipelined chunks; job ids in request order.
+
+        Nothing is enqueued if any request is invalid (the error names its index). When a
+        queue is full, QueueFullError carries the ids already submitted (or, with
+        backpressure "block", this waits up to backpressure_timeout_s for room).
+        """
+        planned = self._plan(requests)
+        job_ids: list[str] = [job.job_id for job in planned]
+        depths = self.queue_depths()
+        position = 0
+        while position < len(planned):
+            chunk = self._next_chunk(planned, position, depths, job_ids[:position])
+            depths = self._enqueue_chunk(chunk, job_ids)
+            position += len(chunk)
+        return job_ids
+
+    def _plan(self, requests: Iterable[RequestLike]) -> list[_PlannedJob]:
+        planned = []
+        for index, raw in enumerate(requests):
+            try:
+                request = validate_request(raw, self.limits)
+            except InvalidRequestError as e:
+                raise InvalidRequestError(f"requests[{index}]: {e}") from e
+            queue = keys.queue_for(request.priority)
+            planned.append(_PlannedJob(index, uuid.uuid4().hex, queue, request))
+        return planned
+
+    def _next_chunk(
+        self,
+        planned: Sequence[_PlannedJob],
+        start: int,
+        depths: dict[str, int],
+        submitted: list[str],
+    ) -> list[_PlannedJob]:
+        """The longest run from `start` that fits the chunk size and every queue's room."""
+        deadline = time.monotonic() + self.settings.backpressure_timeout_s
+        while True:
+            room = {q: self.settings.max_queue_depth - depth for q, depth in depths.items()}
+            chunk: list[_PlannedJob] = []
+            for job in planned[start : start + self.settings.submit_chunk_size]:
+                if room[job.queue] <= 0:
+                    break
+                room[job.queue] -= 1
+                chunk.append(job)
+            if chunk:
+                return chunk
+            full = planned[start].queue
+            if self.settings.backpressure == "raise" or time.monotonic() >= deadline:
+                raise QueueFullError(
+                    f"{full} holds {depths[full]:,} jobs (COSYQ_MAX_QUEUE_DEPTH "
+                    f"{self.settings.max_queue_depth:,}); {len(submitted)} submitted",
+                    queue=full,
+                    depth=depths[full],
+                    submitted=tuple(submitted),
+                )
+            time.sleep(self.settings.backpressure_poll_s)
+            depths = self.queue_depths()
+
+    def _enqueue_chunk(self, chunk: list[_PlannedJob], job_ids: list[str]) -> dict[str, int]:
+        """One pipeline for the chunk (plus one to reserve idempotency keys, if any).
+
+        Writes the final id of each request into job_ids; returns the queue depths after it.
+        """
+        fresh = self._reserve_idempotency_keys(chunk, job_ids)
+        pipe = self.connection.pipeline()
+        for name, queue in self._queues.items():
+            datas = [self._enqueue_data(job) for job in fresh if job.queue == name]
+            if datas:
+                queue.enqueue_many(datas, pipeline=pipe)
+        for name in self._queues:
+            pipe.llen(self._queues[name].key)
+        try:
+            replies = pipe.execute()
+        except redis.RedisError as e:
+            self._release_idempotency_keys(fresh)
+            raise TransientError(f"enqueue failed: {e}") from e
+        return dict(zip(self._queues, (int(n) for n in replies[-len(self._queues) :]), strict=True))
+
+    def _reserve_idempotency_keys(
+        self, chunk: list[_PlannedJob], job_ids: list[str]
+    ) -> list[_PlannedJob]:
+        """Claim each idempotency key for our job (SET NX GET); drop jobs whose key was taken."""
+        keyed = [job for job in chunk if job.request.idempotency_key is not None]
+        if not keyed:
+            return chunk
+        pipe = self.connection.pipeline(transaction=False)
+        for job in keyed:
+            key = keys.idempotency_key(job.request.idempotency_key or "")
+            pipe.set(key, job.job_id, nx=True, get=True, ex=self.settings.idempotency_ttl_s)
+        taken: set[int] = set()
+        for job, previous in zip(keyed, pipe.execute(), strict=True):
+            if previous is not None:
+                job_ids[job.index] = previous.decode()
+                taken.add(job.index)
+        return [job for job in chunk if job.index not in taken]
+
+    def _release_idempotency_keys(self, jobs: list[_PlannedJob]) -> None:
+        for job in jobs:
+            if job.request.idempotency_key is not None:
+                key = keys.idempotency_key(job.request.idempotency_key)
+                with contextlib.suppress(redis.RedisError):  # else it expires after its TTL
+                    self.connection.eval(_RELEASE_SCRIPT, 1, key, job.job_id)
+
+    def _enqueue_data(self, job: _PlannedJob) -> Any:
+        request = job.request
+        retries = self.settings.max_retries
+        backoff = self.settings.retry_backoff_s
+        retry = None
+        if retries > 0:
+            retry = Retry(max=retries, interval=[round(backoff * 2**k) for k in range(retries)])
+        return Queue.prepare_data(
+            self.job_function,
+            kwargs={"request": request.model_dump(mode="json")},
+            job_id=job.job_id,
+            timeout=self.settings.job_timeout_s,
+            result_ttl=self.settings.result_ttl_s,
+            failure_ttl=self.settings.failure_ttl_s,
+            description=f"synthesize {len(request.text)} chars",  # never the text itself
+            meta={keys.SUBMIT_META_KEY: _submit_meta(request)},
+            retry=retry,
+        )
+
+    # ---- reading back
+
+    def queue_depths(self) -> dict[str, int]:
+        """Jobs waiting in each queue (high, default, low), read in one round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for queue in self._queues.values():
+            pipe.llen(queue.key)
+        return {name: int(n) for name, n in zip(self._queues, pipe.execute(), strict=True)}
+
+    def status(self, job_id: str) -> JobStatus:
+        """Where a job is now (state, queue, times, worker, failure or result).
+        Raises JobNotFoundError for an unknown or expired id."""
+        return self.tracker.status(job_id)
+
+    def result(self, job_id: str, timeout: float | None = None) -> SynthesisResult:
+        """Wait up to `timeout` seconds (default settings.wait_timeout_s; 0: do not wait) for
+        the job's result. Raises JobFailedError, ResultTimeoutError or JobNotFoundError."""
+        wait = self.settings.wait_timeout_s if timeout is None else timeout
+        return self.tracker.result(job_id, wait)
+
+    def wait_many(
+        self,
+        job_ids: Sequence[str],
+        timeout: float | None = None,
+        on_progress: Any = None,
+    ) -> dict[str, JobOutcome]:
+        """Wait for many jobs; each id maps to its outcome (result or failure, including
+        "timeout" for jobs still pending at the deadline). on_progress(done, total) is called
+        after each poll."""
+        wait = self.settings.wait_timeout_s if timeout is None else timeout
+        return self.tracker.wait_many(job_ids, wait, on_progress)
+
+
+def _submit_meta(request: SynthesisRequest) -> dict[str, Any]:
+    """What the producer records on the job for status displays: sizes and names, no text."""
+    if request.voice is not None:
+        voice = request.voice
+    else:
+        voice = "(prompt audio)" if request.prompt_audio else "default"
+    return {
+        "submitted_at": datetime.now(UTC).isoformat(),
+        "text_chars": len(request.text),
+        "voice": voice,
+        "mode": request.mode,
+        "priority": request.priority,
+        "idempotency_key": request.idempotency_key,
+    }

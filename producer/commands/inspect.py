@@ -1,0 +1,124 @@
+"""`cosyq status`, `cosyq failed [--requeue]`, `cosyq result JOB_ID`: look at the queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from producer.monitor import failed_jobs, queue_rows, requeue_failed, worker_rows
+from producer.tracking import JobStatus
+
+if TYPE_CHECKING:
+    from producer.cli import CliContext
+
+EXIT_NOT_DONE = 3
+
+
+def register(subparsers: Any) -> None:
+    status = subparsers.add_parser("status", help="queues, workers and recent failures")
+    status.add_argument("--failed", type=int, default=10, help="failed jobs to list (default 10)")
+    status.set_defaults(handler=run_status)
+
+    failed = subparsers.add_parser("failed", help="list failed jobs; --requeue puts them back")
+    failed.add_argument("job_ids", nargs="*", help="only these jobs (default: all)")
+    failed.add_argument("--requeue", action="store_true", help="requeue them")
+    failed.add_argument("--limit", type=int, default=50, help="jobs to list (default 50)")
+    failed.set_defaults(handler=run_failed)
+
+    result = subparsers.add_parser(
+        "result", help="a job's state and result as JSON (exit 3 while it is not done)"
+    )
+    result.add_argument("job_id")
+    result.add_argument("--wait", type=float, default=0.0, help="seconds to wait for it")
+    result.set_defaults(handler=run_result)
+
+
+def _text(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def run_status(args: argparse.Namespace, context: CliContext) -> int:
+    with context.make_client(context.settings) as client:
+        connection = client.connection
+        queues, workers = queue_rows(connection), worker_rows(connection)
+        failures = failed_jobs(connection, limit=args.failed) if args.failed > 0 else []
+    context.out.print(f"Redis {context.settings.redacted_redis_url()}", markup=False)
+    table = Table(title="queues")
+    names = ("queue", "queued", "started", "retry wait", "deferred", "finished", "failed")
+    for index, name in enumerate(names):
+        table.add_column(name, justify="left" if index == 0 else "right", overflow="fold")
+    for row in queues:
+        cells = (row.queued, row.started, row.scheduled, row.deferred, row.finished, row.failed)
+        table.add_row(row.name, *(str(cell) for cell in cells))
+    context.out.print(table)
+    table = Table(title=f"workers ({len(workers)})")
+    for name in ("worker", "state", "current job", "jobs done", "RSS MB", "backend", "pid"):
+        table.add_column(name, overflow="fold")
+    for worker in workers:
+        backend = "/".join(x for x in (worker.backend, worker.device) if x) or None
+        rss = f"{worker.rss_mb:.0f}" if worker.rss_mb is not None else None
+        state = worker.state if worker.registered else f"{worker.state} (not in RQ)"
+        shown = (state, worker.current_job, worker.jobs_done, rss, backend, worker.pid)
+        table.add_row(worker.name, *(_text(cell) for cell in shown))
+    context.out.print(table)
+    _print_failures(context, failures, title=f"recent failures ({len(failures)} shown)")
+    return 0
+
+
+def _print_failures(context: CliContext, failures: list[Any], title: str) -> None:
+    table = Table(title=title)
+    for name in ("job", "queue", "ended", "kind", "reason"):
+        table.add_column(name, overflow="fold")
+    for item in failures:
+        ended = item.ended_at.strftime("%Y-%m-%d %H:%M:%S") if item.ended_at else None
+        cells = (item.queue, ended, item.failure.kind, item.failure.message)
+        table.add_row(item.job_id, *(_text(cell) for cell in cells))
+    context.out.print(table)
+
+
+def run_failed(args: argparse.Namespace, context: CliContext) -> int:
+    with context.make_client(context.settings) as client:
+        connection = client.connection
+        if args.requeue:
+            requeued = requeue_failed(connection, args.job_ids or None)
+            missing = set(args.job_ids) - set(requeued)
+            context.out.print(f"requeued {len(requeued)} job(s)", markup=False)
+            for job_id in sorted(missing):
+                context.err.print(f"{job_id}: not among the failed jobs", markup=False)
+            return 1 if missing else 0
+        failures = failed_jobs(connection, limit=None if args.job_ids else args.limit)
+    if args.job_ids:
+        failures = [item for item in failures if item.job_id in set(args.job_ids)]
+    _print_failures(context, failures, title=f"failed jobs ({len(failures)})")
+    return 0
+
+
+def status_record(status: JobStatus) -> dict[str, Any]:
+    """A job's status as plain JSON (`cosyq result` prints it)."""
+    record: dict[str, Any] = {"job_id": status.job_id, "state": status.state}
+    record["queue"] = status.queue
+    for name in ("enqueued_at", "started_at", "ended_at"):
+        value = getattr(status, name)
+        record[name] = value.isoformat() if value is not None else None
+    record["worker_name"] = status.worker_name
+    record["submitted"] = status.submitted
+    if status.result is not None:
+        record["result"] = status.result.model_dump(mode="json")
+    if status.failure is not None:
+        record["error"] = status.failure.as_meta()
+    return record
+
+
+def run_result(args: argparse.Namespace, context: CliContext) -> int:
+    with context.make_client(context.settings) as client:
+        if args.wait > 0:
+            # Errors (failed, timeout) are reported below from the status itself.
+            client.wait_many([args.job_id], timeout=args.wait)
+        status = client.status(args.job_id)
+    context.out.print_json(json.dumps(status_record(status), ensure_ascii=False))
+    if status.result is not None:
+        return 0
+    return 1 if status.failure is not None else EXIT_NOT_DONE

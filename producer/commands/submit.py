@@ -1,0 +1,253 @@
+"""`cosyq submit FILE.jsonl` and `cosyq say "text"`: put work on the queue, optionally wait."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.table import Table
+
+from producer.tracking import JobOutcome
+from shared.errors import InvalidRequestError, QueueFullError
+from shared.jobs import RequestLimits, SynthesisRequest, validate_request
+from shared.results import AUDIO_FORMATS, JobFailure, SynthesisResult
+from shared.storage import open_storage
+
+if TYPE_CHECKING:
+    from producer.cli import CliContext
+
+MAX_FAILURES_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # 1-based line number in the file
+    request: SynthesisRequest
+
+
+def register(subparsers: Any) -> None:
+    submit = subparsers.add_parser(
+        "submit",
+        help="submit one request per line of a JSONL file",
+        description="Submit one SynthesisRequest (a JSON object) per line. Bad lines are "
+        "reported with their number and skipped; the rest are submitted. Without --wait, "
+        "prints one job id per submitted line.",
+        epilog='example line: {"text": "Hello.", "voice": "default", "format": "flac"}',
+    )
+    submit.add_argument(
+        "file", help="JSONL file, one SynthesisRequest object per line ('-': stdin)"
+    )
+    submit.add_argument("--wait", action="store_true", help="wait for every job, then summarize")
+    submit.add_argument("--results", type=Path, help="with --wait: write one JSON line per job")
+    submit.add_argument("--timeout", type=float, help="with --wait: seconds (COSYQ_WAIT_TIMEOUT_S)")
+    submit.add_argument("--block", action="store_true", help="wait for room when a queue is full")
+    submit.set_defaults(handler=run_submit)
+
+    say = subparsers.add_parser("say", help="synthesize one text and fetch the audio")
+    say.add_argument("text")
+    say.add_argument("--voice", help="a registered voice (default: the model's 'default')")
+    say.add_argument("--out", type=Path, help="write the audio here (format from the suffix)")
+    say.add_argument("--format", choices=AUDIO_FORMATS, help="wav, flac or ogg (default wav)")
+    say.add_argument("--mode", default="zero_shot", help="zero_shot, cross_lingual, instruct2")
+    say.add_argument("--instruction", help="instruct2: how to speak")
+    say.add_argument("--speed", type=float, default=1.0)
+    say.add_argument("--seed", type=int)
+    say.add_argument("--sample-rate", type=int, default=24000)
+    say.add_argument("--priority", default="high", help="high, default or low (default high)")
+    say.add_argument("--timeout", type=float, help="seconds to wait (COSYQ_WAIT_TIMEOUT_S)")
+    say.set_defaults(handler=run_say)
+
+
+def read_requests(lines: Iterable[str], limits: RequestLimits) -> tuple[list[Line], list[str]]:
+    """Valid requests with their line numbers, and one problem per bad line ("line 7: ...").
+    Blank lines are skipped silently."""
+    good: list[Line] = []
+    problems: list[str] = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            problems.append(f"line {number}: not JSON ({e.msg} at column {e.colno})")
+            continue
+        try:
+            good.append(Line(number, validate_request(data, limits)))
+        except InvalidRequestError as e:
+            problems.append(f"line {number}: {e}")
+    return good, problems
+
+
+def _open_input(name: str) -> TextIO:
+    if name == "-":
+        return sys.stdin
+    try:
+        return Path(name).open(encoding="utf-8")
+    except OSError as e:
+        raise InvalidRequestError(f"{name}: cannot read ({e.strerror})") from e
+
+
+def run_submit(args: argparse.Namespace, context: CliContext) -> int:
+    if args.results is not None and not args.wait:
+        context.err.print("cosyq submit: --results needs --wait")
+        return 2
+    settings = context.settings
+    if args.block:
+        settings = settings.model_copy(update={"backpressure": "block"})
+    source = _open_input(args.file)
+    with source:
+        lines, problems = read_requests(source, RequestLimits.from_settings(settings))
+    for problem in problems:
+        context.err.print(problem, markup=False)
+    started = time.monotonic()
+    with context.make_client(settings) as client:
+        job_ids, lines = _submit_lines(client, lines, context)
+        context.err.print(
+            f"submitted {len(job_ids)} job(s); {len(problems)} bad line(s) skipped", markup=False
+        )
+        if not args.wait:
+            for job_id in job_ids:
+                context.out.print(job_id, markup=False)
+            return 1 if problems or len(job_ids) < len(lines) else 0
+        timeout = args.timeout if args.timeout is not None else settings.wait_timeout_s
+        outcomes = _wait_with_progress(client, job_ids, timeout, context)
+    wall_s = time.monotonic() - started
+    if args.results is not None:
+        write_results(args.results, lines, job_ids, outcomes)
+    failed = print_summary(context, lines, job_ids, outcomes, wall_s)
+    return 1 if problems or failed else 0
+
+
+def _submit_lines(
+    client: Any, lines: list[Line], context: CliContext
+) -> tuple[list[str], list[Line]]:
+    """Submit; when a queue fills up, keep what went in and report the rest as not submitted."""
+    try:
+        return client.submit_many([line.request for line in lines]), lines
+    except QueueFullError as e:
+        submitted = list(e.submitted)
+        skipped = lines[len(submitted) :]
+        context.err.print(f"cosyq: {e}", markup=False)
+        if skipped:
+            context.err.print(
+                f"not submitted: lines {skipped[0].number}-{skipped[-1].number} "
+                "(use --block to wait for room)",
+                markup=False,
+            )
+        return submitted, lines[: len(submitted)]
+
+
+def _wait_with_progress(
+    client: Any, job_ids: Sequence[str], timeout: float, context: CliContext
+) -> dict[str, JobOutcome]:
+    columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress("waiting", *columns, console=context.err, transient=False) as progress:
+        task = progress.add_task("jobs", total=len(set(job_ids)))
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        outcome: dict[str, JobOutcome] = client.wait_many(job_ids, timeout, on_progress)
+        return outcome
+
+
+def write_results(
+    path: Path, lines: Sequence[Line], job_ids: Sequence[str], outcomes: dict[str, JobOutcome]
+) -> None:
+    """One JSON line per submitted line: job id and the full result, or the failure reason."""
+    with path.open("w", encoding="utf-8") as file:
+        for line, job_id in zip(lines, job_ids, strict=True):
+            outcome = outcomes[job_id]
+            record: dict[str, Any] = {"line": line.number, "job_id": job_id}
+            if isinstance(outcome, SynthesisResult):
+                record.update(status="ok", result=outcome.model_dump(mode="json"))
+            else:
+                record.update(status="failed", error=outcome.as_meta())
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def print_summary(
+    context: CliContext,
+    lines: Sequence[Line],
+    job_ids: Sequence[str],
+    outcomes: dict[str, JobOutcome],
+    wall_s: float,
+) -> int:
+    """Failures (with line numbers), then the table; returns how many jobs failed."""
+    unique = dict.fromkeys(job_ids)
+    results = [o for j in unique if isinstance(o := outcomes[j], SynthesisResult)]
+    failures = [
+        (line, j, o)
+        for line, j in zip(lines, job_ids, strict=True)
+        if isinstance(o := outcomes[j], JobFailure)
+    ]
+    for line, job_id, failure in failures[:MAX_FAILURES_SHOWN]:
+        context.err.print(
+            f"line {line.number} (job {job_id}) failed: {failure.kind}: {failure.message}",
+            markup=False,
+        )
+    if len(failures) > MAX_FAILURES_SHOWN:
+        context.err.print(f"... and {len(failures) - MAX_FAILURES_SHOWN} more failures")
+    audio_s = sum(result.duration_s for result in results)
+    table = Table(title="cosyq submit")
+    for column in ("ok", "failed", "audio s", "wall s", "audio s / wall s", "jobs / s"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(len(results)),
+        str(len(unique) - len(results)),
+        f"{audio_s:.2f}",
+        f"{wall_s:.2f}",
+        f"{audio_s / wall_s:.2f}" if wall_s > 0 else "-",
+        f"{len(unique) / wall_s:.2f}" if wall_s > 0 else "-",
+    )
+    context.out.print(table)
+    return len(unique) - len(results)
+
+
+def say_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The request `cosyq say` submits; the format follows --out's suffix when it has one."""
+    fmt = args.format
+    if args.out is not None and args.out.suffix:
+        suffix = args.out.suffix.lstrip(".").lower()
+        if suffix not in AUDIO_FORMATS:
+            raise InvalidRequestError(f"--out: .{suffix} is not one of wav, flac, ogg")
+        if fmt is not None and fmt != suffix:
+            raise InvalidRequestError(f"--out: .{suffix} does not match --format {fmt}")
+        fmt = suffix
+    request: dict[str, Any] = {
+        "text": args.text,
+        "mode": args.mode,
+        "speed": args.speed,
+        "format": fmt or "wav",
+        "sample_rate": args.sample_rate,
+        "priority": args.priority,
+    }
+    for field in ("voice", "instruction", "seed"):
+        if getattr(args, field) is not None:
+            request[field] = getattr(args, field)
+    return request
+
+
+def run_say(args: argparse.Namespace, context: CliContext) -> int:
+    request = say_request(args)
+    timeout = args.timeout if args.timeout is not None else context.settings.wait_timeout_s
+    with context.make_client(context.settings) as client:
+        job_id = client.submit(request)
+        with context.err.status(f"synthesizing (job {job_id})"):
+            result = client.result(job_id, timeout=timeout)
+    line = f"{result.duration_s:.2f} s of audio at {result.sample_rate} Hz, RTF {result.rtf:.3f}"
+    if args.out is None:
+        context.out.print(f"{result.uri}  ({line}, job {job_id})", markup=False)
+        return 0
+    data = open_storage(context.settings).get(result.uri)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(data)
+    context.out.print(f"wrote {args.out}: {line} (job {job_id})", markup=False)
+    return 0

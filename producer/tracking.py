@@ -1,0 +1,174 @@
+"""Reading jobs back: status, a single result with a timeout, and many results with progress.
+
+RQ keeps a job's state in the hash `rq:job:<id>` and its return value in the stream
+`rq:results:<id>`; both are read with the JSON serializer. A failure's reason is what the worker
+wrote to `job.meta["cosyq_error"]`, else the last line of RQ's exception text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.results import Result
+from rq.serializers import JSONSerializer
+
+from shared.errors import JobFailedError, JobNotFoundError, ResultTimeoutError
+from shared.keys import ERROR_META_KEY, SUBMIT_META_KEY
+from shared.results import JobFailure, SynthesisResult
+from shared.settings import Settings
+
+TERMINAL_STATES = frozenset({"finished", "failed", "stopped", "canceled"})
+FIRST_POLL_S = 0.05  # polls start fast and back off to settings.result_poll_interval_s
+JobOutcome = SynthesisResult | JobFailure
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job as `cosyq status`/`result` show it. `result` is set once finished, `failure` once
+    failed; `submitted` is what the producer recorded (sizes and names, never text)."""
+
+    job_id: str
+    state: str  # queued, started, finished, failed, scheduled (retry pending), ...
+    queue: str | None
+    enqueued_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    worker_name: str | None
+    retries_left: int | None
+    submitted: dict[str, Any]
+    result: SynthesisResult | None = None
+    failure: JobFailure | None = None
+
+
+def failure_of(job: Job, state: str) -> JobFailure:
+    """Why a job has no result: the worker's reason, else RQ's last exception line."""
+    reason = JobFailure.from_meta(job.meta.get(ERROR_META_KEY))
+    if reason is not None:
+        return reason
+    if state in ("stopped", "canceled"):
+        return JobFailure(kind="internal", message=f"job was {state}")
+    latest = job.latest_result()
+    text = (latest.exc_string or "") if latest is not None else ""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return JobFailure(kind="internal", message=lines[-1] if lines else "failed (no reason kept)")
+
+
+def result_of(job: Job) -> SynthesisResult | JobFailure:
+    """The parsed return value of a finished job."""
+    latest = job.latest_result()
+    if latest is None or latest.type != Result.Type.SUCCESSFUL:
+        return JobFailure(kind="internal", message="finished but its result has expired")
+    try:
+        return SynthesisResult.model_validate(latest.return_value)
+    except ValidationError as e:
+        return JobFailure(kind="internal", message=f"unreadable result: {e.error_count()} errors")
+
+
+class JobTracker:
+    """Status and result reads for one connection."""
+
+    def __init__(self, connection: redis.Redis, settings: Settings) -> None:
+        self.connection = connection
+        self.settings = settings
+
+    def fetch(self, job_id: str) -> Job:
+        try:
+            return Job.fetch(job_id, connection=self.connection, serializer=JSONSerializer)
+        except NoSuchJobError as e:
+            raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)") from e
+
+    def status(self, job_id: str) -> JobStatus:
+        job = self.fetch(job_id)
+        raw_state = job.get_status(refresh=False)
+        state = raw_state.value if raw_state is not None else "unknown"
+        outcome: JobOutcome | None = None
+        if state == "finished":
+            outcome = result_of(job)
+        elif state in TERMINAL_STATES:
+            outcome = failure_of(job, state)
+        return JobStatus(
+            job_id=job_id,
+            state=state,
+            queue=job.origin or None,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            ended_at=job.ended_at,
+            worker_name=job.worker_name,
+            retries_left=job.retries_left,
+            submitted=dict(job.meta.get(SUBMIT_META_KEY) or {}),
+            result=outcome if isinstance(outcome, SynthesisResult) else None,
+            failure=outcome if isinstance(outcome, JobFailure) else None,
+        )
+
+    def outcome(self, job_id: str) -> JobOutcome:
+        """The result or failure of a job in a terminal state."""
+        status = self.status(job_id)
+        if status.result is not None:
+            return status.result
+        if status.failure is not None:
+            return status.failure
+        return JobFailure(kind="internal", message=f"job is {status.state}, not done")
+
+    def states(self, job_ids: Sequence[str]) -> list[str | None]:
+        """Each job's state in one round trip; None for a job that does not exist."""
+        pipe = self.connection.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(Job.key_for(job_id), "status")
+        return [state.decode() if state else None for state in pipe.execute()]
+
+    def result(self, job_id: str, timeout: float) -> SynthesisResult:
+        deadline = time.monotonic() + timeout
+        delay = FIRST_POLL_S
+        while True:
+            (state,) = self.states([job_id])
+            if state is None:
+                raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
+            if state in TERMINAL_STATES:
+                outcome = self.outcome(job_id)
+                if isinstance(outcome, JobFailure):
+                    raise JobFailedError(job_id, outcome.kind, outcome.message)
+                return outcome
+            if time.monotonic() >= deadline:
+                raise ResultTimeoutError(f"job {job_id} is {state} after {timeout:g} s")
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, self.settings.result_poll_interval_s)
+
+    def wait_many(
+        self,
+        job_ids: Sequence[str],
+        timeout: float,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, JobOutcome]:
+        deadline = time.monotonic() + timeout
+        outcomes: dict[str, JobOutcome] = {}
+        pending = list(dict.fromkeys(job_ids))  # the same id twice (idempotency) waits once
+        delay = FIRST_POLL_S
+        while pending:
+            still = []
+            for job_id, state in zip(pending, self.states(pending), strict=True):
+                if state is None:
+                    outcomes[job_id] = JobFailure(kind="not_found", message="job expired")
+                elif state in TERMINAL_STATES:
+                    outcomes[job_id] = self.outcome(job_id)
+                else:
+                    still.append(job_id)
+            pending = still
+            if on_progress is not None:
+                on_progress(len(outcomes), len(outcomes) + len(pending))
+            if pending and time.monotonic() >= deadline:
+                for job_id in pending:
+                    message = f"no result after {timeout:g} s"
+                    outcomes[job_id] = JobFailure(kind="timeout", message=message)
+                break
+            if pending:
+                time.sleep(delay)
+                delay = min(delay * 2, self.settings.result_poll_interval_s)
+        return outcomes
