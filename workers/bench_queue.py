@@ -142,8 +142,14 @@ def enqueue_many(
 
 def run_burst(command: Sequence[str], env: dict[str, str], log_path: Path) -> None:
     with log_path.open("wb") as log:
-        done = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=RUN_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:4])}... exited {done.returncode}: see {log_path}")
 
@@ -206,15 +212,30 @@ def run(
             connection = redis.Redis.from_url(url)
             prompt_dir = model_dir or prompt_only_model_dir(workdir / "model")
             env = worker_env(url, engine, prompt_dir, workdir / "out", jobs)
-            ours_ids = enqueue_many(connection, "workers.tasks.synthesize",
-                                    {"request": {"text": BENCH_TEXT}}, jobs)  # fmt: skip
-            run_burst([sys.executable, "-m", "workers.cli", "run", "--burst", BENCH_QUEUE],
-                      env, workdir / "cosyq.log")  # fmt: skip
+            ours_ids = enqueue_many(
+                connection, "workers.tasks.synthesize", {"request": {"text": BENCH_TEXT}}, jobs
+            )
+            run_burst(
+                [sys.executable, "-m", "workers.cli", "run", "--burst", BENCH_QUEUE],
+                env,
+                workdir / "cosyq.log",
+            )
             ours = measure(connection, ours_ids, "cosyq worker")
             bare_ids = enqueue_many(connection, f"{__name__}.noop", {}, jobs)
-            rq_command = [sys.executable, "-m", "rq.cli", "worker", "--burst", "-w",
-                          "rq.worker.SimpleWorker", "-S", "rq.serializers.JSONSerializer",
-                          "--url", url, BENCH_QUEUE]  # fmt: skip
+            rq_command = [
+                sys.executable,
+                "-m",
+                "rq.cli",
+                "worker",
+                "--burst",
+                "-w",
+                "rq.worker.SimpleWorker",
+                "-S",
+                "rq.serializers.JSONSerializer",
+                "--url",
+                url,
+                BENCH_QUEUE,
+            ]
             run_burst(rq_command, env, workdir / "rq.log")
             bare = measure(connection, bare_ids, "bare rq SimpleWorker")
             recycle = recycle_cost(env, workdir, repeats)
@@ -239,8 +260,10 @@ def format_table(engine: str, ours: RunStats, bare: RunStats, recycle: RecycleSt
         )
     ratio = _ratio(ours.overhead_ms, bare.overhead_ms)
     queue_only = _ratio(ours.overhead_ms - 1000 * ours.encode_store_s, bare.overhead_ms)
-    rows.append(f"overhead ratio cosyq / bare rq: {ratio:.2f} (goal <= 2.00); "
-                f"without encode+store: {queue_only:.2f}")  # fmt: skip
+    rows.append(
+        f"overhead ratio cosyq / bare rq: {ratio:.2f} (goal <= 2.00); "
+        f"without encode+store: {queue_only:.2f}"
+    )
     rows.append(
         f"recycle cost, process start -> worker_ready (n={len(recycle.start_to_ready_s)}): "
         f"{mean(recycle.start_to_ready_s):.2f} s (load {mean(recycle.load_s):.2f} s, "

@@ -73,10 +73,20 @@ def launchd_label(prefix: str, slot: int) -> str:
 
 def render_launchd(plan: DeployPlan, slot: int, *, label_prefix: str = DEFAULT_LABEL) -> bytes:
     """One slot's LaunchAgent plist, from deploy/launchd/cosyq-worker.plist."""
+    return _render_agent(plan, launchd_label(label_prefix, slot), None)
+
+
+def render_launchd_pool(plan: DeployPlan, *, label_prefix: str = DEFAULT_LABEL) -> bytes:
+    """One agent running `cosyq-worker pool -n K` (one load at a time, granted recycling)."""
+    return _render_agent(plan, f"{label_prefix}.pool", ["pool", "-n", str(plan.workers)])
+
+
+def _render_agent(plan: DeployPlan, label: str, command: list[str] | None) -> bytes:
     with LAUNCHD_TEMPLATE.open("rb") as file:
         agent: dict[str, Any] = plistlib.load(file)
-    label = launchd_label(label_prefix, slot)
     agent["Label"] = label
+    if command is not None:
+        agent["ProgramArguments"][3:] = command
     agent["ProgramArguments"][0] = plan.python
     agent["WorkingDirectory"] = str(plan.workdir)
     agent["EnvironmentVariables"] = plan.environment
@@ -87,11 +97,16 @@ def render_launchd(plan: DeployPlan, slot: int, *, label_prefix: str = DEFAULT_L
 
 
 def write_launchd(
-    plan: DeployPlan, out_dir: Path, *, label_prefix: str = DEFAULT_LABEL
+    plan: DeployPlan, out_dir: Path, *, label_prefix: str = DEFAULT_LABEL, pool: bool = False
 ) -> list[Path]:
-    """Write one plist per slot (mode 0600: the environment may hold a Redis password)."""
+    """Write one plist per slot, or one for the pool (mode 0600: the environment may hold a
+    Redis password)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
+    if pool:
+        path = out_dir / f"{label_prefix}.pool.plist"
+        _write_private(path, render_launchd_pool(plan, label_prefix=label_prefix))
+        return [path]
     paths = []
     for slot in range(plan.workers):
         path = out_dir / f"{launchd_label(label_prefix, slot)}.plist"
@@ -104,8 +119,9 @@ def load_launchd(paths: list[Path]) -> None:
     """(Re)load each agent in the user's GUI domain: bootout (if loaded), then bootstrap."""
     domain = f"gui/{os.getuid()}"
     for path in paths:
-        subprocess.run(["launchctl", "bootout", domain, str(path)], check=False,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["launchctl", "bootout", domain, str(path)], check=False, capture_output=True
+        )
         subprocess.run(["launchctl", "bootstrap", domain, str(path)], check=True)
 
 

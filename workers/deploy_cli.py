@@ -25,18 +25,32 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     launchd = kinds.add_parser("launchd", help="macOS LaunchAgents, one label per slot")
     launchd.add_argument("-n", "--workers", type=int, required=True, help="number of slots K")
     launchd.add_argument("--label-prefix", default=deploy.DEFAULT_LABEL, help="label.<slot>")
-    launchd.add_argument("--out", type=Path, default=Path("~/Library/LaunchAgents"),
-                         help="where the plists go (default ~/Library/LaunchAgents)")  # fmt: skip
-    launchd.add_argument("--log-dir", type=Path, default=Path("~/Library/Logs/cosyq"),
-                         help="worker logs (default ~/Library/Logs/cosyq)")  # fmt: skip
+    launchd.add_argument(
+        "--out",
+        type=Path,
+        default=Path("~/Library/LaunchAgents"),
+        help="where the plists go (default ~/Library/LaunchAgents)",
+    )
+    launchd.add_argument(
+        "--log-dir",
+        type=Path,
+        default=Path("~/Library/Logs/cosyq"),
+        help="worker logs (default ~/Library/Logs/cosyq)",
+    )
     launchd.add_argument("--load", action="store_true", help="launchctl bootstrap each agent")
+    launchd.add_argument(
+        "--pool",
+        action="store_true",
+        help="one agent running `cosyq-worker pool -n K` instead of K agents",
+    )
     launchd.set_defaults(handler=run_launchd)
 
     supervisord = kinds.add_parser("supervisord", help="one program with numprocs=K")
     supervisord.add_argument("-n", "--workers", type=int, required=True, help="number of K")
     supervisord.add_argument("--out", type=Path, help="file to write (default: stdout)")
-    supervisord.add_argument("--log-dir", type=Path, default=Path("logs"),
-                             help="worker logs (default ./logs)")  # fmt: skip
+    supervisord.add_argument(
+        "--log-dir", type=Path, default=Path("logs"), help="worker logs (default ./logs)"
+    )
     supervisord.set_defaults(handler=run_supervisord)
 
 
@@ -48,7 +62,9 @@ def _plan(args: argparse.Namespace) -> deploy.DeployPlan:
 def run_launchd(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
-        paths = deploy.write_launchd(plan, args.out.expanduser(), label_prefix=args.label_prefix)
+        paths = deploy.write_launchd(
+            plan, args.out.expanduser(), label_prefix=args.label_prefix, pool=args.pool
+        )
     except CosyqError as e:
         print(f"cosyq-worker deploy: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

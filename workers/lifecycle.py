@@ -91,13 +91,20 @@ class WorkerLifecycle:
         if execution is None:
             return
         entry = f"{job.id}:{execution.id}"
-        json_queue = Queue(queue.name, connection=self.housekeeper.connection,
-                           job_class=self.worker.job_class, serializer=JSONSerializer)  # fmt: skip
+        json_queue = Queue(
+            queue.name,
+            connection=self.housekeeper.connection,
+            job_class=self.worker.job_class,
+            serializer=JSONSerializer,
+        )
         try:
             release_job(
-                self.housekeeper.connection, json_queue, entry, kind="worker_died",
+                self.housekeeper.connection,
+                json_queue,
+                entry,
+                kind="worker_died",
                 message="worker died: stopped (second signal) while running this job",
-            )  # fmt: skip
+            )
         except redis.RedisError as e:
             log.warning("give_back_failed", job_id=job.id, error=str(e))
 
@@ -119,17 +126,23 @@ class WorkerLifecycle:
         ]
         reaper = Reaper(side, worker.queue_names(), heartbeat_ttl_s=settings.heartbeat_ttl_s)
         return Housekeeper(
-            side, stats, reaper, queues,
-            interval_s=settings.heartbeat_interval_s, ttl_s=settings.heartbeat_ttl_s,
-        )  # fmt: skip
+            side,
+            stats,
+            reaper,
+            queues,
+            interval_s=settings.heartbeat_interval_s,
+            ttl_s=settings.heartbeat_ttl_s,
+        )
 
     def _install(self, loaded: LoadedEngine) -> None:
         engine, settings = loaded.engine, self.settings
         storage = open_storage(settings)
         voices = VoiceBook(
-            engine, storage, model_dir=settings.model_dir,
+            engine,
+            storage,
+            model_dir=settings.model_dir,
             max_prompt_seconds=settings.max_prompt_seconds,
-        )  # fmt: skip
+        )
         install_runtime(
             WorkerRuntime(
                 settings=settings,

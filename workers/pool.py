@@ -179,8 +179,13 @@ class Pool:
         elif message.event == control.READY:
             slot.state, slot.failures = "ready", 0
             load_s = round(time.monotonic() - slot.started_at, 3)
-            log.info("slot_ready", slot=slot.index, pid=slot.pid, worker=slot.worker_name,
-                     start_to_ready_s=load_s)  # fmt: skip
+            log.info(
+                "slot_ready",
+                slot=slot.index,
+                pid=slot.pid,
+                worker=slot.worker_name,
+                start_to_ready_s=load_s,
+            )
         elif message.event == control.RETIRING:
             slot.retire_reason = message.detail or "recycle"
             log.info("slot_retire_requested", slot=slot.index, reason=slot.retire_reason)
@@ -238,12 +243,25 @@ class Pool:
             delay = self.config.backoff_s(slot.failures)
             slot.not_before = time.monotonic() + delay
             reason = slot.last_failure or "died before it was ready (see its log)"
-            log.warning("slot_crashed", slot=slot.index, pid=slot.pid, how=how, reason=reason,
-                        failures=slot.failures, backoff_s=delay)  # fmt: skip
+            log.warning(
+                "slot_crashed",
+                slot=slot.index,
+                pid=slot.pid,
+                how=how,
+                reason=reason,
+                failures=slot.failures,
+                backoff_s=delay,
+            )
         else:
             reason = slot.retire_reason or ("stop" if self.stopping else how)
-            log.info("slot_exited", slot=slot.index, pid=slot.pid, worker=slot.worker_name,
-                     how=how, reason=reason)  # fmt: skip
+            log.info(
+                "slot_exited",
+                slot=slot.index,
+                pid=slot.pid,
+                worker=slot.worker_name,
+                how=how,
+                reason=reason,
+            )
         slot.last_failure = ""
 
     def _release_jobs_of(self, slot: Slot) -> None:

@@ -106,8 +106,15 @@ def run_synthesis(
             store_s=finished - encoded_at,
             total_s=finished - started,
         )
-        result = _result(runtime, request, context, uri=stored.uri, encoded=encoded,
-                         output=output, timings=timings)  # fmt: skip
+        result = _result(
+            runtime,
+            request,
+            context,
+            uri=stored.uri,
+            encoded=encoded,
+            output=output,
+            timings=timings,
+        )
         _log_finished(request, result, synthesis_s=synthesized - started)
         return result
 

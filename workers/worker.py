@@ -132,9 +132,15 @@ class CosyqWorker(SimpleWorker):
         try:
             self.lifecycle.start()
             return super().work(
-                burst, logging_level, date_format, log_format, max_jobs, max_idle_time,
-                False, dequeue_strategy,
-            )  # fmt: skip
+                burst,
+                logging_level,
+                date_format,
+                log_format,
+                max_jobs,
+                max_idle_time,
+                False,
+                dequeue_strategy,
+            )
         finally:
             self.lifecycle.stop()
 

@@ -42,6 +42,16 @@ def test_launchd_renders_one_keepalive_agent_per_slot(
         assert stat.S_IMODE(path.stat().st_mode) == 0o600  # may hold a Redis password
 
 
+def test_launchd_pool_mode_renders_one_agent_running_the_pool(
+    plan: deploy.DeployPlan, tmp_path: Path
+) -> None:
+    (path,) = deploy.write_launchd(plan, tmp_path / "agents", pool=True)
+    agent = plistlib.loads(path.read_bytes())
+    assert agent["Label"] == "com.cosyq.worker.pool"
+    assert agent["ProgramArguments"][1:] == ["-m", "workers.cli", "pool", "-n", "3"]
+    assert agent["KeepAlive"] is True
+
+
 def test_launchd_template_is_a_valid_plist_with_the_documented_keys() -> None:
     template = plistlib.loads(deploy.LAUNCHD_TEMPLATE.read_bytes())
     assert {"KeepAlive", "ExitTimeOut", "ProcessType", "EnvironmentVariables"} <= template.keys()

@@ -19,10 +19,13 @@ def loading_intervals(events: list[dict[str, Any]]) -> list[tuple[datetime, date
     """(loading start, ready, worker) for every worker process in the log."""
     started = {e["worker"]: e["timestamp"] for e in named(events, "worker_loading")}
     return sorted(
-        (datetime.fromisoformat(started[e["worker"]]), datetime.fromisoformat(e["timestamp"]),
-         e["worker"])
+        (
+            datetime.fromisoformat(started[e["worker"]]),
+            datetime.fromisoformat(e["timestamp"]),
+            e["worker"],
+        )
         for e in named(events, "worker_ready")
-    )  # fmt: skip
+    )
 
 
 def test_twelve_jobs_on_two_recycling_slots_all_finish_loading_one_at_a_time(
@@ -30,9 +33,14 @@ def test_twelve_jobs_on_two_recycling_slots_all_finish_loading_one_at_a_time(
 ) -> None:
     jobs = [enqueue(connection, f"sleep:0.5 sentence {i}") for i in range(12)]
     pool = cluster.start(
-        "pool", "-n", "2", log_name="pool.log", COSYQ_MAX_JOBS="3",
-        COSYQ_ENGINE="tests.support.engines:slow_load", TESTENGINE_LOAD_S="0.5",
-    )  # fmt: skip
+        "pool",
+        "-n",
+        "2",
+        log_name="pool.log",
+        COSYQ_MAX_JOBS="3",
+        COSYQ_ENGINE="tests.support.engines:slow_load",
+        TESTENGINE_LOAD_S="0.5",
+    )
     wait_for(lambda: statuses(connection, jobs) == ["finished"] * 12, 100, "all 12 jobs")
     pool.send_signal(signal.SIGTERM)
     assert pool.wait(timeout=30) == 0
@@ -76,9 +84,16 @@ def test_sigterm_to_the_pool_is_a_warm_shutdown_of_every_slot(
 
 def test_crash_loop_backs_off_exponentially_with_the_reason_logged(cluster: Cluster) -> None:
     pool = cluster.start(
-        "pool", "-n", "1", "--backoff-initial", "0.2", "--backoff-max", "0.8",
-        log_name="pool.log", COSYQ_ENGINE="tests.support.engines:failing",
-    )  # fmt: skip
+        "pool",
+        "-n",
+        "1",
+        "--backoff-initial",
+        "0.2",
+        "--backoff-max",
+        "0.8",
+        log_name="pool.log",
+        COSYQ_ENGINE="tests.support.engines:failing",
+    )
     wait_for(lambda: len(named(cluster.events("pool.log"), "slot_crashed")) >= 4, 60, "crashes")
     pool.send_signal(signal.SIGTERM)
     assert pool.wait(timeout=30) == 0
