@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from typing import TYPE_CHECKING
 
 import redis
@@ -26,6 +25,7 @@ from shared.storage import open_storage
 from workers import control, host
 from workers.engine_factory import LoadedEngine, load_engine
 from workers.housekeeping import Housekeeper, WorkerStats, utc_now_iso
+from workers.outage import wait_for_redis
 from workers.reaper import Reaper, release_job
 from workers.runtime import WorkerRuntime, install_runtime
 from workers.voices import VoiceBook
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from workers.worker import CosyqWorker
 
 log = get_logger(__name__)
-
-REDIS_WAIT_MAX_S = 10.0  # longest wait between start-up attempts to reach Redis
 
 
 class WorkerLifecycle:
@@ -192,16 +190,3 @@ class WorkerLifecycle:
             self._orphan_noted = True
             log.warning("worker_orphaned", parent_pid=self._parent_pid)
             os.kill(os.getpid(), signal.SIGTERM)
-
-
-def wait_for_redis(connection: redis.Redis) -> None:
-    """Block until Redis answers: RQ's registration does not survive it being down."""
-    delay = 0.5
-    while True:
-        try:
-            connection.ping()
-            return
-        except (redis.ConnectionError, redis.TimeoutError) as e:
-            log.warning("waiting_for_redis", error=str(e), retry_in_s=delay)
-            time.sleep(delay)
-            delay = min(delay * 2, REDIS_WAIT_MAX_S)

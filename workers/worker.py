@@ -19,7 +19,6 @@ import random
 import signal
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -28,9 +27,9 @@ import redis
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job
 from rq.queue import Queue
-from rq.serializers import JSONSerializer
+from rq.serializers import JSONSerializer, resolve_serializer
 from rq.utils import now
-from rq.worker import DequeueStrategy, SimpleWorker
+from rq.worker import DequeueStrategy
 
 from shared import keys
 from shared.connection import redis_connection
@@ -38,7 +37,8 @@ from shared.logs import get_logger
 from shared.settings import Settings, load_settings
 from workers import admission, control, host
 from workers.failures import JobError, classify
-from workers.lifecycle import WorkerLifecycle, wait_for_redis
+from workers.lifecycle import WorkerLifecycle
+from workers.outage import REDIS_OUTAGE, OutageTolerantWorker, until_reachable, wait_for_redis
 from workers.reaper import LAST_ERROR_META_KEY
 from workers.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.retries import apply_default_retries
@@ -46,8 +46,6 @@ from workers.tasks import ATTEMPT_META_KEY
 
 log = get_logger(__name__)
 
-REDIS_OUTAGE = (redis.ConnectionError, redis.TimeoutError)
-REDIS_RETRY_MAX_S = 10.0  # longest wait between attempts to reach Redis again
 COLD_EXIT_CODE = 1  # second signal: the job was given back, the process stops at once
 DUPLICATE_SIGNAL_WINDOW_S = 1.0  # Ctrl+C reaches a pool's children twice: ignore the echo
 
@@ -64,7 +62,7 @@ def effective_timeout(job_timeout: int | float | None, limit_s: int) -> int:
     return int(min(job_timeout, limit_s))
 
 
-class CosyqWorker(SimpleWorker):
+class CosyqWorker(OutageTolerantWorker):
     """RQ SimpleWorker subclass; RQ's constructor options pass through unchanged.
 
     Extra keyword options:
@@ -88,7 +86,7 @@ class CosyqWorker(SimpleWorker):
         **kwargs: Any,
     ) -> None:
         self.settings = settings if settings is not None else load_settings()
-        self._refused_serializer = kwargs.get("serializer")
+        self._requested_serializer = kwargs.get("serializer")
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = admission.CosyqJob
         kwargs["log_job_description"] = False  # RQ's description repeats the request text
@@ -131,6 +129,13 @@ class CosyqWorker(SimpleWorker):
         self.lifecycle = WorkerLifecycle(self)
         try:
             self.lifecycle.start()
+            requested = self._requested_serializer
+            if requested is not None and resolve_serializer(requested) is not JSONSerializer:
+                log.warning(
+                    "serializer_overridden",
+                    requested=str(self._requested_serializer),
+                    using="rq.serializers.JSONSerializer",
+                )
             return super().work(
                 burst,
                 logging_level,
@@ -154,15 +159,11 @@ class CosyqWorker(SimpleWorker):
                 self._retire(RecycleReason.LIFETIME)
                 return None
             max_idle_time = left if max_idle_time is None else min(max_idle_time, left)
-        delay = 0.5
+        dequeue = super().dequeue_job_and_maintain_ttl
         while True:
             try:
-                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-            except REDIS_OUTAGE as e:  # RQ retries inside its wait, not around it
-                log.warning("dequeue_failed", error=str(e), retry_in_s=delay)
-                time.sleep(delay)
-                delay = min(delay * 2, REDIS_RETRY_MAX_S)
-                continue
+                # RQ retries inside its blocking wait, not around it (state, heartbeat).
+                result = until_reachable(lambda: dequeue(timeout, max_idle_time), "dequeue_failed")
             except Exception as e:
                 if getattr(e, "job_id", None) is None:
                     raise
@@ -207,40 +208,8 @@ class CosyqWorker(SimpleWorker):
 
     def _push_back(self, job: Job, queue: Queue) -> None:
         """Return a job we popped but could not start to the head of its queue."""
-        delay = 0.5
-        while True:
-            try:
-                self.connection.lpush(queue.key, job.id)
-                log.info("job_pushed_back", job_id=job.id, queue=queue.name)
-                return
-            except REDIS_OUTAGE:
-                time.sleep(delay)
-                delay = min(delay * 2, REDIS_RETRY_MAX_S)
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        """RQ's worker heartbeat, which must not end the worker during a Redis outage."""
-        try:
-            super().heartbeat(timeout, pipeline)
-        except REDIS_OUTAGE as e:
-            log.warning("worker_heartbeat_failed", error=str(e))
-
-    def check_for_suspension(self, burst: bool) -> None:
-        try:
-            super().check_for_suspension(burst)
-        except REDIS_OUTAGE as e:
-            log.warning("suspension_check_failed", error=str(e))  # the dequeue waits for Redis
-
-    def run_maintenance_tasks(self) -> None:
-        try:
-            super().run_maintenance_tasks()
-        except REDIS_OUTAGE as e:
-            log.warning("maintenance_failed", error=str(e))
-
-    def teardown(self) -> None:
-        try:
-            super().teardown()
-        except REDIS_OUTAGE as e:
-            log.warning("worker_deregister_failed", error=str(e))
+        until_reachable(lambda: self.connection.lpush(queue.key, job.id), "job_push_back_failed")
+        log.info("job_pushed_back", job_id=job.id, queue=queue.name)
 
     def _prepare_attempt(self, job: Job) -> None:
         """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat."""
