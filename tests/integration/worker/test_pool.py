@@ -53,11 +53,15 @@ def test_twelve_jobs_on_two_recycling_slots_all_finish_loading_one_at_a_time(
         for e in named(events, "slot_exited")
         if e["reason"] == "max_jobs" and e["timestamp"] < stop
     ]
-    assert {e["slot"] for e in recycled} == {0, 1}
+    assert recycled  # restarts are logged (how many depends on load times vs job times)
+    restarted = [
+        e for e in named(events, "slot_started") if e["timestamp"] > recycled[0]["timestamp"]
+    ]
+    assert restarted[0]["slot"] == recycled[0]["slot"]
     granted = [e for e in named(events, "slot_retire_granted") if e["timestamp"] < stop]
     assert len(granted) == len(recycled)
     intervals = loading_intervals(events)
-    assert len(intervals) >= 3
+    assert len(intervals) >= 3  # two initial loads and at least one replacement
     for (_, ready, first), (start, _, second) in pairwise(intervals):
         assert ready <= start, f"{first} and {second} were loading at the same time"
     jobs_per_pid = Counter(job.latest_result().return_value["worker_pid"] for job in jobs)

@@ -29,7 +29,6 @@ def persistent_redis(tmp_path: Path) -> Iterator[PersistentRedis]:
     server.stop()
 
 
-@pytest.mark.timeout(180)
 def test_workers_reconnect_and_every_job_completes(
     persistent_redis: PersistentRedis, tmp_path: Path
 ) -> None:

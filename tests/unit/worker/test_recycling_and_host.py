@@ -82,3 +82,13 @@ def test_thread_limit_is_applied_to_torch_when_loaded(monkeypatch: pytest.Monkey
     monkeypatch.setitem(host.sys.modules, "torch", SimpleNamespace(set_num_threads=calls.append))
     host.limit_threads_after_load(3)
     assert calls == [3]
+
+
+def test_mps_cache_is_released_after_a_job_only_on_mps(monkeypatch: pytest.MonkeyPatch) -> None:
+    emptied: list[bool] = []
+    fake_torch = SimpleNamespace(mps=SimpleNamespace(empty_cache=lambda: emptied.append(True)))
+    monkeypatch.setitem(host.sys.modules, "torch", fake_torch)
+    host.release_accelerator_cache("cpu")
+    assert emptied == []
+    host.release_accelerator_cache("mps")
+    assert emptied == [True]
