@@ -6,6 +6,8 @@ On a private redis-server (never the operator's), it measures:
 and prints jobs/s, per-job wall time, synthesis time and overhead (wall - synthesis) for both,
 their overhead ratio (goal: ours within 2x bare RQ's), and the recycle cost: process start to
 `worker_ready`. Timings come from RQ's own job timestamps and each result's stage timings.
+Audio goes to a temporary folder under $TMPDIR with the storage's usual fsync per file, so the
+encode+store column depends on that disk (TMPDIR=/dev/shm isolates the queue's own cost).
 """
 
 from __future__ import annotations
@@ -248,7 +250,8 @@ def _ratio(ours: float, bare: float) -> float:
 
 def format_table(engine: str, ours: RunStats, bare: RunStats, recycle: RecycleStats) -> str:
     rows = [
-        f"queue benchmark: {ours.jobs} jobs per run, private redis-server, engine {engine}",
+        f"queue benchmark: {ours.jobs} jobs per run, private redis-server, engine {engine}, "
+        f"audio under {tempfile.gettempdir()}",
         f"{'':22} {'jobs/s':>7} {'wall ms/job':>12} {'synthesis ms':>13} {'overhead ms':>12}"
         f" {'(encode+store ms)':>18}",
     ]
