@@ -75,6 +75,7 @@ class RedisServer:
         while True:
             try:
                 client.ping()
+                client.close()
                 return
             except redis.ConnectionError:
                 if time.monotonic() > deadline:
