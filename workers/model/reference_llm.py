@@ -9,7 +9,6 @@ same tokens is reported too, ungated: it depends on torch's multinomial implemen
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,7 +20,14 @@ from workers.model.llm import (
     build_llm,
     iter_speech_tokens,
 )
-from workers.model.parity import ArrayCheck, ReferenceSet, compare
+from workers.model.parity import (
+    ArrayCheck,
+    ReferenceSet,
+    compare,
+    describe_state,
+    key_list_differences,
+    read_key_list,
+)
 from workers.model.qwen2 import KVCache
 
 ARRAYS = "llm_reference.npz"
@@ -135,37 +141,11 @@ def _sampled_tokens_check(model: Qwen2LM, arrays: dict[str, np.ndarray]) -> Arra
     )
 
 
-def read_key_list(path: Path) -> list[tuple[str, str, str]]:
-    """`key<TAB>shape<TAB>dtype` lines (shape like 151936x896) as tuples."""
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            key, shape, dtype = line.split("\t")
-            rows.append((key, shape, dtype))
-    return rows
-
-
-def describe_state(module: torch.nn.Module) -> list[tuple[str, str, str]]:
-    return [
-        (key, "x".join(str(n) for n in value.shape), str(value.dtype).removeprefix("torch."))
-        for key, value in module.state_dict().items()
-    ]
-
-
 def check_llm_full_keys(ref: ReferenceSet) -> list[str]:
     """FULL config built on meta vs keys-llm.txt (keys, order, shapes, dtypes); [] = equal."""
     config = LLMConfig.from_reference(ref.config, "full")
     with torch.device("meta"):
         model = Qwen2LM(config)
-    ours, theirs = describe_state(model), read_key_list(ref.root / KEYS_FILE)
-    ours_keys, their_keys = {r[0]: r for r in ours}, {r[0]: r for r in theirs}
-    problems = [f"missing from ours: {k}" for k in their_keys if k not in ours_keys]
-    problems += [f"not in {KEYS_FILE}: {k}" for k in ours_keys if k not in their_keys]
-    problems += [
-        f"{k}: ours {ours_keys[k][1:]} != {their_keys[k][1:]}"
-        for k in ours_keys
-        if k in their_keys and ours_keys[k] != their_keys[k]
-    ]
-    if not problems and [r[0] for r in ours] != [r[0] for r in theirs]:
-        problems.append("same keys, different order")
-    return problems
+    return key_list_differences(
+        describe_state(model.state_dict()), read_key_list(ref.root / KEYS_FILE), KEYS_FILE
+    )
