@@ -10,27 +10,26 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import free_port
 from tests.support.harness import (
     Cluster,
-    PersistentRedis,
     enqueue,
     named,
     statuses,
     wait_for,
 )
+from workers.local_redis import LocalRedis
 
 
 @pytest.fixture
-def persistent_redis(tmp_path: Path) -> Iterator[PersistentRedis]:
-    server = PersistentRedis(tmp_path / "redis", free_port())
+def persistent_redis(tmp_path: Path) -> Iterator[LocalRedis]:
+    server = LocalRedis(tmp_path / "redis", persistent=True)
     server.start()
     yield server
     server.stop()
 
 
 def test_workers_reconnect_and_every_job_completes(
-    persistent_redis: PersistentRedis, tmp_path: Path
+    persistent_redis: LocalRedis, tmp_path: Path
 ) -> None:
     cluster = Cluster(redis_url=persistent_redis.url, root=tmp_path)
     connection = redis.Redis.from_url(persistent_redis.url)
