@@ -27,12 +27,15 @@ import numpy as np
 import redis
 
 from shared import keys
+from shared.audio import decode_audio
 from shared.errors import (
+    AudioDecodeError,
     InvalidRequestError,
     PromptAudioError,
     PromptSampleRateError,
     PromptSilentError,
     PromptTooLongError,
+    PromptUnreadableError,
     UnknownVoiceError,
 )
 from shared.jobs import VOICE_NAME_RE
@@ -57,6 +60,14 @@ def check_voice_name(name: str) -> str:
             f"voice name {name!r} is reserved for the model directory's built-in prompt"
         )
     return name
+
+
+def decode_prompt_audio(data: bytes, where: str = "prompt audio") -> tuple[np.ndarray, int]:
+    """Any file soundfile reads -> (mono float32 samples, rate); PromptUnreadableError if not."""
+    try:
+        return decode_audio(data)
+    except AudioDecodeError as e:
+        raise PromptUnreadableError(f"{where}: {e}") from e
 
 
 def check_prompt_audio(samples: np.ndarray, sample_rate: int, max_seconds: float) -> None:
