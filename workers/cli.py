@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES: tuple[str, ...] = ("workers.model.cli",)
+COMMAND_MODULES: tuple[str, ...] = ("workers.model.cli", "workers.bench.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

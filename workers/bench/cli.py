@@ -1,0 +1,79 @@
+"""`cosyq-worker bench`: benchmarks that print tables.
+
+`cosyq-worker bench [options]` benchmarks the synthesis engine (the default action). Further
+benchmarks are subcommands registered below: each entry of `SUBCOMMANDS` names a module with
+`register_bench(commands)` that adds its own parser (e.g. `bench queue`, `bench quantization`).
+Registering stays cheap: nothing heavy is imported until a benchmark runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+# Modules exposing `register_bench(commands)`; e.g. "workers.bench.queue_cli" (`bench queue`).
+SUBCOMMANDS: tuple[str, ...] = ()
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmarks (default: the synthesis engine, load to samples)",
+        description="Without a subcommand: time the whole synthesis engine (load, first and "
+        "repeated inference, RTF, RSS, per-stage times) and print a table.",
+    )
+    add_engine_arguments(parser)
+    parser.set_defaults(handler=run_engine_bench)
+    commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    for module_name in SUBCOMMANDS:
+        importlib.import_module(module_name).register_bench(commands)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    from workers.bench.engine_bench import DEFAULT_TEXT  # noqa: PLC0415 (no torch import)
+
+    parser.add_argument("--backend", choices=["torch"], default="torch")
+    parser.add_argument("--device", default="cpu", help="cpu, mps, cuda or auto (default cpu)")
+    parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    parser.add_argument(
+        "--config",
+        choices=["tiny", "full-random"],
+        default="tiny",
+        help="tiny model, or the FULL architecture with random weights (default tiny)",
+    )
+    parser.add_argument("--model-dir", type=Path, help="bench this model directory instead")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs after the first")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--text", default=DEFAULT_TEXT)
+    parser.add_argument(
+        "--tokens", type=int, help="force this many speech tokens per piece (full-random: 100)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache-dir", type=Path, help="where full-random writes its model (~/.cache/cosyq/...)"
+    )
+
+
+def run_engine_bench(args: argparse.Namespace) -> int:
+    from workers.bench.engine_bench import BenchOptions, run_bench  # noqa: PLC0415
+    from workers.bench.report import format_report  # noqa: PLC0415
+
+    if args.runs < 1:
+        raise SystemExit("cosyq-worker bench: --runs must be at least 1")
+    options = BenchOptions(
+        config=args.config,
+        model_dir=args.model_dir,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        runs=args.runs,
+        text=args.text,
+        tokens=args.tokens,
+        seed=args.seed,
+    )
+    if args.cache_dir is not None:
+        options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
+    print(format_report(run_bench(options)))
+    return 0
