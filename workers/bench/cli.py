@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +56,31 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", type=Path, help="where full-random writes its model (~/.cache/cosyq/...)"
     )
+    parser.add_argument(
+        "--omp-wait-policy",
+        choices=["passive", "active", "inherit"],
+        default="passive",
+        help="OpenMP threads sleep (passive, default) or spin (active) between parallel "
+        "regions; inherit: leave OMP_WAIT_POLICY as the environment has it",
+    )
+
+
+def set_omp_wait_policy(policy: str) -> str:
+    """Set OMP_WAIT_POLICY before torch loads OpenMP; returns the policy in force."""
+    if policy != "inherit":
+        if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY") != policy.upper():
+            raise SystemExit("cosyq-worker bench: torch was imported before OMP_WAIT_POLICY")
+        os.environ["OMP_WAIT_POLICY"] = policy.upper()
+    return os.environ.get("OMP_WAIT_POLICY", "(unset)")
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:
-    from workers.bench.engine_bench import BenchOptions, run_bench  # noqa: PLC0415
-    from workers.bench.report import format_report  # noqa: PLC0415
-
     if args.runs < 1:
         raise SystemExit("cosyq-worker bench: --runs must be at least 1")
+    set_omp_wait_policy(args.omp_wait_policy)
+    from workers.bench.engine_bench import BenchOptions, run_bench  # noqa: PLC0415 (after OMP)
+    from workers.bench.report import format_report  # noqa: PLC0415
+
     options = BenchOptions(
         config=args.config,
         model_dir=args.model_dir,

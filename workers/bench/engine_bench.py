@@ -10,6 +10,7 @@ or a model directory. A fresh process per bench keeps RSS figures honest.
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import sys
@@ -88,6 +89,8 @@ class BenchResult:
     peak_rss_gb: float
     first: RunFigures
     runs: tuple[RunFigures, ...]
+    load_average: tuple[float, float]  # 1-minute load average before and after (shared hosts)
+    omp_wait_policy: str
 
     @property
     def mean_s(self) -> float:
@@ -158,6 +161,7 @@ def _timed_run(engine: SynthesisPipeline, request: SynthesisInput) -> RunFigures
 def run_bench(options: BenchOptions) -> BenchResult:
     """Load, extract the directory's prompt, run once (first), then `runs` timed runs."""
     torch.set_num_threads(options.threads)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-") as workdir:
         root = model_directory(options, Path(workdir))
         temporary = options.model_dir is None and options.config == "tiny"
@@ -190,4 +194,6 @@ def run_bench(options: BenchOptions) -> BenchResult:
         peak_rss_gb=peak_rss_gb(),
         first=first,
         runs=runs,
+        load_average=(load_before, os.getloadavg()[0]),
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "(unset)"),
     )

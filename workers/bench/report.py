@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,8 @@ def headline(result: BenchResult) -> list[str]:
         f"cosyq-worker bench: {source}, torch {result.device} {o.dtype}, {o.threads} threads",
         f"text: {len(o.text)} chars, {result.runs[0].pieces} piece(s), {tokens}; "
         f"{len(result.runs)} timed runs after a first one, seed {o.seed}",
+        f"OMP_WAIT_POLICY={result.omp_wait_policy}; load average {result.load_average[0]:.2f} "
+        f"before, {result.load_average[1]:.2f} after, on {os.cpu_count()} CPUs",
     ]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from workers.bench.cli import set_omp_wait_policy
 from workers.bench.engine_bench import BenchOptions, BenchResult, RunFigures
 from workers.bench.full_random import FULL_SPEC, is_written, write_random_model
 from workers.bench.report import format_report, verdict
@@ -22,7 +23,8 @@ from workers.model.tiny_config import TinySpec, qwen2_config, render_yaml
 
 
 def test_bench_prints_the_table_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--runs", "2", "--threads", "1", "--text", "Hello there."]) == 0
+    argv = ["bench", "--runs", "2", "--threads", "1", "--text", "Hello.", "--omp-wait-policy"]
+    assert main([*argv, "inherit"]) == 0
     out = capsys.readouterr().out
     assert "cosyq-worker bench: tiny" in out and "torch cpu fp32, 1 threads" in out
     for row in ("model load s", "first inference s", "mean inference s", "p95 inference s"):
@@ -30,6 +32,14 @@ def test_bench_prints_the_table_on_the_tiny_model(capsys: pytest.CaptureFixture[
     for row in ("audio s", "RTF (mean / audio)", "peak RSS GB", "tokens/s", "HiFT"):
         assert row in out
     assert "issue 4" not in out  # the targets are for the full-size model
+
+
+def test_wait_policy_must_be_set_before_torch_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert set_omp_wait_policy("active") == "ACTIVE"  # already in force: fine
+    with pytest.raises(SystemExit, match="torch was imported before OMP_WAIT_POLICY"):
+        set_omp_wait_policy("passive")  # this test process has torch loaded already
+    assert set_omp_wait_policy("inherit") == "ACTIVE"
 
 
 def test_forced_tokens_and_targets_table() -> None:
@@ -53,9 +63,12 @@ def test_forced_tokens_and_targets_table() -> None:
         peak_rss_gb=2.7,
         first=figures,
         runs=(figures, figures),
+        load_average=(0.5, 1.5),
+        omp_wait_policy="PASSIVE",
     )
     report = format_report(result)
     assert "100 speech tokens forced" in report
+    assert "OMP_WAIT_POLICY=PASSIVE; load average 0.50 before, 1.50 after" in report
     assert "whole chain RTF, 4 s utterance" in report and "met, 79% under" in report
     assert verdict(5.5, 5.0) == "missed, 10% over"
 
