@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from workers.bench import DEFAULT_TEXT
+
 # Modules exposing `register_bench(commands)`; e.g. "workers.bench.queue_cli" (`bench queue`).
 SUBCOMMANDS: tuple[str, ...] = ()
 
@@ -34,8 +36,6 @@ def register(subparsers: Any) -> None:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    from workers.bench.engine_bench import DEFAULT_TEXT  # noqa: PLC0415 (no torch import)
-
     parser.add_argument("--backend", choices=["torch"], default="torch")
     parser.add_argument("--device", default="cpu", help="cpu, mps, cuda or auto (default cpu)")
     parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")

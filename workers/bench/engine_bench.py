@@ -24,10 +24,10 @@ import psutil
 import soundfile
 import torch
 
+from workers.bench import DEFAULT_TEXT
 from workers.engine_api import SynthesisInput
 from workers.pipeline import EngineOptions, RequestState, SynthesisPipeline, build_engine
 
-DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away."
 FULL_RANDOM_TOKENS = 100  # 4 s of audio, as in issue 4's table
 DEFAULT_CACHE = Path.home() / ".cache" / "cosyq" / "full-random"  # ~2.5 GB, written once
 DEFAULT_HASH_CACHE = Path.home() / ".cache" / "cosyq" / "hashes"  # as the worker's default

@@ -4,6 +4,8 @@ configs from its files equal the reference set's (checked on plain data, nothing
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,16 @@ def test_bench_prints_the_table_on_the_tiny_model(capsys: pytest.CaptureFixture[
     for row in ("audio s", "RTF (mean / audio)", "peak RSS GB", "tokens/s", "HiFT"):
         assert row in out
     assert "issue 4" not in out  # the targets are for the full-size model
+
+
+def test_worker_cli_parser_loads_no_torch() -> None:
+    """`cosyq-worker --help` stays instant, and bench can still set OMP_WAIT_POLICY in time."""
+    code = "import sys, workers.cli; workers.cli.build_parser(); print('torch' in sys.modules)"
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
 
 
 def test_wait_policy_must_be_set_before_torch_loads(monkeypatch: pytest.MonkeyPatch) -> None:
