@@ -37,10 +37,10 @@ from workers.modes import LLMPrompt, llm_prompt
 from workers.prompt_models import PromptModels
 from workers.stages import (
     FlowStage,
+    ModuleFlow,
+    ModuleVocoder,
     SpeechTokenStage,
-    TorchFlow,
     TorchSpeechTokens,
-    TorchVocoder,
     VocoderStage,
 )
 from workers.text_frontend import TextFrontend, TextPiece
@@ -217,8 +217,15 @@ def build_engine(
     dtype: str = "fp32",
     options: EngineOptions | None = None,
     hash_cache_dir: Path | None = None,
+    flow: FlowStage | None = None,
+    vocoder: VocoderStage | None = None,
+    backend: str = "torch",
+    reported_device: str | None = None,
 ) -> SynthesisPipeline:
-    """Load a model directory into a torch engine on `device` ("auto": mps, cuda, cpu)."""
+    """Load a model directory into an engine whose torch parts run on `device` ("auto": mps,
+    cuda, cpu). Another runtime's `flow` / `vocoder` stages replace the torch ones; `backend`
+    and `reported_device` then say so in the engine's identity (e.g. "coreml", "ane/gpu/cpu").
+    """
     options = options or EngineOptions()
     torch_device = resolve_device(device)
     loaded = load_model(
@@ -239,15 +246,15 @@ def build_engine(
     identity = ModelIdentity(
         name=loaded.directory.name,
         checkpoint_hash=loaded.checkpoint_hash,
-        backend="torch",
-        device=str(torch_device),
+        backend=backend,
+        device=reported_device or str(torch_device),
     )
     return SynthesisPipeline(
         frontend=frontend,
         voices=voices,
         llm=TorchSpeechTokens(loaded.llm),
-        flow=TorchFlow(loaded.flow),
-        vocoder=TorchVocoder(loaded.hift),
+        flow=flow or ModuleFlow(loaded.flow),
+        vocoder=vocoder or ModuleVocoder(loaded.hift),
         identity=identity,
         sample_rate=configs.hift.sampling_rate,
         options=options,

@@ -1,24 +1,25 @@
-"""The engine's three model stages behind small protocols, with their torch implementations.
+"""The engine's three model stages behind small protocols, and the runners it uses for them.
 
-The pipeline only talks to `SpeechTokenStage`, `FlowStage` and `VocoderStage`, and their inputs
-and outputs are numpy arrays on the CPU (plus the request's torch.Generator), so another runtime
-(Core ML for the flow and HiFT) plugs in by implementing two small classes; nothing else in the
-pipeline changes. Stage objects hold only the loaded model: all per-request state (generator,
-KV cache, noise) is created per call.
+The pipeline only talks to `SpeechTokenStage`, `FlowStage` and `VocoderStage`, whose inputs and
+outputs are numpy arrays on the CPU (plus the request's torch.Generator). `ModuleFlow` and
+`ModuleVocoder` run any object with the call shape of our torch modules' `inference`
+(`CausalMaskedDiffWithXvec.inference`, `HiFTGenerator.inference`): the torch modules
+themselves, or the Core ML stand-ins with the same call shapes, so another runtime plugs in as
+a different object, not different pipeline code. Stage objects hold only the loaded model:
+all per-request state (generator, KV cache, noise) is created per call.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from workers.engine_api import VoicePrompt
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.hift import HiFTGenerator
+from workers.model.hift_config import HiFTConfig
 from workers.model.hift_source import SourceNoise
 from workers.model.llm import Qwen2LM, iter_speech_tokens
 
@@ -94,14 +95,20 @@ class TorchSpeechTokens:
         return SpeechTokens(np.asarray(ids, dtype=np.int32), first_s or total, total)
 
 
-class TorchFlow:
-    """The flow stage in torch on the model's device and dtype."""
+def module_device(module: Any) -> torch.device:
+    """Where a torch module's parameters live (CPU for objects without parameters)."""
+    parameters = getattr(module, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    return first.device if first is not None else torch.device("cpu")
 
-    name = "torch"
 
-    def __init__(self, model: CausalMaskedDiffWithXvec) -> None:
+class ModuleFlow:
+    """Runs a flow object's `inference(token, prompt_token, prompt_feat, embedding)`."""
+
+    def __init__(self, model: Any, *, name: str = "torch", device: torch.device | None = None):
         self.model = model
-        self.device = next(model.parameters()).device
+        self.name = name
+        self.device = device or module_device(model)
 
     @torch.inference_mode()
     def mel(self, tokens: np.ndarray, prompt: VoicePrompt) -> np.ndarray:
@@ -129,23 +136,19 @@ def source_noise(
     return SourceNoise(rand_ini.to(device), normal.to(device))
 
 
-class TorchVocoder:
-    """HiFT in torch on the model's device (source and transforms in float32)."""
+class ModuleVocoder:
+    """Runs a vocoder object's `inference(mel, noise=...)` (it has a HiFTConfig `config`)."""
 
-    name = "torch"
-
-    def __init__(self, model: HiFTGenerator) -> None:
+    def __init__(self, model: Any, *, name: str = "torch", device: torch.device | None = None):
         self.model = model
-        self.device = next(model.parameters()).device
+        self.name = name
+        self.device = device or module_device(model)
+        self.config: HiFTConfig = model.config
 
+    @torch.inference_mode()
     def waveform(self, mel: np.ndarray, generator: torch.Generator) -> np.ndarray:
-        frames = mel.shape[-1]
-        noise = source_noise(
-            self.model.m_source.harmonics,
-            frames * self.model.config.samples_per_frame,
-            generator,
-            self.device,
-        )
+        samples = mel.shape[-1] * self.config.samples_per_frame
+        noise = source_noise(self.config.nb_harmonics + 1, samples, generator, self.device)
         out = self.model.inference(
             torch.from_numpy(np.ascontiguousarray(mel, dtype=np.float32))[None].to(self.device),
             noise=noise,

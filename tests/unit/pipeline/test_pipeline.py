@@ -206,3 +206,36 @@ def test_load_engine_from_settings(tiny_model_dir: Path, tmp_path: Path) -> None
         load_engine(Settings(_env_file=None))
     with pytest.raises(ModelLoadError, match="COSYQ_BACKEND=coreml"):
         load_engine(settings.model_copy(update={"backend": "coreml"}))
+
+
+class _Shell:
+    """Exposes only `inference` (and `config`), like the Core ML stand-ins: no parameters()."""
+
+    def __init__(self, module: object) -> None:
+        self._module = module
+        self.config = module.config  # type: ignore[attr-defined]
+
+    def inference(self, *args: object, **kwargs: object) -> object:
+        return self._module.inference(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+def test_another_runtime_plugs_in_as_stage_objects(
+    tiny_engine: SynthesisPipeline, tiny_model_dir: Path, voice: VoicePrompt
+) -> None:
+    from workers.pipeline import build_engine  # noqa: PLC0415
+    from workers.stages import ModuleFlow, ModuleVocoder  # noqa: PLC0415
+
+    flow = ModuleFlow(_Shell(tiny_engine.flow.model), name="stand-in")  # type: ignore[attr-defined]
+    vocoder = ModuleVocoder(_Shell(tiny_engine.vocoder.model), name="stand-in")  # type: ignore[attr-defined]
+    engine = build_engine(
+        tiny_model_dir,
+        device="cpu",
+        flow=flow,
+        vocoder=vocoder,
+        backend="coreml",
+        reported_device="ane/gpu/cpu",
+    )
+    assert engine.flow is flow and engine.vocoder is vocoder
+    assert (engine.identity.backend, engine.identity.device) == ("coreml", "ane/gpu/cpu")
+    same = request(voice, seed=11)
+    assert np.array_equal(engine.synthesize(same).samples, tiny_engine.synthesize(same).samples)
