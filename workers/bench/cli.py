@@ -57,6 +57,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-dir", type=Path, help="where full-random writes its model (~/.cache/cosyq/...)"
     )
     parser.add_argument(
+        "--compare-fp32",
+        action="store_true",
+        help="with --dtype fp16/bf16: also load fp32 and print each stage's SNR against it",
+    )
+    parser.add_argument(
         "--omp-wait-policy",
         choices=["passive", "active", "inherit"],
         default="passive",
@@ -91,6 +96,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         text=args.text,
         tokens=args.tokens,
         seed=args.seed,
+        compare_fp32=args.compare_fp32,
     )
     if args.cache_dir is not None:
         options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})

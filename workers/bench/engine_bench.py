@@ -25,12 +25,14 @@ import soundfile
 import torch
 
 from workers.bench import DEFAULT_TEXT
+from workers.bench.precision import PrecisionReport, compare_precision
 from workers.engine_api import SynthesisInput
 from workers.pipeline import EngineOptions, RequestState, SynthesisPipeline, build_engine
 
 FULL_RANDOM_TOKENS = 100  # 4 s of audio, as in issue 4's table
 DEFAULT_CACHE = Path.home() / ".cache" / "cosyq" / "full-random"  # ~2.5 GB, written once
 DEFAULT_HASH_CACHE = Path.home() / ".cache" / "cosyq" / "hashes"  # as the worker's default
+COMPARE_TOKENS = 50  # speech tokens fed to both precisions when none are forced
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class BenchOptions:
     seed: int = 0
     cache_dir: Path = DEFAULT_CACHE
     hash_cache_dir: Path = DEFAULT_HASH_CACHE
+    compare_fp32: bool = False  # also load an fp32 engine and report per-stage SNR
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class BenchResult:
     runs: tuple[RunFigures, ...]
     load_average: tuple[float, float]  # 1-minute load average before and after (shared hosts)
     omp_wait_policy: str
+    precision: PrecisionReport | None = None
 
     @property
     def mean_s(self) -> float:
@@ -183,6 +187,10 @@ def run_bench(options: BenchOptions) -> BenchResult:
         prefill = prefill_positions(engine, request)
         first = _timed_run(engine, request)
         runs = tuple(_timed_run(engine, request) for _ in range(options.runs))
+        peak = peak_rss_gb()  # before a comparison engine is loaded
+        precision = None
+        if options.compare_fp32 and options.dtype != "fp32":
+            precision = _compare(options, root, engine, request, Path(workdir))
     return BenchResult(
         options=options,
         model=engine.identity.name,
@@ -191,9 +199,29 @@ def run_bench(options: BenchOptions) -> BenchResult:
         voice_s=voice_s,
         prefill_positions=prefill,
         rss_after_load_gb=rss_after_load,
-        peak_rss_gb=peak_rss_gb(),
+        peak_rss_gb=peak,
         first=first,
         runs=runs,
         load_average=(load_before, os.getloadavg()[0]),
         omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        precision=precision,
+    )
+
+
+def _compare(
+    options: BenchOptions,
+    root: Path,
+    engine: SynthesisPipeline,
+    request: SynthesisInput,
+    workdir: Path,
+) -> PrecisionReport:
+    reference = build_engine(root, device=options.device, dtype="fp32", hash_cache_dir=workdir)
+    return compare_precision(
+        reference,
+        engine,
+        dtype=options.dtype,
+        text=request.text,
+        voice=request.prompt,
+        tokens=forced_tokens(options) or COMPARE_TOKENS,
+        seed=options.seed,
     )

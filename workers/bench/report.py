@@ -137,4 +137,6 @@ def format_report(result: BenchResult) -> str:
     parts = [*headline(result), "", *summary_table(result), "", *stage_table(result)]
     if result.options.config == "full-random" and result.options.model_dir is None:
         parts += ["", *target_table(result)]
+    if result.precision is not None:
+        parts += ["", *result.precision.lines()]
     return "\n".join(parts)

@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from workers.bench.cli import set_omp_wait_policy
 from workers.bench.engine_bench import BenchOptions, BenchResult, RunFigures
 from workers.bench.full_random import FULL_SPEC, is_written, write_random_model
+from workers.bench.precision import snr_db
 from workers.bench.report import format_report, verdict
 from workers.cli import main
 from workers.model.directory import QWEN_DIR, YAML_FILE, ModelDirectory
@@ -107,3 +109,20 @@ def test_full_spec_describes_the_real_model(tmp_path: Path, reference_dir: Path)
     assert configs.llm == LLMConfig.from_reference(reference, "full")
     assert configs.flow == FlowConfig.from_reference(reference, "full") == FlowConfig()
     assert configs.hift == HiFTConfig.from_reference(reference, "full")
+
+
+def test_snr() -> None:
+    signal = np.sin(np.linspace(0, 20, 1000))
+    assert snr_db(signal, signal) == float("inf")
+    assert snr_db(signal, signal * 1.1) == pytest.approx(20.0)  # error = 10% of the signal
+    assert snr_db(signal, np.zeros(1000)) == pytest.approx(0.0)
+
+
+def test_bf16_against_fp32_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--runs", "1", "--threads", "1", "--dtype", "bf16", "--compare-fp32"]
+    assert main([*argv, "--text", "Hello.", "--omp-wait-policy", "inherit"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 vs fp32, SNR dB" in out
+    lines = [line for line in out.splitlines() if "(same" in line or "(centred)" in line]
+    values = [float(line.split()[-1]) for line in lines]
+    assert len(values) == 5 and all(0.0 < v < 100.0 for v in values)  # close, not identical
