@@ -118,7 +118,9 @@ def verdict(value: float, target: float) -> str:
 
 
 def target_table(result: BenchResult) -> list[str]:
-    rows = [("issue 4 (full, fp32, 2 threads)", "upstream", "target", "ours", "")]
+    o = result.options
+    title = f"issue 4 (targets: fp32, 2 threads; ours: {o.dtype}, {o.threads} threads)"
+    rows = [(title, "upstream", "target", "ours", "")]
     for key, value in ours(result).items():
         t = TARGETS[key]
         rows.append(
