@@ -201,6 +201,19 @@ class VoiceProfile:
 _ARRAY_NAMES = ("speech_tokens", "mel", "embedding")
 
 
+def _unreadable(name: str) -> VoiceSummary:
+    return VoiceSummary(
+        name=name,
+        transcript="",
+        speech_tokens=0,
+        source_sample_rate=0,
+        source_seconds=0.0,
+        model_name="(unreadable)",
+        checkpoint_hash="-",
+        created_at="-",
+    )
+
+
 def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -242,19 +255,18 @@ class VoiceRegistry:
         return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in members)
 
     def summaries(self) -> list[VoiceSummary]:
-        """Every registered voice's summary (one round trip); unreadable ones are skipped."""
+        """Every registered voice's summary (one round trip). A name whose profile is gone or
+        unreadable is listed as such (model "(unreadable)"), so it can be seen and removed."""
         names = self.names()
         pipe = self.connection.pipeline(transaction=False)
         for name in names:
             pipe.hget(keys.voice_key(name), "meta")
         found = []
-        for meta in pipe.execute():
-            if meta is None:
-                continue
+        for name, meta in zip(names, pipe.execute(), strict=True):
             try:
                 found.append(VoiceSummary.from_dict(json.loads(meta)))
             except (ValueError, TypeError):
-                continue
+                found.append(_unreadable(name))
         return found
 
     def remove(self, name: str) -> None:
@@ -262,6 +274,6 @@ class VoiceRegistry:
         pipe = self.connection.pipeline()
         pipe.delete(keys.voice_key(name))
         pipe.srem(keys.VOICES_SET, name)
-        deleted, _ = pipe.execute()
-        if not deleted:
+        deleted, unlisted = pipe.execute()
+        if not deleted and not unlisted:
             raise UnknownVoiceError(f"voice: no voice named {name!r} is registered")

@@ -182,6 +182,12 @@ def test_registry_rejects_corrupt_profiles(redis_url: str) -> None:
     connection = redis.Redis.from_url(redis_url)
     registry = VoiceRegistry(connection)
     connection.hset(keys.voice_key("broken"), mapping={"meta": "{}", "arrays": "[]"})
+    connection.sadd(keys.VOICES_SET, "broken", "gone")
     with pytest.raises(InvalidRequestError, match="stored profile is unusable"):
         registry.load("broken")
+    listed = {v.name: v.model_name for v in registry.summaries()}
+    assert listed == {"broken": "(unreadable)", "gone": "(unreadable)"}  # shown, so removable
+    registry.remove("broken")
+    registry.remove("gone")  # listed without a profile: removing it cleans the list
+    assert registry.names() == []
     connection.close()
