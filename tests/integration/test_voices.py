@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,9 @@ def settings(
 
 
 @pytest.fixture
-def client(settings: Settings) -> CosyqClient:
-    return CosyqClient(settings, voice_function=ADD)
+def client(settings: Settings) -> Iterator[CosyqClient]:
+    with CosyqClient(settings, voice_function=ADD) as client:
+        yield client
 
 
 @pytest.fixture
