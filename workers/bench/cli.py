@@ -71,18 +71,30 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def set_omp_wait_policy(policy: str) -> str:
-    """Set OMP_WAIT_POLICY before torch loads OpenMP; returns the policy in force."""
-    if policy != "inherit":
-        if "torch" in sys.modules and os.environ.get("OMP_WAIT_POLICY") != policy.upper():
-            raise SystemExit("cosyq-worker bench: torch was imported before OMP_WAIT_POLICY")
-        os.environ["OMP_WAIT_POLICY"] = policy.upper()
-    return os.environ.get("OMP_WAIT_POLICY", "(unset)")
+    """Set OMP_WAIT_POLICY before torch loads OpenMP; returns the policy in force.
+
+    Once torch is loaded the runtime has read the variable: then it is left as it is, with a
+    warning, and the printed table shows the policy that really applied.
+    """
+    wanted = policy.upper()
+    current = os.environ.get("OMP_WAIT_POLICY")
+    if policy == "inherit" or current == wanted:
+        return current or "(unset)"
+    if "torch" in sys.modules:
+        print(
+            f"cosyq-worker bench: torch was loaded before OMP_WAIT_POLICY={wanted} could be "
+            f"set; the run keeps {current or '(unset)'}",
+            file=sys.stderr,
+        )
+        return current or "(unset)"
+    os.environ["OMP_WAIT_POLICY"] = wanted
+    return wanted
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise SystemExit("cosyq-worker bench: --runs must be at least 1")
-    set_omp_wait_policy(args.omp_wait_policy)
+    policy = set_omp_wait_policy(args.omp_wait_policy)
     from workers.bench.engine_bench import BenchOptions, run_bench  # noqa: PLC0415 (after OMP)
     from workers.bench.report import format_report  # noqa: PLC0415
 
@@ -97,6 +109,7 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         seed=args.seed,
         compare_fp32=args.compare_fp32,
+        omp_wait_policy=policy,
     )
     if args.cache_dir is not None:
         options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})

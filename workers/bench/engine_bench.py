@@ -49,6 +49,7 @@ class BenchOptions:
     cache_dir: Path = DEFAULT_CACHE
     hash_cache_dir: Path = DEFAULT_HASH_CACHE
     compare_fp32: bool = False  # also load an fp32 engine and report per-stage SNR
+    omp_wait_policy: str = "(unset)"  # as in force for this process (reported)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         first=first,
         runs=runs,
         load_average=(load_before, os.getloadavg()[0]),
-        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        omp_wait_policy=options.omp_wait_policy,
         precision=precision,
     )
 
