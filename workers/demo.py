@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from rich.console import Console
 from rich.table import Table
@@ -26,6 +27,7 @@ from producer.cli import main as producer_main
 from workers.local_redis import LocalRedis
 
 POOL_STOP_TIMEOUT_S = 120.0
+PIPED_WIDTH = 160  # table width when stdout is not a terminal (logs, CI)
 DEMO_REQUESTS: tuple[dict[str, Any], ...] = (
     {"text": "Hello! This is cosyq, turning text into speech through a Redis queue.",
      "output_key": "demo/01-zero-shot.wav", "seed": 1},
@@ -33,7 +35,7 @@ DEMO_REQUESTS: tuple[dict[str, Any], ...] = (
      "format": "flac", "output_key": "demo/02-flac.flac", "seed": 2},
     {"text": "Audio can go to a folder on disk or to any S3-compatible bucket.",
      "format": "ogg", "speed": 1.3, "output_key": "demo/03-faster.ogg", "seed": 3},
-    {"text": "收到朋友从远方寄来的生日礼物，那份意外的惊喜让我心中充满了甜蜜的快乐。",
+    {"text": "欢迎使用语音合成服务，祝你今天过得愉快。",
      "mode": "cross_lingual", "output_key": "demo/04-cross-lingual.wav", "seed": 4},
     {"text": "Thank you for waiting; your order is on its way.", "mode": "instruct2",
      "instruction": "Speak slowly and warmly.", "output_key": "demo/05-instruct.wav", "seed": 5},
@@ -88,8 +90,16 @@ def _environment(stack: ExitStack, out: Path, workers: int, console: Console) ->
     return env
 
 
+def _where(uri: str) -> str:
+    """A file:// URI as a path relative to the current folder when it is below it."""
+    if not uri.startswith("file://"):
+        return uri
+    path = Path(unquote(urlsplit(uri).path))
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def _print_files(results_path: Path, console: Console) -> None:
-    table = Table(title="audio written")
+    table = Table(title="audio written", expand=False)
     for column in ("line", "mode", "audio s", "rate", "RTF", "where"):
         table.add_column(
             column, justify="right" if column in ("line", "audio s", "RTF") else "left"
@@ -101,7 +111,7 @@ def _print_files(results_path: Path, console: Console) -> None:
         result, request = record["result"], DEMO_REQUESTS[record["line"] - 1]
         table.add_row(str(record["line"]), request.get("mode", "zero_shot"),
                       f"{result['duration_s']:.2f}", str(result["sample_rate"]),
-                      f"{result['rtf']:.2f}", result["uri"])  # fmt: skip
+                      f"{result['rtf']:.2f}", _where(result["uri"]))  # fmt: skip
     console.print(table)
 
 
@@ -119,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(env)  # the producer CLI reads COSYQ_* like any producer would
         results = out / "results.jsonl"
         status = producer_main(["submit", str(requests), "--wait", "--results", str(results)])
-    _print_files(results, Console())
+    _print_files(results, Console(width=None if sys.stdout.isatty() else PIPED_WIDTH))
     console.print(f"requests: {requests}; results: {results}")
     return status
 
