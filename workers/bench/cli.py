@@ -64,9 +64,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--omp-wait-policy",
         choices=["passive", "active", "inherit"],
-        default="passive",
-        help="OpenMP threads sleep (passive, default) or spin (active) between parallel "
-        "regions; inherit: leave OMP_WAIT_POLICY as the environment has it",
+        default="inherit",
+        help="OpenMP threads sleep (passive: best when other work shares the cores) or spin "
+        "(active) between parallel regions; inherit (default): as the environment has it",
     )
 
 
