@@ -1,4 +1,5 @@
-"""Voices end to end with real Redis: add (upload + job + real engine), list, use, remove."""
+"""Voices end to end with real Redis and the real worker: add (upload + job + tiny engine),
+list, use in synthesis jobs, remove."""
 
 from __future__ import annotations
 
@@ -29,12 +30,9 @@ from shared.errors import (
 )
 from shared.settings import Settings, load_settings
 from shared.voices import VoiceRegistry
-from tests.doubles.rq_workers import run_burst
+from tests.doubles.rq_workers import run_cosyq_burst
 from workers.engine_api import ModelIdentity
 from workers.voice_profiles import RegisteredVoices
-
-ADD = "tests.doubles.voice_tasks.add_voice"
-SPEAK = "tests.doubles.voice_tasks.speak"
 
 
 @pytest.fixture
@@ -53,7 +51,7 @@ def settings(
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[CosyqClient]:
-    with CosyqClient(settings, voice_function=ADD) as client:
+    with CosyqClient(settings) as client:
         yield client
 
 
@@ -68,22 +66,23 @@ def wav_bytes(samples: np.ndarray, rate: int, fmt: str = "WAV") -> bytes:
     return buffer.getvalue()
 
 
-def speak(connection: redis.Redis, voice: str, seed: int = 3) -> Job:
-    """Run the stand-in synthesize job naming `voice`; the finished (or failed) job."""
-    queue = Queue(keys.QUEUE_DEFAULT, connection=connection, serializer=JSONSerializer)
-    job = queue.enqueue(SPEAK, kwargs={"voice": voice, "text": "Hello there.", "seed": seed})
-    run_burst(connection)
-    return Job.fetch(job.id, connection=connection, serializer=JSONSerializer)
+def speak(client: CosyqClient, settings: Settings, voice: str, seed: int = 3) -> Job:
+    """Run a real synthesize job naming `voice`; the finished (or failed) job."""
+    job_id = client.submit({"text": "Hello there.", "voice": voice, "seed": seed})
+    run_cosyq_burst(settings)
+    return Job.fetch(job_id, connection=client.connection, serializer=JSONSerializer)
 
 
-def test_add_list_use_remove(client: CosyqClient, prompt_bytes: bytes, tiny_engine) -> None:
+def test_add_list_use_remove(
+    client: CosyqClient, settings: Settings, prompt_bytes: bytes, tiny_engine
+) -> None:
     job_id = client.add_voice("alice", prompt_bytes, "This is Alice.", filename="alice.wav")
     stored = Queue(keys.QUEUE_HIGH, connection=client.connection, serializer=JSONSerializer)
     job = stored.fetch_job(job_id)
-    assert job is not None and job.func_name == ADD
+    assert job is not None and job.func_name == keys.ADD_VOICE_FUNCTION
     uri = job.kwargs["prompt_audio"]
     assert uri.startswith("file://") and "/voices/alice/" in uri and uri.endswith(".wav")
-    run_burst(client.connection)
+    run_cosyq_burst(settings)
     summary = client.wait_for_voice(job_id, timeout=5)
     assert summary.name == "alice" and summary.transcript == "This is Alice."
     assert summary.speech_tokens == 50 and summary.source_sample_rate == 24000
@@ -98,8 +97,10 @@ def test_add_list_use_remove(client: CosyqClient, prompt_bytes: bytes, tiny_engi
     assert np.array_equal(profile.mel, direct.mel)
     assert np.array_equal(profile.embedding, direct.embedding)
 
-    results = [speak(client.connection, "alice").return_value() for _ in range(2)]
-    assert results[0] == results[1] and results[0]["samples"] > 0  # seeded: the same audio
+    results = [speak(client, settings, "alice").return_value() for _ in range(2)]
+    assert all(r is not None for r in results)
+    assert results[0]["sha256"] == results[1]["sha256"]  # seeded: the same audio
+    assert results[0]["duration_s"] > 0
 
     client.remove_voice("alice")
     assert client.list_voices() == []
@@ -107,17 +108,19 @@ def test_add_list_use_remove(client: CosyqClient, prompt_bytes: bytes, tiny_engi
         client.remove_voice("alice")
 
 
-def test_a_job_naming_a_missing_voice_fails_clearly(client: CosyqClient) -> None:
-    status = client.status(speak(client.connection, "nobody").id)
+def test_a_job_naming_a_missing_voice_fails_clearly(
+    client: CosyqClient, settings: Settings
+) -> None:
+    status = client.status(speak(client, settings, "nobody").id)
     assert status.state == "failed" and status.failure is not None
     assert "no voice named 'nobody' is registered" in status.failure.message
 
 
 def test_profile_from_other_weights_is_refused(
-    client: CosyqClient, prompt_bytes: bytes, tiny_engine
+    client: CosyqClient, settings: Settings, prompt_bytes: bytes, tiny_engine
 ) -> None:
     run = client.add_voice("bob", prompt_bytes, "Bob.")
-    run_burst(client.connection)
+    run_cosyq_burst(settings)
     client.wait_for_voice(run, timeout=5)
     other = dataclasses.replace(tiny_engine.identity, checkpoint_hash="f" * 16)
     assert isinstance(other, ModelIdentity)
@@ -151,7 +154,7 @@ def test_worker_side_failure_reaches_the_producer(client: CosyqClient, settings:
     job = Queue(keys.QUEUE_HIGH, connection=client.connection, serializer=JSONSerializer)
     uri = job.fetch_job(job_id).kwargs["prompt_audio"]  # type: ignore[union-attr]
     Path(uri.removeprefix("file://")).write_bytes(wav_bytes(np.zeros(24000), 24000))
-    run_burst(client.connection)
+    run_cosyq_burst(settings)
     with pytest.raises(JobFailedError, match="silent"):
         client.wait_for_voice(job_id, timeout=5)
     assert client.list_voices() == []
@@ -161,13 +164,12 @@ def test_cli_voices_add_list_rm(
     settings: Settings, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def cosyq(*argv: str) -> int:
-        return main(list(argv), client_factory=lambda s: CosyqClient(s, voice_function=ADD))
+        return main(list(argv))
 
     assert cosyq("voices", "add", "erin", str(tiny_model_dir / "prompt.wav"), "--no-wait") == 0
     job_id = capsys.readouterr().out.strip()
     assert len(job_id) == 32 and int(job_id, 16) >= 0  # the job id, nothing else
-    connection = redis.Redis.from_url(settings.redis_url)
-    run_burst(connection)
+    run_cosyq_burst(settings)
     assert cosyq("voices", "list") == 0
     listed = capsys.readouterr().out
     assert "erin" in listed and "voices (1)" in listed
@@ -177,7 +179,6 @@ def test_cli_voices_add_list_rm(
     assert "no voice named 'erin'" in capsys.readouterr().err
     assert cosyq("voices", "add", "bad name", str(tiny_model_dir / "prompt.wav")) == 1
     assert "voice name 'bad name'" in capsys.readouterr().err
-    connection.close()
 
 
 def test_registry_rejects_corrupt_profiles(redis_url: str) -> None:
