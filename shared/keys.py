@@ -63,6 +63,11 @@ def voice_key(name: str) -> str:
     return VOICE_PREFIX + name
 
 
+def default_voice_key(checkpoint_hash: str, prompt_digest: str) -> str:
+    """The default voice's features for one model and one prompt.wav/prompt.txt pair."""
+    return f"{PREFIX}default-voice:{checkpoint_hash}:{prompt_digest}"
+
+
 def job_heartbeat_key(job_id: str) -> str:
     return JOB_HEARTBEAT_PREFIX + job_id
 

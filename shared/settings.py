@@ -143,6 +143,11 @@ class Settings(BaseSettings):
     max_prompt_seconds: float = Field(
         30.0, gt=0, description="longest prompt audio (the speech tokenizer's limit)"
     )
+    default_voice_cache_ttl_s: int = Field(
+        604800,
+        ge=0,
+        description="how long workers share the default voice's features in Redis (0: never)",
+    )
 
     # Queueing
     max_queue_depth: int = Field(

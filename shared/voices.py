@@ -201,6 +201,11 @@ class VoiceProfile:
 _ARRAY_NAMES = ("speech_tokens", "mel", "embedding")
 
 
+def _stored_fields(profile: VoiceProfile) -> tuple[str, str]:
+    """The hash fields "meta" and "arrays" of a stored profile."""
+    return json.dumps(profile.summary.to_dict(), ensure_ascii=False), profile.arrays_json()
+
+
 def _unreadable(name: str) -> VoiceSummary:
     return VoiceSummary(
         name=name,
@@ -228,15 +233,29 @@ class VoiceRegistry:
         check_voice_name(profile.name)
         profile.check_shapes()
         pipe = self.connection.pipeline()  # MULTI: the hash and the set change together
-        pipe.hset(
-            keys.voice_key(profile.name),
-            mapping={
-                "meta": json.dumps(profile.summary.to_dict(), ensure_ascii=False),
-                "arrays": profile.arrays_json(),
-            },
-        )
+        meta, arrays = _stored_fields(profile)
+        pipe.hset(keys.voice_key(profile.name), mapping={"meta": meta, "arrays": arrays})
         pipe.sadd(keys.VOICES_SET, profile.name)
         pipe.execute()
+
+    def cache(self, key: str, profile: VoiceProfile, ttl_s: int) -> None:
+        """Keep an unlisted profile (the default voice) under `key` for `ttl_s` seconds."""
+        profile.check_shapes()
+        meta, arrays = _stored_fields(profile)
+        pipe = self.connection.pipeline()
+        pipe.hset(key, mapping={"meta": meta, "arrays": arrays})
+        pipe.expire(key, ttl_s)
+        pipe.execute()
+
+    def cached(self, key: str) -> VoiceProfile | None:
+        """The profile kept under `key`, or None if absent or unreadable (then recompute)."""
+        meta, arrays = self.connection.hmget(key, ["meta", "arrays"])
+        if meta is None or arrays is None:
+            return None
+        try:
+            return VoiceProfile.from_fields(meta, arrays)
+        except ValueError:
+            return None
 
     def load(self, name: str) -> VoiceProfile:
         """The profile; UnknownVoiceError when none is registered under `name`."""

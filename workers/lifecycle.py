@@ -142,7 +142,9 @@ class WorkerLifecycle:
             model_dir=settings.model_dir,
             registry=VoiceRegistry(self.worker.connection),
             max_prompt_seconds=settings.max_prompt_seconds,
+            cache_ttl_s=settings.default_voice_cache_ttl_s,
         )
+        voices.prepare_default()
         install_runtime(
             WorkerRuntime(
                 settings=settings,

@@ -37,7 +37,7 @@ def profile_from_prompt(
 ) -> VoiceProfile:
     """A storable profile of `prompt`, stamped with the model that computed it."""
     summary = VoiceSummary(
-        name=check_voice_name(name),
+        name=name,
         transcript=prompt.transcript,
         speech_tokens=int(prompt.speech_tokens.shape[0]),
         source_sample_rate=source_sample_rate,

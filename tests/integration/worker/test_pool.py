@@ -59,7 +59,11 @@ def test_twelve_jobs_on_two_recycling_slots_all_finish_loading_one_at_a_time(
     ]
     assert restarted[0]["slot"] == recycled[0]["slot"]
     granted = [e for e in named(events, "slot_retire_granted") if e["timestamp"] < stop]
-    assert len(granted) == len(recycled)
+    for exited in recycled:  # every recycling exit was granted first, for that slot
+        assert any(
+            g["slot"] == exited["slot"] and g["timestamp"] <= exited["timestamp"] for g in granted
+        )
+    assert len(granted) - len(recycled) <= 1  # a grant just before the stop may exit after it
     intervals = loading_intervals(events)
     assert len(intervals) >= 3  # two initial loads and at least one replacement
     for (_, ready, first), (start, _, second) in pairwise(intervals):
