@@ -60,7 +60,7 @@ class WorkerLifecycle:
             self.threads = host.threads_per_worker(
                 self.settings.threads, self.settings.pool_size, facts.physical_cores
             )
-            host.limit_threads_before_load(self.threads)
+            host.limit_threads_before_load(self.threads, self.settings.pool_size)
             self.housekeeper.extra_duties.append(self.worker.lifetime_duty)
             if self.worker.control is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)
