@@ -106,7 +106,7 @@ class VoiceBook:
                 identity=self.engine.identity,
                 source_sample_rate=rate,
                 source_seconds=samples.shape[0] / rate,
-                source_uri=audio.as_uri(),
+                source_uri=audio.resolve().as_uri(),
             )
             registry.cache(key, profile, self.cache_ttl_s)
         return prompt

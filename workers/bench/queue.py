@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -35,9 +32,11 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from workers.local_redis import LocalRedis
+
 BENCH_QUEUE = "cosyq-bench"
 BENCH_TEXT = "The quick brown fox jumps over the lazy dog."
-REDIS_START_TIMEOUT_S = 10.0
+LOG_TAIL_CHARS = 3000  # of a failed run's log, shown in the error
 RUN_TIMEOUT_S = 600.0  # one measured run (N jobs) may take at most this long
 
 
@@ -73,38 +72,6 @@ class RecycleStats:
     start_to_ready_s: list[float]
     load_s: list[float]
     warm_up_s: list[float]
-
-
-@contextmanager
-def private_redis(workdir: Path) -> Iterator[str]:
-    """A redis-server on a free local port for the duration of the benchmark."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("bench queue needs a redis-server binary on PATH")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
-    process = subprocess.Popen([*args, "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        _wait_for_ping(redis.Redis.from_url(url))
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def _wait_for_ping(client: redis.Redis) -> None:
-    deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def prompt_only_model_dir(folder: Path) -> Path:
@@ -153,7 +120,8 @@ def run_burst(command: Sequence[str], env: dict[str, str], log_path: Path) -> No
             check=False,
         )
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:4])}... exited {done.returncode}: see {log_path}")
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL_CHARS:]
+        raise RuntimeError(f"{' '.join(command[:4])}... exited {done.returncode}:\n{tail}")
 
 
 def measure(connection: redis.Redis, job_ids: list[str], label: str) -> RunStats:
@@ -210,7 +178,8 @@ def run(
     """The whole benchmark; returns (ours, bare RQ, recycle)."""
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-") as temp:
         workdir = Path(temp)
-        with private_redis(workdir) as url:
+        with LocalRedis(workdir / "redis") as server:
+            url = server.url
             connection = redis.Redis.from_url(url)
             prompt_dir = model_dir or prompt_only_model_dir(workdir / "model")
             env = worker_env(url, engine, prompt_dir, workdir / "out", jobs)
