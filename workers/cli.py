@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("workers.coreml.cli",)
 
 
 def build_parser() -> argparse.ArgumentParser:
