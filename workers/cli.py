@@ -12,7 +12,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES: tuple[str, ...] = ("workers.coreml.cli",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "workers.worker_cli",
+    "workers.model.cli",
+    "workers.deploy_cli",
+    "workers.bench_cli",
+    "workers.coreml.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -71,6 +71,8 @@ class RelPositionSelfAttention(nn.Module):
         self.linear_pos = Linear(width, width, bias=False)
         self.pos_bias_u = nn.Parameter(torch.empty(heads, self.head_dim))
         self.pos_bias_v = nn.Parameter(torch.empty(heads, self.head_dim))
+        nn.init.xavier_uniform_(self.pos_bias_u)  # upstream's init (random-weight models)
+        nn.init.xavier_uniform_(self.pos_bias_v)
 
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(x.size(0), -1, self.heads, self.head_dim)  # (B, T, H, dk)

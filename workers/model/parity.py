@@ -90,3 +90,39 @@ class ReferenceSet:
 
     def checkpoint(self, stage: str) -> Path:
         return self.root / f"{stage}.pt"
+
+
+KeyRow = tuple[str, str, str]  # key, shape like "151936x896" ("" for a scalar), dtype
+
+
+def read_key_list(path: Path) -> list[KeyRow]:
+    """A reference set's `key<TAB>shape<TAB>dtype` listing, in file order."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            key, shape, dtype = line.split("\t")
+            rows.append((key, shape, dtype))
+    return rows
+
+
+def describe_state(state: dict[str, torch.Tensor]) -> list[KeyRow]:
+    """Our state dict as key-list rows (works on meta tensors: no memory)."""
+    return [
+        (key, "x".join(str(n) for n in value.shape), str(value.dtype).removeprefix("torch."))
+        for key, value in state.items()
+    ]
+
+
+def key_list_differences(ours: list[KeyRow], listed: list[KeyRow], listing: str) -> list[str]:
+    """Missing, extra, re-shaped or re-typed keys and order changes; [] means equal."""
+    mine, theirs = {k: (s, d) for k, s, d in ours}, {k: (s, d) for k, s, d in listed}
+    problems = [f"missing from ours (in {listing}): {k}" for k in theirs if k not in mine]
+    problems += [f"extra in ours (not in {listing}): {k}" for k in mine if k not in theirs]
+    problems += [
+        f"{k}: ours {'/'.join(mine[k])} != {listing} {'/'.join(theirs[k])}"
+        for k in theirs
+        if k in mine and mine[k] != theirs[k]
+    ]
+    if not problems and [k for k, *_ in ours] != [k for k, *_ in listed]:
+        problems.append(f"same keys as {listing} but in a different order")
+    return problems

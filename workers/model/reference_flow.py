@@ -18,7 +18,14 @@ import torch
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import CausalMaskedDiffWithXvec, EulerStep, build_flow
 from workers.model.flow_config import FlowConfig
-from workers.model.parity import ArrayCheck, ReferenceSet, compare
+from workers.model.parity import (
+    ArrayCheck,
+    ReferenceSet,
+    compare,
+    describe_state,
+    key_list_differences,
+    read_key_list,
+)
 
 CPU = torch.device("cpu")
 REFERENCE_FILE = "flow_reference.npz"
@@ -120,39 +127,13 @@ def compare_flow(
     return checks
 
 
-def _listed_keys(path: Path) -> list[tuple[str, str, str]]:
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            key, shape, dtype = line.split("\t")
-            rows.append((key, shape, dtype))
-    return rows
-
-
 def flow_key_differences(config: FlowConfig, keys_file: Path) -> list[str]:
     """Differences between our state dict (built on meta) and a `key<TAB>shape<TAB>dtype` list."""
     with torch.device("meta"):
         flow = CausalMaskedDiffWithXvec(config)
-    ours = [
-        (k, "x".join(str(n) for n in v.shape), str(v.dtype).removeprefix("torch."))
-        for k, v in flow.state_dict().items()
-    ]
-    theirs = _listed_keys(keys_file)
-    ours_map, theirs_map = {k: r for k, *r in ours}, {k: r for k, *r in theirs}
-    problems = [
-        f"missing (in {keys_file.name}, not ours): {k}" for k in theirs_map if k not in ours_map
-    ]
-    problems += [
-        f"extra (ours, not in {keys_file.name}): {k}" for k in ours_map if k not in theirs_map
-    ]
-    problems += [
-        f"{k}: ours {'/'.join(ours_map[k])} != {'/'.join(row)}"
-        for k, row in theirs_map.items()
-        if k in ours_map and ours_map[k] != row
-    ]
-    if not problems and [k for k, *_ in ours] != [k for k, *_ in theirs]:
-        problems.append(f"same keys as {keys_file.name} but in a different order")
-    return problems
+    return key_list_differences(
+        describe_state(flow.state_dict()), read_key_list(keys_file), keys_file.name
+    )
 
 
 def check_flow_full_keys(ref: ReferenceSet) -> list[str]:

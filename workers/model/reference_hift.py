@@ -13,8 +13,6 @@ Checks, all on the reference tiny checkpoint loaded strictly:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from workers.model.checkpoint import read_state_dict
@@ -22,7 +20,14 @@ from workers.model.hift import HiFTGenerator, build_hift, normalize_hift_key
 from workers.model.hift_config import HiFTConfig
 from workers.model.hift_source import SourceNoise, draw_source_noise, sine_waves_audio_rate
 from workers.model.istft import torch_istft
-from workers.model.parity import ArrayCheck, ReferenceSet, compare
+from workers.model.parity import (
+    ArrayCheck,
+    ReferenceSet,
+    compare,
+    describe_state,
+    key_list_differences,
+    read_key_list,
+)
 
 FILE = "hift_reference.npz"
 F0_RTOL = 1e-5
@@ -165,17 +170,6 @@ def _check_inference(
     ]  # fmt: skip
 
 
-def read_key_list(path: Path) -> list[tuple[str, tuple[int, ...], str]]:
-    """A `key<TAB>shape<TAB>dtype` listing; shape `512x80x7` (empty for a scalar)."""
-    entries = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        key, shape, dtype = line.split("\t")
-        entries.append((key, tuple(int(v) for v in shape.split("x") if v), dtype))
-    return entries
-
-
 def check_hift_full_keys(ref: ReferenceSet) -> list[str]:
     """Differences between our FULL state dict and each present key file ([] = equal).
 
@@ -185,7 +179,7 @@ def check_hift_full_keys(ref: ReferenceSet) -> list[str]:
     config = HiFTConfig.from_reference(ref.config, "full")
     with torch.device("meta"):
         state = HiFTGenerator(config).state_dict()
-    ours = [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in state.items()]
+    ours = describe_state(state)
     problems: list[str] = []
     for name in KEY_FILES:
         if not ref.has(name):
@@ -193,21 +187,6 @@ def check_hift_full_keys(ref: ReferenceSet) -> list[str]:
         listing = read_key_list(ref.root / name)
         for prefix in ("", "generator."):
             renamed = [(normalize_hift_key(prefix + k), s, d) for k, s, d in listing]
-            problems += [f"{name} ({prefix or 'as stored'}): {p}" for p in _diff(ours, renamed)]
-    return problems
-
-
-def _diff(
-    ours: list[tuple[str, tuple[int, ...], str]], theirs: list[tuple[str, tuple[int, ...], str]]
-) -> list[str]:
-    mine, listed = {k: (s, d) for k, s, d in ours}, {k: (s, d) for k, s, d in theirs}
-    problems = [f"missing in ours: {k}" for k in listed if k not in mine]
-    problems += [f"not in the list: {k}" for k in mine if k not in listed]
-    problems += [
-        f"{k}: ours {mine[k]} != listed {listed[k]}"
-        for k in listed
-        if k in mine and mine[k] != listed[k]
-    ]
-    if not problems and [k for k, _, _ in ours] != [k for k, _, _ in theirs]:
-        problems.append("same keys, different order")
+            label = f"{name} ({prefix or 'as stored'})"
+            problems += key_list_differences(ours, renamed, label)
     return problems

@@ -94,7 +94,9 @@ def test_key_check_reports_a_wrong_shape_and_a_missing_block(
     keys_file.write_text("\n".join(edited) + "\n")
     full = FlowConfig.from_reference(ref.config, "full")
     problems = flow_key_differences(full, keys_file)
-    assert problems == ["spk_embed_affine_layer.weight: ours 80x192/float32 != 80x191/float32"]
+    assert problems == [
+        "spk_embed_affine_layer.weight: ours 80x192/float32 != keys-flow.txt 80x191/float32"
+    ]
     fewer_blocks = FlowConfig(encoder=FlowConfig().encoder.__class__(num_blocks=5))
     problems = flow_key_differences(fewer_blocks, ref.root / "keys-flow.txt")
     assert any("missing" in p and "encoder.encoders.5." in p for p in problems)

@@ -1,0 +1,67 @@
+"""Load the synthesis engine named by the `engine` setting, once per worker, and warm it up.
+
+`COSYQ_ENGINE` is "module:factory" (operator configuration, trusted); the product default is
+"workers.pipeline:load_engine" and tests point it at the engines in tests/support. Whatever goes
+wrong while loading becomes a ModelLoadError with the setting and the cause in its message, so
+the worker exits non-zero with one clear line instead of taking jobs it cannot run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from shared.errors import ModelLoadError
+from shared.settings import Settings
+from workers.engine_api import SynthesisEngine
+
+EngineFactory = Callable[[Settings], SynthesisEngine]
+
+
+@dataclass(frozen=True)
+class LoadedEngine:
+    engine: SynthesisEngine
+    load_s: float
+    warm_up_s: float
+
+
+def import_engine_factory(spec: str) -> EngineFactory:
+    """Resolve "package.module:factory" to the factory callable."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ModelLoadError(f"COSYQ_ENGINE must look like 'package.module:factory', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ModelLoadError(f"COSYQ_ENGINE={spec}: cannot import {module_name}: {e}") from e
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise ModelLoadError(f"COSYQ_ENGINE={spec}: {module_name} has no callable {attribute!r}")
+    return cast(EngineFactory, factory)
+
+
+def load_engine(settings: Settings) -> LoadedEngine:
+    """Build the engine and run its warm-up; every failure is a ModelLoadError."""
+    factory = import_engine_factory(settings.engine)
+    started = time.perf_counter()
+    try:
+        engine = factory(settings)
+    except ModelLoadError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(
+            f"COSYQ_ENGINE={settings.engine} failed to load: {type(e).__name__}: {e}"
+        ) from e
+    loaded = time.perf_counter()
+    try:
+        engine.warm_up()
+    except Exception as e:
+        raise ModelLoadError(
+            f"COSYQ_ENGINE={settings.engine} loaded but its warm-up failed: {type(e).__name__}: {e}"
+        ) from e
+    return LoadedEngine(
+        engine=engine, load_s=loaded - started, warm_up_s=time.perf_counter() - loaded
+    )

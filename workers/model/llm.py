@@ -1,0 +1,335 @@
+"""CosyVoice 2's LLM stage (upstream `Qwen2LM`): text tokens + prompt speech -> speech tokens.
+
+Parameter layout (official `llm.pt`): `llm_embedding` (row 0 = SOS, row 1 = TASK_ID),
+`llm.model.model.*` (the Qwen2 backbone), `llm.model.lm_head` (tied, never computed),
+`llm_decoder` (logits over speech ids, EOS and two more stop ids), `speech_embedding`.
+
+Input layout (inference and teacher forcing alike), one embedding per position:
+SOS, embed_tokens(prompt text + TTS text), TASK_ID, speech_embedding(prompt speech tokens),
+then speech_embedding of each token generated (or, teacher-forced, each target token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from shared.errors import InvalidRequestError, ModelLoadError
+from workers.model.checkpoint import load_strict
+from workers.model.llm_sampling import SamplingConfig, ras_sampling
+from workers.model.qwen2 import (
+    KernelLinear,
+    KVCache,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+    default_linear_kernel,
+    set_linear_kernel,
+)
+
+SOS_ROW = 0  # rows of llm_embedding
+TASK_ID_ROW = 1
+STOP_TOKEN_COUNT = 3  # speech_token_size + 0 (EOS), + 1, + 2 (FILL) all end generation
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Sizes of Qwen2LM plus its sampling parameters."""
+
+    backbone: Qwen2Config
+    speech_token_size: int
+    sampling: SamplingConfig
+
+    @property
+    def eos_token(self) -> int:
+        return self.speech_token_size
+
+    @property
+    def fill_token(self) -> int:
+        return self.speech_token_size + 2
+
+    @property
+    def stop_tokens(self) -> tuple[int, ...]:
+        return tuple(self.speech_token_size + i for i in range(STOP_TOKEN_COUNT))
+
+    @property
+    def decoder_size(self) -> int:
+        return self.speech_token_size + STOP_TOKEN_COUNT
+
+    @classmethod
+    def from_reference(cls, config: Mapping[str, Any], size: str) -> LLMConfig:
+        """From a reference set's config.json (`common` + `tiny`/`full` sections)."""
+        source = f"config.json[{size}][llm]"
+        try:
+            section = config[size]["llm"]
+            common = config["common"]
+            qwen = section["qwen2_config"]
+            sizes = (section["llm_input_size"], section["llm_output_size"])
+            speech_tokens = int(section["speech_token_size"])
+            sampling_doc = common["llm_sampling"]
+            special = common.get("llm_special_tokens", {})
+        except KeyError as e:
+            raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
+        made = cls._make(qwen, sizes, speech_tokens, sampling_doc, source)
+        expected_stops = special.get("stop_token_ids", list(made.stop_tokens))
+        if list(expected_stops) != list(made.stop_tokens):
+            raise ModelLoadError(f"{source}: stop ids {expected_stops} != {made.stop_tokens}")
+        return made
+
+    @classmethod
+    def from_model_yaml(cls, doc: Mapping[str, Any], qwen_config: Mapping[str, Any]) -> LLMConfig:
+        """From `load_plain_yaml(cosyvoice2.yaml)` and `CosyVoice-BlankEN/config.json`."""
+        source = "cosyvoice2.yaml[llm]"
+        llm = doc.get("llm")
+        if not isinstance(llm, Mapping):
+            raise ModelLoadError(f"{source}: missing mapping 'llm'")
+        sampling_doc = llm.get("sampling", doc.get("sampling"))
+        if not isinstance(sampling_doc, Mapping):
+            raise ModelLoadError(f"{source}: missing mapping 'sampling'")
+        try:
+            sizes = (llm["llm_input_size"], llm["llm_output_size"])
+            speech_tokens = int(llm["speech_token_size"])
+        except KeyError as e:
+            raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
+        return cls._make(qwen_config, sizes, speech_tokens, sampling_doc, source)
+
+    @classmethod
+    def _make(
+        cls,
+        qwen: Mapping[str, Any],
+        sizes: tuple[Any, Any],
+        speech_tokens: int,
+        sampling_doc: Mapping[str, Any],
+        source: str,
+    ) -> LLMConfig:
+        backbone = Qwen2Config.from_hf_config(qwen, source=f"{source}: qwen2 config")
+        if any(int(s) != backbone.hidden_size for s in sizes):
+            raise ModelLoadError(
+                f"{source}: llm_input_size/llm_output_size {sizes} must equal the Qwen2 "
+                f"hidden_size {backbone.hidden_size} (embeddings feed the backbone directly)"
+            )
+        if speech_tokens < 1:
+            raise ModelLoadError(f"{source}: speech_token_size must be >= 1")
+        sampling = SamplingConfig.from_mapping(sampling_doc, source=f"{source}: sampling")
+        return cls(backbone=backbone, speech_token_size=speech_tokens, sampling=sampling)
+
+
+class Qwen2Encoder(nn.Module):
+    """Upstream's wrapper level (`llm.model` = Qwen2ForCausalLM), kept for the key names."""
+
+    def __init__(self, config: Qwen2Config) -> None:
+        super().__init__()
+        self.model = Qwen2ForCausalLM(config)
+
+
+class Qwen2LM(nn.Module):
+    """Parameters of the LLM stage plus the pieces generation and teacher forcing share."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        super().__init__()
+        hidden = config.backbone.hidden_size
+        self.config = config
+        self.llm_embedding = nn.Embedding(2, hidden)
+        self.llm = Qwen2Encoder(config.backbone)
+        self.llm_decoder = KernelLinear(hidden, config.decoder_size, bias=True)
+        self.speech_embedding = nn.Embedding(config.decoder_size, hidden)
+
+    @property
+    def backbone(self) -> Qwen2Model:
+        return self.llm.model.model
+
+    def prefix_embeddings(
+        self, text: torch.Tensor, prompt_text: torch.Tensor, prompt_speech: torch.Tensor
+    ) -> torch.Tensor:
+        """1-D id tensors -> (1, 1 + P + L + 1 + S, hidden): SOS, texts, TASK_ID, prompt speech."""
+        rows = self.llm_embedding.weight
+        texts = self.backbone.embed_tokens(torch.cat((prompt_text, text)))
+        parts = [rows[SOS_ROW : SOS_ROW + 1], texts, rows[TASK_ID_ROW : TASK_ID_ROW + 1]]
+        if prompt_speech.numel():
+            parts.append(self.speech_embedding(prompt_speech))
+        return torch.cat(parts).unsqueeze(0)
+
+    def step_logp(self, inputs_embeds: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run (1, T, hidden) new positions through the cache -> float32 log-probs (V,) of the
+        next token (only the last position is decoded)."""
+        hidden = self.backbone(inputs_embeds, cache)
+        return self.llm_decoder(hidden[0, -1]).float().log_softmax(dim=-1)
+
+    @torch.inference_mode()
+    def teacher_forced(
+        self,
+        text: torch.Tensor,
+        prompt_text: torch.Tensor,
+        prompt_speech: torch.Tensor,
+        target_speech: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prefix + target tokens in one causal pass -> (lm_input, hidden, logits).
+
+        Shapes (1, N, hidden), (1, N, hidden), (1, N, decoder_size) with N = prefix + targets;
+        logits row prefix-1+j predicts target j.
+        """
+        prefix = self.prefix_embeddings(
+            _as_ids(text, "text", self.device),
+            _as_ids(prompt_text, "prompt_text", self.device),
+            _as_ids(prompt_speech, "prompt_speech", self.device),
+        )
+        targets = self.speech_embedding(_as_ids(target_speech, "target_speech", self.device))
+        lm_input = torch.cat((prefix, targets.unsqueeze(0)), dim=1)
+        hidden = self.backbone(lm_input, None)
+        return lm_input, hidden, self.llm_decoder(hidden)
+
+    @property
+    def device(self) -> torch.device:
+        return self.llm_decoder.weight.device
+
+
+def _as_ids(tokens: torch.Tensor | Sequence[int], name: str, device: torch.device) -> torch.Tensor:
+    """Token ids as a 1-D int64 tensor on `device`; accepts (L,) or (1, L)."""
+    ids = torch.as_tensor(tokens).to(device=device, dtype=torch.long)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise InvalidRequestError(f"{name}: expected token ids of shape (L,) or (1, L)")
+    return ids
+
+
+def _check_range(ids: torch.Tensor, name: str, limit: int) -> None:
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+        raise InvalidRequestError(f"{name}: token ids must be in [0, {limit})")
+
+
+def build_llm(
+    config: LLMConfig,
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: Path | str,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    kernel: str | None = None,
+) -> Qwen2LM:
+    """Build on meta, assign the checkpoint's tensors (no copy for fp32 cpu), eval mode.
+
+    `lm_head.weight` must be in `state` (strict load) but is then re-aliased to embed_tokens;
+    the file's copy is dropped (it is tied in official files and never used). `kernel` picks
+    the Linear matmul ("torch" or "onednn"); default: oneDNN for float32 on CPU.
+    """
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = Qwen2LM(config)
+    load_strict(model, state, source=source, assign=True)
+    model.to(device=device, dtype=dtype)
+    model.llm.model.tie_weights()
+    model.eval().requires_grad_(False)
+    set_linear_kernel(model, kernel or default_linear_kernel(device, dtype))
+    return model
+
+
+def iter_speech_tokens(
+    model: Qwen2LM,
+    text: torch.Tensor | Sequence[int],
+    *,
+    prompt_text: torch.Tensor | Sequence[int] = (),
+    prompt_speech: torch.Tensor | Sequence[int] = (),
+    generator: torch.Generator,
+    sampling: SamplingConfig | None = None,
+    forced_length: int | None = None,
+) -> Iterator[int]:
+    """Validate now, then yield speech tokens one by one (a stop id ends generation, unyielded).
+
+    Lengths: between 2x and 20x the TTS text tokens (sampling ratios); EOS alone is masked
+    before the minimum. `forced_length` (benchmarks) masks every stop id and yields exactly
+    that many tokens. `generator` (CPU) is the only source of randomness.
+    """
+    config = model.config
+    sampling = sampling or config.sampling
+    ids = [
+        _as_ids(tokens, name, model.device)
+        for tokens, name in ((text, "text"), (prompt_text, "prompt_text"))
+    ]
+    speech = _as_ids(prompt_speech, "prompt_speech", model.device)
+    if ids[0].numel() == 0:
+        raise InvalidRequestError("text: needs at least one token")
+    for tokens, name in zip(ids, ("text", "prompt_text"), strict=True):
+        _check_range(tokens, name, config.backbone.vocab_size)
+    _check_range(speech, "prompt_speech", config.speech_token_size)
+    if forced_length is None:
+        bounds = sampling.length_bounds(ids[0].numel())
+        masked = [config.eos_token]
+    else:
+        if forced_length < 0:
+            raise InvalidRequestError("forced_length: must be >= 0")
+        bounds = (forced_length, forced_length)
+        masked = list(config.stop_tokens)
+    return _decode(
+        model,
+        inputs=(ids[0], ids[1], speech),
+        bounds=bounds,
+        masked=masked,
+        sampling=sampling,
+        generator=generator,
+    )
+
+
+@torch.inference_mode()
+def _decode(
+    model: Qwen2LM,
+    *,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    bounds: tuple[int, int],
+    masked: list[int],
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+) -> Iterator[int]:
+    """Prefill (text, prompt_text, prompt_speech), then sample; `masked` ids are -inf before
+    the minimum length."""
+    config = model.config
+    prefix = model.prefix_embeddings(*inputs)
+    min_len, max_len = bounds
+    cache = KVCache(
+        config.backbone,
+        prefix.shape[1] + max_len,
+        device=prefix.device,
+        dtype=prefix.dtype,
+    )
+    decoded: list[int] = []
+    logp = model.step_logp(prefix, cache)
+    for step in range(max_len):
+        if step < min_len:
+            logp[masked] = float("-inf")
+        token = ras_sampling(logp, decoded, sampling, generator)
+        if token in config.stop_tokens:
+            return
+        yield token
+        decoded.append(token)
+        if step + 1 < max_len:
+            embed = model.speech_embedding.weight[token].view(1, 1, -1)
+            logp = model.step_logp(embed, cache)
+
+
+def generate_speech_tokens(
+    model: Qwen2LM,
+    text: torch.Tensor | Sequence[int],
+    *,
+    prompt_text: torch.Tensor | Sequence[int] = (),
+    prompt_speech: torch.Tensor | Sequence[int] = (),
+    generator: torch.Generator,
+    sampling: SamplingConfig | None = None,
+    forced_length: int | None = None,
+) -> list[int]:
+    """All speech tokens of `iter_speech_tokens` as a list."""
+    return list(
+        iter_speech_tokens(
+            model,
+            text,
+            prompt_text=prompt_text,
+            prompt_speech=prompt_speech,
+            generator=generator,
+            sampling=sampling,
+            forced_length=forced_length,
+        )
+    )

@@ -1,0 +1,95 @@
+"""Load a whole CosyVoice 2 model directory: configs from the directory, strict checkpoints.
+
+`dims -> modules on meta -> strict load (assign, no second copy) -> device/dtype`, per stage.
+Hyperparameters come only from the directory (`cosyvoice2.yaml` read as plain data and
+`CosyVoice-BlankEN/config.json`); any missing or inconsistent file raises `ModelLoadError`
+naming it, before a worker takes a job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from workers.model.checkpoint import read_state_dict
+from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
+from workers.model.features import MelConfig
+from workers.model.flow import CausalMaskedDiffWithXvec, build_flow
+from workers.model.flow_config import FlowConfig
+from workers.model.hift import HiFTGenerator, build_hift
+from workers.model.hift_config import HiFTConfig
+from workers.model.llm import LLMConfig, Qwen2LM, build_llm
+
+
+@dataclass(frozen=True)
+class ModelConfigs:
+    """Every stage's hyperparameters, as read from one model directory."""
+
+    llm: LLMConfig
+    flow: FlowConfig
+    hift: HiFTConfig
+    mel: MelConfig
+
+    @classmethod
+    def from_directory(cls, directory: ModelDirectory) -> ModelConfigs:
+        doc = directory.yaml
+        return cls(
+            llm=LLMConfig.from_model_yaml(doc, directory.qwen_config),
+            flow=FlowConfig.from_model_yaml(doc),
+            hift=HiFTConfig.from_model_yaml(doc),
+            mel=MelConfig.from_model_yaml(doc),
+        )
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """The three stages on one device, plus what identifies the weights."""
+
+    directory: ModelDirectory
+    configs: ModelConfigs
+    llm: Qwen2LM
+    flow: CausalMaskedDiffWithXvec
+    hift: HiFTGenerator
+    checkpoint_hashes: dict[str, str]
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def checkpoint_hash(self) -> str:
+        return combined_hash(self.checkpoint_hashes)
+
+
+def load_model(
+    root: Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    hash_cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Check the layout, read configs, load each checkpoint strictly onto `device`."""
+    directory = ModelDirectory(Path(root))
+    directory.check_layout()
+    configs = ModelConfigs.from_directory(directory)
+    device = torch.device(device)
+    llm_path, flow_path, hift_path = (directory.checkpoint(s) for s in ("llm", "flow", "hift"))
+    llm = build_llm(
+        configs.llm, read_state_dict(llm_path), source=llm_path, device=device, dtype=dtype
+    )
+    flow = build_flow(
+        configs.flow, read_state_dict(flow_path), device=device, dtype=dtype, source=flow_path
+    )
+    hift = build_hift(
+        configs.hift, read_state_dict(hift_path), device=device, dtype=dtype, source=hift_path
+    )
+    return LoadedModel(
+        directory=directory,
+        configs=configs,
+        llm=llm,
+        flow=flow,
+        hift=hift,
+        checkpoint_hashes=checkpoint_hashes(directory, hash_cache_dir),
+        device=device,
+        dtype=dtype,
+    )

@@ -1,0 +1,191 @@
+"""The job functions RQ calls by dotted path: the one place queue, engine and storage meet.
+
+`synthesize(request)` validates the payload again (anyone who can write to Redis can skip the
+producer), resolves the voice, synthesizes, encodes, stores, and returns the SynthesisResult as
+JSON. Errors are raised as they are; the worker classifies them (permanent, transient, internal).
+One canonical `synthesis_finished` log line per job: lengths and timings, never the text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from rq import get_current_job
+from rq.job import Job
+
+from shared.audio import EncodedAudio, encode_audio
+from shared.jobs import SynthesisRequest, validate_request
+from shared.logs import get_logger, job_context, log_synthesis_finished
+from shared.results import ModelInfo, StageTimings, SynthesisResult
+from shared.storage import StoredObject, audio_metadata, object_key
+from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.runtime import WorkerRuntime, current_runtime
+from workers.voices import DEFAULT_VOICE
+
+log = get_logger(__name__)
+
+ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The queue-side facts of one attempt."""
+
+    job_id: str
+    queue: str
+    attempt: int
+    enqueued_at: datetime | None
+    started_at: datetime
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobContext:
+        attempt = job.meta.get(ATTEMPT_META_KEY, 1)
+        return cls(
+            job_id=job.id,
+            queue=job.origin,
+            attempt=attempt if isinstance(attempt, int) and attempt >= 1 else 1,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at or datetime.now(UTC),
+        )
+
+    @property
+    def queue_wait_s(self) -> float:
+        if self.enqueued_at is None:
+            return 0.0
+        return max(0.0, (self.started_at - self.enqueued_at).total_seconds())
+
+
+def synthesize(request: dict[str, Any]) -> dict[str, Any]:
+    """RQ entry point: one request dict in, one SynthesisResult dict out."""
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("workers.tasks.synthesize runs only as an RQ job")
+    result = run_synthesis(current_runtime(), request, JobContext.from_job(job))
+    return result.model_dump(mode="json")
+
+
+def run_synthesis(
+    runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
+) -> SynthesisResult:
+    """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished."""
+    with job_context(
+        job_id=context.job_id,
+        queue=context.queue,
+        worker=runtime.worker_name,
+        attempt=context.attempt,
+    ):
+        started = time.perf_counter()
+        request = validate_request(payload, runtime.limits)
+        structlog.contextvars.bind_contextvars(voice=_voice_label(request))
+        prompt = runtime.voices.resolve(request)
+        voice_s = time.perf_counter() - started
+        output = runtime.engine.synthesize(_engine_input(request, prompt))
+        synthesized = time.perf_counter()
+        encoded = encode_audio(
+            output.samples,
+            output.sample_rate,
+            request.format,
+            target_rate=request.sample_rate,
+            sample_format=request.sample_format,
+        )
+        encoded_at = time.perf_counter()
+        stored = _store(runtime, request, context, encoded)
+        finished = time.perf_counter()
+        timings = StageTimings(
+            queue_wait_s=context.queue_wait_s,
+            frontend_s=voice_s + output.stage_seconds.get("frontend", 0.0),
+            llm_s=output.stage_seconds.get("llm", 0.0),
+            flow_s=output.stage_seconds.get("flow", 0.0),
+            hift_s=output.stage_seconds.get("hift", 0.0),
+            encode_s=encoded_at - synthesized,
+            store_s=finished - encoded_at,
+            total_s=finished - started,
+        )
+        result = _result(
+            runtime,
+            request,
+            context,
+            uri=stored.uri,
+            encoded=encoded,
+            output=output,
+            timings=timings,
+        )
+        _log_finished(request, result, synthesis_s=synthesized - started)
+        return result
+
+
+def _voice_label(request: SynthesisRequest) -> str:
+    if request.prompt_audio is not None:
+        return "inline"
+    return request.voice or DEFAULT_VOICE
+
+
+def _store(
+    runtime: WorkerRuntime, request: SynthesisRequest, context: JobContext, encoded: EncodedAudio
+) -> StoredObject:
+    """Deterministic key (a retry overwrites the same object), content type and metadata."""
+    key = object_key(context.job_id, encoded.extension, request.output_key, context.enqueued_at)
+    metadata = audio_metadata(
+        job_id=context.job_id, sha256=encoded.sha256, duration_s=encoded.duration_s
+    )
+    return runtime.storage.put(key, encoded.data, encoded.content_type, metadata)
+
+
+def _log_finished(
+    request: SynthesisRequest, result: SynthesisResult, *, synthesis_s: float
+) -> None:
+    """The canonical per-job line: sizes and timings only, never the text."""
+    extra = {"synthesis_s": round(synthesis_s, 4)}
+    log_synthesis_finished(log, result, text_chars=len(request.text), extra=extra)
+
+
+def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisInput:
+    return SynthesisInput(
+        text=request.text,
+        prompt=prompt,
+        mode=request.mode,
+        instruction=request.instruction,
+        speed=request.speed,
+        seed=request.seed,
+    )
+
+
+def _result(
+    runtime: WorkerRuntime,
+    request: SynthesisRequest,
+    context: JobContext,
+    *,
+    uri: str,
+    encoded: EncodedAudio,
+    output: SynthesisOutput,
+    timings: StageTimings,
+) -> SynthesisResult:
+    identity = runtime.engine.identity
+    synthesis_s = timings.frontend_s + timings.llm_s + timings.flow_s + timings.hift_s
+    if synthesis_s <= 0:  # an engine that reports no stages: use the wall time up to encoding
+        synthesis_s = max(0.0, timings.total_s - timings.encode_s - timings.store_s)
+    return SynthesisResult(
+        job_id=context.job_id,
+        uri=uri,
+        bytes=len(encoded.data),
+        sha256=encoded.sha256,
+        format=request.format,
+        sample_rate=encoded.sample_rate,
+        duration_s=encoded.duration_s,
+        timings=timings,
+        rtf=synthesis_s / encoded.duration_s if encoded.duration_s > 0 else 0.0,
+        model=ModelInfo(name=identity.name, checkpoint_hash=identity.checkpoint_hash),
+        backend=identity.backend,
+        device=identity.device,
+        worker_name=runtime.worker_name,
+        worker_pid=runtime.worker_pid,
+        attempt=context.attempt,
+        speech_tokens=output.speech_tokens,
+        idempotency_key=request.idempotency_key,
+        metadata=dict(request.metadata),
+    )
