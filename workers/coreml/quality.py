@@ -3,8 +3,10 @@
 A variant's packages are decompressed, their weights copied into fresh copies of our flow and
 HiFT modules by name, and the same request (tokens, prompt, speaker, CFM noise, source noise)
 is synthesized by those copies and by the float32 originals. Reported: SNR of the waveform in
-dB, mean |Δ| of the flow's log-mel output, mean |Δ| of the log-mel of the two waveforms, and
-how much of the weights the packages covered (the rest keep their float32 values).
+dB, end to end and with only the vocoder's weights changed (a waveform's SNR collapses as soon
+as the f0 and so the sine phase drifts, which says little about how it sounds), mean |Δ| of the
+flow's log-mel output, mean |Δ| of the log-mel of the two waveforms, and how much of the
+weights the packages covered (the rest keep their float32 values).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def snr_db(reference: Tensor, other: Tensor) -> float:
 
 @dataclass(frozen=True)
 class Quality:
-    snr_db: float
+    snr_db: float  # end to end: the variant's flow and HiFT
+    hift_snr_db: float  # the variant's HiFT on the float32 flow's mel (same f0, same phase)
     flow_mel_l1: float  # mean |Δ log-mel| of the flow output
     wav_mel_l1: float  # mean |Δ log-mel| of the waveforms (Matcha features)
     coverage: float  # fraction of flow + HiFT parameter elements the packages supplied
@@ -111,9 +114,11 @@ def measure(
     mel, wav = synthesize(flow_v, hift_v, request)
     with torch.inference_mode():
         spec_ref, spec = prompt_mel(wav_ref, mel_config), prompt_mel(wav, mel_config)
-    finite = bool(torch.isfinite(mel).all() and torch.isfinite(wav).all())
+        wav_hift = hift_v.inference(mel_ref, noise=request.source_noise).wav
+    finite = all(bool(torch.isfinite(x).all()) for x in (mel, wav, wav_hift))
     return Quality(
         snr_db(wav_ref, wav),
+        snr_db(wav_ref, wav_hift),
         float((mel - mel_ref).abs().mean()),
         float((spec - spec_ref).abs().mean()),
         weight_coverage,

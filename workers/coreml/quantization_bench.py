@@ -217,8 +217,8 @@ def run_on_core_ml(
 def format_table(rows: list[VariantRow]) -> str:
     """A plain-text table; "x fp16" compares weight files (package = weights + program text)."""
     fp16 = next((r.weights_bytes for r in rows if r.variant == "fp16"), 0)
-    header = ["variant", "package MB", "weights MB", "x fp16", "SNR dB", "flow mel L1",
-              "wav mel L1", "covered", "prepare s"]  # fmt: skip
+    header = ["variant", "package MB", "weights MB", "x fp16", "SNR dB", "HiFT SNR dB",
+              "flow mel L1", "wav mel L1", "covered", "prepare s"]  # fmt: skip
     mac = any(r.core_ml for r in rows)
     if mac:
         header += ["first s", "mean s", "peak RSS MB", "Core ML SNR dB"]
@@ -230,7 +230,8 @@ def format_table(rows: list[VariantRow]) -> str:
             f"{r.package_bytes / 1e6:.2f}",
             f"{r.weights_bytes / 1e6:.2f}",
             f"{r.weights_bytes / fp16:.2f}" if fp16 else "-",
-            "inf" if q.snr_db == float("inf") else f"{q.snr_db:.1f}",
+            _db(q.snr_db),
+            _db(q.hift_snr_db),
             f"{q.flow_mel_l1:.4f}",
             f"{q.wav_mel_l1:.4f}",
             f"{100 * q.coverage:.1f}%",
@@ -240,7 +241,7 @@ def format_table(rows: list[VariantRow]) -> str:
             c = r.core_ml or {}
             digits = {"first_s": 3, "mean_s": 3, "peak_rss_mb": 0, "snr_db": 1}
             cells += [f"{c.get(k, float('nan')):.{d}f}" for k, d in digits.items()]
-        lines.append(cells if q.finite else [*cells[:4], "NaN/inf output", *cells[5:]])
+        lines.append(cells if q.finite else [*cells[:4], "NaN/inf", *cells[5:]])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join(
         "  ".join(
@@ -249,6 +250,10 @@ def format_table(rows: list[VariantRow]) -> str:
         )
         for line in lines
     )
+
+
+def _db(value: float) -> str:
+    return "inf" if value == float("inf") else f"{value:.1f}"
 
 
 def add_quantization_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,15 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from workers.coreml.manifest import Manifest
-from workers.model.bench_flow import random_state_dict
-from workers.model.directory import YAML_FILE, ModelDirectory
 from workers.model.flow_config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
-from workers.model.hift import HiFTGenerator
-from workers.model.hift_config import HiFTConfig
-from workers.model.tiny_config import TinySpec, render_yaml
+from workers.model.tiny import write_tiny_model
+from workers.model.tiny_config import TinySpec
 
 MICRO = TinySpec(
     flow_width=64,
@@ -36,21 +31,11 @@ MICRO_FLOW = FlowConfig(
     ),
     cfm=CfmConfig(n_timesteps=1),
 )
-VOICED_F0_BIAS = 150.0  # Hz: random f0 weights would leave every frame unvoiced (f0 near 0)
 
 
 def write_micro_model_dir(root: Path, seed: int = 0) -> Path:
-    """cosyvoice2.yaml + random flow.pt and hift.pt in the official layout (no LLM files)."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / YAML_FILE).write_text(render_yaml(MICRO))
-    yaml = ModelDirectory(root).yaml
-    torch.save(random_state_dict(FlowConfig.from_model_yaml(yaml), seed), root / "flow.pt")
-    torch.manual_seed(seed)
-    hift = HiFTGenerator(HiFTConfig.from_model_yaml(yaml))
-    with torch.no_grad():
-        hift.f0_predictor.classifier.bias.fill_(VOICED_F0_BIAS)
-    torch.save(hift.state_dict(), root / "hift.pt")
-    return root
+    """A complete model directory (`init-tiny`'s writer) with the micro sizes."""
+    return write_tiny_model(root, seed=seed, spec=MICRO).root
 
 
 @dataclass(frozen=True)
