@@ -82,3 +82,30 @@ def stage_specs(mel_bins: int, spk_embed_dim: int, harmonics: int) -> dict[str, 
         ),
     )  # fmt: skip
     return {spec.name: spec for spec in specs}
+
+
+# The LLM: one multifunction package, two functions sharing weights and the KV-cache states.
+LLM = "llm"
+LLM_PREFILL = "prefill"  # T new positions (any length up to the capacity)
+LLM_DECODE = "decode"  # exactly one new position: a fixed shape the Neural Engine can take
+LLM_STATES = ("k_cache", "v_cache")
+
+
+def llm_specs(hidden: int, logits: int) -> dict[str, StageSpec]:
+    """prefill/decode: inputs_embeds (1, T, hidden) and causal_mask (1, 1, T, E) -> logits."""
+    f32, t = "float32", TensorSpec
+    outputs = (t("logits", f32, (1, logits)),)
+    return {
+        LLM_PREFILL: StageSpec(
+            LLM,
+            (t("inputs_embeds", f32, (1, "T", hidden)), t("causal_mask", f32, (1, 1, "T", "E"))),
+            outputs,
+            "T new positions after E - T cached ones; keys/values written into the state",
+        ),
+        LLM_DECODE: StageSpec(
+            LLM,
+            (t("inputs_embeds", f32, (1, 1, hidden)), t("causal_mask", f32, (1, 1, 1, "E"))),
+            outputs,
+            "one new position after E - 1 cached ones",
+        ),
+    }
