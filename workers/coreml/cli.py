@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import ModelLoadError
-from workers.coreml.options import COMPUTE_UNITS, PRECISIONS, TARGETS, WEIGHT_SCHEMES
+from workers.coreml.options import (
+    COMPUTE_UNITS,
+    DEFAULT_LLM_CAPACITY,
+    PRECISIONS,
+    TARGETS,
+    WEIGHT_SCHEMES,
+)
 
 RUN_NEEDS_MACOS = (
     "Running these packages needs macOS (Core ML); on this machine workers use "
@@ -37,8 +43,9 @@ def register(subparsers: Any) -> None:
         help="convert a model directory's flow and HiFT to Core ML packages",
         description=(
             "Convert the flow (encoder; CFM with the 10-step CFG Euler loop inside) and HiFT "
-            "(source; decoder) to Core ML ML-program packages plus manifest.json. Works on "
-            "any OS; running the packages needs macOS."
+            "(source; decoder) to Core ML ML-program packages plus manifest.json; with "
+            "--target macOS15 also the LLM (stateful KV cache, prefill + decode functions). "
+            "Works on any OS; running the packages needs macOS."
         ),
     )
     parser.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
@@ -60,6 +67,20 @@ def register(subparsers: Any) -> None:
         help="enumerated CFM lengths in mel frames, e.g. 256,512,1024,2048 (Neural Engine); "
         "default: any length",
     )
+    parser.add_argument(
+        "--llm-capacity",
+        type=int,
+        default=DEFAULT_LLM_CAPACITY,
+        metavar="POSITIONS",
+        help="KV-cache positions of the Core ML LLM per request: prompt + speech tokens "
+        f"(default {DEFAULT_LLM_CAPACITY})",
+    )
+    parser.add_argument(
+        "--no-llm",
+        dest="llm",
+        action="store_false",
+        help="leave the LLM on PyTorch even with --target macOS15",
+    )
     parser.set_defaults(handler=run_convert)
 
 
@@ -72,6 +93,8 @@ def run_convert(args: argparse.Namespace) -> int:
             target=args.target,
             compute_units=args.compute_units,
             flow_buckets=args.flow_buckets,
+            llm=args.llm,
+            llm_capacity=args.llm_capacity,
         )
     except ValueError as e:
         print(f"cosyq-worker convert: {e}", file=sys.stderr)
@@ -87,6 +110,9 @@ def run_convert(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {args.out_dir} in {time.perf_counter() - started:.0f} s:")
     print(_summary(manifest))
+    if not options.converts_llm:
+        why = "--no-llm" if not options.llm else "stateful KV-cache models need --target macOS15"
+        print(f"LLM: not converted ({why}); workers run it on PyTorch (MPS on a Mac).")
     if sys.platform != "darwin":
         print(RUN_NEEDS_MACOS)
     return 0
@@ -103,6 +129,8 @@ def _summary(manifest: Any) -> str:
             lengths = "T in {" + ",".join(map(str, entry.buckets)) + "}"
         else:
             lengths = ", ".join(f"{s} {r.lower}..{r.upper}" for s, r in entry.dims.items())
+        if entry.functions:
+            lengths += f" ({' + '.join(entry.functions)}, states {len(entry.states)})"
         size = f"{entry.size_bytes / 1e6:.1f}"
         rows.append((entry.path, size, entry.precision, entry.compression, lengths))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -3,6 +3,7 @@
 `load_coreml_stages` refuses a stale conversion (checkpoint hashes differ from the manifest's),
 a modified package (content hash), and a conversion missing a stage; then it compiles each
 package once per hash (`cache`) and opens the compiled model with the chosen compute units.
+The LLM is loaded when the conversion has one (macOS 15 target), else it stays on PyTorch.
 coremltools is imported only here and only when this runs.
 """
 
@@ -19,14 +20,37 @@ from shared.errors import ModelLoadError
 from workers.coreml.backend import COMPUTE_UNITS_DEVICE, MACOS_ONLY
 from workers.coreml.cache import compiled_model_path
 from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.manifest import Manifest, check_packages, check_sources, read_manifest
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
-from workers.coreml.stages import ALL_STAGES, FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE
+from workers.coreml.stages import (
+    ALL_STAGES,
+    FLOW_CFM,
+    FLOW_ENCODER,
+    HIFT_DECODE,
+    HIFT_SOURCE,
+    LLM,
+    LLM_CHECKPOINT,
+    LLM_DECODE,
+    LLM_PREFILL,
+)
+from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
 from workers.model.flow_config import FlowConfig
 from workers.model.hift_config import HiFTConfig
+from workers.model.llm import LLMConfig
+from workers.model.qwen2 import KVCache
 
 WARM_UP_TOKENS = 50  # prompt + target tokens of the warm-up synthesis (100 mel frames, 2 s)
+WARM_UP_LLM_POSITIONS = 8  # prefill length of the LLM warm-up (then two decode steps)
+# The Neural Engine has been reported to fail compiling KV-cache states (COREML.md), so the LLM
+# asks for the GPU where the flow and HiFT may use the Neural Engine.
+LLM_COMPUTE_UNITS = {
+    "ALL": "CPU_AND_GPU",
+    "CPU_AND_NE": "CPU_AND_GPU",
+    "CPU_AND_GPU": "CPU_AND_GPU",
+    "CPU_ONLY": "CPU_ONLY",
+}
 
 
 def require_macos() -> None:
@@ -42,6 +66,7 @@ class CoreMLStages:
     hift: CoreMLHiFT
     manifest: Manifest
     compute_units: str
+    llm: CoreMLQwen2LM | None = None  # None: the conversion has no LLM; it stays on PyTorch
 
     @property
     def device(self) -> str:
@@ -62,6 +87,12 @@ class CoreMLStages:
         for frames in self.flow.buckets:
             zeros = torch.zeros(1, mel_bins, frames)
             self.flow.solve(zeros, zeros, torch.ones(1, 1, frames), zeros[:, :, 0], zeros)
+        if self.llm is not None:
+            backbone = self.llm.config.backbone
+            cache = KVCache(backbone, WARM_UP_LLM_POSITIONS + 2)
+            self.llm.step_logp(torch.zeros(1, WARM_UP_LLM_POSITIONS, backbone.hidden_size), cache)
+            for _ in range(2):
+                self.llm.step_logp(torch.zeros(1, 1, backbone.hidden_size), cache)
 
 
 def load_coreml_stages(
@@ -95,10 +126,33 @@ def load_coreml_stages(
         buckets=manifest.packages[FLOW_CFM].buckets,
     )
     hift = CoreMLHiFT(HiFTConfig.from_model_yaml(yaml), models[HIFT_SOURCE], models[HIFT_DECODE])
-    return CoreMLStages(flow, hift, manifest, units)
+    llm = None
+    if LLM in manifest.packages:
+        llm = _open_llm(manifest, model_dir, coreml_dir, cache_dir, LLM_COMPUTE_UNITS[units])
+    return CoreMLStages(flow, hift, manifest, units, llm)
 
 
-def _open(manifest: Manifest, folder: Path, cache_dir: Path, stage: str, units: str) -> Any:
+def _open_llm(
+    manifest: Manifest, model_dir: Path, folder: Path, cache_dir: Path, units: str
+) -> CoreMLQwen2LM:
+    directory = ModelDirectory(model_dir)
+    config = LLMConfig.from_model_yaml(directory.yaml, directory.qwen_config)
+    embeddings = embeddings_only(config, read_state_dict(directory.path(LLM_CHECKPOINT)))
+    prefill = _open(manifest, folder, cache_dir, LLM, units, function=LLM_PREFILL)
+    decode = _open(manifest, folder, cache_dir, LLM, units, function=LLM_DECODE)
+    capacity = manifest.packages[LLM].dims["E"].upper
+    return CoreMLQwen2LM(config, embeddings, prefill, decode, capacity=capacity)
+
+
+def _open(
+    manifest: Manifest,
+    folder: Path,
+    cache_dir: Path,
+    stage: str,
+    units: str,
+    *,
+    function: str | None = None,
+) -> Any:
     ct = load_coremltools()
     entry = manifest.packages[stage]
 
@@ -107,6 +161,8 @@ def _open(manifest: Manifest, folder: Path, cache_dir: Path, stage: str, units: 
 
     compiled = compiled_model_path(folder / entry.path, entry.sha256, cache_dir, compile_package)
     try:
-        return ct.models.CompiledMLModel(str(compiled), compute_units=ct.ComputeUnit[units])
+        return ct.models.CompiledMLModel(
+            str(compiled), compute_units=ct.ComputeUnit[units], function_name=function
+        )
     except Exception as e:  # Core ML reports load failures with its own exception types
         raise ModelLoadError(f"{compiled}: Core ML could not load it ({e})") from e

@@ -47,6 +47,9 @@ class PackageEntry:
     outputs: tuple[TensorSpec, ...]
     dims: dict[str, DimRange] = field(default_factory=dict)  # flexible axes by symbol
     buckets: tuple[int, ...] = ()  # enumerated lengths of axis T (empty: flexible)
+    functions: dict[str, tuple[TensorSpec, ...]] = field(default_factory=dict)  # inputs per
+    # function of a multifunction package (the LLM's prefill and decode); empty: one "main"
+    states: tuple[TensorSpec, ...] = ()  # Core ML states (the LLM's KV cache)
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,11 @@ def _package(entry: dict[str, Any]) -> PackageEntry:
             "outputs": tuple(_tensor(t) for t in entry["outputs"]),
             "dims": {k: DimRange(**v) for k, v in entry.get("dims", {}).items()},
             "buckets": tuple(entry.get("buckets", ())),
+            "functions": {
+                name: tuple(_tensor(t) for t in inputs)
+                for name, inputs in entry.get("functions", {}).items()
+            },
+            "states": tuple(_tensor(t) for t in entry.get("states", ())),
         }
     )
 

@@ -89,6 +89,7 @@ LLM = "llm"
 LLM_PREFILL = "prefill"  # T new positions (any length up to the capacity)
 LLM_DECODE = "decode"  # exactly one new position: a fixed shape the Neural Engine can take
 LLM_STATES = ("k_cache", "v_cache")
+LLM_CHECKPOINT = "llm.pt"  # the conversion records its hash; the runtime reads its embeddings
 
 
 def llm_specs(hidden: int, logits: int) -> dict[str, StageSpec]:

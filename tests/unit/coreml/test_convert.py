@@ -88,6 +88,9 @@ def test_convert_command_lists_packages_and_says_running_needs_macos(
     assert "flow_cfm.mlpackage" in converted.cli_output
     assert "T 2..15000" in converted.cli_output
     assert "Running these packages needs macOS" in converted.cli_output
+    assert "LLM: not converted (stateful KV-cache models need --target macOS15)" in (
+        converted.cli_output
+    )
 
 
 def test_convert_command_rejects_bad_options_and_missing_models(

@@ -11,14 +11,17 @@ import torch
 
 from shared.errors import InvalidRequestError
 from tests.doubles.coreml_predictors import TorchStatefulPredictor
+from workers.coreml.build import convert_llm_package, write_manifest
 from workers.coreml.ct_compat import load_coremltools
-from workers.coreml.llm_convert import ConvertedLLM, convert_llm
 from workers.coreml.llm_graph import StatefulLLMGraph
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
+from workers.coreml.manifest import package_sha256, read_manifest
 from workers.coreml.options import ConvertOptions
-from workers.coreml.stages import LLM_DECODE, LLM_PREFILL, llm_specs
+from workers.coreml.stages import LLM, LLM_DECODE, LLM_PREFILL, llm_specs
 from workers.model.checkpoint import read_state_dict
+from workers.model.directory import ModelDirectory
 from workers.model.llm import Qwen2LM, iter_speech_tokens
+from workers.model.loader import load_model
 from workers.model.parity import ReferenceSet
 from workers.model.qwen2 import KVCache
 from workers.model.reference_llm import LOGITS_TOLERANCE, load_reference_llm, step_logps
@@ -37,9 +40,13 @@ def llm(ref: ReferenceSet) -> Qwen2LM:
 
 
 @pytest.fixture(scope="module")
-def package(llm: Qwen2LM, tmp_path_factory: pytest.TempPathFactory) -> ConvertedLLM:
-    destination = tmp_path_factory.mktemp("llm") / "llm.mlpackage"
-    return convert_llm(llm, ConvertOptions(target="macOS15"), destination, capacity=CAPACITY)
+def package(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The micro model's llm.pt converted as `cosyq-worker convert` does; its folder."""
+    options = ConvertOptions(target="macOS15", llm_capacity=CAPACITY)
+    out_dir = tmp_path_factory.mktemp("llm")
+    entry = convert_llm_package(ModelDirectory(micro_model_dir), out_dir, options)
+    write_manifest({LLM: entry}, out_dir, options=options, sources={}, model_name="micro")
+    return out_dir
 
 
 def coreml_llm(llm: Qwen2LM, ref: ReferenceSet, capacity: int = CAPACITY) -> CoreMLQwen2LM:
@@ -56,10 +63,12 @@ def coreml_llm(llm: Qwen2LM, ref: ReferenceSet, capacity: int = CAPACITY) -> Cor
 
 
 def test_one_package_two_functions_sharing_weights_and_states(
-    package: ConvertedLLM, llm: Qwen2LM
+    package: Path, micro_model_dir: Path
 ) -> None:
+    entry = read_manifest(package).packages[LLM]
+    path = package / entry.path
     ct = load_coremltools()
-    spec = ct.models.MLModel(str(package.path), skip_model_load=True).get_spec()
+    spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
     functions = {f.name: f for f in spec.description.functions}
     assert set(functions) == {"prefill", "decode"}
     assert spec.description.defaultFunctionName == "decode"
@@ -72,9 +81,13 @@ def test_one_package_two_functions_sharing_weights_and_states(
     ranges = functions["prefill"].input[0].type.multiArrayType.shapeRange.sizeRanges
     assert (ranges[1].lowerBound, ranges[1].upperBound) == (1, CAPACITY)
     assert list(functions["decode"].input[0].type.multiArrayType.shape) == [1, 1, 64]
-    weights = (package.path / "Data/com.apple.CoreML/weights/weight.bin").stat().st_size
+    llm = load_model(micro_model_dir).llm
     used = sum(p.numel() for n, p in llm.named_parameters() if "embed" not in n)
-    assert weights < 1.2 * 2 * used  # fp16, stored once for both functions
+    assert entry.weights_bytes < 1.2 * 2 * used  # fp16, stored once for both functions
+    assert set(entry.functions) == {LLM_PREFILL, LLM_DECODE}
+    assert entry.functions[LLM_DECODE][0].shape == (1, 1, 64)
+    assert [s.name for s in entry.states] == ["k_cache", "v_cache"]
+    assert entry.dims["E"].upper == CAPACITY and entry.sha256 == package_sha256(path)
 
 
 def test_the_runtime_reproduces_the_reference_step_log_probs(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.unit.coreml.micro import MICRO_FLOW, Converted
-from workers.coreml.build import load_flow_and_hift
+from workers.coreml.build import convert_model_dir, load_flow_and_hift
 from workers.coreml.convert import convert_cfm
 from workers.coreml.ct_compat import load_coremltools
 from workers.coreml.graphs import pack_cfm_frames
@@ -23,6 +23,8 @@ from workers.coreml.loader import load_coreml_stages
 from workers.coreml.options import ConvertOptions
 from workers.coreml.quality import bench_request, snr_db, synthesize
 from workers.model.bench_flow import random_flow
+from workers.model.loader import load_model
+from workers.model.qwen2 import KVCache
 
 pytestmark = [
     pytest.mark.macos,
@@ -94,3 +96,34 @@ def test_enumerated_buckets_predict_like_the_flexible_graph() -> None:
     padded = torch.nn.functional.pad(frames, (0, 12)).numpy()
     mel = model.predict({"frames": padded, "spks": spks.numpy()})["mel"][:, :, :20]
     assert np.abs(mel - expected.numpy()).mean() < 0.05
+
+
+@pytest.fixture(scope="module")
+def converted_macos15(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The micro model converted for macOS 15: flow, HiFT and the stateful LLM."""
+    out_dir = tmp_path_factory.mktemp("micro-coreml-macos15")
+    convert_model_dir(micro_model_dir, out_dir, ConvertOptions(target="macOS15", llm_capacity=64))
+    return out_dir
+
+
+@torch.inference_mode()
+def test_the_stateful_llm_decodes_what_pytorch_decodes(
+    micro_model_dir: Path, converted_macos15: Path, tmp_path: Path
+) -> None:
+    stages = load_coreml_stages(
+        micro_model_dir, coreml_dir=converted_macos15, cache_dir=tmp_path / "cache"
+    )
+    assert stages.llm is not None
+    stages.warm_up()
+    reference = load_model(micro_model_dir).llm
+    hidden = reference.config.backbone.hidden_size
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(1, 6, hidden, generator=g)] + [
+        torch.randn(1, 1, hidden, generator=g) for _ in range(3)
+    ]
+    ours, theirs = KVCache(reference.config.backbone, 16), KVCache(reference.config.backbone, 16)
+    for step in steps:
+        expected = reference.step_logp(step, theirs)
+        got = stages.llm.step_logp(step, ours)
+        assert torch.isfinite(got).all()
+        assert float((got.exp() - expected.exp()).abs().max()) < 0.02  # fp16 probabilities
