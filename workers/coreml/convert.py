@@ -42,7 +42,6 @@ from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_config import NOISE_FRAMES
 from workers.model.hift import HiFTGenerator
 
-FP32_ONLY_STAGES = frozenset({HIFT_SOURCE})  # phase up to ~4e3 rad: fp16 cannot hold it
 TRACE_TOKENS = 20  # example length the graphs are traced at ...
 CHECK_TOKENS = 27  # ... and a second length the trace must reproduce (catches baked-in sizes)
 

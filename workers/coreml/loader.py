@@ -60,7 +60,7 @@ def require_macos() -> None:
 
 @dataclass
 class CoreMLStages:
-    """The loaded flow and HiFT stages of one conversion."""
+    """The loaded stages of one conversion: flow, HiFT, and the LLM when it was converted."""
 
     flow: CoreMLFlow
     hift: CoreMLHiFT
@@ -74,13 +74,17 @@ class CoreMLStages:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """One short synthesis through all four packages, then every CFM shape bucket."""
-        mel_bins = self.flow.config.mel_bins
-        prompt = WARM_UP_TOKENS // 2
+        """A short synthesis through the flow and HiFT packages, every CFM shape bucket, and a
+        prefill plus two decode steps of the LLM."""
+        mel_bins, ratio = self.flow.config.mel_bins, self.flow.config.token_mel_ratio
+        tokens = WARM_UP_TOKENS
+        if self.flow.buckets:  # stay within the largest bucket
+            tokens = min(tokens, self.flow.buckets[-1] // ratio)
+        prompt = tokens // 2
         mel, _ = self.flow.inference(
-            torch.zeros(1, WARM_UP_TOKENS - prompt, dtype=torch.int32),
+            torch.zeros(1, tokens - prompt, dtype=torch.int32),
             torch.zeros(1, prompt, dtype=torch.int32),
-            torch.zeros(1, self.flow.config.token_mel_ratio * prompt, mel_bins),
+            torch.zeros(1, ratio * prompt, mel_bins),
             torch.ones(1, self.flow.config.spk_embed_dim),
         )
         self.hift.inference(mel, generator=torch.Generator().manual_seed(0))

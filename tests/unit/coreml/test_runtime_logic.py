@@ -14,8 +14,10 @@ import torch
 
 from shared.errors import InvalidRequestError
 from tests.doubles.coreml_predictors import TorchPredictor
+from tests.unit.coreml.micro import Converted
 from workers.coreml.build import load_flow_and_hift
 from workers.coreml.graphs import flow_graphs, hift_graphs
+from workers.coreml.loader import CoreMLStages
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE, stage_specs
 from workers.model.flow import CausalMaskedDiffWithXvec
@@ -127,3 +129,18 @@ def test_hift_source_prefix_overwrites_the_excitation_start(modules: Modules) ->
     got = coreml_hift(hift).inference(mel, noise=noise, source_prefix=prefix)
     assert torch.equal(got.source[:, :, :480], prefix)
     torch.testing.assert_close(got.wav, expected.wav, atol=1e-5, rtol=1e-5)
+
+
+def test_warm_up_runs_every_package_and_every_bucket(
+    modules: Modules, converted: Converted
+) -> None:
+    flow, hift = modules
+    stages = CoreMLStages(
+        coreml_flow(flow, buckets=(128, 256, 512)), coreml_hift(hift), converted.manifest, "ALL"
+    )
+    stages.warm_up()
+    cfm, source = stages.flow.cfm, stages.hift.source
+    assert isinstance(cfm, TorchPredictor) and isinstance(source, TorchPredictor)
+    assert [call["frames"][-1] for call in cfm.calls] == [128, 128, 256, 512]
+    assert len(source.calls) == 1
+    assert stages.device == "ane/gpu/cpu"
