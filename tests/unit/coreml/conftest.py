@@ -20,10 +20,10 @@ from workers.cli import main as worker_cli
 from workers.coreml.manifest import read_manifest
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: on the shared 2-core machine, two threads stall each other's
-    parallel regions (measured 8 s instead of 0.03 s for one micro flow call)."""
+    """One intra-op thread for these tests (restored after them): on the shared 2-core machine
+    two threads stalled each other's parallel regions (8 s instead of 0.03 s per micro flow)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
