@@ -23,7 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from workers.coreml.ct_compat import float_remainder_fixed, known_warnings_silenced
+from workers.coreml.ct_compat import (
+    float_remainder_fixed,
+    fp16_precision,
+    known_warnings_silenced,
+)
 from workers.coreml.ct_compat import load_coremltools as _ct
 from workers.coreml.graphs import flow_graphs, hift_graphs
 from workers.coreml.manifest import DimRange
@@ -203,7 +207,7 @@ def _convert(
             outputs=[ct.TensorType(name=t.name, dtype=np.float32) for t in spec.outputs],
             convert_to="mlprogram",
             minimum_deployment_target=getattr(ct.target, options.target),
-            compute_precision=ct.precision.FLOAT16 if precision == "fp16" else ct.precision.FLOAT32,
+            compute_precision=fp16_precision(ct) if precision == "fp16" else ct.precision.FLOAT32,
         )
     return ConvertedStage(spec, model, precision, dict(dims), buckets)
 

@@ -18,7 +18,12 @@ import torch
 
 from workers.coreml.compress import compress_model
 from workers.coreml.convert import trace
-from workers.coreml.ct_compat import known_warnings_silenced, load_coremltools, release_temp_package
+from workers.coreml.ct_compat import (
+    fp16_precision,
+    known_warnings_silenced,
+    load_coremltools,
+    release_temp_package,
+)
 from workers.coreml.llm_graph import StatefulLLMGraph, causal_mask
 from workers.coreml.manifest import DimRange
 from workers.coreml.options import ConvertOptions
@@ -60,13 +65,8 @@ def convert_llm(
         causal_mask(CHECK_START, CHECK_POSITIONS),
     )
     traced = trace(graph, example, check)
-    state_dtype = np.float16 if options.precision == "fp16" else np.float32
-    states = tuple(
-        TensorSpec(
-            name, "float16" if state_dtype is np.float16 else "float32", tuple(graph.k_cache.shape)
-        )
-        for name in LLM_STATES
-    )
+    # Core ML states are fp16 only, whatever the compute precision.
+    states = tuple(TensorSpec(n, "float16", tuple(graph.k_cache.shape)) for n in LLM_STATES)
     dims = {"T": DimRange(1, capacity), "E": DimRange(1, capacity)}
     with tempfile.TemporaryDirectory(prefix="cosyq-llm-") as tmp:
         desc = ct.utils.MultiFunctionDescriptor()
@@ -121,6 +121,6 @@ def _convert_function(
             convert_to="mlprogram",
             minimum_deployment_target=ct.target.macOS15,
             compute_precision=(
-                ct.precision.FLOAT16 if options.precision == "fp16" else ct.precision.FLOAT32
+                fp16_precision(ct) if options.precision == "fp16" else ct.precision.FLOAT32
             ),
         )

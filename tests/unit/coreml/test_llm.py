@@ -11,8 +11,10 @@ import torch
 
 from shared.errors import InvalidRequestError
 from tests.doubles.coreml_predictors import TorchStatefulPredictor
+from tests.doubles.mil_interpreter import MILPredictor
 from workers.coreml.build import convert_llm_package, write_manifest
 from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.llm_convert import convert_llm
 from workers.coreml.llm_graph import StatefulLLMGraph
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.manifest import package_sha256, read_manifest
@@ -147,3 +149,35 @@ def test_a_request_longer_than_the_kv_cache_is_refused(llm: Qwen2LM, ref: Refere
     refused = r"9 positions .* exceed the Core ML KV cache of 8"
     with pytest.raises(InvalidRequestError, match=refused):
         model.step_logp(torch.zeros(1, 1, hidden), cache)
+
+
+def test_the_converted_llm_reproduces_the_reference_steps(
+    llm: Qwen2LM, ref: ReferenceSet, tmp_path: Path
+) -> None:
+    """The fp32 program itself, states and all, run by the MIL interpreter."""
+    path = tmp_path / "llm.mlpackage"
+    convert_llm(llm, ConvertOptions(precision="fp32", target="macOS15"), path, capacity=CAPACITY)
+    embeddings = embeddings_only(llm.config, read_state_dict(ref.checkpoint("llm")))
+    model: Any = CoreMLQwen2LM(
+        llm.config,
+        embeddings,
+        MILPredictor(path, LLM_PREFILL),
+        MILPredictor(path, LLM_DECODE),
+        capacity=CAPACITY,
+    )
+    arrays = ref.arrays("llm_reference.npz")
+    logp = step_logps(model, arrays)
+    assert float(np.abs(logp.numpy() - arrays["infer_step_logp"]).max()) <= LOGITS_TOLERANCE
+
+
+def test_rotary_angles_stay_float32_in_the_fp16_package(package: Path) -> None:
+    ct = load_coremltools()
+    spec = ct.models.MLModel(str(package / "llm.mlpackage"), skip_model_load=True).get_spec()
+    for name, function in spec.mlProgram.functions.items():
+        (block,) = function.block_specializations.values()
+        dtypes: dict[str, set[int]] = {}
+        for node in block.operations:
+            for out in node.outputs[:1]:
+                dtypes.setdefault(node.type, set()).add(out.type.tensorType.dataType)
+        assert dtypes["sin"] == dtypes["cos"] == {ct.proto.MIL_pb2.FLOAT32}, name
+        assert dtypes["linear"] == {ct.proto.MIL_pb2.FLOAT16}, name
