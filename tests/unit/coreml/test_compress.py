@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import Converted
 from workers.coreml.build import WEIGHTS_FILE, load_flow_and_hift
 from workers.coreml.compress import compress_model, decompressed_weights, load_into
@@ -118,3 +120,22 @@ def test_int8_per_block_needs_macos15_and_runs(converted: Converted) -> None:
     with torch.inference_mode():
         _, mu = flow.encode(token)
     assert torch.isfinite(mu).all()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "palette4"])
+def test_a_compressed_program_computes_what_its_weights_give_in_pytorch(
+    variants: dict[str, dict[str, Any]], converted: Converted, tmp_path: Path, scheme: str
+) -> None:
+    """Run the compressed encoder program itself: it matches PyTorch carrying its weights."""
+    path = tmp_path / "flow_encoder.mlpackage"
+    variants[scheme][FLOW_ENCODER].save(str(path))
+    flow, _ = load_flow_and_hift(converted.model_dir)
+    graph = flow_graphs(flow).encoder
+    load_into(graph, decompressed_weights(variants[scheme][FLOW_ENCODER]))
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 6561, (1, 40), generator=g, dtype=torch.int32)
+    embedding = torch.randn(1, 192, generator=g)
+    with torch.inference_mode():
+        mu, _ = graph(tokens, embedding)
+    out = MILPredictor(path).predict({"tokens": tokens.numpy(), "embedding": embedding.numpy()})
+    assert float(np.abs(out["mu"] - mu.numpy()).mean()) < 0.01 * float(mu.abs().mean())

@@ -6,14 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import MICRO_FLOW, Converted
 from workers.cli import main as worker_cli
 from workers.coreml.convert import convert_cfm, trace
 from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.graphs import pack_cfm_frames
 from workers.coreml.manifest import MANIFEST_FILE, package_sha256, read_manifest
 from workers.coreml.options import ConvertOptions
 from workers.coreml.stages import ALL_STAGES, FLOW_CFM, HIFT_SOURCE, stage_specs
@@ -115,13 +119,26 @@ def test_the_sine_source_keeps_its_modulo(converted: Converted) -> None:
             assert x != y, f"{op.outputs[0].name} = {x} - {x}: the modulo was dropped"
 
 
-def test_cfm_buckets_become_enumerated_shapes() -> None:
+def test_cfm_buckets_become_enumerated_shapes_and_padding_keeps_the_frames(
+    tmp_path: Path,
+) -> None:
     flow = random_flow(MICRO_FLOW)
     stage = convert_cfm(flow, ConvertOptions(flow_buckets=(16, 32, 64)))
     frames = next(f for f in stage.model.get_spec().description.input if f.name == "frames")
     shapes = [tuple(s.shape) for s in frames.type.multiArrayType.enumeratedShapes.shapes]
     assert shapes == [(1, 241, 16), (1, 241, 32), (1, 241, 64)]
     assert stage.spec.name == FLOW_CFM and stage.buckets == (16, 32, 64) and stage.dims == {}
+    stage.model.save(str(tmp_path / "cfm.mlpackage"))
+    g = torch.Generator().manual_seed(0)
+    noise, mu, cond = (torch.randn(1, 80, 20, generator=g) for _ in range(3))
+    spks, mask = torch.randn(1, 80, generator=g), torch.ones(1, 1, 20)
+    with torch.no_grad():
+        expected = flow.decoder(noise, mu, mask, spks, cond)
+    padded = F.pad(pack_cfm_frames(noise, mu, cond, mask), (0, 12))  # to the 32 bucket, mask 0
+    program = MILPredictor(tmp_path / "cfm.mlpackage")
+    mel = program.predict({"frames": padded.numpy(), "spks": spks.numpy()})["mel"]
+    assert mel.shape == (1, 80, 32)
+    assert float(np.abs(mel[:, :, :20] - expected.numpy()).mean()) < 0.01
 
 
 class BakedLength(nn.Module):
