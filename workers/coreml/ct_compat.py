@@ -149,7 +149,7 @@ def _exact_values(block: Any, types: Any) -> set[str]:
 
 
 def _input_vars(op: Any) -> list[Any]:
-    found = []
+    found: list[Any] = []
     for value in op.inputs.values():
         found.extend(value if isinstance(value, (list, tuple)) else [value])
     return found
