@@ -2,9 +2,8 @@
 
 Each command group lives in its own module under `producer/commands/` exposing
 `register(subparsers)`; its handlers take `(args, context)` and return the exit status. Add a
-group by appending its module to `COMMAND_MODULES` (issue 4 adds `producer.commands.voices` for
-`cosyq voices list|add|rm`). Settings come from COSYQ_* variables and `.env`; logs go to stderr,
-command output to stdout.
+group by appending its module to `COMMAND_MODULES`. Settings come from COSYQ_* variables and
+`.env`; logs go to stderr, command output to stdout.
 
 Exit status: 0 success, 1 a failure the command reports (bad lines, failed jobs, errors),
 2 usage or settings errors, 3 `cosyq result` of a job that is not done yet.
@@ -29,7 +28,7 @@ from shared.settings import Settings, load_settings
 COMMAND_MODULES: tuple[str, ...] = (
     "producer.commands.submit",  # submit FILE.jsonl, say "text"
     "producer.commands.inspect",  # status, failed, result
-    # "producer.commands.voices",  # voices list|add|rm (issue 4)
+    "producer.commands.voices",  # voices list|add|rm
 )
 
 PIPED_WIDTH = 160  # columns for tables when stdout is not a terminal

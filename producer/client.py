@@ -25,12 +25,14 @@ from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
 from producer.tracking import JobOutcome, JobStatus, JobTracker
+from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
 from shared.connection import redis_connection
 from shared.errors import InvalidRequestError, QueueFullError, TransientError
 from shared.jobs import RequestLimits, SynthesisRequest, validate_request
 from shared.results import SynthesisResult
 from shared.settings import Settings
+from shared.voices import VoiceRegistry, VoiceSummary
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
 
@@ -53,8 +55,9 @@ class CosyqClient:
     """Submit synthesis jobs and read their results; built from Settings.
 
     Options (keyword-only): `connection` reuses a Redis client (else one from
-    settings.redis_url); `job_function` is the dotted path enqueued (tests point it at a test
-    double; the product always uses workers.tasks.synthesize).
+    settings.redis_url); `job_function` and `voice_function` are the dotted paths enqueued
+    (tests point them at test doubles; the product always uses workers.tasks.synthesize and
+    workers.tasks.add_voice).
     """
 
     def __init__(
@@ -63,10 +66,12 @@ class CosyqClient:
         *,
         connection: redis.Redis | None = None,
         job_function: str = keys.SYNTHESIZE_FUNCTION,
+        voice_function: str = keys.ADD_VOICE_FUNCTION,
     ) -> None:
         self.settings = settings
         self.connection = connection if connection is not None else redis_connection(settings)
         self.job_function = job_function
+        self.voice_function = voice_function
         self.limits = RequestLimits.from_settings(settings)
         self._queues = {
             name: Queue(name, connection=self.connection, serializer=JSONSerializer)
@@ -244,6 +249,37 @@ class CosyqClient:
         after each poll."""
         wait = self.settings.wait_timeout_s if timeout is None else timeout
         return self.tracker.wait_many(job_ids, wait, on_progress)
+
+    # ---- voices
+
+    def add_voice(
+        self, name: str, audio: bytes, transcript: str = "", *, filename: str = "prompt.wav"
+    ) -> str:
+        """Check the recording, upload it under voices/<name>/ and enqueue the add-voice job;
+        returns its job id (wait with `wait_for_voice`). Raises InvalidRequestError (bad name,
+        unreadable, < 16 kHz, too long, silent) before anything is stored."""
+        return enqueue_add_voice(
+            self.connection,
+            self.settings,
+            name=name,
+            audio=audio,
+            transcript=transcript,
+            filename=filename,
+            function=self.voice_function,
+        )
+
+    def wait_for_voice(self, job_id: str, timeout: float | None = None) -> VoiceSummary:
+        """The added voice's summary once its job is done; JobFailedError with the reason."""
+        wait = self.settings.wait_timeout_s if timeout is None else timeout
+        return wait_for_voice(self.tracker, job_id, wait)
+
+    def list_voices(self) -> list[VoiceSummary]:
+        """Every registered voice (without the model's built-in "default")."""
+        return VoiceRegistry(self.connection).summaries()
+
+    def remove_voice(self, name: str) -> None:
+        """Delete a voice; UnknownVoiceError when none has that name."""
+        VoiceRegistry(self.connection).remove(name)
 
 
 def _submit_meta(request: SynthesisRequest) -> dict[str, Any]:

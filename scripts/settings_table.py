@@ -16,6 +16,7 @@ from shared.settings import ENV_PREFIX, Settings
 SHOWN_DEFAULTS = {
     "storage_url": "file URL of ./cosyq-output",
     "coreml_cache_dir": "~/.cache/cosyq/coreml",
+    "hash_cache_dir": "~/.cache/cosyq/hashes",
 }
 
 

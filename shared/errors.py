@@ -71,3 +71,35 @@ class ResultTimeoutError(CosyqError, TimeoutError):
 
 class AudioDecodeError(InvalidRequestError):
     """Bytes that no audio decoder accepts (an unreadable or truncated prompt file)."""
+
+
+class EmptyTextError(InvalidRequestError):
+    """Nothing speakable is left of the text after normalisation (only spaces or punctuation)."""
+
+
+class UnknownVoiceError(InvalidRequestError):
+    """A request or command names a voice that is not registered."""
+
+
+class VoiceMismatchError(InvalidRequestError):
+    """A voice profile was computed with other model weights than the worker runs."""
+
+
+class PromptAudioError(InvalidRequestError):
+    """Prompt audio that cannot make a voice; the subclasses say why."""
+
+
+class PromptUnreadableError(PromptAudioError, AudioDecodeError):
+    """Prompt audio bytes that no decoder reads (or that hold no samples)."""
+
+
+class PromptTooLongError(PromptAudioError):
+    """Prompt audio longer than max_prompt_seconds (the speech tokenizer takes at most 30 s)."""
+
+
+class PromptSilentError(PromptAudioError):
+    """Prompt audio with no signal in it (all zeros, or quieter than the silence threshold)."""
+
+
+class PromptSampleRateError(PromptAudioError):
+    """Prompt audio recorded below 16 kHz (the prompt models work at 16 kHz, never upsampled)."""

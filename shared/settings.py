@@ -46,6 +46,10 @@ def _default_coreml_cache_dir() -> Path:
     return Path.home() / ".cache" / "cosyq" / "coreml"
 
 
+def _default_hash_cache_dir() -> Path:
+    return Path.home() / ".cache" / "cosyq" / "hashes"
+
+
 class Settings(BaseSettings):
     """Every knob of a cosyq process; each limit is named here with its default.
 
@@ -116,7 +120,18 @@ class Settings(BaseSettings):
         "workers.pipeline:load_engine",
         description="dotted factory(settings) -> engine (operator config; tests use doubles)",
     )
+    hash_cache_dir: Path = Field(
+        default_factory=_default_hash_cache_dir,
+        description="checkpoint SHA-256 cache (a recycled worker does not rehash 2.5 GB)",
+    )
     normalize_text: bool = Field(True, description="text normalisation (wetext) before tokens")
+    max_piece_tokens: int = Field(
+        80,
+        gt=0,
+        description="long text is split at sentences into pieces of at most this many"
+        " text tokens, synthesized one by one",
+    )
+    piece_gap_ms: int = Field(100, ge=0, description="silence between the pieces' audio")
     allow_rosetta: bool = Field(False, description="let a worker run under Rosetta 2 (slow)")
 
     # Request limits (checked by producer and worker alike)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -68,3 +69,23 @@ def reference_dir() -> Path:
             pytest.fail(reason)
         pytest.skip(reason)
     return found
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight model in the official layout, written once per session."""
+    from workers.model.tiny import write_tiny_model  # noqa: PLC0415 (torch only when used)
+
+    root = tmp_path_factory.mktemp("tiny-model")
+    write_tiny_model(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The real torch engine on the tiny model (cpu, fp32), loaded once per session."""
+    from workers.pipeline import build_engine  # noqa: PLC0415
+
+    return build_engine(
+        tiny_model_dir, device="cpu", hash_cache_dir=tmp_path_factory.mktemp("hashes")
+    )

@@ -16,7 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.worker_cli",
     "workers.model.cli",
     "workers.deploy_cli",
-    "workers.bench_cli",
+    "workers.bench.cli",
     "workers.coreml.cli",
 )
 

@@ -22,6 +22,7 @@ from shared.errors import CosyqError
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging, get_logger
 from shared.storage import open_storage
+from shared.voices import VoiceRegistry
 from workers import control, host
 from workers.engine_factory import LoadedEngine, load_engine
 from workers.housekeeping import Housekeeper, WorkerStats, utc_now_iso
@@ -139,6 +140,7 @@ class WorkerLifecycle:
             engine,
             storage,
             model_dir=settings.model_dir,
+            registry=VoiceRegistry(self.worker.connection),
             max_prompt_seconds=settings.max_prompt_seconds,
         )
         install_runtime(

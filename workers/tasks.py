@@ -23,6 +23,7 @@ from shared.jobs import SynthesisRequest, validate_request
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
+from workers import voice_profiles
 from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.runtime import WorkerRuntime, current_runtime
 from workers.voices import DEFAULT_VOICE
@@ -67,6 +68,32 @@ def synthesize(request: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("workers.tasks.synthesize runs only as an RQ job")
     result = run_synthesis(current_runtime(), request, JobContext.from_job(job))
     return result.model_dump(mode="json")
+
+
+def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, Any]:
+    """RQ entry point of `cosyq voices add`: prompt URI in, the stored profile's summary out."""
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("workers.tasks.add_voice runs only as an RQ job")
+    runtime = current_runtime()
+    context = JobContext.from_job(job)
+    with job_context(
+        job_id=context.job_id,
+        queue=context.queue,
+        worker=runtime.worker_name,
+        attempt=context.attempt,
+        voice=name,
+    ):
+        summary = voice_profiles.add_voice(
+            runtime.engine,
+            runtime.storage,
+            runtime.voices.registered_voices.registry,
+            name=name,
+            prompt_audio=prompt_audio,
+            transcript=transcript,
+        )
+        log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
+        return summary
 
 
 def run_synthesis(

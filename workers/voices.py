@@ -1,25 +1,25 @@
 """Which prompt a request speaks with: a request's voice choice -> the engine's VoicePrompt.
 
-Today: the voice named "default" (the model directory's prompt.wav + prompt.txt, extracted once
-per worker process) and an inline prompt (`prompt_audio` read through storage, with
-`prompt_text`). Registered voices (`cosyq voices add`, issue "Synthesis pipeline") plug in at
-`VoiceBook.registered`.
+Three kinds: the voice named "default" (the model directory's prompt.wav + prompt.txt,
+extracted once per worker process), an inline prompt (`prompt_audio` read through storage, with
+`prompt_text`; extracted per job), and registered voices (`cosyq voices add`: profiles in Redis,
+refused when computed with other weights). The prompt-audio rules (readable, >= 16 kHz, not too
+long, not silent) are checked here before the engine sees a recording.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shared.audio import decode_audio
 from shared.errors import InvalidRequestError
 from shared.jobs import SynthesisRequest
 from shared.storage import Storage
+from shared.voices import DEFAULT_VOICE, VoiceRegistry, check_prompt_audio, decode_prompt_audio
 from workers.engine_api import SynthesisEngine, VoicePrompt
+from workers.voice_profiles import RegisteredVoices
 
-DEFAULT_VOICE = "default"
 DEFAULT_PROMPT_AUDIO = "prompt.wav"  # in the model directory, as the official layout ships it
 DEFAULT_PROMPT_TEXT = "prompt.txt"
-MIN_PROMPT_RATE = 16000  # the speech tokenizer and speaker encoder work at 16 kHz
 
 
 class VoiceBook:
@@ -31,11 +31,13 @@ class VoiceBook:
         storage: Storage,
         *,
         model_dir: Path | None,
+        registry: VoiceRegistry,
         max_prompt_seconds: float,
     ) -> None:
         self.engine = engine
         self.storage = storage
         self.model_dir = model_dir
+        self.registered_voices = RegisteredVoices(registry, engine.identity)
         self.max_prompt_seconds = max_prompt_seconds
         self._default: VoicePrompt | None = None
 
@@ -57,7 +59,8 @@ class VoiceBook:
         return self._extract(self.storage.get(uri), transcript, field="prompt_audio")
 
     def registered(self, name: str) -> VoicePrompt:
-        raise InvalidRequestError(f"voice: no voice named {name!r} is registered")
+        """UnknownVoiceError if not registered, VoiceMismatchError if made by other weights."""
+        return self.registered_voices.resolve(name)
 
     def _load_default(self) -> VoicePrompt:
         if self.model_dir is None:
@@ -74,12 +77,7 @@ class VoiceBook:
         return self._extract(audio.read_bytes(), transcript, field=f"voice 'default' ({audio})")
 
     def _extract(self, data: bytes, transcript: str, *, field: str) -> VoicePrompt:
-        samples, rate = decode_audio(data)
-        seconds = samples.shape[0] / rate
-        if seconds > self.max_prompt_seconds:
-            raise InvalidRequestError(
-                f"{field}: {seconds:.1f} s of audio, limit {self.max_prompt_seconds:g} s"
-            )
-        if rate < MIN_PROMPT_RATE:
-            raise InvalidRequestError(f"{field}: {rate} Hz, need at least {MIN_PROMPT_RATE} Hz")
+        """Decode and check here (the worker never trusts the queue, whatever the engine)."""
+        samples, rate = decode_prompt_audio(data, where=field)
+        check_prompt_audio(samples, rate, self.max_prompt_seconds)
         return self.engine.extract_voice(samples, rate, transcript)

@@ -12,6 +12,7 @@ from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
 from shared.keys import QUEUES_IN_PRIORITY_ORDER
+from shared.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +55,16 @@ def stop_worker_process(process: subprocess.Popen[bytes]) -> None:
         process.wait()
     if process.stderr is not None:
         process.stderr.close()
+
+
+def run_cosyq_burst(settings: Settings) -> None:
+    """Run every queued job with the real CosyqWorker (engine from settings) until empty."""
+    from workers.worker import CosyqWorker  # noqa: PLC0415 (torch only for tests that need it)
+
+    connection = redis.Redis.from_url(settings.redis_url)
+    try:
+        CosyqWorker(QUEUES_IN_PRIORITY_ORDER, connection=connection, settings=settings).work(
+            burst=True
+        )
+    finally:
+        connection.close()

@@ -19,17 +19,11 @@ from typing import Any
 import psutil
 import torch
 
+from workers.model.cpu_linear import default_linear_kernel, linear_kernel, set_linear_kernel
 from workers.model.llm import LLMConfig, Qwen2LM, iter_speech_tokens
 from workers.model.llm_sampling import SamplingConfig
 from workers.model.parity import ReferenceSet
-from workers.model.qwen2 import (
-    KernelLinear,
-    KVCache,
-    Qwen2Config,
-    RMSNorm,
-    default_linear_kernel,
-    set_linear_kernel,
-)
+from workers.model.qwen2 import KVCache, Qwen2Config, RMSNorm
 
 # CosyVoice2-0.5B's backbone (CosyVoice-BlankEN = Qwen2.5-0.5B shape; reference README).
 FULL_QWEN2_CONFIG: Mapping[str, Any] = {
@@ -190,7 +184,7 @@ def _bench(
     time_prefill(model, prompt)  # warm-up: kernel selection, page faults
     prefill = min(time_prefill(model, prompt) for _ in range(runs))
     per_token = tuple(time_decode(model, prompt, decode_tokens) * 1e3 for _ in range(runs))
-    chosen = next(m.kernel for m in model.modules() if isinstance(m, KernelLinear))
+    chosen = linear_kernel(model)
     return LLMBenchResult(
         threads=threads,
         dtype=dtype,

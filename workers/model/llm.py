@@ -21,16 +21,9 @@ from torch import nn
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.checkpoint import load_strict
+from workers.model.cpu_linear import Linear, default_linear_kernel, set_linear_kernel
 from workers.model.llm_sampling import SamplingConfig, ras_sampling
-from workers.model.qwen2 import (
-    KernelLinear,
-    KVCache,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen2Model,
-    default_linear_kernel,
-    set_linear_kernel,
-)
+from workers.model.qwen2 import KVCache, Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 SOS_ROW = 0  # rows of llm_embedding
 TASK_ID_ROW = 1
@@ -136,7 +129,7 @@ class Qwen2LM(nn.Module):
         self.config = config
         self.llm_embedding = nn.Embedding(2, hidden)
         self.llm = Qwen2Encoder(config.backbone)
-        self.llm_decoder = KernelLinear(hidden, config.decoder_size, bias=True)
+        self.llm_decoder = Linear(hidden, config.decoder_size, bias=True)
         self.speech_embedding = nn.Embedding(config.decoder_size, hidden)
 
     @property

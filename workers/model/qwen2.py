@@ -6,15 +6,13 @@ names, so official checkpoints load strictly. Differences on purpose:
 - masking is explicit: every query attends to every earlier position (the meaning upstream's
   incremental decoding relies on; see the reference README's "Incremental decoding" pitfall);
 - the KV cache is a preallocated per-request object passed to `forward`, never module state;
-- batch-1 CPU matmuls can run through oneDNN (`KernelLinear`), which uses both cores where
-  torch's MKL gemv path uses one (measured: ~2x faster decoding, see `bench_llm.py`).
+- batch-1 CPU matmuls can run through oneDNN (`cpu_linear.Linear`), which uses both cores
+  where torch's MKL gemv path uses one (measured: ~2x faster decoding, see `bench_llm.py`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared.errors import InvalidRequestError, ModelLoadError
-
-LINEAR_KERNELS = ("torch", "onednn")
+from workers.model.cpu_linear import Linear
 
 
 @dataclass(frozen=True)
@@ -121,54 +118,6 @@ class KVCache:
             )
 
 
-class KernelLinear(nn.Linear):
-    """`nn.Linear` (same parameters) whose matmul kernel is chosen at build time.
-
-    "torch" is F.linear (portable, traceable). "onednn" calls oneDNN on the plain weights (no
-    copy, no re-layout): for a single row, torch's CPU path is an MKL gemv that runs on one
-    core, oneDNN uses all intra-op threads and reaches memory bandwidth.
-    """
-
-    kernel: str = "torch"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-@functools.cache
-def onednn_available() -> bool:
-    """True if this torch build runs oneDNN's linear here (probed once on a tiny matmul)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        x, w, b = torch.ones(1, 4), torch.eye(4), torch.zeros(4)
-        y = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return bool(torch.equal(y, x))
-
-
-def default_linear_kernel(device: torch.device, dtype: torch.dtype) -> str:
-    """oneDNN for float32 on x86 CPUs (measured there); F.linear everywhere else, including
-    Apple silicon, whose Accelerate BLAS is not the single-core gemv this works around."""
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    if device.type == "cpu" and dtype == torch.float32 and x86 and onednn_available():
-        return "onednn"
-    return "torch"
-
-
-def set_linear_kernel(module: nn.Module, kernel: str) -> None:
-    if kernel not in LINEAR_KERNELS:
-        raise ValueError(f"linear kernel must be one of {LINEAR_KERNELS}, got {kernel!r}")
-    if kernel == "onednn" and not onednn_available():
-        raise ValueError("linear kernel 'onednn' is not available in this torch build")
-    for sub in module.modules():
-        if isinstance(sub, KernelLinear):
-            sub.kernel = kernel
-
-
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in float32, as HF Qwen2 does for every dtype."""
 
@@ -207,10 +156,10 @@ class Qwen2Attention(nn.Module):
     def __init__(self, config: Qwen2Config) -> None:
         super().__init__()
         self.config = config
-        self.q_proj = KernelLinear(config.hidden_size, config.hidden_size, bias=True)
-        self.k_proj = KernelLinear(config.hidden_size, config.kv_dim, bias=True)
-        self.v_proj = KernelLinear(config.hidden_size, config.kv_dim, bias=True)
-        self.o_proj = KernelLinear(config.hidden_size, config.hidden_size, bias=False)
+        self.q_proj = Linear(config.hidden_size, config.hidden_size, bias=True)
+        self.k_proj = Linear(config.hidden_size, config.kv_dim, bias=True)
+        self.v_proj = Linear(config.hidden_size, config.kv_dim, bias=True)
+        self.o_proj = Linear(config.hidden_size, config.hidden_size, bias=False)
 
     def forward(
         self,
@@ -250,9 +199,9 @@ class Qwen2Attention(nn.Module):
 class Qwen2MLP(nn.Module):
     def __init__(self, config: Qwen2Config) -> None:
         super().__init__()
-        self.gate_proj = KernelLinear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = KernelLinear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = KernelLinear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, T, hidden) -> (B, T, hidden)."""

@@ -32,7 +32,7 @@ def test_permanent_error_fails_once_with_a_short_reason(
     assert worker.wait(timeout=60) == 0
     for job, reason in (
         (bad, "text: the test engine refuses this text"),
-        (unknown_voice, "voice: no voice named 'nobody' is registered"),
+        (unknown_voice, "voice: no voice named 'nobody' is registered (cosyq voices list)"),
         (missing_prompt, "file:///nonexistent/p.wav: no such file"),
     ):
         job.refresh()

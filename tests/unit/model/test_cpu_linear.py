@@ -41,7 +41,7 @@ def test_uses_onednn_only_without_autograd() -> None:
     ours(x).sum().backward()  # falls back to F.linear, so gradients work
     assert x.grad is not None
     with torch.inference_mode():
-        expected = cpu_linear.ONEDNN_LINEAR
+        expected = cpu_linear.onednn_available()
         assert cpu_linear._use_onednn(torch.randn(3, 48), ours.weight) == expected
 
 
@@ -54,3 +54,40 @@ def test_traced_graph_holds_a_plain_linear() -> None:
         graph = str(torch.jit.trace(ours, torch.randn(2, 48)).inlined_graph)
     assert "aten::linear" in graph
     assert "mkldnn" not in graph
+
+
+def test_kernel_choice_per_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`set_linear_kernel(..., "torch")` routes every Linear of a model to F.linear."""
+    model = nn.Sequential(Linear(48, 24), nn.ReLU(), Linear(24, 8))
+    calls: list[int] = []
+    real = cpu_linear.linear
+
+    def counting(*args: torch.Tensor | None) -> torch.Tensor:
+        calls.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_linear, "linear", counting)
+    x = torch.randn(3, 48)
+    with torch.inference_mode():
+        model(x)
+        assert len(calls) == 2 and cpu_linear.linear_kernel(model) == "onednn"
+        cpu_linear.set_linear_kernel(model, "torch")
+        model(x)
+    assert len(calls) == 2 and cpu_linear.linear_kernel(model) == "torch"
+    with pytest.raises(ValueError, match="linear kernel must be one of"):
+        cpu_linear.set_linear_kernel(model, "fast")
+
+
+def test_llm_and_flow_share_one_linear() -> None:
+    """The LLM's and the flow's projections are the same class (one oneDNN implementation)."""
+    from workers.model.bench_llm import full_llm_config  # noqa: PLC0415
+    from workers.model.flow import CausalMaskedDiffWithXvec  # noqa: PLC0415
+    from workers.model.flow_config import FlowConfig  # noqa: PLC0415
+    from workers.model.llm import Qwen2LM  # noqa: PLC0415
+
+    with torch.device("meta"):
+        models = (CausalMaskedDiffWithXvec(FlowConfig()), Qwen2LM(full_llm_config()))
+    for model in models:
+        plain = [name for name, m in model.named_modules() if type(m) is nn.Linear]
+        assert not plain, plain[:3]  # a bare nn.Linear would miss the oneDNN path
+        assert any(isinstance(m, Linear) for m in model.modules())

@@ -10,9 +10,9 @@ import torch
 
 from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
+from workers.model.cpu_linear import onednn_available
 from workers.model.llm import LLMConfig, Qwen2LM, build_llm
 from workers.model.parity import ReferenceSet
-from workers.model.qwen2 import onednn_available
 from workers.model.reference_llm import (
     ARRAYS,
     check_llm,

@@ -9,6 +9,7 @@ import torch
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.bench_llm import bench_llm, build_random_llm, format_table
+from workers.model.cpu_linear import default_linear_kernel, set_linear_kernel
 from workers.model.llm import (
     LLMConfig,
     Qwen2LM,
@@ -16,7 +17,7 @@ from workers.model.llm import (
     iter_speech_tokens,
 )
 from workers.model.llm_sampling import SamplingConfig, nucleus_size, ras_sampling
-from workers.model.qwen2 import KVCache, Qwen2Config, default_linear_kernel, set_linear_kernel
+from workers.model.qwen2 import KVCache, Qwen2Config
 from workers.model.yaml_plain import load_plain_yaml
 
 QWEN = {

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import redis
 import soundfile as sf
 import structlog
 
@@ -18,6 +19,7 @@ from shared.jobs import RequestLimits
 from shared.logs import configure_logging
 from shared.settings import load_settings
 from shared.storage import open_storage
+from shared.voices import VoiceRegistry
 from tests.support.engines import ScriptedEngine
 from tests.support.harness import write_model_dir
 from workers.runtime import WorkerRuntime
@@ -28,15 +30,20 @@ SECRET_TEXT = "the launch code is swordfish"
 
 
 @pytest.fixture
-def runtime(tmp_path: Path) -> WorkerRuntime:
+def runtime(tmp_path: Path, redis_url: str) -> Iterator[WorkerRuntime]:
     settings = load_settings(
         env_file=None, storage_url=(tmp_path / "out").as_uri(), model_dir=tmp_path / "model"
     )
     write_model_dir(tmp_path / "model")
     engine = ScriptedEngine()
     storage = open_storage(settings)
-    voices = VoiceBook(engine, storage, model_dir=settings.model_dir, max_prompt_seconds=30)
-    return WorkerRuntime(settings, engine, storage, voices, RequestLimits(), "w1", 4242)
+    connection = redis.Redis.from_url(redis_url)
+    registry = VoiceRegistry(connection)
+    voices = VoiceBook(
+        engine, storage, model_dir=settings.model_dir, registry=registry, max_prompt_seconds=30
+    )
+    yield WorkerRuntime(settings, engine, storage, voices, RequestLimits(), "w1", 4242)
+    connection.close()
 
 
 def context(attempt: int = 1) -> JobContext:

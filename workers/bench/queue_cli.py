@@ -1,21 +1,16 @@
-"""`cosyq-worker bench queue`: queue overhead against bare RQ, and the recycle cost.
-
-Other benchmarks (model speed, quantization) can join the `bench` group as more subcommands.
-"""
+"""`cosyq-worker bench queue`: queue overhead against bare RQ, and the recycle cost."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from shared.settings import load_settings
-from workers import bench_queue
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks that print tables")
-    kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    queue = kinds.add_parser(
+def register_bench(commands: Any) -> None:
+    queue = commands.add_parser(
         "queue",
         help="jobs/s and per-job overhead vs bare RQ, recycle cost",
         description="Run N jobs through `cosyq-worker run` (the configured engine) and N no-op "
@@ -30,9 +25,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_queue_bench(args: argparse.Namespace) -> int:
+    from workers.bench import queue  # noqa: PLC0415 (only when this benchmark runs)
+
     settings = load_settings()
     engine = args.engine or settings.engine
     model_dir = args.model_dir or settings.model_dir
-    ours, bare, recycle = bench_queue.run(engine, model_dir, args.jobs, args.repeats)
-    print(bench_queue.format_table(engine, ours, bare, recycle))
+    ours, bare, recycle = queue.run(engine, model_dir, args.jobs, args.repeats)
+    print(queue.format_table(engine, ours, bare, recycle))
     return 0

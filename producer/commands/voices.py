@@ -1,0 +1,100 @@
+"""`cosyq voices list|add|rm`: registered voices (prompt features computed by a worker)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from shared.errors import InvalidRequestError
+from shared.voices import VoiceSummary
+
+if TYPE_CHECKING:
+    from producer.cli import CliContext
+
+TRANSCRIPT_SHOWN_CHARS = 60
+
+
+def register(subparsers: Any) -> None:
+    voices = subparsers.add_parser("voices", help="list, add and remove voices")
+    commands = voices.add_subparsers(dest="voices_command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("list", help="registered voices")
+    listing.set_defaults(handler=run_list)
+
+    add = commands.add_parser(
+        "add",
+        help="register a voice from a prompt recording (a worker computes its features)",
+        description="Upload a prompt recording (any format soundfile reads, at least 16 kHz, "
+        "at most COSYQ_MAX_PROMPT_SECONDS) and have a worker turn it into a voice that jobs "
+        'name with --voice / "voice". Adding an existing name replaces it.',
+    )
+    add.add_argument("name", help="1-64 letters, digits, '_', '.' or '-'")
+    add.add_argument("audio", type=Path, help="the prompt recording")
+    add.add_argument(
+        "--text", default="", help="what the recording says (needed by mode zero_shot)"
+    )
+    add.add_argument("--no-wait", action="store_true", help="print the job id and return")
+    add.add_argument("--timeout", type=float, help="seconds to wait (COSYQ_WAIT_TIMEOUT_S)")
+    add.set_defaults(handler=run_add)
+
+    remove = commands.add_parser("rm", help="remove a voice")
+    remove.add_argument("name")
+    remove.set_defaults(handler=run_remove)
+
+
+def _shorten(text: str) -> str:
+    if len(text) <= TRANSCRIPT_SHOWN_CHARS:
+        return text or "-"
+    return text[: TRANSCRIPT_SHOWN_CHARS - 3] + "..."
+
+
+def _table(voices: list[VoiceSummary], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("voice", "tokens", "seconds", "source Hz", "model", "checkpoint", "created"):
+        table.add_column(column, overflow="fold")
+    table.add_column("transcript", overflow="fold")
+    for voice in voices:
+        table.add_row(
+            voice.name,
+            str(voice.speech_tokens),
+            f"{voice.source_seconds:.2f}",
+            str(voice.source_sample_rate),
+            voice.model_name,
+            voice.checkpoint_hash,
+            voice.created_at,
+            _shorten(voice.transcript),
+        )
+    return table
+
+
+def run_list(args: argparse.Namespace, context: CliContext) -> int:
+    with context.make_client(context.settings) as client:
+        voices = client.list_voices()
+    context.out.print(_table(voices, f"voices ({len(voices)})"))
+    return 0
+
+
+def run_add(args: argparse.Namespace, context: CliContext) -> int:
+    try:
+        audio = args.audio.read_bytes()
+    except OSError as e:
+        raise InvalidRequestError(f"{args.audio}: cannot read ({e.strerror})") from e
+    with context.make_client(context.settings) as client:
+        job_id = client.add_voice(args.name, audio, args.text, filename=args.audio.name)
+        if args.no_wait:
+            context.out.print(job_id, markup=False)
+            return 0
+        with context.err.status(f"computing voice {args.name} (job {job_id})"):
+            summary = client.wait_for_voice(job_id, timeout=args.timeout)
+    context.out.print(_table([summary], f"added voice {summary.name} (job {job_id})"))
+    return 0
+
+
+def run_remove(args: argparse.Namespace, context: CliContext) -> int:
+    with context.make_client(context.settings) as client:
+        client.remove_voice(args.name)
+    context.out.print(f"removed voice {args.name}", markup=False)
+    return 0

@@ -1,0 +1,279 @@
+"""Voice profiles: a prompt's features computed once by a worker, stored in Redis, named by jobs.
+
+A profile holds what the engine needs from a prompt recording (speech tokens, 24 kHz mel,
+speaker embedding, transcript) plus where it came from (source rate and length, the model's
+checkpoint hash: a profile made with other weights is refused, not silently misused).
+
+Storage: one Redis hash per voice (`cosyq:voice:<name>`) with two JSON fields, "meta" (small:
+what `voices list` reads) and "arrays" (each array as {"dtype", "shape", "data": base64 of its
+little-endian bytes}), plus the set `cosyq:voices` of names. Never pickle. This module needs
+numpy and redis only, so the producer lists and removes voices without torch.
+
+`check_prompt_audio` is the one set of rules for prompt recordings, run by the producer before
+uploading and by the worker before extracting.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import redis
+
+from shared import keys
+from shared.audio import decode_audio
+from shared.errors import (
+    AudioDecodeError,
+    InvalidRequestError,
+    PromptAudioError,
+    PromptSampleRateError,
+    PromptSilentError,
+    PromptTooLongError,
+    PromptUnreadableError,
+    UnknownVoiceError,
+)
+from shared.jobs import VOICE_NAME_RE
+
+PROFILE_FORMAT = 1  # bump when the stored layout changes
+DEFAULT_VOICE = "default"  # the model directory's prompt.wav/prompt.txt: never stored here
+MIN_PROMPT_SAMPLE_RATE = 16000  # the prompt models work at 16 kHz; nothing is upsampled
+MIN_PROMPT_SECONDS = 0.5  # shorter gives at most a dozen speech tokens: too little voice to copy
+PROMPT_SILENCE_DBFS = -60.0  # RMS below this (re full scale) counts as silence
+_ARRAY_DTYPES = {"float32": np.dtype("<f4"), "int32": np.dtype("<i4")}
+
+
+def check_voice_name(name: str) -> str:
+    """A name jobs can use: the request contract's rule, and not the reserved "default"."""
+    if not VOICE_NAME_RE.fullmatch(name):
+        raise InvalidRequestError(
+            f"voice name {name!r}: 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    if name == DEFAULT_VOICE:
+        raise InvalidRequestError(
+            f"voice name {name!r} is reserved for the model directory's built-in prompt"
+        )
+    return name
+
+
+def decode_prompt_audio(data: bytes, where: str = "prompt audio") -> tuple[np.ndarray, int]:
+    """Any file soundfile reads -> (mono float32 samples, rate); PromptUnreadableError if not."""
+    try:
+        return decode_audio(data)
+    except AudioDecodeError as e:
+        raise PromptUnreadableError(f"{where}: {e}") from e
+
+
+def check_prompt_audio(samples: np.ndarray, sample_rate: int, max_seconds: float) -> None:
+    """Raise the PromptAudioError subclass naming what is wrong with a mono recording."""
+    if sample_rate < MIN_PROMPT_SAMPLE_RATE:
+        raise PromptSampleRateError(
+            f"prompt audio: {sample_rate} Hz, need at least {MIN_PROMPT_SAMPLE_RATE} Hz "
+            "(record or export at 16 kHz or more; upsampling adds no voice detail)"
+        )
+    seconds = samples.shape[-1] / sample_rate
+    if seconds > max_seconds:
+        raise PromptTooLongError(
+            f"prompt audio: {seconds:.1f} s, limit {max_seconds:g} s (COSYQ_MAX_PROMPT_SECONDS)"
+        )
+    if seconds < MIN_PROMPT_SECONDS:
+        raise PromptAudioError(
+            f"prompt audio: {seconds:.2f} s, need at least {MIN_PROMPT_SECONDS} s"
+        )
+    if not np.isfinite(samples).all():
+        raise PromptAudioError("prompt audio: contains NaN or infinite samples")
+    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+    level = 20 * math.log10(rms) if rms > 0 else -math.inf
+    if level < PROMPT_SILENCE_DBFS:
+        shown = "digital silence" if rms == 0 else f"RMS {level:.0f} dBFS"
+        raise PromptSilentError(
+            f"prompt audio: silent ({shown}; speech needs more than {PROMPT_SILENCE_DBFS:g} dBFS)"
+        )
+
+
+def encode_array(array: np.ndarray) -> dict[str, Any]:
+    """float32/int32 array -> {"dtype", "shape", "data": base64 little-endian bytes}."""
+    name = str(array.dtype)
+    if name not in _ARRAY_DTYPES:
+        raise ValueError(f"only float32 and int32 arrays are stored, got {name}")
+    data = np.ascontiguousarray(array, dtype=_ARRAY_DTYPES[name]).tobytes()
+    return {"dtype": name, "shape": list(array.shape), "data": base64.b64encode(data).decode()}
+
+
+def decode_array(doc: Mapping[str, Any], where: str) -> np.ndarray:
+    """The inverse of `encode_array`; a malformed entry raises ValueError naming `where`."""
+    try:
+        dtype = _ARRAY_DTYPES[doc["dtype"]]
+        shape = tuple(int(n) for n in doc["shape"])
+        data = base64.b64decode(doc["data"], validate=True)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: malformed array entry ({e})") from e
+    if any(n < 0 for n in shape) or math.prod(shape) * dtype.itemsize != len(data):
+        raise ValueError(f"{where}: {len(data)} bytes do not hold {doc['dtype']}{list(shape)}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+@dataclass(frozen=True)
+class VoiceSummary:
+    """What `cosyq voices list` shows: a profile without its arrays."""
+
+    name: str
+    transcript: str
+    speech_tokens: int
+    source_sample_rate: int
+    source_seconds: float
+    model_name: str
+    checkpoint_hash: str
+    created_at: str
+    source_uri: str | None = None
+    format: int = PROFILE_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {field: getattr(self, field) for field in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> VoiceSummary:
+        try:
+            return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+        except TypeError as e:
+            raise ValueError(f"voice summary: {e}") from e
+
+
+@dataclass(frozen=True)
+class VoiceProfile:
+    """A stored voice: the engine's prompt arrays plus their summary.
+
+    speech_tokens (n,) int32; mel (2n, 80) float32, time-major; embedding (192,) float32.
+    """
+
+    summary: VoiceSummary
+    speech_tokens: np.ndarray
+    mel: np.ndarray
+    embedding: np.ndarray
+
+    @property
+    def name(self) -> str:
+        return self.summary.name
+
+    def arrays_json(self) -> str:
+        return json.dumps(
+            {
+                "speech_tokens": encode_array(self.speech_tokens),
+                "mel": encode_array(self.mel),
+                "embedding": encode_array(self.embedding),
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_fields(cls, meta: str | bytes, arrays: str | bytes) -> VoiceProfile:
+        """Parse the two stored JSON fields; ValueError (with the field) when malformed."""
+        try:
+            summary = VoiceSummary.from_dict(json.loads(meta))
+            docs = json.loads(arrays)
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+            raise ValueError(f"voice profile: unreadable JSON ({e})") from e
+        if summary.format != PROFILE_FORMAT:
+            raise ValueError(f"voice profile: format {summary.format}, expected {PROFILE_FORMAT}")
+        if not isinstance(docs, dict):
+            raise ValueError("voice profile: arrays must be a JSON object")
+        values = {name: decode_array(docs.get(name, {}), name) for name in _ARRAY_NAMES}
+        profile = cls(summary=summary, **values)
+        profile.check_shapes()
+        return profile
+
+    def check_shapes(self) -> None:
+        n = self.speech_tokens.shape
+        if len(n) != 1 or self.mel.ndim != 2 or self.mel.shape[0] != 2 * n[0]:
+            raise ValueError(
+                f"voice {self.name!r}: tokens {n} and mel {self.mel.shape} are not 1:2"
+            )
+        if self.embedding.ndim != 1 or self.speech_tokens.dtype != np.int32:
+            raise ValueError(f"voice {self.name!r}: embedding must be 1-D, tokens int32")
+
+
+_ARRAY_NAMES = ("speech_tokens", "mel", "embedding")
+
+
+def _unreadable(name: str) -> VoiceSummary:
+    return VoiceSummary(
+        name=name,
+        transcript="",
+        speech_tokens=0,
+        source_sample_rate=0,
+        source_seconds=0.0,
+        model_name="(unreadable)",
+        checkpoint_hash="-",
+        created_at="-",
+    )
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class VoiceRegistry:
+    """Voice profiles in Redis: save (replacing), load, list, remove."""
+
+    def __init__(self, connection: redis.Redis) -> None:
+        self.connection = connection
+
+    def save(self, profile: VoiceProfile) -> None:
+        check_voice_name(profile.name)
+        profile.check_shapes()
+        pipe = self.connection.pipeline()  # MULTI: the hash and the set change together
+        pipe.hset(
+            keys.voice_key(profile.name),
+            mapping={
+                "meta": json.dumps(profile.summary.to_dict(), ensure_ascii=False),
+                "arrays": profile.arrays_json(),
+            },
+        )
+        pipe.sadd(keys.VOICES_SET, profile.name)
+        pipe.execute()
+
+    def load(self, name: str) -> VoiceProfile:
+        """The profile; UnknownVoiceError when none is registered under `name`."""
+        meta, arrays = self.connection.hmget(keys.voice_key(name), ["meta", "arrays"])
+        if meta is None or arrays is None:
+            raise UnknownVoiceError(
+                f"voice: no voice named {name!r} is registered (cosyq voices list)"
+            )
+        try:
+            return VoiceProfile.from_fields(meta, arrays)
+        except ValueError as e:
+            raise InvalidRequestError(f"voice {name!r}: stored profile is unusable: {e}") from e
+
+    def names(self) -> list[str]:
+        members = self.connection.smembers(keys.VOICES_SET)
+        return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in members)
+
+    def summaries(self) -> list[VoiceSummary]:
+        """Every registered voice's summary (one round trip). A name whose profile is gone or
+        unreadable is listed as such (model "(unreadable)"), so it can be seen and removed."""
+        names = self.names()
+        pipe = self.connection.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(keys.voice_key(name), "meta")
+        found = []
+        for name, meta in zip(names, pipe.execute(), strict=True):
+            try:
+                found.append(VoiceSummary.from_dict(json.loads(meta)))
+            except (ValueError, TypeError):
+                found.append(_unreadable(name))
+        return found
+
+    def remove(self, name: str) -> None:
+        """Delete a voice; UnknownVoiceError when there was none."""
+        pipe = self.connection.pipeline()
+        pipe.delete(keys.voice_key(name))
+        pipe.srem(keys.VOICES_SET, name)
+        deleted, unlisted = pipe.execute()
+        if not deleted and not unlisted:
+            raise UnknownVoiceError(f"voice: no voice named {name!r} is registered")
