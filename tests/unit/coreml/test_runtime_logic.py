@@ -9,20 +9,39 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from tests.doubles.coreml_predictors import TorchPredictor
+from shared.settings import Settings
+from tests.doubles.coreml_predictors import TorchPredictor, TorchStatefulPredictor
 from tests.unit.coreml.micro import Converted
+from workers.coreml.backend import BackendChoice
 from workers.coreml.build import load_flow_and_hift
+from workers.coreml.engine import coreml_engine
 from workers.coreml.graphs import flow_graphs, hift_graphs
+from workers.coreml.llm_graph import StatefulLLMGraph
+from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.loader import CoreMLStages
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
-from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE, stage_specs
+from workers.coreml.stages import (
+    FLOW_CFM,
+    FLOW_ENCODER,
+    HIFT_DECODE,
+    HIFT_SOURCE,
+    LLM_DECODE,
+    LLM_PREFILL,
+    llm_specs,
+    stage_specs,
+)
+from workers.engine_api import SynthesisInput, VoicePrompt
+from workers.model.checkpoint import read_state_dict
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.hift import HiFTGenerator
 from workers.model.hift_source import draw_source_noise
+from workers.model.loader import load_model
+from workers.pipeline import build_engine
 
 Modules = tuple[CausalMaskedDiffWithXvec, HiFTGenerator]
 
@@ -144,3 +163,38 @@ def test_warm_up_runs_every_package_and_every_bucket(
     assert [call["frames"][-1] for call in cfm.calls] == [128, 128, 256, 512]
     assert len(source.calls) == 1
     assert stages.device == "ane/gpu/cpu"
+
+
+def test_the_engine_on_core_ml_stages_synthesizes_like_the_torch_engine(
+    micro_model_dir: Path, converted: Converted, modules: Modules
+) -> None:
+    """The real pipeline with the Core ML stand-ins (run by PyTorch here), LLM included."""
+    flow, hift = modules
+    llm = load_model(micro_model_dir).llm
+    specs = llm_specs(llm.config.backbone.hidden_size, llm.config.decoder_size)
+    graph = StatefulLLMGraph(llm, 512)
+    coreml_llm = CoreMLQwen2LM(
+        llm.config,
+        embeddings_only(llm.config, read_state_dict(micro_model_dir / "llm.pt")),
+        TorchStatefulPredictor(graph, specs[LLM_PREFILL]),
+        TorchStatefulPredictor(graph, specs[LLM_DECODE]),
+        capacity=512,
+    )
+    stages = CoreMLStages(
+        coreml_flow(flow), coreml_hift(hift), converted.manifest, "CPU_ONLY", coreml_llm
+    )
+    settings = Settings(_env_file=None, model_dir=micro_model_dir, backend="coreml")
+    choice = BackendChoice("coreml", "cpu", "test", "cpu", "CPU_ONLY", converted.out_dir)
+    engine = coreml_engine(settings, micro_model_dir, choice, stages)
+    assert (engine.identity.backend, engine.identity.device) == ("coreml", "cpu")
+    reference = build_engine(micro_model_dir, device="cpu")
+    prompt = VoicePrompt(
+        speech_tokens=np.arange(10, dtype=np.int32),
+        mel=np.full((20, 80), -5.0, dtype=np.float32),
+        embedding=np.ones(192, dtype=np.float32),
+        transcript="a prompt",
+    )
+    request = SynthesisInput(text="Hello there, world.", prompt=prompt, seed=3)
+    ours, theirs = engine.synthesize(request), reference.synthesize(request)
+    assert ours.speech_tokens == theirs.speech_tokens > 0
+    np.testing.assert_allclose(ours.samples, theirs.samples, atol=1e-4)
