@@ -1,8 +1,8 @@
 """`cosyq-worker convert MODEL_DIR OUT_DIR`: the Core ML conversion command.
 
 Registering is cheap (no torch or coremltools import); the work is imported when it runs.
-`bench quantization` lives in `quantization_bench` (`add_quantization_arguments`,
-`run_quantization_bench`) and is registered by the shared `bench` command group.
+`bench quantization` lives in `quantization_bench` (`register_bench`, `add_quantization_arguments`,
+`run_quantization_bench`): add it to `workers.bench.cli.SUBCOMMANDS`.
 """
 
 from __future__ import annotations
