@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.model.cli",
     "workers.deploy_cli",
     "workers.bench.cli",
+    "workers.coreml.cli",
 )
 
 

@@ -1,0 +1,46 @@
+"""Fixtures: one torch thread, a micro model directory and its conversion (once per session).
+
+Conversion is the slow part of these tests, so one session-scoped fixture converts the micro
+model once (fp16, flexible lengths) through the `cosyq-worker convert` command and every test
+reads that folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.coreml.micro import Converted, write_micro_model_dir
+from workers.cli import main as worker_cli
+from workers.coreml.manifest import read_manifest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for these tests (restored after them): on the shared 2-core machine
+    two threads stalled each other's parallel regions (8 s instead of 0.03 s per micro flow)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_micro_model_dir(tmp_path_factory.mktemp("micro-model"))
+
+
+@pytest.fixture(scope="session")
+def converted(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Converted:
+    """The micro model converted once: fp16, no weight compression, flexible lengths."""
+    out_dir = tmp_path_factory.mktemp("micro-coreml")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = worker_cli(["convert", str(micro_model_dir), str(out_dir)])
+    assert status == 0, printed.getvalue()
+    return Converted(micro_model_dir, out_dir, read_manifest(out_dir), printed.getvalue())

@@ -1,0 +1,48 @@
+"""The micro model: CosyVoice 2's architecture with very small widths, random weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.coreml.manifest import Manifest
+from workers.model.flow_config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
+from workers.model.tiny import write_tiny_model
+from workers.model.tiny_config import TinySpec
+
+MICRO = TinySpec(
+    flow_width=64,
+    encoder_heads=2,
+    encoder_linear_units=64,
+    encoder_blocks=1,
+    estimator_channels=32,
+    estimator_head_dim=16,
+    estimator_heads=2,
+    estimator_blocks=1,
+    estimator_mid_blocks=0,
+    hift_base_channels=16,
+    hift_cond_channels=16,
+)
+# The same flow with ONE Euler step: for tests that convert the CFM again (seconds, not tens).
+MICRO_FLOW = FlowConfig(
+    encoder=FlowEncoderConfig(width=64, attention_heads=2, linear_units=64, num_blocks=1),
+    estimator=EstimatorConfig(
+        channels=32, attention_head_dim=16, num_heads=2, n_blocks=1, num_mid_blocks=0
+    ),
+    cfm=CfmConfig(n_timesteps=1),
+)
+
+
+def write_micro_model_dir(root: Path, seed: int = 0) -> Path:
+    """A complete model directory (`init-tiny`'s writer) with the micro sizes."""
+    return write_tiny_model(root, seed=seed, spec=MICRO).root
+
+
+@dataclass(frozen=True)
+class Converted:
+    """The session's conversion of the micro model and what `cosyq-worker convert` printed."""
+
+    model_dir: Path
+    out_dir: Path
+    manifest: Manifest
+    cli_output: str

@@ -1,0 +1,85 @@
+"""The converted programs themselves, run on Linux by the MIL interpreter in tests/doubles.
+
+The other tests check specs, the runtime's logic and the traced graphs; these run what
+coremltools actually wrote (fp16 values rounded after every op, as fp16 storage does) through
+the runtime and compare with PyTorch. They caught two silent converter problems: `x % 1`
+turned into `x - x`, and token ids and position angles computed in fp16.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.doubles.mil_interpreter import MILPredictor
+from tests.unit.coreml.micro import Converted
+from workers.coreml.build import load_flow_and_hift
+from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.quality import bench_request, snr_db, synthesize
+from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
+from workers.model.flow import CausalMaskedDiffWithXvec
+from workers.model.hift import HiFTGenerator
+
+Modules = tuple[CausalMaskedDiffWithXvec, HiFTGenerator]
+FP16_MEL_L1 = 0.02  # mean |Δ log-mel|, fp16 flow vs float32: 7e-4 measured, 0.23 with ids and
+# position angles in fp16 (coremltools' plain FLOAT16)
+FP16_HIFT_SNR_DB = 35.0  # fp16 vocoder against float32 on the same mel (measured ~55 dB)
+
+
+@pytest.fixture(scope="module")
+def modules(micro_model_dir: Path) -> Modules:
+    return load_flow_and_hift(micro_model_dir)
+
+
+def package(converted: Converted, stage: str) -> MILPredictor:
+    return MILPredictor(converted.out_dir / f"{stage}.mlpackage")
+
+
+@torch.inference_mode()
+def test_the_converted_flow_computes_what_pytorch_computes(
+    converted: Converted, modules: Modules
+) -> None:
+    flow, hift = modules
+    # 150 tokens = 300 mel frames: long enough that fp16 position angles would show
+    request = bench_request(flow, hift, tokens=110, prompt_tokens=40, seed=1)
+    mel_ref, _ = synthesize(flow, hift, request)
+    stage = CoreMLFlow(
+        flow.config, package(converted, "flow_encoder"), package(converted, "flow_cfm")
+    )
+    mel, _ = stage.inference(
+        request.token, request.prompt_token, request.prompt_feat, request.embedding
+    )
+    assert mel.shape == mel_ref.shape
+    assert float((mel - mel_ref).abs().mean()) < FP16_MEL_L1
+
+
+@torch.inference_mode()
+def test_the_converted_vocoder_computes_what_pytorch_computes(
+    converted: Converted, modules: Modules
+) -> None:
+    flow, hift = modules
+    request = bench_request(flow, hift, tokens=30, prompt_tokens=10, seed=2)
+    mel_ref, wav_ref = synthesize(flow, hift, request)
+    stage = CoreMLHiFT(
+        hift.config, package(converted, "hift_source"), package(converted, "hift_decode")
+    )
+    out = stage.inference(mel_ref, noise=request.source_noise)
+    expected = hift.inference(mel_ref, noise=request.source_noise)
+    torch.testing.assert_close(out.f0, expected.f0, rtol=1e-4, atol=1e-3)  # float32 package
+    assert snr_db(wav_ref, out.wav) > FP16_HIFT_SNR_DB
+
+
+def test_integer_derived_values_stay_float32_in_fp16_packages(converted: Converted) -> None:
+    ct = load_coremltools()
+    path = converted.out_dir / "flow_encoder.mlpackage"
+    spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
+    (block,) = spec.mlProgram.functions["main"].block_specializations.values()
+    dtypes: dict[str, set[int]] = {}
+    for node in block.operations:
+        dtypes.setdefault(node.type, set()).add(node.outputs[0].type.tensorType.dataType)
+    fp32, fp16 = ct.proto.MIL_pb2.FLOAT32, ct.proto.MIL_pb2.FLOAT16
+    assert dtypes["clip"] == {fp32}  # token ids
+    assert dtypes["sin"] == dtypes["cos"] == {fp32}  # relative-position angles
+    assert dtypes["linear"] == {fp16}  # the rest computes in fp16

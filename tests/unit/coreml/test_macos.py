@@ -1,0 +1,129 @@
+"""Core ML prediction, the compiled-model cache and compute units: macOS only.
+
+Linux has no Core ML runtime (coremltools: "Model prediction is only supported on macOS"), so
+every test here is skipped elsewhere with that reason shown (`pytest -ra`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests.unit.coreml.micro import MICRO_FLOW, Converted
+from workers.coreml.build import convert_model_dir, load_flow_and_hift
+from workers.coreml.convert import convert_cfm
+from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.graphs import pack_cfm_frames
+from workers.coreml.loader import load_coreml_stages
+from workers.coreml.options import ConvertOptions
+from workers.coreml.quality import bench_request, snr_db, synthesize
+from workers.model.bench_flow import random_flow
+from workers.model.loader import load_model
+from workers.model.qwen2 import KVCache
+
+pytestmark = [
+    pytest.mark.macos,
+    pytest.mark.skipif(
+        sys.platform != "darwin",
+        reason="needs macOS: Core ML prediction, compiled models and compute units do not "
+        "exist on Linux (conversion is tested by the other modules)",
+    ),
+]
+FP16_MIN_SNR_DB = 20.0  # fp16 arithmetic on random weights; the Linux bench shows the spread
+
+
+def load(converted: Converted, cache: Path, units: str | None = None) -> Any:
+    return load_coreml_stages(
+        converted.model_dir, coreml_dir=converted.out_dir, cache_dir=cache, compute_units=units
+    )
+
+
+@torch.inference_mode()
+def test_packages_predict_what_pytorch_computes(converted: Converted, tmp_path: Path) -> None:
+    stages = load(converted, tmp_path / "cache")
+    flow, hift = load_flow_and_hift(converted.model_dir)
+    request = bench_request(flow, hift, tokens=30, prompt_tokens=12, seed=0)
+    mel_ref, wav_ref = synthesize(flow, hift, request)
+    mel, _ = stages.flow.inference(
+        request.token, request.prompt_token, request.prompt_feat, request.embedding
+    )
+    wav = stages.hift.inference(mel, noise=request.source_noise).wav
+    assert torch.isfinite(mel).all() and torch.isfinite(wav).all()
+    assert float((mel - mel_ref).abs().mean()) < 0.05
+    assert snr_db(wav_ref, wav) > FP16_MIN_SNR_DB
+
+
+def test_the_compiled_model_is_reused_by_later_loads(
+    converted: Converted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    load(converted, cache)
+    compiled = sorted(p.name for p in (cache / "compiled").iterdir())
+    assert len(compiled) == 4
+    ct = load_coremltools()
+
+    def no_compiling(*_args: object) -> None:
+        raise AssertionError("compiled again although the cache holds this package")
+
+    monkeypatch.setattr(ct.models.utils, "compile_model", no_compiling)
+    load(converted, cache).warm_up()
+    assert sorted(p.name for p in (cache / "compiled").iterdir()) == compiled
+
+
+@pytest.mark.parametrize("units", ["ALL", "CPU_AND_NE", "CPU_AND_GPU", "CPU_ONLY"])
+def test_every_compute_unit_setting_loads_and_runs(
+    converted: Converted, tmp_path: Path, units: str
+) -> None:
+    stages = load(converted, tmp_path / "cache", units)
+    assert stages.compute_units == units
+    stages.warm_up()
+
+
+def test_enumerated_buckets_predict_like_the_flexible_graph() -> None:
+    flow = random_flow(MICRO_FLOW)
+    model = convert_cfm(flow, ConvertOptions(flow_buckets=(16, 32))).model
+    g = torch.Generator().manual_seed(0)
+    mu, cond, noise = (torch.randn(1, 80, 20, generator=g) for _ in range(3))
+    spks = torch.randn(1, 80, generator=g)
+    with torch.no_grad():
+        expected = flow.decoder(noise, mu, torch.ones(1, 1, 20), spks, cond)
+    frames = pack_cfm_frames(noise, mu, cond, torch.ones(1, 1, 20))
+    padded = torch.nn.functional.pad(frames, (0, 12)).numpy()
+    mel = model.predict({"frames": padded, "spks": spks.numpy()})["mel"][:, :, :20]
+    assert np.abs(mel - expected.numpy()).mean() < 0.05
+
+
+@pytest.fixture(scope="module")
+def converted_macos15(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The micro model converted for macOS 15: flow, HiFT and the stateful LLM."""
+    out_dir = tmp_path_factory.mktemp("micro-coreml-macos15")
+    convert_model_dir(micro_model_dir, out_dir, ConvertOptions(target="macOS15", llm_capacity=64))
+    return out_dir
+
+
+@torch.inference_mode()
+def test_the_stateful_llm_decodes_what_pytorch_decodes(
+    micro_model_dir: Path, converted_macos15: Path, tmp_path: Path
+) -> None:
+    stages = load_coreml_stages(
+        micro_model_dir, coreml_dir=converted_macos15, cache_dir=tmp_path / "cache"
+    )
+    assert stages.llm is not None
+    stages.warm_up()
+    reference = load_model(micro_model_dir).llm
+    hidden = reference.config.backbone.hidden_size
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(1, 6, hidden, generator=g)] + [
+        torch.randn(1, 1, hidden, generator=g) for _ in range(3)
+    ]
+    ours, theirs = KVCache(reference.config.backbone, 16), KVCache(reference.config.backbone, 16)
+    for step in steps:
+        expected = reference.step_logp(step, theirs)
+        got = stages.llm.step_logp(step, ours)
+        assert torch.isfinite(got).all()
+        assert float((got.exp() - expected.exp()).abs().max()) < 0.02  # fp16 probabilities

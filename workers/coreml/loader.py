@@ -1,0 +1,172 @@
+"""Load a conversion on macOS: manifest checks, compiled-model cache, compute units, warm-up.
+
+`load_coreml_stages` refuses a stale conversion (checkpoint hashes differ from the manifest's),
+a modified package (content hash), and a conversion missing a stage; then it compiles each
+package once per hash (`cache`) and opens the compiled model with the chosen compute units.
+The LLM is loaded when the conversion has one (macOS 15 target), else it stays on PyTorch.
+coremltools is imported only here and only when this runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shared.errors import ModelLoadError
+from workers.coreml.backend import COMPUTE_UNITS_DEVICE, MACOS_ONLY
+from workers.coreml.cache import compiled_model_path
+from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
+from workers.coreml.manifest import Manifest, check_packages, check_sources, read_manifest
+from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
+from workers.coreml.stages import (
+    ALL_STAGES,
+    FLOW_CFM,
+    FLOW_ENCODER,
+    HIFT_DECODE,
+    HIFT_SOURCE,
+    LLM,
+    LLM_CHECKPOINT,
+    LLM_DECODE,
+    LLM_PREFILL,
+)
+from workers.model.checkpoint import read_state_dict
+from workers.model.directory import ModelDirectory
+from workers.model.flow_config import FlowConfig
+from workers.model.hift_config import HiFTConfig
+from workers.model.llm import LLMConfig
+from workers.model.qwen2 import KVCache
+
+WARM_UP_TOKENS = 50  # prompt + target tokens of the warm-up synthesis (100 mel frames, 2 s)
+WARM_UP_LLM_POSITIONS = 8  # prefill length of the LLM warm-up (then two decode steps)
+# The Neural Engine has been reported to fail compiling KV-cache states (COREML.md), so the LLM
+# asks for the GPU where the flow and HiFT may use the Neural Engine.
+LLM_COMPUTE_UNITS = {
+    "ALL": "CPU_AND_GPU",
+    "CPU_AND_NE": "CPU_AND_GPU",
+    "CPU_AND_GPU": "CPU_AND_GPU",
+    "CPU_ONLY": "CPU_ONLY",
+}
+
+
+def require_macos() -> None:
+    if sys.platform != "darwin":
+        raise ModelLoadError(MACOS_ONLY)
+
+
+@dataclass
+class CoreMLStages:
+    """The loaded stages of one conversion: flow, HiFT, and the LLM when it was converted."""
+
+    flow: CoreMLFlow
+    hift: CoreMLHiFT
+    manifest: Manifest
+    compute_units: str
+    llm: CoreMLQwen2LM | None = None  # None: the conversion has no LLM; it stays on PyTorch
+
+    @property
+    def device(self) -> str:
+        return COMPUTE_UNITS_DEVICE[self.compute_units]
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """A short synthesis through the flow and HiFT packages, every CFM shape bucket, and a
+        prefill plus two decode steps of the LLM."""
+        mel_bins, ratio = self.flow.config.mel_bins, self.flow.config.token_mel_ratio
+        tokens = WARM_UP_TOKENS
+        if self.flow.buckets:  # stay within the largest bucket
+            tokens = min(tokens, self.flow.buckets[-1] // ratio)
+        prompt = tokens // 2
+        mel, _ = self.flow.inference(
+            torch.zeros(1, tokens - prompt, dtype=torch.int32),
+            torch.zeros(1, prompt, dtype=torch.int32),
+            torch.zeros(1, ratio * prompt, mel_bins),
+            torch.ones(1, self.flow.config.spk_embed_dim),
+        )
+        self.hift.inference(mel, generator=torch.Generator().manual_seed(0))
+        for frames in self.flow.buckets:
+            zeros = torch.zeros(1, mel_bins, frames)
+            self.flow.solve(zeros, zeros, torch.ones(1, 1, frames), zeros[:, :, 0], zeros)
+        if self.llm is not None:
+            backbone = self.llm.config.backbone
+            cache = KVCache(backbone, WARM_UP_LLM_POSITIONS + 2)
+            self.llm.step_logp(torch.zeros(1, WARM_UP_LLM_POSITIONS, backbone.hidden_size), cache)
+            for _ in range(2):
+                self.llm.step_logp(torch.zeros(1, 1, backbone.hidden_size), cache)
+
+
+def load_coreml_stages(
+    model_dir: Path,
+    *,
+    coreml_dir: Path,
+    cache_dir: Path,
+    compute_units: str | None = None,
+) -> CoreMLStages:
+    """Check and open `coreml_dir`'s packages for `model_dir` (macOS only).
+
+    `compute_units` None means the default recorded at conversion (`--compute-units`).
+    """
+    require_macos()
+    manifest = read_manifest(coreml_dir)
+    hashes = cache_dir / "hashes"
+    check_sources(manifest, model_dir, hashes)
+    missing = [stage for stage in ALL_STAGES if stage not in manifest.packages]
+    if missing:
+        raise ModelLoadError(f"{coreml_dir}: conversion lacks {', '.join(missing)}; convert again")
+    check_packages(manifest, coreml_dir, hashes)
+    units = compute_units or manifest.compute_units
+    if units not in COMPUTE_UNITS_DEVICE:
+        raise ModelLoadError(f"compute units {units!r}: choose one of {list(COMPUTE_UNITS_DEVICE)}")
+    models = {stage: _open(manifest, coreml_dir, cache_dir, stage, units) for stage in ALL_STAGES}
+    yaml = ModelDirectory(model_dir).yaml
+    flow = CoreMLFlow(
+        FlowConfig.from_model_yaml(yaml),
+        models[FLOW_ENCODER],
+        models[FLOW_CFM],
+        buckets=manifest.packages[FLOW_CFM].buckets,
+    )
+    hift = CoreMLHiFT(HiFTConfig.from_model_yaml(yaml), models[HIFT_SOURCE], models[HIFT_DECODE])
+    llm = None
+    if LLM in manifest.packages:
+        llm = _open_llm(manifest, model_dir, coreml_dir, cache_dir, LLM_COMPUTE_UNITS[units])
+    return CoreMLStages(flow, hift, manifest, units, llm)
+
+
+def _open_llm(
+    manifest: Manifest, model_dir: Path, folder: Path, cache_dir: Path, units: str
+) -> CoreMLQwen2LM:
+    directory = ModelDirectory(model_dir)
+    config = LLMConfig.from_model_yaml(directory.yaml, directory.qwen_config)
+    embeddings = embeddings_only(config, read_state_dict(directory.path(LLM_CHECKPOINT)))
+    prefill = _open(manifest, folder, cache_dir, LLM, units, function=LLM_PREFILL)
+    decode = _open(manifest, folder, cache_dir, LLM, units, function=LLM_DECODE)
+    capacity = manifest.packages[LLM].dims["E"].upper
+    return CoreMLQwen2LM(config, embeddings, prefill, decode, capacity=capacity)
+
+
+def _open(
+    manifest: Manifest,
+    folder: Path,
+    cache_dir: Path,
+    stage: str,
+    units: str,
+    *,
+    function: str | None = None,
+) -> Any:
+    ct = load_coremltools()
+    entry = manifest.packages[stage]
+
+    def compile_package(package: Path, destination: Path) -> object:
+        return ct.models.utils.compile_model(str(package), str(destination))
+
+    compiled = compiled_model_path(folder / entry.path, entry.sha256, cache_dir, compile_package)
+    try:
+        return ct.models.CompiledMLModel(
+            str(compiled), compute_units=ct.ComputeUnit[units], function_name=function
+        )
+    except Exception as e:  # Core ML reports load failures with its own exception types
+        raise ModelLoadError(f"{compiled}: Core ML could not load it ({e})") from e

@@ -1,0 +1,155 @@
+"""`manifest.json`: what a conversion produced, from which checkpoints, with which tools.
+
+Written by `cosyq-worker convert` next to the packages and read by the runtime and by backend
+selection (no coremltools needed to read it). It records the source checkpoints' SHA-256 (a
+worker refuses a conversion made from other weights), tool versions, precision, compression,
+flexible dimensions or shape buckets, every input/output name, dtype and shape, and each
+package's content hash (the compiled-model cache key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ModelLoadError
+from workers.coreml.stages import TensorSpec
+from workers.model.directory import ModelDirectory, file_sha256
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DimRange:
+    """A flexible axis: any length from `lower` to `upper` (inclusive)."""
+
+    lower: int
+    upper: int
+
+
+@dataclass(frozen=True)
+class PackageEntry:
+    """One `.mlpackage`: where it is, its hash, and how to call it."""
+
+    stage: str
+    path: str  # relative to the manifest's folder
+    sha256: str
+    size_bytes: int
+    weights_bytes: int
+    precision: str  # "fp16" | "fp32" (compute precision inside the package)
+    compression: str  # "none" | "int8" | "int8-block" | "palette6" | "palette4"
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    dims: dict[str, DimRange] = field(default_factory=dict)  # flexible axes by symbol
+    buckets: tuple[int, ...] = ()  # enumerated lengths of axis T (empty: flexible)
+    functions: dict[str, tuple[TensorSpec, ...]] = field(default_factory=dict)  # inputs per
+    # function of a multifunction package (the LLM's prefill and decode); empty: one "main"
+    states: tuple[TensorSpec, ...] = ()  # Core ML states (the LLM's KV cache)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The whole conversion; `packages` is keyed by stage name (see `stages`)."""
+
+    model_name: str
+    source_checkpoints: dict[str, str]  # "flow.pt" -> sha256
+    tools: dict[str, str]  # coremltools, torch, numpy, python versions
+    precision: str
+    weights: str
+    target: str  # "macOS14" | "macOS15"
+    compute_units: str  # default for the runtime (COSYQ_COMPUTE_UNITS overrides)
+    packages: dict[str, PackageEntry]
+    created_utc: str = ""
+    format: int = MANIFEST_FORMAT
+
+    def write(self, folder: Path) -> Path:
+        """Write `manifest.json` atomically into `folder`."""
+        path = folder / MANIFEST_FILE
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=False) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """Read and validate `folder/manifest.json`; ModelLoadError names the file and the field."""
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no Core ML conversion here (run cosyq-worker convert)")
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != MANIFEST_FORMAT:
+            raise ModelLoadError(
+                f"{path}: manifest format {doc.get('format')!r}, this cosyq reads "
+                f"{MANIFEST_FORMAT}; convert again"
+            )
+        packages = {name: _package(entry) for name, entry in doc.pop("packages").items()}
+        return Manifest(packages=packages, **doc)
+    except ModelLoadError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ModelLoadError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+
+
+def _tensor(entry: dict[str, Any]) -> TensorSpec:
+    return TensorSpec(entry["name"], entry["dtype"], tuple(entry["shape"]))
+
+
+def _package(entry: dict[str, Any]) -> PackageEntry:
+    return PackageEntry(
+        **{
+            **entry,
+            "inputs": tuple(_tensor(t) for t in entry["inputs"]),
+            "outputs": tuple(_tensor(t) for t in entry["outputs"]),
+            "dims": {k: DimRange(**v) for k, v in entry.get("dims", {}).items()},
+            "buckets": tuple(entry.get("buckets", ())),
+            "functions": {
+                name: tuple(_tensor(t) for t in inputs)
+                for name, inputs in entry.get("functions", {}).items()
+            },
+            "states": tuple(_tensor(t) for t in entry.get("states", ())),
+        }
+    )
+
+
+def package_sha256(path: Path, cache_dir: Path | None = None) -> str:
+    """Content hash of an .mlpackage folder: every file's relative path and SHA-256, sorted."""
+    if not path.is_dir():
+        raise ModelLoadError(f"{path}: Core ML package missing")
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
+        digest.update(file_sha256(file, cache_dir).encode())
+    return digest.hexdigest()
+
+
+def check_sources(manifest: Manifest, model_dir: Path, hash_cache: Path | None = None) -> None:
+    """Refuse a stale conversion: every recorded checkpoint must hash as it did at conversion."""
+    directory = ModelDirectory(model_dir)
+    for name, recorded in sorted(manifest.source_checkpoints.items()):
+        path = directory.path(name)
+        if not path.is_file():
+            raise ModelLoadError(f"Core ML conversion needs {path}, which is missing")
+        current = file_sha256(path, hash_cache)
+        if current != recorded:
+            raise ModelLoadError(
+                f"stale Core ML conversion: {name} has changed since it was converted "
+                f"(sha256 {current[:12]}, converted from {recorded[:12]}); run "
+                f"`cosyq-worker convert {model_dir} <out>` again or use COSYQ_BACKEND=torch"
+            )
+
+
+def check_packages(manifest: Manifest, folder: Path, hash_cache: Path | None = None) -> None:
+    """Every package the manifest names exists and still has the recorded content hash."""
+    for stage, entry in sorted(manifest.packages.items()):
+        current = package_sha256(folder / entry.path, hash_cache)
+        if current != entry.sha256:
+            raise ModelLoadError(
+                f"{folder / entry.path}: package for {stage} differs from the one in "
+                f"{folder / MANIFEST_FILE} (modified or copied incompletely); convert again"
+            )
