@@ -27,6 +27,7 @@ import torch
 from shared.errors import InvalidRequestError, ModelLoadError
 from shared.settings import Settings
 from workers.assembly import JoinConfig, change_speed, join_pieces
+from workers.coreml.backend import select_backend
 from workers.devices import resolve_device, resolve_dtype
 from workers.engine_api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.model.directory import QWEN_DIR
@@ -269,14 +270,14 @@ def load_engine(settings: Settings) -> SynthesisPipeline:
             "COSYQ_MODEL_DIR is not set: point it at a CosyVoice2-0.5B folder "
             "(or write a test model with `cosyq-worker model init-tiny DIR`)"
         )
-    if settings.backend == "coreml":
-        raise ModelLoadError(
-            "COSYQ_BACKEND=coreml: the Core ML stages are not part of this engine build; "
-            "use COSYQ_BACKEND=torch (or auto)"
-        )
+    choice = select_backend(settings, settings.model_dir)  # Linux + coreml: the one-line refusal
+    if choice.backend == "coreml":  # macOS with a valid conversion; coremltools loads only here
+        from workers.coreml.engine import load_coreml_engine  # noqa: PLC0415
+
+        return load_coreml_engine(settings, settings.model_dir, choice)
     return build_engine(
         settings.model_dir,
-        device=settings.device,
+        device=choice.device,
         dtype=settings.dtype,
         options=EngineOptions.from_settings(settings),
         hash_cache_dir=settings.hash_cache_dir,

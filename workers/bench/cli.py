@@ -18,7 +18,7 @@ from typing import Any
 from workers.bench import DEFAULT_TEXT
 
 # Modules exposing `register_bench(commands)`; e.g. "workers.bench.queue_cli" (`bench queue`).
-SUBCOMMANDS: tuple[str, ...] = ("workers.bench.queue_cli",)
+SUBCOMMANDS: tuple[str, ...] = ("workers.bench.queue_cli", "workers.coreml.quantization_bench")
 
 
 def register(subparsers: Any) -> None:

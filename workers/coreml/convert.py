@@ -42,7 +42,6 @@ from workers.coreml.stages import (
     StageSpec,
     stage_specs,
 )
-from workers.model.cpu_linear import onednn_available
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_config import NOISE_FRAMES
 from workers.model.hift import HiFTGenerator
@@ -164,9 +163,6 @@ def trace(
     A length baked into the trace as a constant would pass at `example` and fail at `check`.
     """
     torch.backends.mha.set_fastpath_enabled(False)  # fused MHA fast path does not convert
-    # cpu_linear probes oneDNN (a real matmul) the first time a Linear runs; a first run inside
-    # torch.jit.trace would record the probe into the graph (an internal assert in torch).
-    onednn_available()
     graph.eval()
     with torch.no_grad(), known_warnings_silenced():
         traced = torch.jit.trace(graph, example, check_trace=False)

@@ -44,15 +44,16 @@ def onednn_available() -> bool:
 
 
 def _use_onednn(x: Tensor, weight: Tensor) -> bool:
+    """Tracing is ruled out before the probe: a first probe inside torch.jit.trace asserts."""
     return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and onednn_available()
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and not torch.jit.is_tracing()
+        not torch.jit.is_tracing()
         and not torch.jit.is_scripting()
         and not torch.compiler.is_compiling()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and onednn_available()
     )
 
 
