@@ -20,23 +20,15 @@ import sys
 from collections import OrderedDict
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from workers.model.bench_flow import random_state_dict
 from workers.model.bench_llm import build_random_llm
-from workers.model.directory import QWEN_DIR, YAML_FILE, ModelDirectory, checkpoint_hashes
+from workers.model.directory import ModelDirectory, checkpoint_hashes
 from workers.model.hift import HiFTGenerator
 from workers.model.loader import ModelConfigs
-from workers.model.tiny import F0_CLASSIFIER_BIAS, F0_CLASSIFIER_SCALE
-from workers.model.tiny_assets import (
-    write_prompt,
-    write_speaker_model,
-    write_speech_tokenizer,
-    write_tokenizer,
-)
-from workers.model.tiny_config import TinySpec, qwen2_config, render_yaml
-from workers.model.tokenizer import COSYVOICE2_SPECIAL_TOKENS
+from workers.model.tiny import F0_CLASSIFIER_BIAS, F0_CLASSIFIER_SCALE, write_model_files
+from workers.model.tiny_config import TinySpec
 
 # CosyVoice2-0.5B's sizes (the reference set's config.json "full" section).
 FULL_SPEC = TinySpec(
@@ -108,16 +100,7 @@ def write_random_model(
     """Write (or rewrite) the directory; hashes go to `hash_cache_dir` like a first worker's."""
     root.mkdir(parents=True, exist_ok=True)
     (root / MARKER).unlink(missing_ok=True)
-    rng = np.random.default_rng(seed)
-    (root / YAML_FILE).write_text(render_yaml(spec), encoding="utf-8")
-    qwen_dir = root / QWEN_DIR
-    qwen_dir.mkdir(exist_ok=True)
-    (qwen_dir / "config.json").write_text(json.dumps(qwen2_config(spec), indent=2), "utf-8")
-    write_tokenizer(qwen_dir, spec.text_vocab, n_special=len(COSYVOICE2_SPECIAL_TOKENS))
-    write_speech_tokenizer(root / "speech_tokenizer_v2.onnx", rng, speech_vocab=6561)
-    write_speaker_model(root / "campplus.onnx", rng)
-    write_prompt(root, rng)
-    directory = ModelDirectory(root)
+    directory = write_model_files(root, spec, seed)
     _write_checkpoints(directory, seed)
     directory.check_layout()
     checkpoint_hashes(directory, hash_cache_dir)

@@ -66,9 +66,8 @@ def _write_checkpoints(directory: ModelDirectory, seed: int) -> None:
     _save_state(hift, directory.checkpoint("hift"))
 
 
-def write_tiny_model(root: Path, *, seed: int = 0, spec: TinySpec | None = None) -> ModelDirectory:
-    """Write the tiny model into `root` (created; existing model files are replaced)."""
-    spec = spec or TinySpec()
+def write_model_files(root: Path, spec: TinySpec, seed: int) -> ModelDirectory:
+    """Everything but the checkpoints: yaml, Qwen2 config, tokenizer, ONNX stand-ins, prompt."""
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     (root / YAML_FILE).write_text(render_yaml(spec), encoding="utf-8")
@@ -81,7 +80,12 @@ def write_tiny_model(root: Path, *, seed: int = 0, spec: TinySpec | None = None)
     write_speech_tokenizer(root / "speech_tokenizer_v2.onnx", rng, speech_vocab=6561)
     write_speaker_model(root / "campplus.onnx", rng)
     write_prompt(root, rng)
-    directory = ModelDirectory(root)
+    return ModelDirectory(root)
+
+
+def write_tiny_model(root: Path, *, seed: int = 0, spec: TinySpec | None = None) -> ModelDirectory:
+    """Write the tiny model into `root` (created; existing model files are replaced)."""
+    directory = write_model_files(root, spec or TinySpec(), seed)
     _write_checkpoints(directory, seed)
     directory.check_layout()
     return directory
