@@ -229,8 +229,13 @@ def build_engine(
     """
     options = options or EngineOptions()
     torch_device = resolve_device(device)
+    replaced = {"flow": flow, "hift": vocoder}
     loaded = load_model(
-        model_dir, device=torch_device, dtype=resolve_dtype(dtype), hash_cache_dir=hash_cache_dir
+        model_dir,
+        device=torch_device,
+        dtype=resolve_dtype(dtype),
+        hash_cache_dir=hash_cache_dir,
+        torch_stages=frozenset(stage for stage, other in replaced.items() if other is None),
     )
     configs = loaded.configs
     frontend = TextFrontend(

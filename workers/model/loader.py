@@ -50,8 +50,8 @@ class LoadedModel:
     directory: ModelDirectory
     configs: ModelConfigs
     llm: Qwen2LM
-    flow: CausalMaskedDiffWithXvec
-    hift: HiFTGenerator
+    flow: CausalMaskedDiffWithXvec | None  # None when another runtime (Core ML) replaces it
+    hift: HiFTGenerator | None
     checkpoint_hashes: dict[str, str]
     device: torch.device
     dtype: torch.dtype
@@ -67,8 +67,13 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     hash_cache_dir: Path | None = None,
+    torch_stages: frozenset[str] = frozenset({"flow", "hift"}),
 ) -> LoadedModel:
-    """Check the layout, read configs, load each checkpoint strictly onto `device`."""
+    """Check the layout, read configs, load each checkpoint strictly onto `device`.
+
+    The LLM always loads; `torch_stages` names which of flow and HiFT run in PyTorch (under
+    Core ML neither does, and their weights are not loaded at all).
+    """
     directory = ModelDirectory(Path(root))
     directory.check_layout()
     configs = ModelConfigs.from_directory(directory)
@@ -77,12 +82,15 @@ def load_model(
     llm = build_llm(
         configs.llm, read_state_dict(llm_path), source=llm_path, device=device, dtype=dtype
     )
-    flow = build_flow(
-        configs.flow, read_state_dict(flow_path), device=device, dtype=dtype, source=flow_path
-    )
-    hift = build_hift(
-        configs.hift, read_state_dict(hift_path), device=device, dtype=dtype, source=hift_path
-    )
+    flow = hift = None
+    if "flow" in torch_stages:
+        flow = build_flow(
+            configs.flow, read_state_dict(flow_path), device=device, dtype=dtype, source=flow_path
+        )
+    if "hift" in torch_stages:
+        hift = build_hift(
+            configs.hift, read_state_dict(hift_path), device=device, dtype=dtype, source=hift_path
+        )
     return LoadedModel(
         directory=directory,
         configs=configs,

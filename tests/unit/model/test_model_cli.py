@@ -127,3 +127,12 @@ def test_damaged_directories_fail_naming_file_and_problem(
     damage(tmp_path)
     with pytest.raises(ModelLoadError, match=message):
         load_model(tmp_path)
+
+
+def test_stages_another_runtime_replaces_are_not_loaded(tmp_path: Path) -> None:
+    main(["model", "init-tiny", str(tmp_path)])
+    (tmp_path / "flow.pt").write_bytes(b"unused under Core ML: never read")
+    model = load_model(tmp_path, torch_stages=frozenset({"hift"}))
+    assert model.flow is None and model.hift is not None and model.llm is not None
+    with pytest.raises(ModelLoadError, match=r"flow\.pt"):
+        load_model(tmp_path)
