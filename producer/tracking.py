@@ -124,7 +124,8 @@ class JobTracker:
             pipe.hget(Job.key_for(job_id), "status")
         return [state.decode() if state else None for state in pipe.execute()]
 
-    def result(self, job_id: str, timeout: float) -> SynthesisResult:
+    def wait_until_done(self, job_id: str, timeout: float, what: str = "job") -> str:
+        """Poll (backing off to result_poll_interval_s) until the job ends; its final state."""
         deadline = time.monotonic() + timeout
         delay = FIRST_POLL_S
         while True:
@@ -132,14 +133,18 @@ class JobTracker:
             if state is None:
                 raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
             if state in TERMINAL_STATES:
-                outcome = self.outcome(job_id)
-                if isinstance(outcome, JobFailure):
-                    raise JobFailedError(job_id, outcome.kind, outcome.message)
-                return outcome
+                return state
             if time.monotonic() >= deadline:
-                raise ResultTimeoutError(f"job {job_id} is {state} after {timeout:g} s")
+                raise ResultTimeoutError(f"{what} {job_id} is {state} after {timeout:g} s")
             time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
             delay = min(delay * 2, self.settings.result_poll_interval_s)
+
+    def result(self, job_id: str, timeout: float) -> SynthesisResult:
+        self.wait_until_done(job_id, timeout)
+        outcome = self.outcome(job_id)
+        if isinstance(outcome, JobFailure):
+            raise JobFailedError(job_id, outcome.kind, outcome.message)
+        return outcome
 
     def wait_many(
         self,

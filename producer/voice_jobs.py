@@ -9,7 +9,6 @@ worker computes the features and stores the profile in Redis; the job returns it
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import PurePath
 
@@ -19,13 +18,11 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from producer.tracking import FIRST_POLL_S, TERMINAL_STATES, JobTracker, failure_of
+from producer.tracking import JobTracker, failure_of
 from shared import keys
 from shared.errors import (
     InvalidRequestError,
     JobFailedError,
-    JobNotFoundError,
-    ResultTimeoutError,
 )
 from shared.settings import Settings
 from shared.storage import open_storage
@@ -83,18 +80,8 @@ def enqueue_add_voice(
 
 def wait_for_voice(tracker: JobTracker, job_id: str, timeout: float) -> VoiceSummary:
     """The added voice's summary; JobFailedError with the worker's reason when it failed."""
-    deadline = time.monotonic() + timeout
-    delay = FIRST_POLL_S
-    while True:
-        (state,) = tracker.states([job_id])
-        if state is None:
-            raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
-        if state in TERMINAL_STATES:
-            return _summary(tracker.fetch(job_id), state)
-        if time.monotonic() >= deadline:
-            raise ResultTimeoutError(f"add-voice job {job_id} is {state} after {timeout:g} s")
-        time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
-        delay = min(delay * 2, tracker.settings.result_poll_interval_s)
+    state = tracker.wait_until_done(job_id, timeout, what="add-voice job")
+    return _summary(tracker.fetch(job_id), state)
 
 
 def _summary(job: Job, state: str) -> VoiceSummary:

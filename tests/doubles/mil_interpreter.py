@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workers.coreml.ct_compat import known_warnings_silenced, load_coremltools
+from workers.coreml.compress import load_mil_program
+from workers.coreml.ct_compat import load_coremltools
 
 Args = dict[str, Any]
 OPS: dict[str, Callable[[Args, Any], Tensor]] = {}
@@ -327,15 +328,8 @@ class MILPredictor:
     ) -> None:
         self.fp16_rounding = fp16_rounding
         ct = load_coremltools()
-        milproto = importlib.import_module("coremltools.converters.mil.frontend.milproto.load")
         model = ct.models.MLModel(str(package), skip_model_load=True)
-        spec = model.get_spec()
-        with known_warnings_silenced():
-            program = milproto.load(
-                spec,
-                specification_version=spec.specificationVersion,
-                file_weights_dir=model.weights_dir,
-            )
+        program = load_mil_program(model)
         self.function = program.functions[function_name]
         self.types = importlib.import_module("coremltools.converters.mil.mil.types")
         self.ops = [_prepare(node) for node in self.function.operations]

@@ -58,6 +58,18 @@ def compress_model(model: Any, scheme: str, target: str) -> Any:
         return compress(model, _config(scheme))
 
 
+def load_mil_program(model: Any) -> Any:
+    """The MIL program inside a saved ML program (an `MLModel`, loaded or not)."""
+    milproto = importlib.import_module("coremltools.converters.mil.frontend.milproto.load")
+    spec = model.get_spec()
+    with known_warnings_silenced():
+        return milproto.load(
+            spec,
+            specification_version=spec.specificationVersion,
+            file_weights_dir=model.weights_dir,
+        )
+
+
 def decompressed_weights(model: Any) -> dict[str, np.ndarray]:
     """Every non-scalar float constant of the model as float32, by Core ML name.
 
@@ -65,14 +77,7 @@ def decompressed_weights(model: Any) -> dict[str, np.ndarray]:
     `materialized_val_inference`, the arithmetic `decompress_weights` applies, without running
     coremltools' whole pass pipeline again (8x faster on the unrolled CFM).
     """
-    milproto = importlib.import_module("coremltools.converters.mil.frontend.milproto.load")
-    spec = model.get_spec()
-    with known_warnings_silenced():
-        program = milproto.load(
-            spec,
-            specification_version=spec.specificationVersion,
-            file_weights_dir=model.weights_dir,
-        )
+    program = load_mil_program(model)
     weights = {}
     for function in program.functions.values():
         for op in function.operations:
