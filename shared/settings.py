@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     coreml_cache_dir: Path = Field(
         default_factory=_default_coreml_cache_dir, description="compiled .mlmodelc cache"
     )
+    coreml_compile_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="longest wait for another worker's Core ML compile (an ANE compile: ~2 min)",
+    )
     engine: str = Field(
         "workers.pipeline:load_engine",
         description="dotted factory(settings) -> engine (operator config; tests use doubles)",

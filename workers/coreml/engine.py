@@ -53,6 +53,7 @@ def load_coreml_engine(
         coreml_dir=choice.coreml_dir,
         cache_dir=settings.coreml_cache_dir,
         compute_units=choice.compute_units,
+        compile_timeout_s=settings.coreml_compile_timeout_s,
     )
     stages.warm_up()  # every CFM bucket and the LLM; the engine's own warm-up runs one request
     return coreml_engine(settings, model_dir, choice, stages)

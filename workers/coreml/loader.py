@@ -18,7 +18,7 @@ import torch
 
 from shared.errors import ModelLoadError
 from workers.coreml.backend import COMPUTE_UNITS_DEVICE, MACOS_ONLY
-from workers.coreml.cache import compiled_model_path
+from workers.coreml.cache import COMPILE_LOCK_TIMEOUT_S, compiled_model_path
 from workers.coreml.ct_compat import load_coremltools
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.manifest import Manifest, check_packages, check_sources, read_manifest
@@ -105,10 +105,12 @@ def load_coreml_stages(
     coreml_dir: Path,
     cache_dir: Path,
     compute_units: str | None = None,
+    compile_timeout_s: float = COMPILE_LOCK_TIMEOUT_S,
 ) -> CoreMLStages:
     """Check and open `coreml_dir`'s packages for `model_dir` (macOS only).
 
-    `compute_units` None means the default recorded at conversion (`--compute-units`).
+    `compute_units` None means the default recorded at conversion (`--compute-units`);
+    `compile_timeout_s` bounds the wait for another process compiling the same package.
     """
     require_macos()
     manifest = read_manifest(coreml_dir)
@@ -121,7 +123,8 @@ def load_coreml_stages(
     units = compute_units or manifest.compute_units
     if units not in COMPUTE_UNITS_DEVICE:
         raise ModelLoadError(f"compute units {units!r}: choose one of {list(COMPUTE_UNITS_DEVICE)}")
-    models = {stage: _open(manifest, coreml_dir, cache_dir, stage, units) for stage in ALL_STAGES}
+    opener = _Opener(manifest, coreml_dir, cache_dir, compile_timeout_s)
+    models = {stage: opener.open(stage, units) for stage in ALL_STAGES}
     yaml = ModelDirectory(model_dir).yaml
     flow = CoreMLFlow(
         FlowConfig.from_model_yaml(yaml),
@@ -132,41 +135,46 @@ def load_coreml_stages(
     hift = CoreMLHiFT(HiFTConfig.from_model_yaml(yaml), models[HIFT_SOURCE], models[HIFT_DECODE])
     llm = None
     if LLM in manifest.packages:
-        llm = _open_llm(manifest, model_dir, coreml_dir, cache_dir, LLM_COMPUTE_UNITS[units])
+        llm = _open_llm(opener, model_dir, LLM_COMPUTE_UNITS[units])
     return CoreMLStages(flow, hift, manifest, units, llm)
 
 
-def _open_llm(
-    manifest: Manifest, model_dir: Path, folder: Path, cache_dir: Path, units: str
-) -> CoreMLQwen2LM:
+def _open_llm(opener: _Opener, model_dir: Path, units: str) -> CoreMLQwen2LM:
     directory = ModelDirectory(model_dir)
     config = LLMConfig.from_model_yaml(directory.yaml, directory.qwen_config)
     embeddings = embeddings_only(config, read_state_dict(directory.path(LLM_CHECKPOINT)))
-    prefill = _open(manifest, folder, cache_dir, LLM, units, function=LLM_PREFILL)
-    decode = _open(manifest, folder, cache_dir, LLM, units, function=LLM_DECODE)
-    capacity = manifest.packages[LLM].dims["E"].upper
+    prefill = opener.open(LLM, units, function=LLM_PREFILL)
+    decode = opener.open(LLM, units, function=LLM_DECODE)
+    capacity = opener.manifest.packages[LLM].dims["E"].upper
     return CoreMLQwen2LM(config, embeddings, prefill, decode, capacity=capacity)
 
 
-def _open(
-    manifest: Manifest,
-    folder: Path,
-    cache_dir: Path,
-    stage: str,
-    units: str,
-    *,
-    function: str | None = None,
-) -> Any:
-    ct = load_coremltools()
-    entry = manifest.packages[stage]
+@dataclass(frozen=True)
+class _Opener:
+    """Compiles (once, through the shared cache) and opens one conversion's packages."""
 
-    def compile_package(package: Path, destination: Path) -> object:
-        return ct.models.utils.compile_model(str(package), str(destination))
+    manifest: Manifest
+    folder: Path
+    cache_dir: Path
+    compile_timeout_s: float
 
-    compiled = compiled_model_path(folder / entry.path, entry.sha256, cache_dir, compile_package)
-    try:
-        return ct.models.CompiledMLModel(
-            str(compiled), compute_units=ct.ComputeUnit[units], function_name=function
+    def open(self, stage: str, units: str, *, function: str | None = None) -> Any:
+        ct = load_coremltools()
+        entry = self.manifest.packages[stage]
+
+        def compile_package(package: Path, destination: Path) -> object:
+            return ct.models.utils.compile_model(str(package), str(destination))
+
+        compiled = compiled_model_path(
+            self.folder / entry.path,
+            entry.sha256,
+            self.cache_dir,
+            compile_package,
+            lock_timeout_s=self.compile_timeout_s,
         )
-    except Exception as e:  # Core ML reports load failures with its own exception types
-        raise ModelLoadError(f"{compiled}: Core ML could not load it ({e})") from e
+        try:
+            return ct.models.CompiledMLModel(
+                str(compiled), compute_units=ct.ComputeUnit[units], function_name=function
+            )
+        except Exception as e:  # Core ML reports load failures with its own exception types
+            raise ModelLoadError(f"{compiled}: Core ML could not load it ({e})") from e
