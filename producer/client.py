@@ -27,7 +27,7 @@ from rq.serializers import JSONSerializer
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
-from shared.connection import redis_connection
+from shared.connection import follow_master, redis_connection
 from shared.errors import InvalidRequestError, QueueFullError, TransientError
 from shared.jobs import RequestLimits, SynthesisRequest, validate_request
 from shared.results import SynthesisResult
@@ -104,6 +104,7 @@ class CosyqClient:
         """
         planned = self._plan(requests)
         job_ids: list[str] = [job.job_id for job in planned]
+        follow_master(self.connection)  # Sentinel: never write to a demoted master
         depths = self.queue_depths()
         position = 0
         while position < len(planned):
