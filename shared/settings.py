@@ -21,6 +21,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import SettingsError
+from shared.prompt_uris import prompt_root
 
 ENV_PREFIX = "COSYQ_"
 DEFAULT_ENV_FILE = ".env"
@@ -98,6 +99,11 @@ class Settings(BaseSettings):
     )
     max_read_bytes: int = Field(
         64 * 1024 * 1024, gt=0, description="largest object read from storage (prompt audio)"
+    )
+    prompt_roots: str | None = Field(
+        None,
+        description="comma-separated file:///folders and s3://bucket/prefixes a worker reads "
+        "prompt_audio from (unset: the model dir and the storage URL)",
     )
 
     # Model and backend (worker)
@@ -234,6 +240,15 @@ class Settings(BaseSettings):
             raise ValueError("a file URL needs an absolute path: file:///srv/cosyq-output")
         if parts.scheme == "s3" and not parts.netloc:
             raise ValueError("an s3 URL needs a bucket: s3://bucket/prefix")
+        return value
+
+    @field_validator("prompt_roots")
+    @classmethod
+    def _check_prompt_roots(cls, value: str | None) -> str | None:
+        if value is not None:
+            for part in value.split(","):
+                if part.strip():
+                    prompt_root(part.strip())
         return value
 
     @field_validator("log_level")

@@ -4,8 +4,10 @@ Normalisation spells out numbers, dates, units and symbols the way they are read
 "four point five dollars", "2024年" -> "二零二四年"), with wetext (grammars shipped in the wheel,
 offline). As upstream does, it is skipped for a text carrying special tokens (both "<|" and
 "|>"), for the instruction of instruct2, and when the `normalize_text` setting is off (text
-already written out as it should be spoken). The TTS text is then split into pieces
-(`text_split`) and each piece tokenized; the prompt transcript is normalised but never split.
+already written out as it should be spoken). A text wetext's grammars fail on (it raises on a
+few inputs, such as "0+") is spoken as written rather than failing the job. The TTS text is
+then split into pieces (`text_split`) and each piece tokenized; the prompt transcript is
+normalised but never split.
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ class TextNormalizer:
         text = _SPACES_RE.sub(" ", text).strip()
         if self._normalizer is None or not text or has_special_tokens(text):
             return text
-        spoken = str(self._normalizer.normalize(text))
+        try:
+            spoken = str(self._normalizer.normalize(text))
+        except Exception:  # wetext asserts on some inputs ("0+"): speak the text as written
+            return text
         return _CJK_GAP_RE.sub("", _SPACES_RE.sub(" ", spoken)).strip()
 
     def with_final_stop(self, text: str) -> str:

@@ -24,8 +24,10 @@ def test_permanent_error_fails_once_with_a_short_reason(
 ) -> None:
     bad = enqueue(connection, "invalid please")
     unknown_voice = enqueue(connection, "hello", voice="nobody")
-    missing_prompt = enqueue(
-        connection, "hello", prompt_audio="file:///nonexistent/p.wav", prompt_text="hi"
+    missing = (cluster.root / "model" / "missing.wav").as_uri()
+    missing_prompt = enqueue(connection, "hello", prompt_audio=missing, prompt_text="hi")
+    outside_prompt = enqueue(
+        connection, "hello", prompt_audio="file:///etc/hostname", prompt_text="hi"
     )
     good = enqueue(connection, "fine")
     worker = cluster.start("run", "--burst", log_name="w.log")
@@ -33,7 +35,12 @@ def test_permanent_error_fails_once_with_a_short_reason(
     for job, reason in (
         (bad, "text: the test engine refuses this text"),
         (unknown_voice, "voice: no voice named 'nobody' is registered (cosyq voices list)"),
-        (missing_prompt, "file:///nonexistent/p.wav: no such file"),
+        (missing_prompt, f"{missing}: no such file"),
+        (
+            outside_prompt,
+            "prompt_audio: file:///etc/hostname is outside the folders this worker reads "
+            "prompts from (COSYQ_PROMPT_ROOTS)",
+        ),
     ):
         job.refresh()
         assert job.get_status() == "failed"
@@ -42,7 +49,7 @@ def test_permanent_error_fails_once_with_a_short_reason(
         assert job.meta["cosyq_attempt"] == 1 and job.retries_left == 0
     assert good.get_status() == "finished"
     failed = named(cluster.events("w.log"), "job_failed")
-    assert len(failed) == 3 and not any(e.get("exception") for e in failed)
+    assert len(failed) == 4 and not any(e.get("exception") for e in failed)
 
 
 def test_transient_error_is_retried_with_backoff(
