@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import redis
 from rq.timeouts import JobTimeoutException
 
+from shared.connection import misconfiguration
 from shared.errors import InvalidRequestError, StorageError, TransientError
 from shared.results import JobFailure
 from workers.admission import RefusedJobError
@@ -52,6 +53,8 @@ def classify(error: BaseException, *, timeout_s: float | None = None) -> JobErro
         return JobError("storage", text, retryable=False)
     if isinstance(error, TransientError):
         return JobError("transient", text, retryable=True)
+    if (refused := misconfiguration(error)) is not None:  # the worker's settings, not an outage
+        return JobError("internal", f"Redis refused this worker: {refused}", retryable=False)
     if isinstance(error, redis.ConnectionError | redis.TimeoutError | ConnectionError):
         return JobError("transient", f"{type(error).__name__}: {text}", retryable=True)
     return JobError("internal", f"{type(error).__name__}: {text}", retryable=False)
