@@ -176,6 +176,7 @@ def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisIn
         text=request.text,
         prompt=prompt,
         mode=request.mode,
+        language=request.language,
         instruction=request.instruction,
         speed=request.speed,
         seed=request.seed,
