@@ -91,6 +91,7 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
             name=name,
             prompt_audio=prompt_audio,
             transcript=transcript,
+            max_transcript_chars=runtime.limits.max_text_chars,
         )
         log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
         return summary
