@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import redis
 from rq.timeouts import JobTimeoutException
 
+from shared.connection import misconfiguration
 from shared.errors import InvalidRequestError, TransientError
 from shared.results import JobFailure
 from workers.admission import RefusedJobError
@@ -47,6 +48,8 @@ def classify(error: BaseException, *, timeout_s: float | None = None) -> JobErro
         return JobError("transient", f"job timed out{limit}", retryable=True, timed_out=True)
     if isinstance(error, TransientError):
         return JobError("transient", text, retryable=True)
+    if (refused := misconfiguration(error)) is not None:  # the worker's settings, not an outage
+        return JobError("internal", f"Redis refused this worker: {refused}", retryable=False)
     if isinstance(error, redis.ConnectionError | redis.TimeoutError | ConnectionError):
         return JobError("transient", f"{type(error).__name__}: {text}", retryable=True)
     return JobError("internal", f"{type(error).__name__}: {text}", retryable=False)

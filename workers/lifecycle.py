@@ -29,6 +29,7 @@ from workers.housekeeping import Housekeeper, WorkerStats, utc_now_iso
 from workers.outage import wait_for_redis
 from workers.reaper import Reaper, release_job
 from workers.runtime import WorkerRuntime, install_runtime
+from workers.service import metrics
 from workers.voices import VoiceBook
 
 if TYPE_CHECKING:
@@ -163,6 +164,7 @@ class WorkerLifecycle:
         stats = self.housekeeper.stats
         stats.backend, stats.device, stats.model = identity.backend, identity.device, identity.name
         stats.threads, stats.ready_at = self.threads, utc_now_iso()
+        metrics.record_model_load(loaded.load_s)
         self.housekeeper.set_state("idle")
         log.info(
             "worker_ready",
