@@ -42,12 +42,18 @@ def test_gated_text_becomes_tokens_or_a_rejection(frontend: TextFrontend, text: 
         )
     except InvalidRequestError:
         return
+    assert request.prompt_text is not None
     try:
-        pieces = frontend.pieces(request.text)
+        pieces = frontend.pieces(request.text, language=request.language)
     except InvalidRequestError as e:
         assert str(e).startswith("text: ")
     else:
         assert pieces and all(piece.ids for piece in pieces)
-    assert request.prompt_text is not None
-    frontend.prompt_text_ids(request.prompt_text)
-    frontend.instruction_ids(request.text)
+    for encode, field in (
+        (frontend.prompt_text_ids, "prompt_text: "),
+        (frontend.instruction_ids, "instruction: "),
+    ):
+        try:
+            assert isinstance(encode(request.prompt_text), list)
+        except InvalidRequestError as e:
+            assert str(e).startswith(field)
