@@ -23,10 +23,10 @@ from shared.jobs import SynthesisRequest, validate_request
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
-from workers import voice_profiles
-from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
-from workers.runtime import WorkerRuntime, current_runtime
-from workers.voices import DEFAULT_VOICE
+from workers.engine.api import SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.service.job_runtime import WorkerRuntime, current_runtime
+from workers.voices import profiles as voice_profiles
+from workers.voices.book import DEFAULT_VOICE
 
 log = get_logger(__name__)
 

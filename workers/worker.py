@@ -35,13 +35,18 @@ from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from workers import admission, control, host
-from workers.failures import JobError, classify
-from workers.lifecycle import WorkerLifecycle
-from workers.outage import REDIS_OUTAGE, OutageTolerantWorker, until_reachable, wait_for_redis
-from workers.reaper import LAST_ERROR_META_KEY
-from workers.recycling import RecyclePolicy, RecycleReason, RecycleTracker
-from workers.retries import apply_default_retries
+from workers.service import admission, control, host
+from workers.service.failures import JobError, classify
+from workers.service.lifecycle import WorkerLifecycle
+from workers.service.outage import (
+    REDIS_OUTAGE,
+    OutageTolerantWorker,
+    until_reachable,
+    wait_for_redis,
+)
+from workers.service.reaper import LAST_ERROR_META_KEY
+from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
+from workers.service.retries import apply_default_retries
 from workers.tasks import ATTEMPT_META_KEY
 
 log = get_logger(__name__)

@@ -1,4 +1,4 @@
-"""The README's main command, `./scripts/demo` (`python -m workers.demo`), end to end."""
+"""The README's main command, `./scripts/demo` (`python -m workers.tools.demo`), end to end."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_demo_writes_every_file_and_prints_the_summary(tmp_path: Path) -> None:
     env["PYTHONPATH"] = str(REPO_ROOT)
     out = tmp_path / "demo-output"
     done = subprocess.run(
-        [sys.executable, "-m", "workers.demo", "--out", str(out), "-n", "2"],
+        [sys.executable, "-m", "workers.tools.demo", "--out", str(out), "-n", "2"],
         check=False,
         cwd=tmp_path,
         env=env,

@@ -31,8 +31,8 @@ from shared.errors import (
 from shared.settings import Settings, load_settings
 from shared.voices import VoiceRegistry
 from tests.doubles.rq_workers import run_cosyq_burst
-from workers.engine_api import ModelIdentity
-from workers.voice_profiles import RegisteredVoices
+from workers.engine.api import ModelIdentity
+from workers.voices.profiles import RegisteredVoices
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from shared.errors import InvalidRequestError, ModelLoadError, TransientError
-from workers.engine_api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
 
 SAMPLE_RATE = 24000
 TONE_HZ = 220.0

@@ -12,8 +12,8 @@ import pytest
 
 from shared.errors import SettingsError
 from shared.settings import load_settings
-from workers import deploy
 from workers.cli import main
+from workers.tools import deploy
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from tests.support.harness import (
     statuses,
     wait_for,
 )
-from workers.local_redis import LocalRedis
+from workers.tools.local_redis import LocalRedis
 
 
 @pytest.fixture

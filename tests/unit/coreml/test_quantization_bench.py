@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO_ROOT
-from workers.coreml.quantization_bench import register_bench
+from workers.tools.bench.quantization_cli import register_bench
 
 
 def parser() -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
 
 def test_registering_imports_neither_torch_nor_coremltools() -> None:
     code = (
-        "import sys, argparse; from workers.coreml.quantization_bench import register_bench; "
+        "import sys, argparse; from workers.tools.bench.quantization_cli import register_bench; "
         "register_bench(argparse.ArgumentParser().add_subparsers()); "
         "print('torch' in sys.modules, 'coremltools' in sys.modules)"
     )

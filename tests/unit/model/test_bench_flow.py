@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from workers.model.bench_flow import random_flow, random_state_dict, time_flow
 from workers.model.flow_config import EstimatorConfig, FlowConfig, FlowEncoderConfig
+from workers.tools.bench.flow_stage import random_flow, random_state_dict, time_flow
 
 SMALL = FlowConfig(
     encoder=FlowEncoderConfig(width=64, attention_heads=2, linear_units=32, num_blocks=1),

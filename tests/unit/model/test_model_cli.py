@@ -11,8 +11,8 @@ import torch
 from shared.errors import ModelLoadError
 from workers.cli import main
 from workers.model.loader import load_model
-from workers.model.parity import ReferenceSet
-from workers.model.reference_check import REQUIRED_FILES, run_reference_checks
+from workers.tools.reference.check import REQUIRED_FILES, run_reference_checks
+from workers.tools.reference.parity import ReferenceSet
 
 
 def test_check_reference_passes_on_the_shared_set(

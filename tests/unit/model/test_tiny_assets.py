@@ -8,14 +8,14 @@ import pytest
 import soundfile
 
 from shared.errors import ModelLoadError
-from workers.model.tiny_assets import (
+from workers.model.tokenizer import COSYVOICE2_SPECIAL_TOKENS, load_text_tokenizer
+from workers.tools.fixtures.tiny_assets import (
     PROMPT_SAMPLE_RATE,
     write_prompt,
     write_speaker_model,
     write_speech_tokenizer,
     write_tokenizer,
 )
-from workers.model.tokenizer import COSYVOICE2_SPECIAL_TOKENS, load_text_tokenizer
 
 
 @pytest.fixture(scope="module")

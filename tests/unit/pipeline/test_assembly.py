@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers.assembly import JoinConfig, change_speed, join_pieces
+from workers.engine.assembly import JoinConfig, change_speed, join_pieces
 
 
 def test_speed_stretches_the_mel_in_time() -> None:

@@ -11,19 +11,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.bench.cli import set_omp_wait_policy
-from workers.bench.engine_bench import BenchOptions, BenchResult, RunFigures
-from workers.bench.full_random import FULL_SPEC, is_written, write_random_model
-from workers.bench.precision import snr_db
-from workers.bench.report import format_report, verdict
 from workers.cli import main
 from workers.model.directory import QWEN_DIR, YAML_FILE, ModelDirectory
 from workers.model.flow_config import FlowConfig
 from workers.model.hift_config import HiFTConfig
 from workers.model.llm import LLMConfig
 from workers.model.loader import ModelConfigs, load_model
-from workers.model.parity import ReferenceSet
-from workers.model.tiny_config import TinySpec, qwen2_config, render_yaml
+from workers.tools.bench.cli import set_omp_wait_policy
+from workers.tools.bench.engine_bench import BenchOptions, BenchResult, RunFigures
+from workers.tools.bench.precision import snr_db
+from workers.tools.bench.report import format_report, verdict
+from workers.tools.fixtures.full_random import FULL_SPEC, is_written, write_random_model
+from workers.tools.fixtures.tiny_config import TinySpec, qwen2_config, render_yaml
+from workers.tools.reference.parity import ReferenceSet
 
 
 def test_bench_prints_the_table_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from shared.errors import ModelLoadError
-from workers import devices
-from workers.engine_api import SynthesisInput
+from workers.engine import devices
+from workers.engine.api import SynthesisInput
+from workers.engine.pipeline import build_engine
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
 from workers.model.flow import build_flow
 from workers.model.llm import build_llm
 from workers.model.loader import ModelConfigs
-from workers.pipeline import build_engine
 
 MPS = torch.backends.mps.is_available()
 CUDA = torch.cuda.is_available()
@@ -36,15 +36,23 @@ def test_auto_prefers_mps_then_cuda_then_cpu(monkeypatch: pytest.MonkeyPatch) ->
 def test_missing_devices_are_start_up_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(devices, "mps_available", lambda: False)
     monkeypatch.setattr(devices, "cuda_available", lambda: False)
-    with pytest.raises(ModelLoadError, match="COSYQ_DEVICE=mps: this machine"):
+    with pytest.raises(
+        ModelLoadError, match="COSYQ_DEVICE=mps: mps is not available on this machine"
+    ):
         devices.resolve_device("mps")
-    with pytest.raises(ModelLoadError, match="COSYQ_DEVICE=cuda: no CUDA device"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"COSYQ_DEVICE=cuda: cuda is not available on this machine \(available: cpu\)",
+    ):
         devices.resolve_device("cuda")
     with pytest.raises(ModelLoadError, match="COSYQ_DEVICE=gpu: not a torch device"):
         devices.resolve_device("gpu")
     with pytest.raises(ModelLoadError, match="COSYQ_DTYPE=fp64: use one of fp32, fp16, bf16"):
         devices.resolve_dtype("fp64")
-    assert devices.resolve_dtype("bf16") is torch.bfloat16 and devices.dtype_name(torch.float16)
+    assert devices.resolve_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ModelLoadError, match="COSYQ_DEVICE=cuda:1: cuda is not available"):
+        devices.resolve_device("cuda:1", available={"cpu"})
+    assert devices.resolve_device("cuda:1", available={"cpu", "cuda"}) == torch.device("cuda:1")
 
 
 def test_cpu_fp32_loading_keeps_the_mapped_weights(tiny_model_dir: Path) -> None:

@@ -13,14 +13,14 @@ import soundfile
 
 from shared.errors import EmptyTextError, InvalidRequestError, ModelLoadError
 from shared.settings import Settings
-from workers.engine_api import SynthesisEngine, SynthesisInput, VoicePrompt
-from workers.pipeline import (
+from workers.engine.api import SynthesisEngine, SynthesisInput, VoicePrompt
+from workers.engine.pipeline import (
     WARM_UP_TOKENS,
     EngineOptions,
     SynthesisPipeline,
-    load_engine,
 )
-from workers.text_split import SplitConfig
+from workers.engine.text_split import SplitConfig
+from workers.service.engine_loading import engine_from_settings
 
 TEXT = "Hello, a short test."
 SAMPLES_PER_TOKEN = 960  # 2 mel frames x 480 samples
@@ -117,7 +117,7 @@ def test_speed_changes_duration(tiny_engine: SynthesisPipeline, voice: VoiceProm
 def test_long_text_is_split_and_joined(
     tiny_engine: SynthesisPipeline, tiny_model_dir: Path, voice: VoicePrompt
 ) -> None:
-    from workers.pipeline import build_engine  # noqa: PLC0415
+    from workers.engine.pipeline import build_engine  # noqa: PLC0415
 
     text = "The first sentence is here. A second one follows it. And then a third."
     sentences = ("The first sentence is here.", "A second one follows it.", "And then a third.")
@@ -183,7 +183,7 @@ def test_zero_shot_needs_a_transcript(tiny_engine: SynthesisPipeline, voice: Voi
 
 
 def test_normalisation_setting_reaches_the_text(tiny_model_dir: Path) -> None:
-    from workers.pipeline import build_engine  # noqa: PLC0415
+    from workers.engine.pipeline import build_engine  # noqa: PLC0415
 
     plain = build_engine(tiny_model_dir, device="cpu", options=EngineOptions(normalize_text=False))
     assert plain.frontend.pieces("It is 42")[0].text == "It is 42"
@@ -199,15 +199,15 @@ def test_load_engine_from_settings(tiny_model_dir: Path, tmp_path: Path) -> None
         normalize_text=False,
         hash_cache_dir=tmp_path / "hashes",
     )
-    engine = load_engine(settings)
+    engine = engine_from_settings(settings)
     assert engine.frontend.split.max_piece_tokens == 33
     assert engine.options.join.gap_s == 0.25 and not engine.frontend.normalizer.enabled
     assert list((tmp_path / "hashes").iterdir())  # checkpoint hashes cached for the next worker
     with pytest.raises(ModelLoadError, match="COSYQ_MODEL_DIR is not set"):
-        load_engine(Settings(_env_file=None))
+        engine_from_settings(Settings(_env_file=None))
     if sys.platform != "darwin":  # on a Mac the same call needs a conversion instead
         with pytest.raises(ModelLoadError, match=r"^Core ML runs only on macOS; use COSYQ_BACKEND"):
-            load_engine(settings.model_copy(update={"backend": "coreml"}))
+            engine_from_settings(settings.model_copy(update={"backend": "coreml"}))
 
 
 class _Shell:
@@ -224,8 +224,8 @@ class _Shell:
 def test_another_runtime_plugs_in_as_stage_objects(
     tiny_engine: SynthesisPipeline, tiny_model_dir: Path, voice: VoicePrompt
 ) -> None:
-    from workers.pipeline import build_engine  # noqa: PLC0415
-    from workers.stages import ModuleFlow, ModuleVocoder  # noqa: PLC0415
+    from workers.engine.pipeline import build_engine  # noqa: PLC0415
+    from workers.engine.stages import ModuleFlow, ModuleVocoder  # noqa: PLC0415
 
     flow = ModuleFlow(_Shell(tiny_engine.flow.model), name="stand-in")  # type: ignore[attr-defined]
     vocoder = ModuleVocoder(_Shell(tiny_engine.vocoder.model), name="stand-in")  # type: ignore[attr-defined]

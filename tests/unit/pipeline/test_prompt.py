@@ -17,14 +17,14 @@ from shared.errors import (
     PromptTooLongError,
 )
 from shared.voices import check_prompt_audio
-from workers.prompt_models import (
+from workers.engine.prompt_models import (
     COREML_PROVIDER,
     CPU_PROVIDER,
     OnnxModel,
     PromptModels,
     onnx_providers,
 )
-from workers.voice_extraction import trim_one_to_two
+from workers.engine.voice_extraction import trim_one_to_two
 
 
 def tone(seconds: float, rate: int, amplitude: float = 0.3) -> np.ndarray:

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from shared.errors import EmptyTextError
+from workers.engine.text_frontend import TextFrontend, TextNormalizer, speakable
+from workers.engine.text_split import SplitConfig, split_sentences, split_text
 from workers.model.directory import QWEN_DIR
 from workers.model.tokenizer import END_OF_PROMPT, load_text_tokenizer
-from workers.text_frontend import TextFrontend, TextNormalizer, speakable
-from workers.text_split import SplitConfig, split_sentences, split_text
 
 
 def words(text: str) -> int:

@@ -12,7 +12,7 @@ from rq import Callback
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from workers.admission import CosyqJob, RefusedJobError, resolve_job_function, screen
+from workers.service.admission import CosyqJob, RefusedJobError, resolve_job_function, screen
 
 OFFLINE = redis.Redis(host="127.0.0.1", port=1)  # never contacted: jobs are built in memory
 

@@ -16,7 +16,7 @@ from shared.storage import open_storage
 from shared.voices import VoiceRegistry
 from tests.support.engines import ScriptedEngine
 from tests.support.harness import write_model_dir
-from workers.voices import VoiceBook
+from workers.voices.book import VoiceBook
 
 
 class CountingEngine(ScriptedEngine):

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers import host
-from workers.recycling import RecyclePolicy, RecycleReason, RecycleTracker
+from workers.service import host
+from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 
 
 def policy(**values: object) -> RecyclePolicy:

@@ -8,11 +8,11 @@ from rq.timeouts import JobTimeoutException
 
 from shared.errors import InvalidRequestError, ModelLoadError, TransientError
 from shared.settings import load_settings
-from workers import control
-from workers.engine_factory import import_engine_factory, load_engine
-from workers.failures import classify
-from workers.pool import PoolConfig
-from workers.retries import backoff_intervals
+from workers.service import control
+from workers.service.engine_loading import import_engine_factory, load_engine
+from workers.service.failures import classify
+from workers.service.pool import PoolConfig
+from workers.service.retries import backoff_intervals
 
 
 def test_control_lines_round_trip_and_survive_partial_reads() -> None:
@@ -67,11 +67,11 @@ def test_pool_backoff_is_exponential_and_capped() -> None:
 
 def test_engine_setting_errors_are_model_load_errors() -> None:
     with pytest.raises(ModelLoadError, match=r"must look like 'package\.module:factory'"):
-        import_engine_factory("workers.pipeline.load_engine")
+        import_engine_factory("workers.service.engine_loading.engine_from_settings")
     with pytest.raises(ModelLoadError, match="cannot import no_such_module"):
         import_engine_factory("no_such_module:load")
     with pytest.raises(ModelLoadError, match="has no callable 'nope'"):
-        import_engine_factory("workers.engine_factory:nope")
+        import_engine_factory("workers.service.engine_loading:nope")
 
 
 def test_load_engine_times_load_and_warm_up() -> None:

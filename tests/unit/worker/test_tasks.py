@@ -22,9 +22,9 @@ from shared.storage import open_storage
 from shared.voices import VoiceRegistry
 from tests.support.engines import ScriptedEngine
 from tests.support.harness import write_model_dir
-from workers.runtime import WorkerRuntime
+from workers.service.job_runtime import WorkerRuntime
 from workers.tasks import JobContext, run_synthesis
-from workers.voices import VoiceBook
+from workers.voices.book import VoiceBook
 
 SECRET_TEXT = "the launch code is swordfish"
 

@@ -1,0 +1,86 @@
+"""`cosyq-worker run` and `cosyq-worker pool`: one recycling worker, or K of them.
+
+Nothing here imports torch: the engine is imported by the worker when it loads the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shared.connection import redis_connection
+from shared.errors import CosyqError
+from shared.logs import configure_logging
+from shared.settings import load_settings
+from workers.service.pool import Pool, PoolConfig
+from workers.worker import CosyqWorker
+
+EXIT_START_FAILED = 2  # bad settings, no model, Rosetta refused: fix and restart
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="one worker: load the model, take jobs until recycled",
+        description="Load the engine once, warm it up, then take jobs from the queues (default: "
+        "cosyq-high cosyq-default cosyq-low) until a recycling limit; exit 0 to be restarted.",
+    )
+    run.add_argument("queues", nargs="*", metavar="QUEUE", help="queues, highest priority first")
+    run.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+    run.add_argument("--max-jobs", type=int, help="also stop after N jobs (RQ's own counter)")
+    run.add_argument("--name", help="worker name (default host.pid.random)")
+    run.add_argument("--slot", type=int, help=argparse.SUPPRESS)  # set by the pool
+    run.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)  # set by the pool
+    run.set_defaults(handler=run_worker)
+
+    pool = subparsers.add_parser(
+        "pool",
+        help="K workers as fresh processes, restarted when they exit, loading one at a time",
+        description="Start K workers (each a fresh interpreter, never a fork), restart any that "
+        "exit, let at most one slot load at a time, back off on crash loops, and forward "
+        "SIGTERM/SIGINT as a warm shutdown.",
+    )
+    pool.add_argument("-n", "--workers", type=int, help="number of slots K (COSYQ_POOL_SIZE)")
+    pool.add_argument("queues", nargs="*", metavar="QUEUE", help="queues, highest priority first")
+    pool.add_argument("--backoff-initial", type=float, default=1.0, help="seconds (default 1)")
+    pool.add_argument("--backoff-max", type=float, default=60.0, help="seconds (default 60)")
+    pool.set_defaults(handler=run_pool)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings()
+        configure_logging(settings)
+        worker = CosyqWorker(
+            args.queues,
+            name=args.name,
+            connection=redis_connection(settings),
+            settings=settings,
+            control_fd=args.control_fd,
+            slot=args.slot,
+        )
+        worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=settings.log_level)
+    except CosyqError as e:
+        print(f"cosyq-worker: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
+    return 0
+
+
+def run_pool(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings()
+    except CosyqError as e:
+        print(f"cosyq-worker: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
+    size = args.workers if args.workers is not None else settings.pool_size
+    if size < 1:
+        print("cosyq-worker pool: -n must be at least 1", file=sys.stderr)
+        return EXIT_START_FAILED
+    configure_logging(settings)
+    config = PoolConfig(
+        size=size,
+        queues=tuple(args.queues),
+        backoff_initial_s=args.backoff_initial,
+        backoff_max_s=args.backoff_max,
+    )
+    return Pool(config, settings).run()
