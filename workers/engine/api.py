@@ -59,6 +59,7 @@ class SynthesisOutput:
     sample_rate: int
     stage_seconds: dict[str, float] = field(default_factory=dict)  # frontend, llm, flow, hift
     speech_tokens: int = 0
+    batch_size: int = 1  # the most requests that shared an LLM step with this one
 
 
 class SynthesisEngine(Protocol):
