@@ -9,7 +9,7 @@ from pathlib import Path
 import redis
 from rq.job import Job
 
-from tests.support.harness import Cluster, enqueue, named, wait_for
+from tests.doubles.harness import Cluster, enqueue, named, wait_for
 
 
 def exc_info(job: Job) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.harness import (
+from tests.doubles.harness import (
     Cluster,
     enqueue,
     named,

@@ -20,7 +20,7 @@ from rq import Callback, Queue
 from rq.job import Job
 from rq.serializers import PickleSerializer
 
-from tests.support.harness import Cluster, enqueue, json_queue, named
+from tests.doubles.harness import Cluster, enqueue, json_queue, named
 
 RQ_WORKER = [sys.executable, "-m", "rq.cli", "worker", "-w", "workers.worker.CosyqWorker"]
 

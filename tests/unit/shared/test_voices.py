@@ -106,7 +106,7 @@ def test_unreadable_prompt_names_the_file() -> None:
 
 def test_shared_voices_imports_without_torch() -> None:
     code = "import sys, shared.voices; print([m for m in ('torch', 'workers') if m in sys.modules])"
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )

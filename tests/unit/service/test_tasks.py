@@ -20,8 +20,8 @@ from shared.logs import configure_logging
 from shared.settings import load_settings
 from shared.storage import open_storage
 from shared.voices import VoiceRegistry
-from tests.support.engines import ScriptedEngine
-from tests.support.harness import write_model_dir
+from tests.doubles.engines import ScriptedEngine
+from tests.doubles.harness import write_model_dir
 from workers.service.job_runtime import WorkerRuntime
 from workers.tasks import JobContext, run_synthesis
 from workers.voices.book import VoiceBook
@@ -61,7 +61,10 @@ def test_result_points_at_stored_audio_with_identity_and_timings(runtime: Worker
     assert (result.worker_name, result.worker_pid, result.attempt) == ("w1", 4242, 2)
     assert result.model.name == "test-scripted" and result.backend == "test"
     assert result.timings.queue_wait_s == 2.0 and result.timings.total_s > 0
-    assert result.metadata == {"k": 1} and result.rtf >= 0
+    assert result.metadata == {"k": 1}
+    t = result.timings
+    synthesis_s = t.frontend_s + t.llm_s + t.flow_s + t.hift_s + t.join_s
+    assert result.rtf == pytest.approx(synthesis_s / result.duration_s) and result.rtf > 0
 
 
 def test_validation_runs_again_in_the_worker(runtime: WorkerRuntime) -> None:

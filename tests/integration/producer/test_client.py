@@ -304,7 +304,7 @@ def test_import_producer_leaves_model_libraries_out() -> None:
         " if m in sys.modules]\n"
         "print(heavy)\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import redis
 
-from tests.support.harness import Cluster, enqueue, named, wait_for
+from tests.doubles.harness import Cluster, enqueue, named, wait_for
 
 
 def test_model_that_fails_to_load_exits_nonzero_and_takes_no_job(
@@ -13,9 +13,9 @@ def test_model_that_fails_to_load_exits_nonzero_and_takes_no_job(
 ) -> None:
     job = enqueue(connection, "never taken")
     for engine, message in (
-        ("tests.support.engines:failing", "no model files in /nonexistent"),
-        ("tests.support.engines:broken", "RuntimeError: test engine crashed while loading"),
-        ("tests.support.nowhere:load", "cannot import tests.support.nowhere"),
+        ("tests.doubles.engines:failing", "no model files in /nonexistent"),
+        ("tests.doubles.engines:broken", "RuntimeError: test engine crashed while loading"),
+        ("tests.doubles.nowhere:load", "cannot import tests.doubles.nowhere"),
     ):
         worker = cluster.start("run", log_name=f"{engine}.log", COSYQ_ENGINE=engine)
         assert worker.wait(timeout=30) == 2
@@ -32,7 +32,7 @@ def test_worker_ready_reports_load_and_host_facts(cluster: Cluster) -> None:
         "--burst",
         log_name="w.log",
         TESTENGINE_LOAD_S="0.3",
-        COSYQ_ENGINE="tests.support.engines:slow_load",
+        COSYQ_ENGINE="tests.doubles.engines:slow_load",
         COSYQ_THREADS="1",
     )
     assert worker.wait(timeout=60) == 0

@@ -25,8 +25,7 @@ from shared.storage import (
     object_key,
     open_storage,
 )
-
-from .conftest import S3Endpoint
+from tests.integration.conftest import S3Endpoint
 
 WHEN = datetime(2025, 3, 7, 23, 30, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ import time
 import redis
 from rq import Retry
 
-from tests.support.harness import Cluster, enqueue, named, wait_for
+from tests.doubles.harness import Cluster, enqueue, named, wait_for
 
 DEADLINE_S = 30  # the bound, from the kill to the job being done or failed
 

@@ -1,7 +1,7 @@
 """Real worker processes for the integration tests: environment, start, logs, waiting.
 
 Workers run as `python -m workers.cli ...` from the repository root with a test engine from
-tests/support/engines.py and JSON logs written to a file the test reads back as events.
+tests/doubles/engines.py and JSON logs written to a file the test reads back as events.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Cluster:
         }
         env.update(
             COSYQ_REDIS_URL=self.redis_url,
-            COSYQ_ENGINE="tests.support.engines:fast",
+            COSYQ_ENGINE="tests.doubles.engines:fast",
             COSYQ_MODEL_DIR=str(write_model_dir(self.root / "model")),
             COSYQ_STORAGE_URL=(self.root / "out").as_uri(),
             COSYQ_LOG_FORMAT="json",

@@ -1,6 +1,6 @@
 """Test engines: the SynthesisEngine Protocol with behaviour scripted by the request text.
 
-Workers in the tests load one of these through `COSYQ_ENGINE=tests.support.engines:<factory>`.
+Workers in the tests load one of these through `COSYQ_ENGINE=tests.doubles.engines:<factory>`.
 The text carries directives (words with a colon) that the engine obeys before returning a
 short sine, so one worker can be made slow, leaky, transiently failing or dead per job:
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import redis
 
-from tests.support.harness import Cluster, enqueue
+from tests.doubles.harness import Cluster, enqueue
 
 MESSAGE = "Core ML runs only on macOS; use COSYQ_BACKEND=torch"
 

@@ -7,12 +7,12 @@ import redis
 from rq.timeouts import JobTimeoutException
 
 from shared.errors import InvalidRequestError, ModelLoadError, TransientError
+from shared.jobs import retry_intervals
 from shared.settings import load_settings
 from workers.service import control
 from workers.service.engine_loading import import_engine_factory, load_engine
 from workers.service.failures import classify
 from workers.service.pool import PoolConfig
-from workers.service.retries import backoff_intervals
 
 
 def test_control_lines_round_trip_and_survive_partial_reads() -> None:
@@ -55,9 +55,9 @@ def classify_long() -> Exception:
 
 
 def test_backoff_doubles_in_whole_seconds() -> None:
-    assert backoff_intervals(3, 5.0) == [5, 10, 20]
-    assert backoff_intervals(0, 5.0) == []
-    assert backoff_intervals(2, 0.0) == [0, 0]
+    assert retry_intervals(3, 5.0) == [5, 10, 20]
+    assert retry_intervals(0, 5.0) == []
+    assert retry_intervals(2, 0.0) == [0, 0]
 
 
 def test_pool_backoff_is_exponential_and_capped() -> None:
@@ -74,12 +74,13 @@ def test_engine_setting_errors_are_model_load_errors() -> None:
         import_engine_factory("workers.service.engine_loading:nope")
 
 
-def test_load_engine_times_load_and_warm_up() -> None:
-    settings = load_settings(env_file=None, engine="tests.support.engines:fast")
+def test_load_engine_times_load_and_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESTENGINE_LOAD_S", "0.3")  # slow_load's warm-up sleeps 0.1 s
+    settings = load_settings(env_file=None, engine="tests.doubles.engines:slow_load")
     loaded = load_engine(settings)
-    assert loaded.engine.identity.name == "test-scripted"
-    assert loaded.load_s >= 0 and loaded.warm_up_s >= 0
+    assert loaded.engine.identity.name == "test-slow-load"
+    assert 0.3 <= loaded.load_s < 0.3 + 5 and 0.1 <= loaded.warm_up_s < 0.1 + 5
     assert getattr(loaded.engine, "warmed_up", False)
-    broken = load_settings(env_file=None, engine="tests.support.engines:broken")
+    broken = load_settings(env_file=None, engine="tests.doubles.engines:broken")
     with pytest.raises(ModelLoadError, match="RuntimeError: test engine crashed while loading"):
         load_engine(broken)

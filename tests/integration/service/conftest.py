@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.harness import Cluster
+from tests.doubles.harness import Cluster
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from shared import keys
 from shared.settings import load_settings
 from shared.storage import open_storage
 from shared.voices import VoiceRegistry
-from tests.support.engines import ScriptedEngine
-from tests.support.harness import write_model_dir
+from tests.doubles.engines import ScriptedEngine
+from tests.doubles.harness import write_model_dir
 from workers.voices.book import VoiceBook
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,7 +169,7 @@ def test_cli_voices_add_list_rm(
 
     assert cosyq("voices", "add", "erin", str(tiny_model_dir / "prompt.wav"), "--no-wait") == 0
     job_id = capsys.readouterr().out.strip()
-    assert len(job_id) == 32 and int(job_id, 16) >= 0  # the job id, nothing else
+    assert re.fullmatch("[0-9a-f]{32}", job_id)  # the job id, nothing else
     run_cosyq_burst(settings)
     assert cosyq("voices", "list") == 0
     listed = capsys.readouterr().out

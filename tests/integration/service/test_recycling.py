@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from tests.support.harness import Cluster, enqueue, named, statuses, wait_for
+from tests.doubles.harness import Cluster, enqueue, named, statuses, wait_for
 
 
 def test_exits_zero_after_max_jobs_and_deregisters(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import soundfile
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.timeout(300)

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis
 
-from tests.support.harness import Cluster, enqueue, named, wait_for
+from tests.doubles.harness import Cluster, enqueue, named, wait_for
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

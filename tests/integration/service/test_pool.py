@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from tests.support.harness import Cluster, enqueue, named, statuses, wait_for
+from tests.doubles.harness import Cluster, enqueue, named, statuses, wait_for
 
 
 def loading_intervals(events: list[dict[str, Any]]) -> list[tuple[datetime, datetime, str]]:
@@ -38,7 +38,7 @@ def test_twelve_jobs_on_two_recycling_slots_all_finish_loading_one_at_a_time(
         "2",
         log_name="pool.log",
         COSYQ_MAX_JOBS="3",
-        COSYQ_ENGINE="tests.support.engines:slow_load",
+        COSYQ_ENGINE="tests.doubles.engines:slow_load",
         TESTENGINE_LOAD_S="0.5",
     )
     wait_for(lambda: statuses(connection, jobs) == ["finished"] * 12, 100, "all 12 jobs")
@@ -100,7 +100,7 @@ def test_crash_loop_backs_off_exponentially_with_the_reason_logged(cluster: Clus
         "--backoff-max",
         "0.8",
         log_name="pool.log",
-        COSYQ_ENGINE="tests.support.engines:failing",
+        COSYQ_ENGINE="tests.doubles.engines:failing",
     )
     wait_for(lambda: len(named(cluster.events("pool.log"), "slot_crashed")) >= 4, 60, "crashes")
     pool.send_signal(signal.SIGTERM)

@@ -58,7 +58,7 @@ def test_every_mode_synthesizes(
     assert out.samples.ndim == 1 and out.speech_tokens > 0
     assert out.samples.shape[0] == out.speech_tokens * SAMPLES_PER_TOKEN
     assert np.abs(out.samples).max() <= 0.99 and np.isfinite(out.samples).all()
-    assert set(out.stage_seconds) == {"frontend", "llm", "flow", "hift"}
+    assert set(out.stage_seconds) == {"frontend", "llm", "flow", "hift", "join"}
     assert all(seconds > 0 for seconds in out.stage_seconds.values())
 
 
