@@ -44,10 +44,8 @@ from workers.service.outage import (
     until_reachable,
     wait_for_redis,
 )
-from workers.service.reaper import LAST_ERROR_META_KEY
 from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.service.retries import apply_default_retries
-from workers.tasks import ATTEMPT_META_KEY
 
 log = get_logger(__name__)
 
@@ -219,8 +217,8 @@ class CosyqWorker(OutageTolerantWorker):
     def _prepare_attempt(self, job: Job) -> None:
         """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat."""
         job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
-        previous = job.meta.get(ATTEMPT_META_KEY, 0)
-        job.meta[ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
+        job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
         apply_default_retries(
             job,
             max_retries=self.settings.max_retries,
@@ -267,7 +265,8 @@ class CosyqWorker(OutageTolerantWorker):
         error = self._failures.pop(job.id, None)
         if error is not None:
             retrying = job.should_retry and self._stopped_job_id != job.id
-            job.meta[LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY] = error.as_meta()
+            meta_key = keys.LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY
+            job.meta[meta_key] = error.as_meta()
             job.save_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
