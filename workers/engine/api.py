@@ -9,11 +9,11 @@ on purpose) while the product always runs the real engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
-Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+from shared.jobs import Mode
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class SynthesisOutput:
 
     samples: np.ndarray  # (N,) float32 in [-1, 1]
     sample_rate: int
-    stage_seconds: dict[str, float] = field(default_factory=dict)  # frontend, llm, flow, hift
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # frontend, llm, flow, hift, join
     speech_tokens: int = 0
     batch_size: int = 1  # the most requests that shared an LLM step with this one
 

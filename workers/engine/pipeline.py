@@ -46,7 +46,7 @@ from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
 from workers.model.tokenizer import load_text_tokenizer
 
-STAGES = ("frontend", "llm", "flow", "hift")
+STAGES = ("frontend", "llm", "flow", "hift", "join")
 WARM_UP_TEXT = "Hello."
 WARM_UP_TOKENS = 25  # one second of speech: every stage runs once at a bounded cost
 WARM_UP_PROMPT_TOKENS = 25
@@ -147,7 +147,7 @@ class SynthesisPipeline:
             pieces = self.frontend.pieces(request.text)
             prompt = llm_prompt(self.frontend, request)
         audio = [self._piece(piece, prompt, request, state, forced) for piece in pieces]
-        with state.clock.timed("hift"):
+        with state.clock.timed("join"):
             samples = join_pieces(audio, self.sample_rate, self.options.join)
         return samples, state
 

@@ -42,8 +42,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     pool.add_argument("-n", "--workers", type=int, help="number of slots K (COSYQ_POOL_SIZE)")
     pool.add_argument("queues", nargs="*", metavar="QUEUE", help="queues, highest priority first")
-    pool.add_argument("--backoff-initial", type=float, default=1.0, help="seconds (default 1)")
-    pool.add_argument("--backoff-max", type=float, default=60.0, help="seconds (default 60)")
+    pool.add_argument(
+        "--backoff-initial", type=float, default=PoolConfig.backoff_initial_s, help="seconds"
+    )
+    pool.add_argument("--backoff-max", type=float, default=PoolConfig.backoff_max_s, help="seconds")
     pool.set_defaults(handler=run_pool)
 
 
