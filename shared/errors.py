@@ -33,6 +33,10 @@ class StorageError(CosyqError):
     """Storage refused an operation for a reason that retrying will not fix (no such bucket)."""
 
 
+class StorageUnavailableError(TransientError):
+    """Storage failed in a way that may pass (timeout, reset, HTTP 5xx, SlowDown, disk full)."""
+
+
 class ObjectNotFoundError(InvalidRequestError):
     """A URI names an object or file that does not exist (a prompt audio URI, a result)."""
 

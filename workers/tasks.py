@@ -24,7 +24,9 @@ from shared.jobs import SynthesisRequest, validate_request, voice_label
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
+from shared.storage_retry import Backoff, put_with_retries
 from workers.engine.api import SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.service import metrics
 from workers.service.job_runtime import WorkerRuntime, current_runtime
 from workers.voices import profiles as voice_profiles
 
@@ -65,6 +67,7 @@ def synthesize(request: dict[str, Any]) -> dict[str, Any]:
     if job is None:
         raise RuntimeError("workers.tasks.synthesize runs only as an RQ job")
     result = run_synthesis(current_runtime(), request, JobContext.from_job(job))
+    metrics.record_stages(result.timings.model_dump(), result.duration_s)
     return result.model_dump(mode="json")
 
 
@@ -148,12 +151,23 @@ def run_synthesis(
 def _store(
     runtime: WorkerRuntime, request: SynthesisRequest, context: JobContext, encoded: EncodedAudio
 ) -> StoredObject:
-    """Deterministic key (a retry overwrites the same object), content type and metadata."""
+    """Deterministic key (a retry overwrites the same object), content type and metadata.
+
+    A transient failure is retried here, a few times, so the audio is not synthesized again.
+    """
     key = object_key(context.job_id, encoded.extension, request.output_key, context.enqueued_at)
     metadata = audio_metadata(
         job_id=context.job_id, sha256=encoded.sha256, duration_s=encoded.duration_s
     )
-    return runtime.storage.put(key, encoded.data, encoded.content_type, metadata)
+    return put_with_retries(
+        runtime.storage,
+        key,
+        encoded.data,
+        encoded.content_type,
+        metadata,
+        attempts=runtime.settings.storage_write_attempts,
+        backoff=Backoff.from_settings(runtime.settings),
+    )
 
 
 def _log_finished(

@@ -17,6 +17,7 @@ from shared import keys
 from shared.audio import decode_audio
 from shared.settings import Settings, load_settings
 from tests.doubles.fake_tasks import SECONDS_PER_CHAR
+from tests.doubles.redis_servers import secured_redis
 from tests.doubles.rq_workers import run_burst, start_worker_process, stop_worker_process
 
 FAKE = "tests.doubles.fake_tasks.synthesize"
@@ -202,3 +203,19 @@ def test_usage_and_settings_errors(
     monkeypatch.setenv("COSYQ_REDIS_UR", "redis://x")
     assert cosyq("status") == 2
     assert "did you mean COSYQ_REDIS_URL?" in capsys.readouterr().err
+
+
+def test_redis_refusing_the_settings_is_exit_2_with_one_line(
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with secured_redis(tmp_path) as server:
+        monkeypatch.setenv("COSYQ_REDIS_URL", server.url("alice", "not it"))
+        assert cosyq("status") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"cosyq: COSYQ_REDIS_URL (redis://alice:***@127.0.0.1:{server.port}/0): "
+        "authentication failed: invalid username-password pair or user is disabled."
+    )
