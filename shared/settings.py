@@ -167,6 +167,14 @@ class Settings(BaseSettings):
     max_output_key_chars: int = Field(
         512, gt=0, description="longest output_key (S3 allows 1,024 bytes with the prefix)"
     )
+    max_speech_seconds: float = Field(
+        150.0,
+        gt=0,
+        description="most speech one request may ask for, estimated from its text tokens"
+        " before synthesis (150 s: ~560 s at the slowest measured CPU RTF, 3.73, within the"
+        " default 600 s job timeout)",
+    )
+    max_break_seconds: float = Field(10.0, ge=0, description="longest SSML <break> pause")
     max_prompt_seconds: float = Field(
         30.0, gt=0, description="longest prompt audio (the speech tokenizer's limit)"
     )

@@ -4,7 +4,8 @@ Why: a wrong COSYQ_STORAGE_URL (a file where a folder should be, a read-only mou
 bucket, wrong keys) otherwise shows only after a job's synthesis, as the failure of every job.
 The worker waits for a settled probe before it reports ready (`wait_for_storage`: transient
 failures retried with backoff up to COSYQ_STORAGE_PROBE_WAIT_S); `cosyq-worker doctor` and the
-HTTP front's /readyz call `probe_storage` for one verdict. No secret appears in an outcome.
+HTTP front's /readyz call `probe_configured_storage` (or `probe_storage`) for one verdict. No
+secret appears in an outcome.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from shared.errors import CosyqError, StorageUnavailableError
-from shared.settings import redact_url
-from shared.storage import Storage
+from shared.settings import Settings, redact_url
+from shared.storage import Storage, open_storage
 from shared.storage_retry import Backoff
 
 PROBE_PREFIX = ".cosyq-probe-"  # probe objects sit at the top of the prefix, no folder made
@@ -95,6 +96,18 @@ def probe_storage(storage: Storage, *, mode: Literal["write", "read"] = "write")
             _verdict_of(e), url, cause=_one_line(e), elapsed_s=time.monotonic() - started
         )
     return ProbeOutcome(Verdict.OK, url, warning=warning, elapsed_s=time.monotonic() - started)
+
+
+def probe_configured_storage(
+    settings: Settings, *, mode: Literal["write", "read"] = "write"
+) -> ProbeOutcome:
+    """`probe_storage` of the storage COSYQ_STORAGE_URL names; never raises."""
+    try:
+        storage = open_storage(settings)
+    except CosyqError as e:
+        url = masked_url(settings.storage_url)
+        return ProbeOutcome(Verdict.PERMANENT, url, cause=_one_line(e))
+    return probe_storage(storage, mode=mode)
 
 
 def wait_for_storage(

@@ -92,6 +92,7 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
             name=name,
             prompt_audio=prompt_audio,
             transcript=transcript,
+            max_transcript_chars=runtime.limits.max_text_chars,
         )
         log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
         return summary
@@ -183,6 +184,7 @@ def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisIn
         text=request.text,
         prompt=prompt,
         mode=request.mode,
+        language=request.language,
         instruction=request.instruction,
         speed=request.speed,
         seed=request.seed,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from typing import TYPE_CHECKING
 
 import redis
@@ -172,7 +173,7 @@ class WorkerLifecycle:
     def _place(self) -> dict[str, str]:
         """Where this worker runs, as `cosyq status` groups start-up failures."""
         slot = self.worker.slot
-        return {"host": self.worker.hostname or "", "slot": NO_SLOT if slot is None else str(slot)}
+        return {"host": socket.gethostname(), "slot": NO_SLOT if slot is None else str(slot)}
 
     def _record_failure(self, reason: str) -> None:
         try:

@@ -19,26 +19,26 @@ def test_s3_outage_during_the_write_is_retried_and_the_job_finishes(
 ) -> None:
     client = s3_client(restartable_s3.url)
     client.create_bucket(Bucket="flaky")
-    job = enqueue(connection, "sleep:2 hello", output_key="flaky/one")
     worker = cluster.start(
         "run",
-        "--burst",
         log_name="w.log",
         COSYQ_STORAGE_WRITE_ATTEMPTS="30",
         COSYQ_STORAGE_RETRY_BACKOFF_S="0.2",
         COSYQ_STORAGE_RETRY_BACKOFF_MAX_S="0.5",
         **s3_env(restartable_s3.url, "s3://flaky/out"),
     )
-    wait_for(lambda: job.get_status() == "started", 30, "the job to start")
-    restartable_s3.stop()  # while the engine is still "synthesizing" (2 s)
+    wait_for(lambda: named(cluster.events("w.log"), "worker_ready"), 30, "the worker")
+    restartable_s3.stop()  # after the start-up probe passed, before the job's write
+    job = enqueue(connection, "hello", output_key="flaky/one")
     retries = wait_for(
         lambda: named(cluster.events("w.log"), "storage_write_retry"), 30, "a write retry"
     )
     assert "cannot write s3://flaky/out/flaky/one.wav" in retries[0]["error"]
+    assert job.get_status() == "started"  # the same attempt, waiting for storage
     restartable_s3.start()
-    assert worker.wait(timeout=60) == 0
-    job.refresh()
-    assert job.get_status() == "finished"
+    wait_for(lambda: job.get_status() == "finished", 30, "the job")
+    worker.terminate()
+    assert worker.wait(timeout=30) == 0
     result = job.latest_result().return_value
     assert result["attempt"] == 1 and result["uri"] == "s3://flaky/out/flaky/one.wav"
     body = client.get_object(Bucket="flaky", Key="out/flaky/one.wav")["Body"].read()

@@ -20,7 +20,13 @@ import pytest
 from shared.errors import StorageError, StorageUnavailableError
 from shared.settings import Settings, load_settings
 from shared.storage import file_error, open_storage
-from shared.storage_probe import Verdict, masked_url, probe_storage, wait_for_storage
+from shared.storage_probe import (
+    Verdict,
+    masked_url,
+    probe_configured_storage,
+    probe_storage,
+    wait_for_storage,
+)
 from shared.storage_retry import Backoff, put_with_retries
 from tests.doubles.harness import REPO_ROOT
 from tests.doubles.s3_servers import AuthS3, RestartableS3, s3_client
@@ -50,7 +56,7 @@ def s3_settings(url: str, storage_url: str, **overrides: object) -> Settings:
 
 def test_a_good_folder_probes_ok_and_keeps_nothing(tmp_path: Path) -> None:
     root = tmp_path / "out"
-    outcome = probe_storage(open_storage(load_settings(env_file=None, storage_url=root.as_uri())))
+    outcome = probe_configured_storage(load_settings(env_file=None, storage_url=root.as_uri()))
     assert outcome.verdict is Verdict.OK and outcome.ok and outcome.cause == ""
     assert outcome.line == f"storage {root.as_uri()}: ok"
     assert everything_in(root) == []  # made, written, read back, deleted
