@@ -8,8 +8,9 @@ from pathlib import Path
 
 import redis
 from rq.job import Job
+from rq.registry import FailedJobRegistry
 
-from tests.doubles.harness import Cluster, enqueue, named, wait_for
+from tests.doubles.harness import Cluster, enqueue, json_queue, named, wait_for
 
 
 def exc_info(job: Job) -> str:
@@ -85,3 +86,21 @@ def test_unexpected_error_is_internal_not_retried_and_keeps_its_traceback(
     }
     assert "Traceback" in exc_info(job)
     assert named(cluster.events("w.log"), "job_failed")[0].get("exception")
+
+
+def test_a_job_requeued_by_hand_drops_its_old_failure_and_counts_on(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    late = cluster.root / "model" / "late.wav"
+    job = enqueue(connection, "hello", prompt_audio=late.as_uri(), prompt_text="a test prompt")
+    assert cluster.start("run", "--burst", log_name="w1.log").wait(timeout=60) == 0
+    job.refresh()
+    assert job.get_status() == "failed" and job.meta["cosyq_error"]["kind"] == "invalid_request"
+    late.write_bytes((cluster.root / "model" / "prompt.wav").read_bytes())
+    FailedJobRegistry(queue=json_queue(connection)).requeue(job.id)  # what `rq requeue` does
+    assert cluster.start("run", "--burst", log_name="w2.log").wait(timeout=60) == 0
+    job.refresh()
+    assert job.get_status() == "finished"
+    assert "cosyq_error" not in job.meta and job.meta["cosyq_attempt"] == 2
+    result = job.return_value()
+    assert isinstance(result, dict) and result["attempt"] == 2
