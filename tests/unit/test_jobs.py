@@ -59,8 +59,14 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"seed": 2**32}, "seed: 4294967296 is outside 0-4,294,967,295"),
     ({"seed": "7"}, "seed: input should be a valid integer (got '7')"),
     ({"seed": True}, "seed: input should be a valid integer (got True)"),
-    ({"format": "aac"}, "format: input should be 'wav', 'flac', 'ogg', 'mp3' or 'opus' (got 'aac')"),
-    ({"format": "opus", "sample_rate": 22050}, "sample_rate: format opus takes 8000, 16000, 24000,"),
+    (
+        {"format": "aac"},
+        "format: input should be 'wav', 'flac', 'ogg', 'mp3' or 'opus' (got 'aac')",
+    ),
+    (
+        {"format": "opus", "sample_rate": 22050},
+        "sample_rate: format opus takes 8000, 16000, 24000,",
+    ),
     ({"format": "mp3", "sample_format": "float32"}, "sample_format: float32 needs format wav"),
     ({"sample_format": "pcm24"}, "sample_format: input should be 'pcm16' or 'float32'"),
     ({"format": "flac", "sample_format": "float32"}, "sample_format: float32 needs format wav"),
