@@ -11,8 +11,10 @@ import soundfile as sf
 
 from producer.cli import main
 from producer.http.auth import KeyCheck
+from producer.http.context import FrontContext
 from producer.http.errors import ApiError, param_of
 from producer.http.speech import job_payload, parse_speech, pcm_of, renamed
+from producer.http.storage_read import check_under_storage
 from producer.http_bind import check_bind, is_loopback
 from shared.errors import SettingsError
 from shared.jobs import RequestLimits, validate_request
@@ -107,3 +109,15 @@ def test_pcm_is_the_wav_data_as_int16_le() -> None:
     buffer = io.BytesIO()
     sf.write(buffer, samples, 24000, format="WAV", subtype="PCM_16")
     assert pcm_of(buffer.getvalue()) == samples.astype("<i2").tobytes()
+
+
+def test_audio_is_read_only_under_the_configured_storage(tmp_path: Path) -> None:
+    settings = load_settings(env_file=None, storage_url=(tmp_path / "out").as_uri())
+    context = FrontContext.create(settings)
+    base = (tmp_path / "out").as_uri()
+    check_under_storage(context, f"{base}/2026/12/01/job.wav")
+    for uri in ("file:///etc/passwd", f"{base}/../secret.wav", f"{base}-other/x.wav"):
+        with pytest.raises(ApiError) as caught:
+            check_under_storage(context, uri)
+        assert caught.value.code == "storage_mismatch"
+    context.client.close()
