@@ -13,6 +13,7 @@ import pytest
 import soundfile as sf
 
 from tests.integration.http.conftest import API_KEY, Front
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +60,14 @@ def test_submit_status_and_audio_from_storage(live: Front) -> None:
     assert hashlib.sha256(audio.content).hexdigest() == result["sha256"]
     assert len(audio.content) == result["bytes"]
     # One log line per request, with the job id; the text never reaches the log.
-    lines = [e for e in live.events() if e.get("event") == "http_request"]
-    mine = [e for e in lines if e.get("job_id") == job_id]
-    assert {(e["method"], e["path"], e["status"]) for e in mine} >= {
-        ("POST", "/v1/jobs", 202),
-        ("GET", f"/v1/jobs/{job_id}/audio", 200),
-    }
+    wanted = {("POST", "/v1/jobs", 202), ("GET", f"/v1/jobs/{job_id}/audio", 200)}
+
+    def logged() -> list[dict]:
+        lines = [e for e in live.events() if e.get("event") == "http_request"]
+        mine = [e for e in lines if e.get("job_id") == job_id]
+        return mine if {(e["method"], e["path"], e["status"]) for e in mine} >= wanted else []
+
+    mine = wait_for(logged, 10, "the access-log lines of the job's requests")  # written after
     assert all(isinstance(e["duration_ms"], float) for e in mine)
     log_text = live.log.read_text()
     assert "Purple elephants" not in log_text and API_KEY not in log_text
