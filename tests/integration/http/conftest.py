@@ -20,6 +20,7 @@ import httpx
 import pytest
 import redis
 
+from shared.settings import Settings
 from tests.conftest import RedisServer, free_port
 from tests.support.harness import REPO_ROOT, Cluster, read_events, wait_for
 
@@ -115,7 +116,7 @@ def live(
         redis_url=url,
         root=root,
         overrides={
-            "COSYQ_ENGINE": "workers.pipeline:load_engine",
+            "COSYQ_ENGINE": str(Settings.model_fields["engine"].default),  # the real engine
             "COSYQ_MODEL_DIR": str(tiny_model_dir),
             "COSYQ_DEVICE": "cpu",
             "COSYQ_THREADS": "1",
