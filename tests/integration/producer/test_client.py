@@ -315,7 +315,7 @@ def test_import_producer_leaves_model_and_http_libraries_out() -> None:
 
 
 def test_the_base_install_requires_no_model_or_http_server_package() -> None:
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
     project = tomllib.loads(pyproject.read_text())["project"]
     base = {re.split(r"[<>=!~; \[]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
     assert base.isdisjoint({"torch", "onnxruntime", "coremltools", "fastapi", "uvicorn"})

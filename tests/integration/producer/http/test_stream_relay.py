@@ -24,7 +24,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from shared import keys
-from tests.integration.http.conftest import Front
+from tests.integration.producer.http.conftest import Front
 
 pytestmark = pytest.mark.slow
 

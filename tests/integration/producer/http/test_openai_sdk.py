@@ -11,7 +11,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from tests.integration.http.conftest import API_KEY, Front
+from tests.integration.producer.http.conftest import API_KEY, Front
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.integration.http.conftest import API_KEY, Front
-from tests.support.harness import wait_for
+from tests.doubles.harness import wait_for
+from tests.integration.producer.http.conftest import API_KEY, Front
 
 pytestmark = pytest.mark.slow
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from tests.support.harness import REPO_ROOT, Cluster, read_events, wait_for
 
 from shared.settings import Settings
 from tests.conftest import RedisServer, free_port
+from tests.doubles.harness import REPO_ROOT, Cluster, read_events, wait_for
 
 API_KEY = "test-key-" + "7" * 24
 LIVE_DB, STALLED_DB = 3, 4

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from shared import keys
-from tests.integration.http.conftest import Front
+from tests.integration.producer.http.conftest import Front
 
 pytestmark = pytest.mark.slow
 

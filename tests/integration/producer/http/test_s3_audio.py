@@ -11,9 +11,9 @@ import boto3
 import pytest
 
 from tests.conftest import RedisServer
+from tests.doubles.harness import Cluster
 from tests.integration.conftest import S3Endpoint
-from tests.integration.http.conftest import start_front
-from tests.support.harness import Cluster
+from tests.integration.producer.http.conftest import start_front
 
 pytestmark = pytest.mark.slow
 

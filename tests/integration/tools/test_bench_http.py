@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.support.harness import REPO_ROOT
+from tests.doubles.harness import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_bench_queue_via_http_measures_both_paths() -> None:
         "--via",
         "http",
         "--engine",
-        "tests.support.engines:fast",
+        "tests.doubles.engines:fast",
         "--jobs",
         "6",
         "--e2e-jobs",
