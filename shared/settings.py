@@ -205,6 +205,12 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(
         86400, gt=0, description="how long an idempotency key maps to its first job"
     )
+    idempotency_claim_grace_s: float = Field(
+        60.0,
+        ge=0,
+        description="how long a new idempotency key counts as taken before its job exists "
+        "(a submit in flight); after it, a key whose job was deleted or expired is free",
+    )
     job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
     result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
     failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
