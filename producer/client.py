@@ -28,7 +28,7 @@ from producer import idempotency
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
-from shared.connection import redis_connection
+from shared.connection import follow_master, redis_connection
 from shared.errors import (
     InvalidRequestError,
     QueueFullError,
@@ -114,6 +114,7 @@ class CosyqClient:
         """
         planned = self._plan(requests)
         job_ids: list[str] = [job.job_id for job in planned]
+        follow_master(self.connection)  # Sentinel: never write to a demoted master
         depths = self.queue_depths()
         position = 0
         while position < len(planned):

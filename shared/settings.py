@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import SettingsError
 from shared.prompt_uris import prompt_root
+from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
 
 ENV_PREFIX = "COSYQ_"
 DEFAULT_ENV_FILE = ".env"
@@ -35,7 +36,7 @@ NON_SETTINGS_VARIABLES = frozenset(
     }
 )
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 STORAGE_SCHEMES = ("file", "s3")
 
 
@@ -72,7 +73,8 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         repr=False,  # may hold a password
-        description="Redis URL: redis://, rediss:// (TLS) or unix://; user:password@ for ACLs",
+        description="Redis URL: redis://, rediss:// (TLS), unix:// or redis+sentinel://"
+        "host:port[,host:port]/service[/db]; user:password@ for ACLs",
     )
     redis_connect_timeout_s: float = Field(5.0, gt=0, description="Redis connect timeout")
     redis_socket_timeout_s: float | None = Field(
@@ -80,6 +82,15 @@ class Settings(BaseSettings):
     )
     redis_health_check_interval_s: int = Field(
         30, ge=0, description="PING an idle Redis connection before reuse after this long"
+    )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="a worker starts a job only once its attempt is on this many replicas"
+        " (Sentinel: 1 makes attempt counts exact across a failover)",
+    )
+    redis_wait_timeout_s: float = Field(
+        1.0, gt=0, description="longest wait for those replicas before the job is put back"
     )
     redis_ssl_ca_certs: Path | None = Field(
         None, description="CA bundle for rediss:// servers with a private CA"
@@ -264,6 +275,8 @@ class Settings(BaseSettings):
         scheme = urlsplit(value).scheme
         if scheme not in REDIS_SCHEMES:
             raise ValueError(f"scheme must be one of {', '.join(REDIS_SCHEMES)} (got {scheme!r})")
+        if scheme == SENTINEL_SCHEME:
+            parse_sentinel_url(value)  # a ValueError names the part that is wrong
         return value
 
     @field_validator("storage_url")
@@ -299,6 +312,11 @@ class Settings(BaseSettings):
     def _check_heartbeat(self) -> Settings:
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_ttl_s must be longer than heartbeat_interval_s")
+        if self.redis_wait_replicas and self.redis_wait_timeout_s >= self.heartbeat_ttl_s / 2:
+            raise ValueError(
+                "redis_wait_timeout_s must be shorter than heartbeat_ttl_s / 2 (the read "
+                "timeout of the worker's housekeeping client, which sends the WAIT)"
+            )
         return self
 
     def redacted_redis_url(self) -> str:
@@ -315,7 +333,10 @@ def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: A
         for error in e.errors():
             field = ".".join(str(part) for part in error["loc"]) or "settings"
             name = ENV_PREFIX + field.upper() if field in Settings.model_fields else field
-            problems.append(f"{name}: {error['msg']} (got {error.get('input')!r})")
+            given = error.get("input")
+            if field == "redis_url" and isinstance(given, str):
+                given = redact_url(given)  # never echo a password
+            problems.append(f"{name}: {error['msg']} (got {given!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from e
 
 
