@@ -169,8 +169,22 @@ def test_result_exit_codes(settings: Settings, capsys: pytest.CaptureFixture[str
     assert cosyq("result", job_id) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["state"] == "finished" and record["result"]["job_id"] == job_id
-    assert cosyq("result", "no-such-job") == 1
+    assert cosyq("result", "no-such-job") == 4  # not 1: that is a failed job
     assert "no job no-such-job" in capsys.readouterr().err
+
+
+def test_reasons_are_printed_as_written_not_as_rich_markup(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = "unreadable [func, null, args, kwargs] [bold]hash[/bold] [/]"
+    with CosyqClient(settings, job_function=FAKE) as client:
+        client.submit({"text": "doomed", "metadata": {"fail_with": reason}})
+        run_burst(client.connection)
+    for command in ("failed", "status"):
+        assert cosyq(command) == 0
+        out = capsys.readouterr().out
+        flat = "".join(line.strip("│ ") for line in out.splitlines())  # cells may wrap
+        assert "[func,null,args,kwargs][bold]hash[/bold][/]" in flat.replace(" ", ""), out
 
 
 def test_status_shows_worker_stats(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:

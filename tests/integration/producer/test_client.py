@@ -207,6 +207,29 @@ def test_same_idempotency_key_same_job(client: CosyqClient) -> None:
     assert client.result(first, timeout=1).idempotency_key == "order-1"
 
 
+def test_a_key_whose_job_was_deleted_or_expired_is_free_again(settings: Settings) -> None:
+    request = {"text": "Once only.", "idempotency_key": "order-9"}
+    quick = settings.model_copy(update={"idempotency_claim_grace_s": 0})
+    with CosyqClient(quick, job_function=FAKE_SYNTHESIZE) as client:
+        queue = Queue(keys.QUEUE_DEFAULT, connection=client.connection, serializer=JSONSerializer)
+        first = client.submit(request)
+        assert client.submit(request) == first  # its job exists: the same job
+        queue.empty()  # what `rq empty` does: the job hashes go too
+        second = client.submit(request)
+        assert second != first and queue.get_job_ids() == [second]
+        queue.fetch_job(second).delete()  # rq-dashboard's delete
+        third = client.submit(request)
+        assert third not in (first, second) and queue.get_job_ids() == [third]
+        client.connection.pexpire(f"rq:job:{third}", 1)  # an expired job
+        time.sleep(0.05)
+        assert client.submit(request) not in (first, second, third)
+    with CosyqClient(settings, job_function=FAKE_SYNTHESIZE) as client:
+        held = client.submit({"text": "In flight.", "idempotency_key": "order-10"})
+        client.connection.delete(f"rq:job:{held}")
+        # Younger than COSYQ_IDEMPOTENCY_CLAIM_GRACE_S: its job may still be on its way in.
+        assert client.submit({"text": "In flight.", "idempotency_key": "order-10"}) == held
+
+
 def test_duplicate_keys_within_one_batch(client: CosyqClient) -> None:
     ids = client.submit_many(
         [
