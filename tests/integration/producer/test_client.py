@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
+import tomllib
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -319,12 +321,13 @@ def test_backpressure_block_gives_up_after_the_timeout(settings: Settings) -> No
 # ---- packaging
 
 
-def test_import_producer_leaves_model_libraries_out() -> None:
+def test_import_producer_leaves_model_and_http_libraries_out() -> None:
     code = (
         "import sys, producer, producer.client, producer.tracking, shared.storage, shared.audio,"
-        " shared.logs, shared.connection\n"
-        "heavy = [m for m in ('torch', 'onnxruntime', 'coremltools', 'onnx', 'boto3', 'workers')"
-        " if m in sys.modules]\n"
+        " shared.logs, shared.connection, producer.cli, producer.http_bind\n"
+        "producer.cli.build_parser()\n"  # every command registered, `serve` included
+        "heavy = [m for m in ('torch', 'onnxruntime', 'coremltools', 'onnx', 'boto3', 'workers',"
+        " 'fastapi', 'uvicorn', 'starlette', 'multipart') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     root = Path(__file__).resolve().parents[3]
@@ -332,3 +335,15 @@ def test_import_producer_leaves_model_libraries_out() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_the_base_install_requires_no_model_or_http_server_package() -> None:
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
+    base = {re.split(r"[<>=!~; \[]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
+    assert base.isdisjoint({"torch", "onnxruntime", "coremltools", "fastapi", "uvicorn"})
+    http = {
+        re.split(r"[<>=!~; \[]", dep, maxsplit=1)[0].lower()
+        for dep in project["optional-dependencies"]["http"]
+    }
+    assert http == {"fastapi", "uvicorn", "python-multipart"}

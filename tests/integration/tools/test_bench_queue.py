@@ -10,6 +10,8 @@ import pytest
 
 from workers.cli import main
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(600)  # three worker starts and a tiny-model write; slow on a busy machine
 def test_bench_queue_runs_on_the_tiny_model_by_default(
