@@ -58,6 +58,7 @@ END_OF_PROMPT = "<|endofprompt|>"  # instruct2's separator: the worker adds it
 
 NATIVE_SAMPLE_RATE = 24000  # CosyVoice 2's HiFT output rate
 SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+OPUS_SAMPLE_RATES = (8000, 16000, 24000, 48000)  # of ours, those Opus encodes (it has no 22.05k)
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_SEED = 2**32 - 1  # numpy's and every backend's generators accept this range
 MAX_IDEMPOTENCY_KEY_CHARS = 255
@@ -319,6 +320,9 @@ def _combination_problems(request: SynthesisRequest) -> list[str]:
         problems.append(problem)
     if request.sample_format == "float32" and request.format != "wav":
         problems.append(f"sample_format: float32 needs format wav (format is {request.format})")
+    if request.format == "opus" and request.sample_rate not in OPUS_SAMPLE_RATES:
+        rates = ", ".join(str(rate) for rate in OPUS_SAMPLE_RATES)
+        problems.append(f"sample_rate: format opus takes {rates} Hz (got {request.sample_rate})")
     if request.output_key is not None:
         suffix = request.output_key.rsplit("/", 1)[-1].rpartition(".")[2]
         if suffix in AUDIO_FORMATS and suffix != request.format:

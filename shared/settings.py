@@ -216,6 +216,12 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(
         86400, gt=0, description="how long an idempotency key maps to its first job"
     )
+    idempotency_claim_grace_s: float = Field(
+        60.0,
+        ge=0,
+        description="how long a new idempotency key counts as taken before its job exists "
+        "(a submit in flight); after it, a key whose job was deleted or expired is free",
+    )
     job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
     result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
     failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
@@ -228,6 +234,25 @@ class Settings(BaseSettings):
     )
     wait_timeout_s: float = Field(
         3600.0, gt=0, description="default wait for results (result(), cosyq --wait, say)"
+    )
+
+    # HTTP front (`cosyq serve`, extra cosyq[http])
+    api_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated bearer keys of the HTTP front (unset: loopback only)",
+    )
+    http_wait_timeout_s: float = Field(
+        60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"
+    )
+    http_max_body_bytes: int = Field(
+        2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
+    )
+    http_max_upload_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="largest voice upload (POST /v1/audio/voices)"
+    )
+    http_max_batch: int = Field(1000, gt=0, description="most requests in one POST /v1/jobs:batch")
+    http_retry_after_s: int = Field(
+        5, ge=0, description="the Retry-After of a 429 (a queue at COSYQ_MAX_QUEUE_DEPTH)"
     )
 
     # Worker processes
@@ -312,6 +337,11 @@ class Settings(BaseSettings):
                 "timeout of the worker's housekeeping client, which sends the WAIT)"
             )
         return self
+
+    def api_key_list(self) -> tuple[str, ...]:
+        """The HTTP front's accepted bearer keys (COSYQ_API_KEYS split at commas)."""
+        raw = self.api_keys.get_secret_value() if self.api_keys is not None else ""
+        return tuple(key.strip() for key in raw.split(",") if key.strip())
 
     def redacted_redis_url(self) -> str:
         """The Redis URL with any password replaced by ***, for logs and `cosyq status`."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+import soundfile as sf
 
 from producer import CosyqClient
 from producer.cli import main
@@ -152,8 +153,11 @@ def test_say_writes_the_audio(
     assert f"wrote {out}" in capsys.readouterr().out
     samples, rate = decode_audio(out.read_bytes())
     assert rate == 24000 and samples.size == round(SECONDS_PER_CHAR * 19 * 24000)
-    assert cosyq("say", "x", "--out", str(tmp_path / "a.mp3")) == 1
-    assert "--out: .mp3 is not one of wav, flac, ogg" in capsys.readouterr().err
+    assert cosyq("say", "x", "--out", str(tmp_path / "a.aac")) == 1
+    assert "--out: .aac is not one of wav, flac, ogg, mp3, opus" in capsys.readouterr().err
+    opus = tmp_path / "hello.opus"
+    assert cosyq("say", "Hello.", "--out", str(opus)) == 0
+    assert sf.info(str(opus)).subtype == "OPUS"
 
 
 def test_result_exit_codes(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
