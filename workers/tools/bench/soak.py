@@ -166,6 +166,9 @@ def _pool_env(
         COSYQ_LOG_LEVEL="INFO",
         PYTHONUNBUFFERED="1",
     )
+    # Even a pool of one shares the cores with Redis and this process: threads that spin
+    # while waiting starve them (the pool sets this itself only for two or more slots).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 
