@@ -17,7 +17,9 @@ KEYS = ["jobs", "bad", "finished", "failed", "lost", "recycles", "max_rss_mb", "
 @pytest.mark.timeout(600)
 def test_a_short_soak_loses_nothing_and_fails_only_the_bad_jobs(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
-    env.update(PYTHONPATH=str(REPO_ROOT), TMPDIR=str(tmp_path))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env.update(PYTHONPATH=str(REPO_ROOT), TMPDIR=str(scratch))
     # One slot, so each retirement is granted at once: 24 jobs on a budget of 8 recycle twice.
     command = [sys.executable, "-m", "workers.cli", "bench", "soak", "--jobs", "24",
                "--pool", "1", "--max-jobs", "8", "--bad-every", "6", "--json"]  # fmt: skip
@@ -33,4 +35,4 @@ def test_a_short_soak_loses_nothing_and_fails_only_the_bad_jobs(tmp_path: Path) 
     assert summary["recycles"] >= 2
     assert 50 < summary["max_rss_mb"] < 8192
     assert summary["wall_s"] > 0
-    assert not list(tmp_path.glob("cosyq-soak-*"))  # its scratch folder is removed
+    assert not list(scratch.glob("cosyq-soak-*"))  # its scratch folder is removed
