@@ -8,8 +8,7 @@ Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in
 (MULTI/EXEC), which also reads the queue depths back for the next chunk's backpressure check. A
 chunk holding idempotency keys costs one more round trip first, to reserve the keys atomically
 (`producer.idempotency.reserve`): the first submitter of a key wins, later ones get the first
-job's id
-while that job exists.
+job's id while that job exists.
 """
 
 from __future__ import annotations
