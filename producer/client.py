@@ -7,15 +7,15 @@ worker code, and no pickle crosses Redis.
 Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in one pipeline
 (MULTI/EXEC), which also reads the queue depths back for the next chunk's backpressure check. A
 chunk holding idempotency keys costs one more round trip first, to reserve the keys atomically
-(`SET NX GET`): the first submitter of a key wins, later ones get the first job's id.
+(`producer.idempotency.reserve`): the first submitter of a key wins, later ones get the first
+job's id while that job exists.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,23 +24,30 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
+from producer.idempotency import release as release_idempotency_key
+from producer.idempotency import reserve as reserve_idempotency_keys
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
-from shared.connection import redis_connection
-from shared.errors import InvalidRequestError, QueueFullError, TransientError
-from shared.jobs import RequestLimits, SynthesisRequest, validate_request
+from shared.connection import follow_master, redis_connection
+from shared.errors import (
+    InvalidRequestError,
+    QueueFullError,
+    SubmitInterruptedError,
+)
+from shared.jobs import (
+    RequestLimits,
+    SynthesisRequest,
+    retry_intervals,
+    validate_request,
+    voice_label,
+)
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.voices import VoiceRegistry, VoiceSummary
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
-
-# Compare-and-delete: free an idempotency key only if it still names our job.
-_RELEASE_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
+OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
 
 
 @dataclass(frozen=True)
@@ -95,21 +102,31 @@ class CosyqClient:
         idempotency key was seen before). Raises InvalidRequestError or QueueFullError."""
         return self.submit_many([request])[0]
 
-    def submit_many(self, requests: Iterable[RequestLike]) -> list[str]:
+    def submit_many(
+        self, requests: Iterable[RequestLike], *, on_submitted: OnSubmitted | None = None
+    ) -> list[str]:
         """Validate all, then enqueue in pipelined chunks; job ids in request order.
 
-        Nothing is enqueued if any request is invalid (the error names its index). When a
-        queue is full, QueueFullError carries the ids already submitted (or, with
-        backpressure "block", this waits up to backpressure_timeout_s for room).
+        Nothing is enqueued if any request is invalid (the error names its index). Each chunk
+        goes in whole or not at all; `on_submitted` gets its (index, job id) pairs as soon as it
+        is in Redis. When a queue is full, QueueFullError carries the ids already submitted (or,
+        with backpressure "block", this waits up to backpressure_timeout_s for room); when
+        Redis refuses a chunk (out of memory, unreachable), SubmitInterruptedError does.
         """
         planned = self._plan(requests)
         job_ids: list[str] = [job.job_id for job in planned]
+        follow_master(self.connection)  # Sentinel: never write to a demoted master
         depths = self.queue_depths()
         position = 0
         while position < len(planned):
             chunk = self._next_chunk(planned, position, depths, job_ids[:position])
-            depths = self._enqueue_chunk(chunk, job_ids)
+            try:
+                depths = self._enqueue_chunk(chunk, job_ids)
+            except redis.RedisError as e:
+                raise _interrupted(e, chunk, len(planned), job_ids[:position]) from e
             position += len(chunk)
+            if on_submitted is not None:
+                on_submitted([(job.index, job_ids[job.index]) for job in chunk])
         return job_ids
 
     def _plan(self, requests: Iterable[RequestLike]) -> list[_PlannedJob]:
@@ -169,26 +186,29 @@ class CosyqClient:
             pipe.llen(self._queues[name].key)
         try:
             replies = pipe.execute()
-        except redis.RedisError as e:
+        except redis.RedisError:
             self._release_idempotency_keys(fresh)
-            raise TransientError(f"enqueue failed: {e}") from e
+            raise
         return dict(zip(self._queues, (int(n) for n in replies[-len(self._queues) :]), strict=True))
 
     def _reserve_idempotency_keys(
         self, chunk: list[_PlannedJob], job_ids: list[str]
     ) -> list[_PlannedJob]:
-        """Claim each idempotency key for our job (SET NX GET); drop jobs whose key was taken."""
+        """Claim each idempotency key for our job; drop jobs whose key a live job holds."""
         keyed = [job for job in chunk if job.request.idempotency_key is not None]
         if not keyed:
             return chunk
-        pipe = self.connection.pipeline(transaction=False)
-        for job in keyed:
-            key = keys.idempotency_key(job.request.idempotency_key or "")
-            pipe.set(key, job.job_id, nx=True, get=True, ex=self.settings.idempotency_ttl_s)
+        claims = [(keys.idempotency_key(j.request.idempotency_key or ""), j.job_id) for j in keyed]
+        holders = reserve_idempotency_keys(
+            self.connection,
+            claims,
+            ttl_s=self.settings.idempotency_ttl_s,
+            grace_s=self.settings.idempotency_claim_grace_s,
+        )
         taken: set[int] = set()
-        for job, previous in zip(keyed, pipe.execute(), strict=True):
-            if previous is not None:
-                job_ids[job.index] = previous.decode()
+        for job, holder in zip(keyed, holders, strict=True):
+            if holder is not None:
+                job_ids[job.index] = holder
                 taken.add(job.index)
         return [job for job in chunk if job.index not in taken]
 
@@ -196,8 +216,7 @@ class CosyqClient:
         for job in jobs:
             if job.request.idempotency_key is not None:
                 key = keys.idempotency_key(job.request.idempotency_key)
-                with contextlib.suppress(redis.RedisError):  # else it expires after its TTL
-                    self.connection.eval(_RELEASE_SCRIPT, 1, key, job.job_id)
+                release_idempotency_key(self.connection, key, job.job_id)
 
     def _enqueue_data(self, job: _PlannedJob) -> Any:
         request = job.request
@@ -205,7 +224,7 @@ class CosyqClient:
         backoff = self.settings.retry_backoff_s
         retry = None
         if retries > 0:
-            retry = Retry(max=retries, interval=[round(backoff * 2**k) for k in range(retries)])
+            retry = Retry(max=retries, interval=retry_intervals(retries, backoff))
         return Queue.prepare_data(
             self.job_function,
             kwargs={"request": request.model_dump(mode="json")},
@@ -243,12 +262,18 @@ class CosyqClient:
         job_ids: Sequence[str],
         timeout: float | None = None,
         on_progress: Any = None,
+        *,
+        on_outcome: Any = None,
+        on_outage: Any = None,
     ) -> dict[str, JobOutcome]:
-        """Wait for many jobs; each id maps to its outcome (result or failure, including
-        "timeout" for jobs still pending at the deadline). on_progress(done, total) is called
-        after each poll."""
+        """Wait for many jobs; each id maps to its outcome (result or failure, kind "pending"
+        for jobs still queued or running at the deadline). on_progress(done, total) is called
+        after each poll, on_outcome(job_id, outcome) as each arrives; a Redis outage is waited
+        out (until the deadline) and reported to on_outage(message) when lost and when back."""
         wait = self.settings.wait_timeout_s if timeout is None else timeout
-        return self.tracker.wait_many(job_ids, wait, on_progress)
+        return self.tracker.wait_many(
+            job_ids, wait, on_progress, on_outcome=on_outcome, on_outage=on_outage
+        )
 
     # ---- voices
 
@@ -282,16 +307,29 @@ class CosyqClient:
         VoiceRegistry(self.connection).remove(name)
 
 
+def _interrupted(
+    error: redis.RedisError, chunk: list[_PlannedJob], total: int, submitted: list[str]
+) -> SubmitInterruptedError:
+    """Why a chunk did not go in, which one, and how many jobs did (never the job bytes)."""
+    first, last = chunk[0].index + 1, chunk[-1].index + 1
+    if isinstance(error, redis.exceptions.OutOfMemoryError):  # refused before EXEC ran
+        what = f"Redis is out of memory (maxmemory): the chunk of requests {first:,}-{last:,}"
+        what += " was refused"
+    else:  # the reply was lost: the chunk may or may not be in
+        what = f"Redis failed ({type(error).__name__}): the chunk of requests {first:,}-{last:,}"
+        what += " was not confirmed (it may be queued)"
+    return SubmitInterruptedError(
+        f"{what}; {len(submitted):,} of {total:,} job(s) were submitted before it",
+        submitted=tuple(submitted),
+    )
+
+
 def _submit_meta(request: SynthesisRequest) -> dict[str, Any]:
     """What the producer records on the job for status displays: sizes and names, no text."""
-    if request.voice is not None:
-        voice = request.voice
-    else:
-        voice = "(prompt audio)" if request.prompt_audio else "default"
     return {
         "submitted_at": datetime.now(UTC).isoformat(),
         "text_chars": len(request.text),
-        "voice": voice,
+        "voice": voice_label(request),
         "mode": request.mode,
         "priority": request.priority,
         "idempotency_key": request.idempotency_key,

@@ -2,14 +2,25 @@
 
 `open_storage(settings)` picks the backend from `storage_url`. Keys are relative to the prefix and
 checked again here (not only in the request), so no key can write outside it. Disk writes go to a
-temporary file beside the target and are renamed into place: a reader never sees half a file.
+temporary file beside the target and are renamed into place: a reader never sees half a file; a
+failed write removes its temp file, and one left by a killed writer (its name says which host
+and pid) is removed by the next write of the same key, the job's retry: at once when that pid is
+gone from this host, else once it is older than the job timeout.
 Either backend reads both kinds of URI (`get`), for prompt audio and for `cosyq say --out`.
+Failures are StorageError (permanent: fix the configuration) or StorageUnavailableError (may
+pass: retry), decided by errno or S3 error code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import glob
 import os
+import re
+import socket
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,12 +28,32 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from shared.errors import InvalidRequestError, ObjectNotFoundError, StorageError
+from shared.errors import (
+    CosyqError,
+    InvalidRequestError,
+    ObjectNotFoundError,
+    StorageError,
+    StorageUnavailableError,
+)
 from shared.jobs import check_output_key
 from shared.s3 import S3Access
 from shared.settings import Settings
 
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+# errno values that may clear up by themselves: a full disk, a flaky network mount.
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EIO,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ESTALE,
+        errno.ENOLCK,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +107,18 @@ class Storage(ABC):
     ) -> StoredObject:
         """Write `data` at `key` under the base URI, replacing any object there."""
 
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object at `key` under the base URI (no error when it is not there)."""
+
+    @abstractmethod
+    def uri_for(self, key: str) -> str:
+        """The URI `put(key, ...)` writes to."""
+
+    @abstractmethod
+    def check_readable(self) -> None:
+        """Raise unless the base URI can be read (a folder that lists, a bucket that answers)."""
+
     def get(self, uri: str) -> bytes:
         """Read a whole object; ObjectNotFoundError when it is not there."""
         parts = urlsplit(uri)
@@ -100,6 +143,8 @@ class Storage(ABC):
             raise InvalidRequestError(f"{uri}: is a directory, not a file") from e
         except PermissionError as e:
             raise StorageError(f"{uri}: permission denied") from e
+        except OSError as e:
+            raise file_error(e, f"cannot read {uri}") from e
 
 
 def _check_size(uri: str, size: int, limit: int) -> None:
@@ -113,6 +158,7 @@ class FileStorage(Storage):
     def __init__(self, settings: Settings, root: Path) -> None:
         super().__init__(settings)
         self.root = root
+        self._stale_temp_s = float(settings.job_timeout_s)  # no live writer is older
 
     @property
     def base_uri(self) -> str:
@@ -128,13 +174,48 @@ class FileStorage(Storage):
                 raise StorageError(f"{key}: resolves outside {self.root} (a symlink?)")
             _write_atomically(path, data)
         except OSError as e:
-            raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
+            raise file_error(e, f"cannot write {path}") from e
+        _remove_stale_temps(path, self._stale_temp_s)
         return StoredObject(uri=path.as_uri(), bytes=len(data))
+
+    def delete(self, key: str) -> None:
+        path = self.root / check_output_key(key, limit=1024)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            raise file_error(e, f"cannot delete {path}") from e
+
+    def uri_for(self, key: str) -> str:
+        return (self.root / check_output_key(key, limit=1024)).as_uri()
+
+    def check_readable(self) -> None:
+        try:
+            with os.scandir(self.root) as entries:
+                next(entries, None)
+        except OSError as e:
+            raise file_error(e, f"cannot read {self.root}") from e
+
+
+def file_error(error: OSError, where: str) -> CosyqError:
+    """An OSError as StorageUnavailableError (disk full, I/O error) or StorageError (the rest)."""
+    cause = error.strerror or str(error)
+    if isinstance(error, FileExistsError) and error.errno == errno.EEXIST:
+        cause = "a file is in the way (not a directory)"
+    if error.errno in _TRANSIENT_ERRNOS:
+        return StorageUnavailableError(f"{where}: {cause}")
+    return StorageError(f"{where}: {cause}")
+
+
+def _writer() -> str:
+    """`<host>-<pid>`, in each temp file's name, so a later write can tell a dead writer's."""
+    host = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname().split(".")[0]) or "host"
+    return f"{host}-{os.getpid()}"
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename over the target."""
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix = f".{path.name}.{_writer()}."
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
@@ -145,6 +226,31 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_temps(path: Path, older_than_s: float) -> None:
+    """Temp files of this target that a killed writer (SIGKILL, power loss) left behind."""
+    cutoff = time.time() - older_than_s
+    head = f".{path.name}."
+    me = _writer()
+    host = me.rsplit("-", 1)[0]
+    for temp in path.parent.glob(f"{glob.escape(head)}*.tmp"):
+        writer = temp.name[len(head) :].split(".", 1)[0]
+        writer_host, _, pid = writer.rpartition("-")
+        dead = writer != me and writer_host == host and pid.isdigit() and not _alive(int(pid))
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            if dead or temp.stat().st_mtime < cutoff:
+                temp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class S3Storage(Storage):
@@ -162,13 +268,26 @@ class S3Storage(Storage):
     def put(
         self, key: str, data: bytes, content_type: str, metadata: Mapping[str, str]
     ) -> StoredObject:
-        key = check_output_key(key, limit=1024)
-        full_key = f"{self.prefix}/{key}" if self.prefix else key
+        full_key = self._full_key(key)
         uri = f"s3://{self.bucket}/{full_key}"
         self._s3.put(
             self.bucket, full_key, data, content_type=content_type, metadata=dict(metadata), uri=uri
         )
         return StoredObject(uri=uri, bytes=len(data))
+
+    def delete(self, key: str) -> None:
+        full_key = self._full_key(key)
+        self._s3.delete(self.bucket, full_key, f"s3://{self.bucket}/{full_key}")
+
+    def uri_for(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._full_key(key)}"
+
+    def check_readable(self) -> None:
+        self._s3.check_bucket(self.bucket, self.base_uri)
+
+    def _full_key(self, key: str) -> str:
+        key = check_output_key(key, limit=1024)
+        return f"{self.prefix}/{key}" if self.prefix else key
 
 
 def open_storage(settings: Settings) -> Storage:

@@ -19,6 +19,7 @@ import random
 import signal
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -35,7 +36,7 @@ from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from workers.service import admission, control, host
+from workers.service import admission, control, host, metrics
 from workers.service.failures import JobError, classify
 from workers.service.lifecycle import WorkerLifecycle
 from workers.service.outage import (
@@ -44,10 +45,8 @@ from workers.service.outage import (
     until_reachable,
     wait_for_redis,
 )
-from workers.service.reaper import LAST_ERROR_META_KEY
 from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.service.retries import apply_default_retries
-from workers.tasks import ATTEMPT_META_KEY
 
 log = get_logger(__name__)
 
@@ -114,6 +113,7 @@ class CosyqWorker(OutageTolerantWorker):
         self._retire_announced = False
         self._current: tuple[Job, Queue] | None = None
         self._handling_job = False
+        self._outcome: str | None = None  # set by RQ's success/failure handlers, per attempt
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -199,7 +199,8 @@ class CosyqWorker(OutageTolerantWorker):
             log.warning("job_not_started", job_id=job.id, error=str(e))
             self._push_back(job, queue)
             return
-        self._current = (job, queue)
+        self._current, self._outcome = (job, queue), None
+        started = time.perf_counter()
         try:
             super().execute_job(job, queue)
         except REDIS_OUTAGE as e:
@@ -208,6 +209,8 @@ class CosyqWorker(OutageTolerantWorker):
             log.warning("job_outcome_unrecorded", job_id=job.id, error=str(e))
         finally:
             self._current = None
+            if self._outcome is not None:
+                metrics.record_job(queue.name, self._outcome, time.perf_counter() - started)
             if self.lifecycle is not None:
                 self.lifecycle.housekeeper.end_job(job.id)
 
@@ -217,10 +220,15 @@ class CosyqWorker(OutageTolerantWorker):
         log.info("job_pushed_back", job_id=job.id, queue=queue.name)
 
     def _prepare_attempt(self, job: Job) -> None:
-        """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat."""
+        """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat.
+
+        A job requeued by hand (`rq requeue`, rq-dashboard, `cosyq failed --requeue`) keeps its
+        meta: its old failure is cleared here, and the attempt count goes on from where it was.
+        """
         job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
-        previous = job.meta.get(ATTEMPT_META_KEY, 0)
-        job.meta[ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
+        job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        job.meta.pop(keys.ERROR_META_KEY, None)
         apply_default_retries(
             job,
             max_retries=self.settings.max_retries,
@@ -255,6 +263,12 @@ class CosyqWorker(OutageTolerantWorker):
             if handler(job, *exc_info) is False:
                 break
 
+    def handle_job_success(
+        self, job: Job, queue: Queue, started_job_registry: Any, execution: Any
+    ) -> None:
+        self._outcome = "finished"
+        super().handle_job_success(job, queue, started_job_registry, execution)
+
     def handle_job_failure(
         self,
         job: Job,
@@ -265,9 +279,11 @@ class CosyqWorker(OutageTolerantWorker):
     ) -> None:
         """Store the short reason in job.meta and as RQ's exc_info (no traceback soup)."""
         error = self._failures.pop(job.id, None)
+        retrying = job.should_retry and self._stopped_job_id != job.id
+        self._outcome = "retried" if retrying else "failed"
         if error is not None:
-            retrying = job.should_retry and self._stopped_job_id != job.id
-            job.meta[LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY] = error.as_meta()
+            meta_key = keys.LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY
+            job.meta[meta_key] = error.as_meta()
             job.save_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
@@ -276,6 +292,7 @@ class CosyqWorker(OutageTolerantWorker):
     def _refuse(self, job: Job, queue: Queue, refusal: admission.Refusal) -> None:
         """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported."""
         log.warning("job_refused", job_id=job.id, queue=queue.name, reason=refusal.message)
+        metrics.record_job(queue.name, "refused")
         job.meta = {keys.ERROR_META_KEY: {"kind": refusal.kind, "message": refusal.message}}
         job.retries_left = 0
         job.webhooks = []
@@ -294,6 +311,7 @@ class CosyqWorker(OutageTolerantWorker):
         queue_name = queue.name if isinstance(queue, Queue) else keys.QUEUE_DEFAULT
         reason = f"{type(error).__name__}: {error}"
         log.warning("job_refused", job_id=job_id, queue=queue_name, reason=reason)
+        metrics.record_job(queue_name, "refused")
         admission.refuse_unreadable(
             self.connection, queue_name, job_id, reason, failure_ttl_s=self.settings.failure_ttl_s
         )
@@ -312,6 +330,8 @@ class CosyqWorker(OutageTolerantWorker):
         """Leave (or, under the pool, ask to leave) once the current job is done."""
         with self._retire_lock:
             pooled = self.control is not None and self.control.open
+            if not (self._retire_announced or self._stop_requested):
+                metrics.record_recycle(reason.value)
             if pooled and not reason.urgent:
                 if not self._retire_announced:
                     self._retire_announced = True

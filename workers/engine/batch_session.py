@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from workers.engine.api import SynthesisInput, SynthesisOutput
-from workers.engine.requests import RequestPlan, RequestState
+from workers.engine.requests import RequestPlan
 from workers.model.llm import Qwen2LM
 from workers.model.llm_batch import BatchDecoder, FinishedRow, RowTooLong
 
@@ -48,7 +48,7 @@ class PlannedPipeline(Protocol):
 
     def piece_audio(self, ids: np.ndarray, plan: RequestPlan) -> np.ndarray: ...
 
-    def finish(self, audio: list[np.ndarray], state: RequestState) -> np.ndarray: ...
+    def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray: ...
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput: ...
 
@@ -203,7 +203,7 @@ class PipelineBatchSession:
             if len(job.audio) < len(plan.pieces):
                 self._join(job)
                 return
-            samples = self.pipeline.finish(job.audio, plan.state)
+            samples = self.pipeline.finish(job.audio, plan)
         except BaseException as e:
             self._done(job, error=e)
             return

@@ -14,6 +14,7 @@ source in a fixed order, so the same request and seed give the same samples.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
+from shared.text_markup import speech_limit_message, speech_seconds
 from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces
 from workers.engine.batch_session import PipelineBatchSession
@@ -60,6 +62,7 @@ class EngineOptions:
     split: SplitConfig = field(default_factory=SplitConfig)
     join: JoinConfig = field(default_factory=JoinConfig)
     max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
+    max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
     max_batch: int = 16  # the most requests one batch session may hold (KV cache rows)
     batch_max_positions: int = 2048  # KV positions per batch row; longer pieces run alone
@@ -111,14 +114,17 @@ class SynthesisPipeline:
         plan = self.begin(request)
         forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
         audio = [self._piece(piece, plan, forced) for piece in plan.pieces]
-        return self.finish(audio, plan.state), plan.state
+        return self.finish(audio, plan), plan.state
 
     def begin(self, request: SynthesisInput) -> RequestPlan:
         """The front end of one request: checks, pieces, the mode's LLM prompt, its state."""
         state = RequestState.start(request.seed)
         with state.clock.timed("frontend"):
             _check_request(request)
-            pieces = self.frontend.pieces(request.text)
+            pieces = self.frontend.pieces(
+                request.text, language=request.language, transcript=request.prompt.transcript
+            )
+            check_speech_bound(pieces, self.options.max_speech_seconds)
             prompt = llm_prompt(self.frontend, request)
         return RequestPlan(request, state, pieces, prompt)
 
@@ -147,10 +153,18 @@ class SynthesisPipeline:
         with state.clock.timed("hift"):
             return self.vocoder.waveform(mel, state.generator)
 
-    def finish(self, audio: list[np.ndarray], state: RequestState) -> np.ndarray:
-        """The pieces' samples joined into the request's utterance."""
-        with state.clock.timed("hift"):
-            return join_pieces(audio, self.sample_rate, self.options.join)
+    def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray:
+        """The pieces' samples joined into the request's utterance (with the text's pauses)."""
+        pieces = plan.pieces
+        with plan.state.clock.timed("join"):
+            return join_pieces(
+                audio,
+                self.sample_rate,
+                self.options.join,
+                gaps=[piece.pause_before_s for piece in pieces[1:]],
+                lead_s=pieces[0].pause_before_s or 0.0,
+                tail_s=pieces[-1].pause_after_s,
+            )
 
     @property
     def forced_speech_tokens(self) -> int | None:
@@ -182,6 +196,20 @@ class SynthesisPipeline:
         )
         request = SynthesisInput(text=WARM_UP_TEXT, prompt=prompt, mode="cross_lingual", seed=0)
         self.run(request, forced_length=WARM_UP_TOKENS)
+
+
+def check_speech_bound(pieces: list[TextPiece], limit_s: float) -> None:
+    """Refuse, before any synthesis, a request whose speech estimate (text tokens after
+    normalisation, plus pauses) is over `limit_s`: a runaway expansion would outlast the job
+    timeout and be retried."""
+    tokens = sum(len(piece.ids) for piece in pieces)
+    pauses = sum(piece.pause_before_s or 0.0 for piece in pieces) + pieces[-1].pause_after_s
+    estimate = speech_seconds(tokens, pauses)
+    if estimate > limit_s:
+        detail = f"{tokens:,} text tokens after normalisation in {len(pieces)} pieces"
+        if pauses:
+            detail += f", {pauses:g} s of pauses"
+        raise InvalidRequestError(f"text: {speech_limit_message(estimate, limit_s, detail)}")
 
 
 def _check_request(request: SynthesisInput) -> None:

@@ -18,7 +18,7 @@ from workers.engine.api import SynthesisInput
 from workers.engine.modes import LLMPrompt
 from workers.engine.text_frontend import TextPiece
 
-STAGES = ("frontend", "llm", "flow", "hift")
+STAGES = ("frontend", "llm", "flow", "hift", "join")
 
 
 class StageClock:
