@@ -23,6 +23,6 @@ def test_bench_queue_runs_on_the_tiny_model_by_default(
     assert main(["bench", "queue", "--jobs", "1", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "queue benchmark: 1 jobs per run" in out
-    assert "engine workers.service.engine_loading:engine_from_settings" in out
+    assert "engine workers.service.default_engine:engine_from_settings" in out
     assert "cosyq worker" in out and "bare rq SimpleWorker" in out
     assert "recycle cost, process start -> worker_ready (n=1)" in out
