@@ -209,7 +209,9 @@ def run(
         workdir = Path(temp)
         with LocalRedis(workdir / "redis") as server:
             prompt_dir = model_dir or prompt_only_model_dir(workdir / "model")
-            env = worker_env(server.url, engine, prompt_dir, workdir / "out", e2e_jobs + 10)
+            env = worker_env(
+                server.url, engine, prompt_dir, workdir / "out", 2 * e2e_jobs + 10
+            )  # no recycling
             env.update(COSYQ_MAX_RETRIES="0", COSYQ_MAX_QUEUE_DEPTH=str(jobs * 4 + 100))
             env.pop("COSYQ_API_KEYS", None)  # loopback only
             settings = load_settings(env_file=None, **_settings_from(env))

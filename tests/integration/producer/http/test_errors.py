@@ -40,6 +40,11 @@ def test_400_names_the_field_and_rule(http: httpx.Client) -> None:
     assert error["message"] == "colour: unknown field"
     error = error_of(http.post("/v1/jobs", content=b"{not json", headers=_json()), 400)
     assert error["code"] == "invalid_json"
+    deep = b"[" * 200_000 + b"]" * 200_000
+    error = error_of(http.post("/v1/jobs", content=deep, headers=_json()), 400)
+    assert error["message"] == "request: JSON nested too deeply"
+    error = error_of(http.post("/v1/jobs", content=b"\xff\xfe{", headers=_json()), 400)
+    assert error["code"] == "invalid_json"
     error = error_of(http.post("/v1/jobs", json=["a", "list"]), 400)
     assert "must be a JSON object" in error["message"]
     error = error_of(http.post("/v1/audio/speech", json={**SPEECH, "temperature": 1}), 400)
