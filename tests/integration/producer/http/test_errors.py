@@ -28,8 +28,9 @@ def error_of(response: httpx.Response, status: int) -> dict:
 
 
 @pytest.fixture
-def http(live: Front) -> Iterator[httpx.Client]:
-    with live.http() as client:
+def http(stalled: Front) -> Iterator[httpx.Client]:
+    """Checks that refuse a request before it is queued need no worker (nor a key)."""
+    with stalled.http(key=None) as client:
         yield client
 
 
