@@ -70,7 +70,7 @@ class WorkerStats:
 
 
 class Housekeeper:
-    """Owns the heartbeat of the running job and the periodic duties (see module docstring)."""
+    """Owns the heartbeats of the running jobs and the periodic duties (see module docstring)."""
 
     def __init__(
         self,
@@ -89,7 +89,7 @@ class Housekeeper:
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.extra_duties: list[Callable[[], None]] = []
-        self._job_id: str | None = None
+        self._job_ids: dict[str, None] = {}  # running jobs, oldest first (several when batching)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cosyq-housekeeping", daemon=True)
@@ -120,8 +120,8 @@ class Housekeeper:
         """Claim the job's heartbeat and write `job_fields` to its hash, in one round trip;
         called before RQ marks the job started (see workers/reaper.py for why)."""
         with self._lock:
-            self._job_id = job_id
-            self.stats.state, self.stats.current_job = "busy", job_id
+            self._job_ids[job_id] = None
+            self.stats.state, self.stats.current_job = "busy", ",".join(self._job_ids)
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
             pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
@@ -131,10 +131,10 @@ class Housekeeper:
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""
         with self._lock:
-            self._job_id = None
+            self._job_ids.pop(job_id, None)
             self.stats.jobs_done += 1
-            self.stats.current_job = ""
-            if self.stats.state == "busy":
+            self.stats.current_job = ",".join(self._job_ids)
+            if self.stats.state == "busy" and not self._job_ids:
                 self.stats.state = "idle"
         key = keys.job_heartbeat_key(job_id)
 
@@ -171,10 +171,12 @@ class Housekeeper:
 
     def _refresh_heartbeat(self) -> None:
         with self._lock:
-            job_id = self._job_id
-        if job_id is not None:
-            key = keys.job_heartbeat_key(job_id)
-            self.connection.set(key, self.stats.name, px=self.ttl_ms)
+            job_ids = list(self._job_ids)
+        if job_ids:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+                pipe.execute()
 
     def _reaper_armed(self) -> bool:
         """False for one TTL after a Redis outage, so live workers re-claim their jobs first."""
