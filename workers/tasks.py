@@ -19,19 +19,19 @@ import structlog
 from rq import get_current_job
 from rq.job import Job
 
+from shared import keys
 from shared.audio import EncodedAudio, encode_audio
-from shared.jobs import SynthesisRequest, validate_request
+from shared.jobs import SynthesisRequest, validate_request, voice_label
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
+from shared.storage_retry import Backoff, put_with_retries
 from workers.engine.api import SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.service import metrics
 from workers.service.job_runtime import WorkerRuntime, current_runtime
 from workers.voices import profiles as voice_profiles
-from workers.voices.book import DEFAULT_VOICE
 
 log = get_logger(__name__)
-
-ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class JobContext:
 
     @classmethod
     def from_job(cls, job: Job) -> JobContext:
-        attempt = job.meta.get(ATTEMPT_META_KEY, 1)
+        attempt = job.meta.get(keys.ATTEMPT_META_KEY, 1)
         return cls(
             job_id=job.id,
             queue=job.origin,
@@ -68,6 +68,7 @@ def synthesize(request: dict[str, Any]) -> dict[str, Any]:
     if job is None:
         raise RuntimeError("workers.tasks.synthesize runs only as an RQ job")
     result = run_synthesis(current_runtime(), request, JobContext.from_job(job))
+    metrics.record_stages(result.timings.model_dump(), result.duration_s)
     return result.model_dump(mode="json")
 
 
@@ -92,6 +93,7 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
             name=name,
             prompt_audio=prompt_audio,
             transcript=transcript,
+            max_transcript_chars=runtime.limits.max_text_chars,
         )
         log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
         return summary
@@ -125,7 +127,7 @@ def prepare_synthesis(
     with _logged(runtime, context):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
-        structlog.contextvars.bind_contextvars(voice=_voice_label(request))
+        structlog.contextvars.bind_contextvars(voice=voice_label(request))
         prompt = runtime.voices.resolve(request)
         return PreparedSynthesis(
             request=request,
@@ -163,6 +165,7 @@ def finish_synthesis(
             llm_s=output.stage_seconds.get("llm", 0.0),
             flow_s=output.stage_seconds.get("flow", 0.0),
             hift_s=output.stage_seconds.get("hift", 0.0),
+            join_s=output.stage_seconds.get("join", 0.0),
             encode_s=encoded_at - synthesized,
             store_s=finished - encoded_at,
             total_s=finished - prepared.started,
@@ -192,25 +195,30 @@ def _logged(
         attempt=context.attempt,
     ):
         if request is not None:
-            structlog.contextvars.bind_contextvars(voice=_voice_label(request))
+            structlog.contextvars.bind_contextvars(voice=voice_label(request))
         yield
-
-
-def _voice_label(request: SynthesisRequest) -> str:
-    if request.prompt_audio is not None:
-        return "inline"
-    return request.voice or DEFAULT_VOICE
 
 
 def _store(
     runtime: WorkerRuntime, request: SynthesisRequest, context: JobContext, encoded: EncodedAudio
 ) -> StoredObject:
-    """Deterministic key (a retry overwrites the same object), content type and metadata."""
+    """Deterministic key (a retry overwrites the same object), content type and metadata.
+
+    A transient failure is retried here, a few times, so the audio is not synthesized again.
+    """
     key = object_key(context.job_id, encoded.extension, request.output_key, context.enqueued_at)
     metadata = audio_metadata(
         job_id=context.job_id, sha256=encoded.sha256, duration_s=encoded.duration_s
     )
-    return runtime.storage.put(key, encoded.data, encoded.content_type, metadata)
+    return put_with_retries(
+        runtime.storage,
+        key,
+        encoded.data,
+        encoded.content_type,
+        metadata,
+        attempts=runtime.settings.storage_write_attempts,
+        backoff=Backoff.from_settings(runtime.settings),
+    )
 
 
 def _log_finished(
@@ -226,6 +234,7 @@ def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisIn
         text=request.text,
         prompt=prompt,
         mode=request.mode,
+        language=request.language,
         instruction=request.instruction,
         speed=request.speed,
         seed=request.seed,
@@ -243,7 +252,9 @@ def _result(
     timings: StageTimings,
 ) -> SynthesisResult:
     identity = runtime.engine.identity
-    synthesis_s = timings.frontend_s + timings.llm_s + timings.flow_s + timings.hift_s
+    synthesis_s = sum(
+        (timings.frontend_s, timings.llm_s, timings.flow_s, timings.hift_s, timings.join_s)
+    )
     if synthesis_s <= 0:  # an engine that reports no stages: use the wall time up to encoding
         synthesis_s = max(0.0, timings.total_s - timings.encode_s - timings.store_s)
     return SynthesisResult(

@@ -19,6 +19,7 @@ import random
 import signal
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -35,7 +36,7 @@ from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from workers.service import admission, control, host
+from workers.service import admission, control, host, metrics
 from workers.service.batch_admission import batchable
 from workers.service.batch_runner import BatchRunner
 from workers.service.failures import JobError, classify
@@ -46,10 +47,8 @@ from workers.service.outage import (
     until_reachable,
     wait_for_redis,
 )
-from workers.service.reaper import LAST_ERROR_META_KEY
 from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.service.retries import apply_default_retries
-from workers.tasks import ATTEMPT_META_KEY
 
 log = get_logger(__name__)
 
@@ -116,6 +115,7 @@ class CosyqWorker(OutageTolerantWorker):
         self._retire_announced = False
         self._current: tuple[Job, Queue] | None = None
         self._handling_job = False
+        self._outcome: str | None = None  # set by RQ's success/failure handlers, per attempt
         # COSYQ_BATCH_SIZE > 1: synthesize jobs run together (workers/service/batch_runner.py)
         self._batch = BatchRunner(self) if self.settings.batch_size > 1 else None
         self._rq_max_jobs: int | None = None
@@ -210,7 +210,8 @@ class CosyqWorker(OutageTolerantWorker):
             log.warning("job_not_started", job_id=job.id, error=str(e))
             self._push_back(job, queue)
             return
-        self._current = (job, queue)
+        self._current, self._outcome = (job, queue), None
+        started = time.perf_counter()
         try:
             super().execute_job(job, queue)
         except REDIS_OUTAGE as e:
@@ -219,6 +220,8 @@ class CosyqWorker(OutageTolerantWorker):
             log.warning("job_outcome_unrecorded", job_id=job.id, error=str(e))
         finally:
             self._current = None
+            if self._outcome is not None:
+                metrics.record_job(queue.name, self._outcome, time.perf_counter() - started)
             if self.lifecycle is not None:
                 self.lifecycle.housekeeper.end_job(job.id)
 
@@ -230,8 +233,8 @@ class CosyqWorker(OutageTolerantWorker):
     def _prepare_attempt(self, job: Job) -> None:
         """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat."""
         job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
-        previous = job.meta.get(ATTEMPT_META_KEY, 0)
-        job.meta[ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
+        job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
         apply_default_retries(
             job,
             max_retries=self.settings.max_retries,
@@ -266,6 +269,12 @@ class CosyqWorker(OutageTolerantWorker):
             if handler(job, *exc_info) is False:
                 break
 
+    def handle_job_success(
+        self, job: Job, queue: Queue, started_job_registry: Any, execution: Any
+    ) -> None:
+        self._outcome = "finished"
+        super().handle_job_success(job, queue, started_job_registry, execution)
+
     def handle_job_failure(
         self,
         job: Job,
@@ -276,9 +285,11 @@ class CosyqWorker(OutageTolerantWorker):
     ) -> None:
         """Store the short reason in job.meta and as RQ's exc_info (no traceback soup)."""
         error = self._failures.pop(job.id, None)
+        retrying = job.should_retry and self._stopped_job_id != job.id
+        self._outcome = "retried" if retrying else "failed"
         if error is not None:
-            retrying = job.should_retry and self._stopped_job_id != job.id
-            job.meta[LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY] = error.as_meta()
+            meta_key = keys.LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY
+            job.meta[meta_key] = error.as_meta()
             job.save_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
@@ -287,6 +298,7 @@ class CosyqWorker(OutageTolerantWorker):
     def _refuse(self, job: Job, queue: Queue, refusal: admission.Refusal) -> None:
         """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported."""
         log.warning("job_refused", job_id=job.id, queue=queue.name, reason=refusal.message)
+        metrics.record_job(queue.name, "refused")
         job.meta = {keys.ERROR_META_KEY: {"kind": refusal.kind, "message": refusal.message}}
         job.retries_left = 0
         job.webhooks = []
@@ -305,6 +317,7 @@ class CosyqWorker(OutageTolerantWorker):
         queue_name = queue.name if isinstance(queue, Queue) else keys.QUEUE_DEFAULT
         reason = f"{type(error).__name__}: {error}"
         log.warning("job_refused", job_id=job_id, queue=queue_name, reason=reason)
+        metrics.record_job(queue_name, "refused")
         admission.refuse_unreadable(
             self.connection, queue_name, job_id, reason, failure_ttl_s=self.settings.failure_ttl_s
         )
@@ -336,6 +349,8 @@ class CosyqWorker(OutageTolerantWorker):
         """Leave (or, under the pool, ask to leave) once the current job is done."""
         with self._retire_lock:
             pooled = self.control is not None and self.control.open
+            if not (self._retire_announced or self._stop_requested):
+                metrics.record_recycle(reason.value)
             if pooled and not reason.urgent:
                 if not self._retire_announced:
                     self._retire_announced = True

@@ -9,11 +9,11 @@ on purpose) while the product always runs the real engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
-Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+from shared.jobs import Mode
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class SynthesisInput:
     text: str
     prompt: VoicePrompt
     mode: Mode = "zero_shot"
+    language: str = "auto"  # auto, en, zh, ja: how numbers and symbols are read
     instruction: str | None = None  # instruct2 only
     speed: float = 1.0
     seed: int | None = None
@@ -57,7 +58,7 @@ class SynthesisOutput:
 
     samples: np.ndarray  # (N,) float32 in [-1, 1]
     sample_rate: int
-    stage_seconds: dict[str, float] = field(default_factory=dict)  # frontend, llm, flow, hift
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # frontend, llm, flow, hift, join
     speech_tokens: int = 0
     batch_size: int = 1  # the most requests that shared an LLM step with this one
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.errors import InvalidRequestError
+from shared.jobs import instruction_problem
 from workers.engine.api import SynthesisInput
 from workers.engine.text_frontend import TextFrontend
 
@@ -31,8 +32,8 @@ class LLMPrompt:
 def llm_prompt(frontend: TextFrontend, request: SynthesisInput) -> LLMPrompt:
     """The mode's LLM prompt; InvalidRequestError for a combination the mode cannot use."""
     mode, instruction = request.mode, request.instruction
-    if mode != "instruct2" and instruction is not None:
-        raise InvalidRequestError(f"instruction: only used by mode instruct2 (mode is {mode})")
+    if (problem := instruction_problem(mode, instruction)) is not None:
+        raise InvalidRequestError(problem)
     if mode == "zero_shot":
         if not request.prompt.transcript:
             raise InvalidRequestError(
@@ -44,8 +45,6 @@ def llm_prompt(frontend: TextFrontend, request: SynthesisInput) -> LLMPrompt:
         )
     if mode == "cross_lingual":
         return LLMPrompt([], _NO_SPEECH)
-    if mode == "instruct2":
-        if instruction is None or not instruction.strip():
-            raise InvalidRequestError("instruction: required by mode instruct2")
+    if mode == "instruct2" and instruction is not None:
         return LLMPrompt(frontend.instruction_ids(instruction), _NO_SPEECH)
     raise InvalidRequestError(f"mode: {mode!r} is not zero_shot, cross_lingual or instruct2")

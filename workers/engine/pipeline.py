@@ -15,6 +15,7 @@ source in a fixed order, so the same request and seed give the same samples.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
+from shared.text_markup import speech_limit_message, speech_seconds
 from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces
 from workers.engine.devices import resolve_device, resolve_dtype
@@ -46,7 +48,7 @@ from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
 from workers.model.tokenizer import load_text_tokenizer
 
-STAGES = ("frontend", "llm", "flow", "hift")
+STAGES = ("frontend", "llm", "flow", "hift", "join")
 WARM_UP_TEXT = "Hello."
 WARM_UP_TOKENS = 25  # one second of speech: every stage runs once at a bounded cost
 WARM_UP_PROMPT_TOKENS = 25
@@ -61,6 +63,7 @@ class EngineOptions:
     split: SplitConfig = field(default_factory=SplitConfig)
     join: JoinConfig = field(default_factory=JoinConfig)
     max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
+    max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
 
 
@@ -144,11 +147,21 @@ class SynthesisPipeline:
         forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
         with state.clock.timed("frontend"):
             _check_request(request)
-            pieces = self.frontend.pieces(request.text)
+            pieces = self.frontend.pieces(
+                request.text, language=request.language, transcript=request.prompt.transcript
+            )
+            check_speech_bound(pieces, self.options.max_speech_seconds)
             prompt = llm_prompt(self.frontend, request)
         audio = [self._piece(piece, prompt, request, state, forced) for piece in pieces]
-        with state.clock.timed("hift"):
-            samples = join_pieces(audio, self.sample_rate, self.options.join)
+        with state.clock.timed("join"):
+            samples = join_pieces(
+                audio,
+                self.sample_rate,
+                self.options.join,
+                gaps=[piece.pause_before_s for piece in pieces[1:]],
+                lead_s=pieces[0].pause_before_s or 0.0,
+                tail_s=pieces[-1].pause_after_s,
+            )
         return samples, state
 
     def _piece(
@@ -191,6 +204,20 @@ class SynthesisPipeline:
         )
         request = SynthesisInput(text=WARM_UP_TEXT, prompt=prompt, mode="cross_lingual", seed=0)
         self.run(request, forced_length=WARM_UP_TOKENS)
+
+
+def check_speech_bound(pieces: list[TextPiece], limit_s: float) -> None:
+    """Refuse, before any synthesis, a request whose speech estimate (text tokens after
+    normalisation, plus pauses) is over `limit_s`: a runaway expansion would outlast the job
+    timeout and be retried."""
+    tokens = sum(len(piece.ids) for piece in pieces)
+    pauses = sum(piece.pause_before_s or 0.0 for piece in pieces) + pieces[-1].pause_after_s
+    estimate = speech_seconds(tokens, pauses)
+    if estimate > limit_s:
+        detail = f"{tokens:,} text tokens after normalisation in {len(pieces)} pieces"
+        if pauses:
+            detail += f", {pauses:g} s of pauses"
+        raise InvalidRequestError(f"text: {speech_limit_message(estimate, limit_s, detail)}")
 
 
 def _check_request(request: SynthesisInput) -> None:

@@ -30,7 +30,6 @@ class SpeechTokens:
 
     ids: np.ndarray  # (n,) int32 speech token ids (no stop id)
     first_token_s: float  # prefill + first sampling step
-    total_s: float
 
 
 class SpeechTokenStage(Protocol):
@@ -92,7 +91,7 @@ class TorchSpeechTokens:
                 first_s = time.perf_counter() - start
             ids.append(token)
         total = time.perf_counter() - start
-        return SpeechTokens(np.asarray(ids, dtype=np.int32), first_s or total, total)
+        return SpeechTokens(np.asarray(ids, dtype=np.int32), first_s or total)
 
 
 def module_device(module: Any) -> torch.device:

@@ -43,10 +43,6 @@ class LLMConfig:
         return self.speech_token_size
 
     @property
-    def fill_token(self) -> int:
-        return self.speech_token_size + 2
-
-    @property
     def stop_tokens(self) -> tuple[int, ...]:
         return tuple(self.speech_token_size + i for i in range(STOP_TOKEN_COUNT))
 

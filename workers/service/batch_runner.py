@@ -37,7 +37,7 @@ from shared.logs import get_logger
 from workers import tasks
 from workers.engine.api import SynthesisOutput
 from workers.engine.batching import BatchSession, open_batch_session
-from workers.service import admission
+from workers.service import admission, metrics
 from workers.service.batch_admission import (
     BatchDequeue,
     PoppedJobs,
@@ -293,6 +293,7 @@ class BatchRunner:
     def _record_success(self, entry: BatchJob, return_value: dict[str, Any]) -> None:
         entry.done = True
         assert entry.execution is not None
+        self.worker._outcome = None
         try:
             self.worker._finalize_success(entry.job, entry.queue, entry.execution, return_value)
         except REDIS_OUTAGE as e:
@@ -300,12 +301,16 @@ class BatchRunner:
         except Exception:
             self._record_failure(entry, sys.exc_info())
             return
+        timings = return_value.get("timings", {})
+        metrics.record_stages(timings, float(return_value.get("duration_s", 0.0)))
+        metrics.record_batch(int(return_value.get("batch_size", 1)))
         self._release(entry)
 
     def _record_failure(self, entry: BatchJob, exc_info: ExcInfo) -> None:
         entry.done = True
         if entry in self.waiting:
             self.waiting.remove(entry)
+        self.worker._outcome = None
         if entry.execution is not None:
             try:
                 self.worker._finalize_failure(entry.job, entry.queue, entry.execution, exc_info)
@@ -316,6 +321,9 @@ class BatchRunner:
     def _release(self, entry: BatchJob) -> None:
         """The job left this worker's hands: drop its heartbeat, count it for recycling."""
         self.jobs.pop(entry.job.id, None)
+        if self.worker._outcome is not None:  # set by RQ's success/failure handlers
+            seconds = time.monotonic() - entry.admitted_at
+            metrics.record_job(entry.queue.name, self.worker._outcome, seconds)
         if self.worker.lifecycle is not None:
             self.worker.lifecycle.housekeeper.end_job(entry.job.id)
         self.worker._after_job(idle=not self.jobs)

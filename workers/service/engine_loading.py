@@ -41,6 +41,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         split=SplitConfig(max_piece_tokens=settings.max_piece_tokens),
         join=JoinConfig(gap_s=settings.piece_gap_ms / 1000),
         max_prompt_seconds=settings.max_prompt_seconds,
+        max_speech_seconds=settings.max_speech_seconds,
     )
 
 

@@ -26,6 +26,7 @@ from rq.queue import Queue
 
 from shared import keys
 from shared.logs import get_logger
+from workers.service import metrics
 from workers.service.host import rss_mb
 from workers.service.reaper import Reaper
 from workers.service.retries import promote_due_retries
@@ -152,6 +153,7 @@ class Housekeeper:
             pipe.execute()
 
     def _queue_stats(self, pipe: Pipeline) -> None:
+        metrics.set_worker_state(self.stats.state)  # every state change passes through here
         pipe.hset(self.stats_key, mapping=cast(Mapping[Any, Any], self.stats.as_mapping()))
         pipe.pexpire(self.stats_key, self.ttl_ms)
 

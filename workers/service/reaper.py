@@ -36,7 +36,6 @@ from workers.service.admission import CosyqJob
 
 log = get_logger(__name__)
 
-LAST_ERROR_META_KEY = "cosyq_last_error"  # why the previous attempt of a retried job failed
 Outcome = Literal["retried", "failed"]
 
 
@@ -117,7 +116,7 @@ def release_job(
     if retry:
         # After the pipeline: RQ's enqueue WATCHes dependencies, so it cannot join one.
         job.retries_left = (job.retries_left or 1) - 1
-        job.meta[LAST_ERROR_META_KEY] = error
+        job.meta[keys.LAST_ERROR_META_KEY] = error
         queue.enqueue_job(job, at_front=True)
         outcome = "retried"
     log.warning(

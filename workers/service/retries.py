@@ -19,14 +19,10 @@ from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp
 
+from shared.jobs import retry_intervals
 from workers.service.admission import CosyqJob
 
 PROMOTE_BATCH = 100  # scheduled jobs moved per queue per housekeeping tick
-
-
-def backoff_intervals(max_retries: int, base_s: float) -> list[int]:
-    """Seconds before retry k (1-based): base * 2**(k-1), whole seconds as RQ stores them."""
-    return [max(0, round(base_s * 2**k)) for k in range(max_retries)]
 
 
 def apply_default_retries(job: Job, *, max_retries: int, backoff_base_s: float) -> bool:
@@ -34,7 +30,7 @@ def apply_default_retries(job: Job, *, max_retries: int, backoff_base_s: float) 
     if job.retries_left is not None:
         return False
     job.retries_left = max_retries
-    job.retry_intervals = backoff_intervals(max_retries, backoff_base_s)
+    job.retry_intervals = retry_intervals(max_retries, backoff_base_s)
     return True
 
 

@@ -20,12 +20,10 @@ from shared.logs import get_logger
 from shared.storage import Storage
 from shared.voices import DEFAULT_VOICE, VoiceRegistry, check_prompt_audio, decode_prompt_audio
 from workers.engine.api import SynthesisEngine, VoicePrompt
+from workers.model.directory import PROMPT_AUDIO, PROMPT_TEXT
 from workers.voices.profiles import RegisteredVoices, profile_from_prompt, prompt_from_profile
 
 log = get_logger(__name__)
-
-DEFAULT_PROMPT_AUDIO = "prompt.wav"  # in the model directory, as the official layout ships it
-DEFAULT_PROMPT_TEXT = "prompt.txt"
 
 
 class VoiceBook:
@@ -85,8 +83,8 @@ class VoiceBook:
                 "voice: the default voice needs COSYQ_MODEL_DIR (its prompt.wav and prompt.txt); "
                 "name a voice or pass prompt_audio instead"
             )
-        audio = self.model_dir / DEFAULT_PROMPT_AUDIO
-        text = self.model_dir / DEFAULT_PROMPT_TEXT
+        audio = self.model_dir / PROMPT_AUDIO
+        text = self.model_dir / PROMPT_TEXT
         for path in (audio, text):
             if not path.is_file():
                 raise InvalidRequestError(f"voice 'default': {path} is missing")

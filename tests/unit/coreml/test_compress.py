@@ -11,9 +11,16 @@ import torch
 
 from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import Converted
-from workers.coreml.convert.build import WEIGHTS_FILE, load_flow_and_hift
+from workers.coreml.convert.build import (
+    WEIGHTS_FILE,
+    load_flow_and_hift,
+)
 from workers.coreml.convert.compat import load_coremltools
-from workers.coreml.convert.compress import compress_model, decompressed_weights, load_into
+from workers.coreml.convert.compress import (
+    compress_model,
+    decompressed_weights,
+    load_into,
+)
 from workers.coreml.convert.graphs import flow_graphs
 from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.convert.stages_convert import convert_encoder

@@ -12,7 +12,10 @@ import torch
 from shared.errors import InvalidRequestError
 from tests.doubles.coreml_predictors import TorchStatefulPredictor
 from tests.doubles.mil_interpreter import MILPredictor
-from workers.coreml.convert.build import convert_llm_package, write_manifest
+from workers.coreml.convert.build import (
+    convert_llm_package,
+    write_manifest,
+)
 from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.convert.llm_convert import convert_llm
 from workers.coreml.convert.llm_graph import StatefulLLMGraph

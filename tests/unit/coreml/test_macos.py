@@ -15,7 +15,10 @@ import pytest
 import torch
 
 from tests.unit.coreml.micro import MICRO_FLOW, Converted
-from workers.coreml.convert.build import convert_model_dir, load_flow_and_hift
+from workers.coreml.convert.build import (
+    convert_model_dir,
+    load_flow_and_hift,
+)
 from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.convert.graphs import pack_cfm_frames
 from workers.coreml.convert.options import ConvertOptions

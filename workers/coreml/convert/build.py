@@ -27,7 +27,11 @@ from workers.coreml.convert.compat import (
 from workers.coreml.convert.compress import compress_model
 from workers.coreml.convert.llm_convert import convert_llm
 from workers.coreml.convert.options import ConvertOptions
-from workers.coreml.convert.stages_convert import ConvertedStage, convert_flow, convert_hift
+from workers.coreml.convert.stages_convert import (
+    ConvertedStage,
+    convert_flow,
+    convert_hift,
+)
 from workers.coreml.manifest import MANIFEST_FILE, Manifest, PackageEntry, package_sha256
 from workers.coreml.stages import LLM, LLM_CHECKPOINT, LLM_PREFILL, llm_specs
 from workers.model.checkpoint import read_state_dict

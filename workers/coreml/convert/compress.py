@@ -23,7 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from workers.coreml.convert.compat import known_warnings_silenced, load_coremltools
+from workers.coreml.convert.compat import (
+    known_warnings_silenced,
+    load_coremltools,
+)
 from workers.coreml.convert.options import check_scheme
 
 INT8_BLOCK = 32  # input channels per int8 scale in `int8-block`

@@ -30,11 +30,6 @@ from workers.model.hift import HiFTGenerator
 CFM_FRAME_PARTS = ("noise", "mu", "cond", "mask")
 
 
-def cfm_frame_channels(mel_bins: int) -> int:
-    """noise, mu and cond have `mel_bins` channels each, the mask one: 3·80 + 1 = 241."""
-    return 3 * mel_bins + 1
-
-
 def pack_cfm_frames(noise: Tensor, mu: Tensor, cond: Tensor, mask: Tensor) -> Tensor:
     """noise, mu, cond (1, 80, T) and mask (1, 1, T) -> frames (1, 241, T) in `CFM_FRAME_PARTS`."""
     return torch.cat([noise, mu, cond, mask], dim=1)

@@ -23,7 +23,10 @@ from workers.coreml.convert.compat import (
     release_temp_package,
 )
 from workers.coreml.convert.compress import compress_model
-from workers.coreml.convert.llm_graph import StatefulLLMGraph, causal_mask
+from workers.coreml.convert.llm_graph import (
+    StatefulLLMGraph,
+    causal_mask,
+)
 from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.convert.stages_convert import trace
 from workers.coreml.manifest import DimRange

@@ -36,7 +36,11 @@ from workers.coreml.convert.compat import (
 )
 from workers.coreml.convert.compress import compress_model
 from workers.coreml.convert.options import ConvertOptions
-from workers.coreml.convert.stages_convert import ConvertedStage, convert_flow, convert_hift
+from workers.coreml.convert.stages_convert import (
+    ConvertedStage,
+    convert_flow,
+    convert_hift,
+)
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import HIFT_SOURCE
 from workers.model.checkpoint import read_state_dict

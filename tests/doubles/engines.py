@@ -1,0 +1,218 @@
+"""Test engines: the SynthesisEngine Protocol with behaviour scripted by the request text.
+
+Workers in the tests load one of these through `COSYQ_ENGINE=tests.doubles.engines:<factory>`.
+The text carries directives (words with a colon) that the engine obeys before returning a
+short sine, so one worker can be made slow, leaky, transiently failing or dead per job:
+
+    sleep:<s>        sleep before answering           kill            SIGKILL this process
+    leak:<MiB>       allocate and keep memory          exit:<code>     os._exit(code) mid-job
+    transient:<path> TransientError unless <path> exists (then creates it: fails once)
+    invalid          InvalidRequestError               boom            RuntimeError (a bug)
+    seconds:<s>      length of the returned audio (default 0.25 s)
+
+Factories: `fast` (loads instantly), `slow_load` (TESTENGINE_LOAD_S seconds to load, for the
+stagger test), `failing` (ModelLoadError), `broken` (a plain exception while loading),
+`batching` (a tone that depends on text and seed, and a session that batches across requests
+in steps of TESTENGINE_STEP_S seconds, like the engine's continuous decode loop).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import zlib
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared.errors import InvalidRequestError, ModelLoadError, TransientError
+from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
+
+SAMPLE_RATE = 24000
+TONE_HZ = 220.0
+DEFAULT_SECONDS = 0.25
+_LEAKED: list[np.ndarray] = []  # kept alive on purpose by `leak:<MiB>`
+
+
+class ScriptedEngine:
+    """Obeys the directives in the text; otherwise returns a short sine at 24 kHz."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, *, name: str = "test-scripted", warm_up_s: float = 0.0) -> None:
+        self.identity = ModelIdentity(
+            name=name, checkpoint_hash="0" * 16, backend="test", device="cpu"
+        )
+        self.warm_up_s = warm_up_s
+        self.warmed_up = False
+
+    def warm_up(self) -> None:
+        time.sleep(self.warm_up_s)
+        self.warmed_up = True
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        started = time.perf_counter()
+        seconds = DEFAULT_SECONDS
+        for word in request.text.split():
+            name, _, value = word.partition(":")
+            seconds = _obey(name, value, seconds)
+        samples = _tone(seconds)
+        elapsed = time.perf_counter() - started
+        return SynthesisOutput(
+            samples=samples,
+            sample_rate=SAMPLE_RATE,
+            stage_seconds={"frontend": 0.0, "llm": elapsed, "flow": 0.0, "hift": 0.0},
+            speech_tokens=int(seconds * 25),
+        )
+
+    def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
+        tokens = max(1, int(samples.shape[0] / sample_rate * 25))
+        return VoicePrompt(
+            speech_tokens=np.zeros(tokens, dtype=np.int32),
+            mel=np.zeros((2 * tokens, 80), dtype=np.float32),
+            embedding=np.zeros(192, dtype=np.float32),
+            transcript=transcript,
+        )
+
+
+def _obey(name: str, value: str, seconds: float) -> float:
+    if name == "sleep":
+        time.sleep(float(value))
+    elif name == "leak":
+        block = np.ones(int(float(value) * 1024 * 1024) // 8, dtype=np.float64)  # touched pages
+        _LEAKED.append(block)
+    elif name == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif name == "exit":
+        os._exit(int(value))
+    elif name == "transient":
+        marker = Path(value)
+        if not marker.exists():
+            marker.touch()
+            raise TransientError(f"test engine: transient fault (marker {marker.name} created)")
+    elif name == "invalid":
+        raise InvalidRequestError("text: the test engine refuses this text")
+    elif name == "boom":
+        raise RuntimeError("test engine bug")
+    elif name == "seconds":
+        return float(value)
+    return seconds
+
+
+def _tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * SAMPLE_RATE), dtype=np.float32) / SAMPLE_RATE
+    return (0.3 * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.float32)
+
+
+def fast(settings: Any) -> ScriptedEngine:
+    return ScriptedEngine()
+
+
+def slow_load(settings: Any) -> ScriptedEngine:
+    """Takes TESTENGINE_LOAD_S seconds to load (default 1), like a model compiling."""
+    time.sleep(float(os.environ.get("TESTENGINE_LOAD_S", "1")))
+    return ScriptedEngine(name="test-slow-load", warm_up_s=0.1)
+
+
+def failing(settings: Any) -> ScriptedEngine:
+    raise ModelLoadError("test engine: no model files in /nonexistent (llm.pt missing)")
+
+
+def broken(settings: Any) -> ScriptedEngine:
+    raise RuntimeError("test engine crashed while loading")
+
+
+class SteppedSession:
+    """A BatchSession double that batches like the real engine's decode loop: every active
+    request advances one step per `step_s` however many share it, newcomers join between steps,
+    and each output reports the most requests that shared a step with it. The samples are the
+    ones the request gets alone (ScriptedEngine's), so batching must not change them."""
+
+    def __init__(self, engine: BatchingScriptedEngine, max_batch: int) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._new: list[tuple[SynthesisInput, Future[SynthesisOutput]]] = []
+        self._lock = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="test-model", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
+        future: Future[SynthesisOutput] = Future()
+        with self._lock:
+            self._pending += 1
+            self._new.append((request, future))
+            self._lock.notify()
+        return future
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        active: list[list[Any]] = []  # [future, output, steps left, most sharing]
+        while True:
+            with self._lock:
+                while not self._new and not active and not self._closed:
+                    self._lock.wait()
+                if self._closed and not self._new and not active:
+                    return
+                joining, self._new = self._new, []
+            for request, future in joining:  # prefill: directives run, errors stay per row
+                if not future.set_running_or_notify_cancel():
+                    self._done(1)
+                    continue
+                try:
+                    output = self.engine.synthesize(request)
+                except BaseException as e:
+                    future.set_exception(e)
+                    self._done(1)
+                    continue
+                active.append([future, output, max(1, output.speech_tokens // 4), 0])
+            if not active:
+                continue
+            time.sleep(self.engine.step_s)  # one batched step, whatever the row count
+            for row in active:
+                row[2] -= 1
+                row[3] = max(row[3], len(active))
+            finished = [row for row in active if row[2] <= 0]
+            active = [row for row in active if row[2] > 0]
+            for future, output, _, most in finished:
+                output.batch_size = most
+                future.set_result(output)
+            self._done(len(finished))
+
+    def _done(self, n: int) -> None:
+        with self._lock:
+            self._pending -= n
+
+
+class BatchingScriptedEngine(ScriptedEngine):
+    """ScriptedEngine whose tone depends on text and seed, with its own batched session."""
+
+    step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        output = super().synthesize(request)
+        hz = TONE_HZ + zlib.crc32(request.text.encode()) % 200 + (request.seed or 0) % 50
+        t = np.arange(output.samples.shape[0], dtype=np.float32) / SAMPLE_RATE
+        output.samples = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+        return output
+
+    def open_batch_session(self, max_batch: int) -> SteppedSession:
+        return SteppedSession(self, max_batch)
+
+
+def batching(settings: Any) -> BatchingScriptedEngine:
+    return BatchingScriptedEngine(name="test-batching")

@@ -1,0 +1,32 @@
+"""Fixtures for worker-process tests: a Cluster on the test's private Redis, cleaned up after."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.doubles.harness import Cluster
+
+
+@pytest.fixture(params=[1, 8], ids=["batch1", "batch8"])
+def worker_batch_size(request: pytest.FixtureRequest) -> int:
+    """Every worker test runs one job at a time and with COSYQ_BATCH_SIZE=8 (issue 10)."""
+    return int(request.param)
+
+
+@pytest.fixture
+def cluster(redis_url: str, tmp_path: Path, worker_batch_size: int) -> Iterator[Cluster]:
+    overrides = {"COSYQ_BATCH_SIZE": str(worker_batch_size)}
+    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
+    yield cluster
+    cluster.stop_all()
+
+
+@pytest.fixture
+def connection(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
