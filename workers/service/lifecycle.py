@@ -19,7 +19,7 @@ import redis
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
-from shared.connection import redis_connection
+from shared.connection import follow_master, redis_connection
 from shared.errors import CosyqError, StorageError
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging, get_logger
@@ -68,6 +68,7 @@ class WorkerLifecycle:
             )
             host.limit_threads_before_load(self.threads, self.settings.pool_size)
             self.housekeeper.extra_duties.append(self.worker.lifetime_duty)
+            self.housekeeper.extra_duties.append(self._follow_master)
             if self.worker.control is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)
             self.housekeeper.stats.state = "loading"
@@ -139,6 +140,8 @@ class WorkerLifecycle:
             queues,
             interval_s=settings.heartbeat_interval_s,
             ttl_s=settings.heartbeat_ttl_s,
+            wait_replicas=settings.redis_wait_replicas,
+            wait_timeout_s=settings.redis_wait_timeout_s,
         )
 
     def _probe_storage(self) -> Storage:
@@ -247,6 +250,12 @@ class WorkerLifecycle:
     def _send(self, event: str, detail: str = "") -> None:
         if self.worker.control is not None:
             self.worker.control.send(event, detail)
+
+    def _follow_master(self) -> None:
+        """Sentinel: move both clients to a new master within one housekeeping tick."""
+        for connection in (self.worker.connection, self.housekeeper.connection):
+            if follow_master(connection):
+                log.warning("redis_master_changed", worker=self.worker.name)
 
     def _watch_parent(self) -> None:
         """A pool child whose pool died stops warmly instead of running on as an orphan."""

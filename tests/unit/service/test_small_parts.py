@@ -92,3 +92,10 @@ def test_load_engine_times_load_and_warm_up(monkeypatch: pytest.MonkeyPatch) -> 
     broken = load_settings(env_file=None, engine="tests.doubles.engines:broken")
     with pytest.raises(ModelLoadError, match="RuntimeError: test engine crashed while loading"):
         load_engine(broken)
+
+
+def test_an_internal_reason_is_its_type_and_first_line_only() -> None:
+    error = ValueError('Parameter validation failed:\nInvalid bucket name "B_": must match "^x"')
+    assert classify(error).message == "ValueError: Parameter validation failed:"
+    long = classify(RuntimeError("y" * 1000)).message
+    assert len(long) == 200 and long.endswith("...")
