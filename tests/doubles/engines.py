@@ -174,12 +174,12 @@ class SteppedSession:
                     self._done(1)
                     continue
                 try:
-                    output = self.engine.synthesize(request)
+                    output = self.engine.render(request)
                 except BaseException as e:
                     future.set_exception(e)
                     self._done(1)
                     continue
-                active.append([future, output, max(1, output.speech_tokens // 4), 0])
+                active.append([future, output, decode_steps(output), 0])
             if not active:
                 continue
             time.sleep(self.engine.step_s)  # one batched step, whatever the row count
@@ -198,12 +198,25 @@ class SteppedSession:
             self._pending -= n
 
 
+def decode_steps(output: SynthesisOutput) -> int:
+    return max(1, output.speech_tokens // 4)
+
+
 class BatchingScriptedEngine(ScriptedEngine):
     """ScriptedEngine whose tone depends on text and seed, with its own batched session."""
 
     step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        """Alone: the same steps as in a batch, one after another."""
+        output = self.render(request)
+        decode_s = decode_steps(output) * self.step_s
+        time.sleep(decode_s)
+        output.stage_seconds["llm"] = output.stage_seconds.get("llm", 0.0) + decode_s
+        return output
+
+    def render(self, request: SynthesisInput) -> SynthesisOutput:
+        """The directives and the samples, without the decode time."""
         output = super().synthesize(request)
         hz = TONE_HZ + zlib.crc32(request.text.encode()) % 200 + (request.seed or 0) % 50
         t = np.arange(output.samples.shape[0], dtype=np.float32) / SAMPLE_RATE
