@@ -44,6 +44,7 @@ from workers.service.batch_admission import (
     Unreadable,
     admission_room,
     batchable,
+    stop_signals_deferred,
     synthesis_payload,
 )
 from workers.service.job_runtime import WorkerRuntime, current_runtime
@@ -181,26 +182,33 @@ class BatchRunner:
 
     def _admit_popped(self, runtime: WorkerRuntime) -> int:
         """Start what was popped; give it back if the worker is stopping or retiring."""
-        popped = self.popped.take()
         if not self._open():
-            self.dequeue.give_back(popped)
+            with stop_signals_deferred():
+                self.dequeue.give_back(self.popped.take())
             return 0
         admitted = 0
-        for job, queue_ in popped:
-            refusal = admission.screen(job)
-            if refusal is not None:
-                self.worker._refuse(job, queue_, refusal)
-                self.worker._after_job(idle=False)
-            elif not batchable(job):
-                self.deferred.append((job, queue_))
-                self._closing = True  # drain, then run it alone
-            else:
-                self._admit(job, queue_, runtime)
-                admitted += 1
+        while self.popped.held:
+            # A cold stop must find each job in exactly one place: popped, or admitted.
+            with stop_signals_deferred():
+                job, queue_ = self.popped.held.pop(0)
+                refusal = admission.screen(job)
+                if refusal is not None:
+                    self.worker._refuse(job, queue_, refusal)
+                    self.worker._after_job(idle=False)
+                elif not batchable(job):
+                    self.deferred.append((job, queue_))
+                    self._closing = True  # drain, then run it alone
+                else:
+                    self._admit(job, queue_, runtime)
+                    admitted += 1
         return admitted
 
     def _admit(self, job: Job, queue_: Queue, runtime: WorkerRuntime) -> None:
         """RQ's start-of-job steps for one job, then its validation on the I/O pool."""
+        with stop_signals_deferred():  # a cold stop then finds it popped or registered
+            self._register(job, queue_, runtime)
+
+    def _register(self, job: Job, queue_: Queue, runtime: WorkerRuntime) -> None:
         worker = self.worker
         try:
             worker._prepare_attempt(job)

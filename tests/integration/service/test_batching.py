@@ -170,3 +170,30 @@ def test_a_job_past_its_timeout_in_a_batch_fails_alone_and_the_worker_retires(
     assert slow.meta["cosyq_error"]["message"] == "job timed out after 2 s"
     events = cluster.events("w.log")
     assert [e["reason"] for e in named(events, "worker_retiring")] == ["job_timeout"]
+
+
+def test_second_signal_gives_every_held_job_back_at_once(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    jobs = [enqueue(connection, f"seconds:20 held {i}", seed=i) for i in range(10)]
+    worker = cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.1")
+    wait_for(lambda: Counter(statuses(connection, jobs))["started"] == 8, 30, "a full batch")
+    stats = connection.keys("cosyq:worker-stats:*")
+    assert len(connection.hget(stats[0], "current_job").decode().split(",")) == 8
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(1.2)  # a second signal within 1 s is treated as the same Ctrl+C
+    sent = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 1
+    assert time.monotonic() - sent < 5
+    assert statuses(connection, jobs) == ["queued"] * 10
+    assert connection.llen("rq:queue:cosyq-default") == 10
+    assert len(StartedJobRegistry("cosyq-default", connection=connection)) == 0
+    given_back = 0
+    for job in jobs:
+        job.refresh()
+        if "cosyq_last_error" in job.meta:
+            assert job.meta["cosyq_last_error"]["kind"] == "worker_died"
+            given_back += 1
+    assert given_back == 8
+    assert connection.smembers("rq:workers") == set()
