@@ -27,6 +27,7 @@ from rq.utils import as_text
 from shared import keys
 from shared.logs import get_logger
 from workers.service.admission import CosyqJob
+from workers.service.outage import until_reachable
 
 log = get_logger(__name__)
 
@@ -127,10 +128,14 @@ class BatchDequeue:
         """Put popped, unstarted jobs back at the head of their queues, first one first."""
         if not popped:
             return
-        with self.connection.pipeline(transaction=False) as pipe:
-            for job, queue in reversed(popped):
-                pipe.lpush(queue.key, job.id)
-            pipe.execute()
+
+        def push() -> None:
+            with self.connection.pipeline() as pipe:  # MULTI: a retry never pushes twice
+                for job, queue in reversed(popped):
+                    pipe.lpush(queue.key, job.id)
+                pipe.execute()
+
+        until_reachable(push, "job_push_back_failed")  # a popped job must not be dropped
         for job, queue in popped:
             log.info("job_pushed_back", job_id=job.id, queue=queue.name)
 
