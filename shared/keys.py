@@ -27,6 +27,7 @@ VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
+WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).

@@ -34,7 +34,7 @@ from rq.serializers import JSONSerializer
 
 from producer.client import CosyqClient
 from shared.settings import load_settings
-from workers.tools.bench.queue import BENCH_TEXT, prompt_only_model_dir, worker_env
+from workers.tools.bench.queue import BENCH_TEXT, tiny_model_dir, worker_env
 from workers.tools.local_redis import LocalRedis, free_port
 
 START_TIMEOUT_S = 120.0
@@ -208,7 +208,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-http-") as temp:
         workdir = Path(temp)
         with LocalRedis(workdir / "redis") as server:
-            prompt_dir = model_dir or prompt_only_model_dir(workdir / "model")
+            prompt_dir = model_dir or tiny_model_dir(workdir / "model")
             env = worker_env(server.url, engine, prompt_dir, workdir / "out", e2e_jobs + 10)
             env.update(COSYQ_MAX_RETRIES="0", COSYQ_MAX_QUEUE_DEPTH=str(jobs * 4 + 100))
             env.pop("COSYQ_API_KEYS", None)  # loopback only

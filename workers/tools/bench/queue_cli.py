@@ -24,7 +24,11 @@ def register_bench(commands: Any) -> None:
     queue.add_argument("--jobs", type=int, default=200, help="jobs per run (default 200)")
     queue.add_argument("--repeats", type=int, default=3, help="recycle samples (default 3)")
     queue.add_argument("--engine", help="module:factory (default COSYQ_ENGINE)")
-    queue.add_argument("--model-dir", type=Path, help="default COSYQ_MODEL_DIR")
+    queue.add_argument(
+        "--model-dir",
+        type=Path,
+        help="default COSYQ_MODEL_DIR, else the tiny model written to a temporary folder",
+    )
     queue.add_argument(
         "--batch-size",
         type=int,
