@@ -413,6 +413,11 @@ class CosyqWorker(OutageTolerantWorker):
         ):
             return
         log.warning("worker_cold_shutdown", signal=signal.Signals(signum).name)
+        if self._batch is not None and self._batch.guard.defer(self._cold_exit):
+            return  # a batch job is changing hands: exit once it is popped or registered
+        self._cold_exit()
+
+    def _cold_exit(self) -> None:
         if self._current is not None and self.lifecycle is not None:
             job, queue = self._current
             self.lifecycle.give_back(job, queue)

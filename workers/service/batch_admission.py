@@ -3,15 +3,16 @@
 RQ has no batch dequeue (rq#928) and its multi-queue pop is BLPOP: a popped job lives only in
 the worker's memory until it is registered as started. The batch runner therefore pops with
 one Lua script that takes up to `n` ids from the queues in priority order (high, default, low),
-non-blocking, while SIGTERM/SIGINT are blocked: a signal can never land between the pop and
-the moment the ids are held in `PoppedJobs`, and whatever a stopping worker holds but has not
-started goes back to the head of its queue (`give_back`).
+non-blocking, inside a `ColdStopGuard`: a cold stop (second signal) that lands between the pop
+and the moment the ids are held in `PoppedJobs` waits for the guarded section to end, and
+whatever a stopping worker holds but has not started goes back to the head of its queue
+(`give_back`). (Blocking the signals instead would not do: the kernel hands a signal blocked in
+one thread to another, and Python runs the handler in the main thread at once anyway.)
 """
 
 from __future__ import annotations
 
 import inspect
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,8 +31,6 @@ from workers.service.admission import CosyqJob
 from workers.service.outage import until_reachable
 
 log = get_logger(__name__)
-
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 # Pop up to ARGV[1] ids from KEYS in order; returns a flat list key, id, key, id, ...
 _POP_MANY = """
@@ -63,14 +62,34 @@ def synthesis_payload(job: Job) -> Any:
     return bound.arguments["request"]
 
 
-@contextmanager
-def stop_signals_deferred() -> Iterator[None]:
-    """Hold SIGTERM/SIGINT at the OS level for a few Redis round trips; delivered on exit."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+class ColdStopGuard:
+    """While a section is held, a cold stop is only noted; it runs when the section ends.
+
+    Signal handlers run in the main thread between two bytecodes, so a held section in that
+    thread sees either no cold stop or one that has fully waited for it.
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending: Callable[[], None] | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0 and self._pending is not None:
+                action, self._pending = self._pending, None
+                action()
+
+    def defer(self, action: Callable[[], None]) -> bool:
+        """Keep `action` for the end of the held section; False when none is held."""
+        if self._depth == 0:
+            return False
+        self._pending = action
+        return True
 
 
 @dataclass
@@ -94,16 +113,19 @@ class PoppedJobs:
 class BatchDequeue:
     """Non-blocking, priority-ordered pops of up to n jobs in one round trip."""
 
-    def __init__(self, connection: redis.Redis, queues: Sequence[Queue]) -> None:
+    def __init__(
+        self, connection: redis.Redis, queues: Sequence[Queue], guard: ColdStopGuard
+    ) -> None:
         self.connection = connection
         self.queues = {queue.key: queue for queue in queues}
+        self.guard = guard
         self._pop_many = connection.register_script(_POP_MANY)
 
     def pop(self, n: int, into: PoppedJobs, on_unreadable: Callable[[Unreadable], None]) -> int:
-        """Pop up to `n` jobs into `into.held` (signals deferred meanwhile); returns how many."""
+        """Pop up to `n` jobs into `into.held` (a cold stop waits meanwhile); returns how many."""
         if n <= 0:
             return 0
-        with stop_signals_deferred():
+        with self.guard.held():
             flat = cast(list[bytes], self._pop_many(keys=list(self.queues), args=[n]))
             pairs = [(as_text(flat[i]), as_text(flat[i + 1])) for i in range(0, len(flat), 2)]
             added = 0

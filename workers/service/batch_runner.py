@@ -10,7 +10,8 @@ until every job it admitted has its outcome recorded. Threads:
 - a small I/O pool: validation and voice lookup before the model, encoding and storage after.
 Timeouts are per-job deadlines checked here (SIGALRM cannot time one of several jobs): a job
 past its deadline fails as timed out and the worker retires. A stop closes admission: popped
-jobs not yet started go back to the head of their queue, started ones are finished.
+jobs not yet started go back to the head of their queue, started ones are finished. A cold stop
+waits (`guard`) while a job moves from popped to registered, so it finds each job in one place.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ from workers.engine.batching import BatchSession, open_batch_session
 from workers.service import admission, metrics
 from workers.service.batch_admission import (
     BatchDequeue,
+    ColdStopGuard,
     PoppedJobs,
     Unreadable,
     admission_room,
     batchable,
-    stop_signals_deferred,
     synthesis_payload,
 )
 from workers.service.job_runtime import WorkerRuntime, current_runtime
@@ -122,7 +123,8 @@ class BatchRunner:
         self.batch_size = settings.batch_size
         self.wait_s = settings.batch_wait_ms / 1000
         self.poll_s = settings.batch_poll_ms / 1000
-        self.dequeue = BatchDequeue(worker.connection, worker.queues)
+        self.guard = ColdStopGuard()  # the worker's cold stop waits while a job changes hands
+        self.dequeue = BatchDequeue(worker.connection, worker.queues, self.guard)
         self.popped = PoppedJobs()
         self.events: queue.Queue[Event] = queue.Queue()
         self.pool = ThreadPoolExecutor(settings.batch_io_threads, "cosyq-batch-io")
@@ -183,13 +185,13 @@ class BatchRunner:
     def _admit_popped(self, runtime: WorkerRuntime) -> int:
         """Start what was popped; give it back if the worker is stopping or retiring."""
         if not self._open():
-            with stop_signals_deferred():
+            with self.guard.held():
                 self.dequeue.give_back(self.popped.take())
             return 0
         admitted = 0
         while self.popped.held:
             # A cold stop must find each job in exactly one place: popped, or admitted.
-            with stop_signals_deferred():
+            with self.guard.held():
                 job, queue_ = self.popped.held.pop(0)
                 refusal = admission.screen(job)
                 if refusal is not None:
@@ -205,7 +207,7 @@ class BatchRunner:
 
     def _admit(self, job: Job, queue_: Queue, runtime: WorkerRuntime) -> None:
         """RQ's start-of-job steps for one job, then its validation on the I/O pool."""
-        with stop_signals_deferred():  # a cold stop then finds it popped or registered
+        with self.guard.held():  # a cold stop then finds it popped or registered
             self._register(job, queue_, runtime)
 
     def _register(self, job: Job, queue_: Queue, runtime: WorkerRuntime) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -14,6 +16,7 @@ from rq.serializers import JSONSerializer
 
 from workers.service.batch_admission import (
     BatchDequeue,
+    ColdStopGuard,
     PoppedJobs,
     Unreadable,
     admission_room,
@@ -49,7 +52,7 @@ def test_pop_takes_up_to_n_in_priority_order(queues: list[Queue], connection: re
     low_ids = [enqueue(low, f"low {i}") for i in range(2)]
     default_ids = [enqueue(default, f"default {i}") for i in range(2)]
     high_id = enqueue(high, "high")
-    dequeue, popped = BatchDequeue(connection, queues), PoppedJobs()
+    dequeue, popped = BatchDequeue(connection, queues, ColdStopGuard()), PoppedJobs()
     assert dequeue.pop(4, popped, no_unreadable) == 4
     taken = [(job.id, queue.name) for job, queue in popped.take()]
     assert taken == [
@@ -67,7 +70,7 @@ def test_give_back_restores_the_queue_heads_in_order(
 ) -> None:
     _, default, _ = queues
     ids = [enqueue(default, f"job {i}") for i in range(5)]
-    dequeue, popped = BatchDequeue(connection, queues), PoppedJobs()
+    dequeue, popped = BatchDequeue(connection, queues, ColdStopGuard()), PoppedJobs()
     dequeue.pop(3, popped, no_unreadable)
     dequeue.give_back(popped.take())
     assert [i.decode() for i in connection.lrange(default.key, 0, -1)] == ids
@@ -85,38 +88,50 @@ def test_missing_and_unreadable_hashes_are_not_held(
     connection.hset(f"rq:job:{garbage}", "data", b"\x80not json")  # loads; screening refuses
     good = enqueue(default, "good")
     seen: list[Unreadable] = []
-    dequeue, popped = BatchDequeue(connection, queues), PoppedJobs()
+    dequeue, popped = BatchDequeue(connection, queues, ColdStopGuard()), PoppedJobs()
     assert dequeue.pop(4, popped, seen.append) == 2
     assert [job.id for job, _ in popped.take()] == [garbage, good]
     assert [getattr(u.error, "job_id", None) for u in seen] == [broken]
 
 
-def test_a_stop_signal_during_the_pop_waits_until_the_jobs_are_held(
+def test_a_cold_stop_during_the_pop_waits_until_the_jobs_are_held(
     queues: list[Queue], connection: redis.Redis
 ) -> None:
-    """Issue 15's race: SIGTERM between Redis handing over ids and the worker holding them."""
+    """Issue 15's race: a second signal between Redis handing over ids and the worker holding
+    them. A busy thread beside the main one, as in a worker (the model, the I/O pool)."""
     _, default, _ = queues
     ids = [enqueue(default, f"job {i}") for i in range(2)]
-    dequeue, popped = BatchDequeue(connection, queues), PoppedJobs()
-    held_when_signalled: list[int] = []
+    guard = ColdStopGuard()
+    dequeue, popped = BatchDequeue(connection, queues, guard), PoppedJobs()
+    held_at_exit: list[int] = []
     script = dequeue._pop_many
 
     def pop_then_signal(*args: object, **kwargs: object) -> object:
         result = script(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGTERM)  # lands right after Redis popped the ids
+        time.sleep(0.05)  # the handler runs at the next bytecode, inside the pop
         return result
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        held_when_signalled.append(len(popped.held))
+    def cold_exit() -> None:
+        held_at_exit.append(len(popped.held))
 
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not guard.defer(cold_exit):
+            cold_exit()
+
+    stop = threading.Event()
+    beside = threading.Thread(target=stop.wait, daemon=True)
+    beside.start()
     dequeue._pop_many = pop_then_signal  # type: ignore[assignment]
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         assert dequeue.pop(2, popped, no_unreadable) == 2
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert held_when_signalled == [2]  # delivered once both jobs were held, not before
+        stop.set()
+    assert held_at_exit == [2]  # the cold stop ran once both jobs were held, not before
     assert [job.id for job, _ in popped.held] == ids
+    assert not guard.defer(cold_exit)  # nothing held any more: a cold stop runs at once
 
 
 @pytest.mark.parametrize(
