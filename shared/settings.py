@@ -267,7 +267,7 @@ class Settings(BaseSettings):
     )
     pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
     batch_size: int = Field(
-        1, ge=1, le=64, description="most jobs one worker runs together (1: one at a time)"
+        1, ge=1, le=16, description="most jobs one worker runs together (1: one at a time)"
     )
     batch_wait_ms: float = Field(
         20.0, ge=0, le=5000, description="how long a batch's first job waits for company"

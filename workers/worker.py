@@ -140,6 +140,8 @@ class CosyqWorker(OutageTolerantWorker):
         self._rq_max_jobs = max_jobs  # `rq worker --max-jobs`: a batch counts each of its jobs
         try:
             self.lifecycle.start()
+            if self._batch is not None:
+                self._batch.open()  # before the first job: a session that cannot open fails here
             requested = self._requested_serializer
             if requested is not None and resolve_serializer(requested) is not JSONSerializer:
                 log.warning(

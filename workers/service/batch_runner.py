@@ -139,11 +139,15 @@ class BatchRunner:
 
     # -- the window ----------------------------------------------------------------------------
 
+    def open(self) -> None:
+        """The engine's batch session (its model thread), once per worker, after the load."""
+        if self.session is None:
+            self.session = open_batch_session(current_runtime().engine, self.batch_size)
+
     def run(self, job: Job, queue_: Queue) -> None:
         """Admit `job` and whatever joins it; return once every admitted job is recorded."""
         runtime = current_runtime()
-        if self.session is None:
-            self.session = open_batch_session(runtime.engine, self.batch_size)
+        self.open()
         started, busy_before = time.perf_counter(), self.clock.snapshot()
         self._closing = False
         self._admit(job, queue_, runtime)

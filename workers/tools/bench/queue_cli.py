@@ -56,8 +56,8 @@ def run_queue_bench(args: argparse.Namespace) -> int:
     model_dir = args.model_dir or settings.model_dir
     if min(args.jobs, args.e2e_jobs, args.concurrency, args.repeats) < 1:
         raise SettingsError("--jobs, --e2e-jobs, --concurrency and --repeats must be >= 1")
-    if args.batch_size is not None and not 1 <= args.batch_size <= 64:
-        raise SettingsError("--batch-size must be between 1 and 64 (COSYQ_BATCH_SIZE's range)")
+    if args.batch_size is not None and not 1 <= args.batch_size <= 16:
+        raise SettingsError("--batch-size must be between 1 and 16 (COSYQ_BATCH_SIZE's range)")
     if args.via == "http":
         return run_http_bench(args, engine, model_dir)
     from workers.tools.bench import queue  # noqa: PLC0415 (only when this benchmark runs)
