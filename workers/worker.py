@@ -37,6 +37,8 @@ from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
 from workers.service import admission, control, host, metrics
+from workers.service.batch_admission import batchable
+from workers.service.batch_runner import BatchRunner
 from workers.service.failures import JobError, classify
 from workers.service.lifecycle import WorkerLifecycle
 from workers.service.outage import (
@@ -114,6 +116,9 @@ class CosyqWorker(OutageTolerantWorker):
         self._current: tuple[Job, Queue] | None = None
         self._handling_job = False
         self._outcome: str | None = None  # set by RQ's success/failure handlers, per attempt
+        # COSYQ_BATCH_SIZE > 1: synthesize jobs run together (workers/service/batch_runner.py)
+        self._batch = BatchRunner(self) if self.settings.batch_size > 1 else None
+        self._rq_max_jobs: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -132,8 +137,11 @@ class CosyqWorker(OutageTolerantWorker):
         if with_scheduler:
             log.warning("scheduler_not_started", why="RQ's scheduler forks; retries are promoted")
         self.lifecycle = WorkerLifecycle(self)
+        self._rq_max_jobs = max_jobs  # `rq worker --max-jobs`: a batch counts each of its jobs
         try:
             self.lifecycle.start()
+            if self._batch is not None:
+                self._batch.open()  # before the first job: a session that cannot open fails here
             requested = self._requested_serializer
             if requested is not None and resolve_serializer(requested) is not JSONSerializer:
                 log.warning(
@@ -152,6 +160,8 @@ class CosyqWorker(OutageTolerantWorker):
                 dequeue_strategy,
             )
         finally:
+            if self._batch is not None:
+                self._batch.close()
             self.lifecycle.stop()
 
     def dequeue_job_and_maintain_ttl(
@@ -182,6 +192,9 @@ class CosyqWorker(OutageTolerantWorker):
         self._handling_job = True  # a stop signal from here on waits for the bookkeeping
         try:
             refusal = admission.screen(job)
+            if refusal is None and self._batch is not None and batchable(job):
+                self._batch.run(job, queue)  # counts and records each job it admits
+                return
             if refusal is not None:
                 self._refuse(job, queue, refusal)
             else:
@@ -318,11 +331,24 @@ class CosyqWorker(OutageTolerantWorker):
 
     # -- recycling ---------------------------------------------------------------------------
 
-    def _after_job(self) -> None:
-        if self.lifecycle is not None:
+    def admission_open(self) -> bool:
+        """False once the worker is stopping or retiring: a batch then takes no new job."""
+        return not self._stop_requested and not self._retire_announced
+
+    def jobs_left(self) -> int:
+        """Jobs this process may still take: its recycling budget, and `--max-jobs` if given."""
+        budget = self.tracker.job_budget
+        if self._rq_max_jobs is not None:
+            budget = min(budget, self._rq_max_jobs)
+        return budget - self.tracker.jobs_done
+
+    def _after_job(self, *, idle: bool = True) -> None:
+        if self.lifecycle is not None and idle:  # not under other jobs still on the model
             host.release_accelerator_cache(self.lifecycle.device)
         reason = self.tracker.after_job(rss_mb=host.rss_mb(), timed_out=self._timed_out)
         self._timed_out = False
+        if self._batch is not None and self.jobs_left() <= 0 and self._rq_max_jobs is not None:
+            self._stop_requested = True  # RQ's own count sees one job per batch window
         if reason is not None:
             self._retire(reason)
 
@@ -389,9 +415,16 @@ class CosyqWorker(OutageTolerantWorker):
         ):
             return
         log.warning("worker_cold_shutdown", signal=signal.Signals(signum).name)
+        if self._batch is not None and self._batch.guard.defer(self._cold_exit):
+            return  # a batch job is changing hands: exit once it is popped or registered
+        self._cold_exit()
+
+    def _cold_exit(self) -> None:
         if self._current is not None and self.lifecycle is not None:
             job, queue = self._current
             self.lifecycle.give_back(job, queue)
+        if self._batch is not None:
+            self._batch.give_back_all()
         if self.lifecycle is not None:
             self.lifecycle.stop()
         with contextlib.suppress(redis.RedisError):

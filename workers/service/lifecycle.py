@@ -37,6 +37,7 @@ from workers.service.reaper import Reaper, release_job
 from workers.voices.book import VoiceBook
 
 if TYPE_CHECKING:
+    from rq.executions import Execution
     from rq.job import Job
 
     from workers.worker import CosyqWorker
@@ -92,9 +93,9 @@ class WorkerLifecycle:
         if self.worker.control is not None:
             self.worker.control.close()
 
-    def give_back(self, job: Job, queue: Queue) -> None:
-        """Cold shutdown: hand the running job back now instead of waiting for the reaper."""
-        execution = self.worker.execution
+    def give_back(self, job: Job, queue: Queue, execution: Execution | None = None) -> None:
+        """Cold shutdown: hand a running job back now instead of waiting for the reaper."""
+        execution = execution if execution is not None else self.worker.execution
         if execution is None:
             return
         entry = f"{job.id}:{execution.id}"
