@@ -194,6 +194,9 @@ class Settings(BaseSettings):
         None, gt=0, description="intra-op threads per worker (unset: cores // pool_size)"
     )
     pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
+    dequeue_poll_s: float = Field(
+        1.0, gt=0, le=60, description="longest blocking pop before a worker looks for a stop"
+    )
     heartbeat_interval_s: float = Field(2.0, gt=0, description="per-job heartbeat period")
     heartbeat_ttl_s: float = Field(
         10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"

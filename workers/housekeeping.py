@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
-from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
 
@@ -44,6 +44,17 @@ def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+class WorkerState(StrEnum):
+    """A worker's state as `cosyq status` shows it."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    IDLE = "idle"
+    BUSY = "busy"
+    RETIRING = "retiring"
+    STOPPING = "stopping"
+
+
 @dataclass
 class WorkerStats:
     """What `cosyq status` shows for one worker (hash `cosyq:worker-stats:<name>`)."""
@@ -53,7 +64,7 @@ class WorkerStats:
     host: str
     queues: str
     slot: str = ""
-    state: str = "starting"  # starting, loading, idle, busy, retiring, stopping
+    state: WorkerState = WorkerState.STARTING
     current_job: str = ""
     jobs_done: int = 0
     backend: str = ""
@@ -112,7 +123,7 @@ class Housekeeper:
         with contextlib.suppress(redis.RedisError):
             self.connection.delete(self.stats_key)
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: WorkerState) -> None:
         self.stats.state = state
         self._guarded("publish_stats", self.publish_stats)
 
@@ -121,7 +132,7 @@ class Housekeeper:
         called before RQ marks the job started (see workers/reaper.py for why)."""
         with self._lock:
             self._job_id = job_id
-            self.stats.state, self.stats.current_job = "busy", job_id
+            self.stats.state, self.stats.current_job = WorkerState.BUSY, job_id
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
             pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
@@ -134,8 +145,8 @@ class Housekeeper:
             self._job_id = None
             self.stats.jobs_done += 1
             self.stats.current_job = ""
-            if self.stats.state == "busy":
-                self.stats.state = "idle"
+            if self.stats.state is WorkerState.BUSY:
+                self.stats.state = WorkerState.IDLE
         key = keys.job_heartbeat_key(job_id)
 
         def release() -> None:
@@ -188,8 +199,6 @@ class Housekeeper:
     def _guarded(self, duty: str, action: Callable[[], object], *, uses_redis: bool = True) -> bool:
         try:
             action()
-        except StopRequested:
-            raise  # RQ's warm-stop signal, raised in the main thread: not ours to swallow
         except redis.RedisError as e:
             if not self._failing:
                 log.warning("housekeeping_redis_error", duty=duty, error=str(e), pid=os.getpid())
