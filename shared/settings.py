@@ -202,6 +202,12 @@ class Settings(BaseSettings):
         10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"
     )
 
+    # Metrics (worker side: the pool, or a lone `cosyq-worker run`)
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="serve Prometheus /metrics on this port (unset: off)"
+    )
+    metrics_host: str = Field("127.0.0.1", description="address /metrics binds to")
+
     # Logging
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
     log_format: Literal["auto", "json", "console"] = Field(

@@ -29,6 +29,7 @@ from shared.logs import get_logger
 from workers.host import rss_mb
 from workers.reaper import Reaper
 from workers.retries import promote_due_retries
+from workers.service import metrics
 
 log = get_logger(__name__)
 
@@ -163,6 +164,7 @@ class Housekeeper:
             pipe.execute()
 
     def _queue_stats(self, pipe: Pipeline) -> None:
+        metrics.set_worker_state(self.stats.state)  # every state change passes through here
         pipe.hset(self.stats_key, mapping=cast(Mapping[Any, Any], self.stats.as_mapping()))
         pipe.pexpire(self.stats_key, self.ttl_ms)
 

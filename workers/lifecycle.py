@@ -33,6 +33,7 @@ from workers.housekeeping import Housekeeper, WorkerState, WorkerStats, utc_now_
 from workers.outage import wait_for_redis
 from workers.reaper import Reaper, release_job
 from workers.runtime import WorkerRuntime, install_runtime
+from workers.service import metrics
 from workers.voices import VoiceBook
 
 log = get_logger(__name__)
@@ -158,6 +159,7 @@ class WorkerLifecycle:
         stats = self.housekeeper.stats
         stats.backend, stats.device, stats.model = identity.backend, identity.device, identity.name
         stats.threads, stats.ready_at = self.threads, utc_now_iso()
+        metrics.record_model_load(loaded.load_s)
         self.housekeeper.set_state(WorkerState.IDLE)
         log.info(
             "worker_ready",

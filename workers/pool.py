@@ -11,16 +11,20 @@ pool is the Procfile's long-lived process, and it:
 - restarts any worker that exits, whatever the code; one that dies before `ready` backs off
   exponentially (capped), with the reason it gave logged;
 - when a worker dies unexpectedly, releases its running job at once (retry or "worker died");
-- forwards SIGTERM/SIGINT to every slot as a warm shutdown and waits for them all.
+- forwards SIGTERM/SIGINT to every slot as a warm shutdown and waits for them all;
+- with COSYQ_METRICS_PORT set, serves every slot's metrics, summed (workers/service/metrics.py).
 """
 
 from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from types import FrameType
@@ -33,6 +37,7 @@ from shared.logs import get_logger
 from shared.settings import Settings
 from workers import control
 from workers.reaper import Reaper, forget_worker
+from workers.service import metrics
 
 log = get_logger(__name__)
 
@@ -90,6 +95,10 @@ class Pool:
         )
         self._next_reap = 0.0
         self._wake_r, self._wake_w = os.pipe()
+        self._queue_names = queue_names
+        self._metrics_dir: str | None = None  # the children's PROMETHEUS_MULTIPROC_DIR
+        self._metrics_lock = threading.Lock()
+        self._metrics_server: metrics.MetricsServer | None = None
 
     # -- main loop ---------------------------------------------------------------------------
 
@@ -97,6 +106,7 @@ class Pool:
         self._install_signals()
         log.info("pool_started", size=self.config.size, pid=os.getpid())
         try:
+            self._start_metrics()
             while not (self.stopping and not self._live_slots()):
                 self._collect_exits()
                 if not self.stopping:
@@ -106,6 +116,7 @@ class Pool:
                 self._wait_for_events()
         finally:
             self._close_fds()
+            self._stop_metrics()
         log.info("pool_stopped")
         return 0
 
@@ -115,6 +126,30 @@ class Pool:
 
     def _live_slots(self) -> list[Slot]:
         return [slot for slot in self.slots if slot.process is not None]
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def _start_metrics(self) -> None:
+        """A fresh folder for the children's samples, and /metrics summing them."""
+        port = self.settings.metrics_port
+        if port is None:
+            return
+        self._metrics_dir = tempfile.mkdtemp(prefix="cosyq-metrics-")
+        registry = metrics.pool_registry(
+            self._metrics_dir,
+            self._metrics_lock,
+            lambda: sum(slot.process is None for slot in self.slots),
+            self._connection,
+            self._queue_names,
+        )
+        self._metrics_server = metrics.serve(registry, self.settings.metrics_host, port)
+        log.info("pool_metrics", address=self._metrics_server.address, folder=self._metrics_dir)
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        if self._metrics_dir is not None:
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -133,6 +168,8 @@ class Pool:
         command = [sys.executable, "-m", "workers.cli", "run", *self.config.queues]
         command += ["--slot", str(slot.index), "--control-fd", str(write_fd)]
         env = dict(os.environ, COSYQ_POOL_SIZE=str(self.config.size))
+        if self._metrics_dir is not None:
+            env[metrics.MULTIPROC_ENV] = self._metrics_dir
         try:
             # A new session: a terminal's Ctrl+C reaches the pool only, which forwards it once.
             slot.process = subprocess.Popen(
@@ -220,6 +257,8 @@ class Pool:
             if slot.control_fd is not None:
                 self._drain(slot)
             self._log_exit(slot, code, was_loading)
+            if self._metrics_dir is not None:
+                metrics.fold_dead_process(self._metrics_dir, slot.process.pid, self._metrics_lock)
             if not expected:
                 self._release_jobs_of(slot)
             slot.process, slot.state = None, "waiting"

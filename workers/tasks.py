@@ -26,6 +26,7 @@ from shared.storage import StoredObject, audio_metadata, object_key
 from workers import voice_profiles
 from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.runtime import WorkerRuntime, current_runtime
+from workers.service import metrics
 from workers.voices import DEFAULT_VOICE
 
 log = get_logger(__name__)
@@ -67,6 +68,7 @@ def synthesize(request: dict[str, Any]) -> dict[str, Any]:
     if job is None:
         raise RuntimeError("workers.tasks.synthesize runs only as an RQ job")
     result = run_synthesis(current_runtime(), request, JobContext.from_job(job))
+    metrics.record_stages(result.timings.model_dump(), result.duration_s)
     return result.model_dump(mode="json")
 
 

@@ -18,6 +18,7 @@ import os
 import random
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -40,6 +41,7 @@ from workers.outage import REDIS_OUTAGE, wait_for_redis
 from workers.reaper import LAST_ERROR_META_KEY
 from workers.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.retries import apply_default_retries
+from workers.service import metrics
 from workers.service.dequeue import StopSafeWorker
 from workers.tasks import ATTEMPT_META_KEY
 
@@ -117,6 +119,7 @@ class CosyqWorker(StopSafeWorker):
         self._retire_lock = threading.Lock()
         self._retire_announced = False
         self._current: tuple[Job, Queue] | None = None
+        self._outcome: str | None = None  # set by RQ's success/failure handlers, per attempt
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class CosyqWorker(StopSafeWorker):
     def refuse_unreadable_job(self, job_id: str, queue: Queue, error: Exception) -> None:
         reason = f"{type(error).__name__}: {error}"
         log.warning("job_refused", job_id=job_id, queue=queue.name, reason=reason)
+        metrics.record_job(queue.name, "refused")
         admission.refuse_unreadable(
             self.connection, queue.name, job_id, reason, failure_ttl_s=self.settings.failure_ttl_s
         )
@@ -180,7 +184,8 @@ class CosyqWorker(StopSafeWorker):
             log.warning("job_not_started", job_id=job.id, error=str(e))
             self.push_back(job.id, queue)
             return
-        self._current = (job, queue)
+        self._current, self._outcome = (job, queue), None
+        started = time.perf_counter()
         try:
             super().execute_popped(job, queue)
         except REDIS_OUTAGE as e:
@@ -189,6 +194,8 @@ class CosyqWorker(StopSafeWorker):
             log.warning("job_outcome_unrecorded", job_id=job.id, error=str(e))
         finally:
             self._current = None
+            if self._outcome is not None:
+                metrics.record_job(queue.name, self._outcome, time.perf_counter() - started)
             self.lifecycle.housekeeper.end_job(job.id)
 
     def _prepare_attempt(self, job: Job) -> None:
@@ -227,6 +234,12 @@ class CosyqWorker(StopSafeWorker):
             if handler(job, *exc_info) is False:
                 break
 
+    def handle_job_success(
+        self, job: Job, queue: Queue, started_job_registry: Any, execution: Any
+    ) -> None:
+        self._outcome = "finished"
+        super().handle_job_success(job, queue, started_job_registry, execution)
+
     def handle_job_failure(
         self,
         job: Job,
@@ -237,8 +250,9 @@ class CosyqWorker(StopSafeWorker):
     ) -> None:
         """Store the short reason in job.meta and as RQ's exc_info (no traceback soup)."""
         error = self._failures.pop(job.id, None)
+        retrying = job.should_retry and self._stopped_job_id != job.id
+        self._outcome = "retried" if retrying else "failed"
         if error is not None:
-            retrying = job.should_retry and self._stopped_job_id != job.id
             job.meta[LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY] = error.as_meta()
             job.save_meta()
             if not error.wants_traceback:
@@ -248,6 +262,7 @@ class CosyqWorker(StopSafeWorker):
     def _refuse(self, job: Job, queue: Queue, refusal: admission.Refusal) -> None:
         """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported."""
         log.warning("job_refused", job_id=job.id, queue=queue.name, reason=refusal.message)
+        metrics.record_job(queue.name, "refused")
         job.meta = {keys.ERROR_META_KEY: {"kind": refusal.kind, "message": refusal.message}}
         job.retries_left = 0
         job.webhooks = []
@@ -273,6 +288,8 @@ class CosyqWorker(StopSafeWorker):
         """Leave (or, under the pool, ask to leave) once the current job is done."""
         with self._retire_lock:
             pooled = self.control is not None and self.control.open
+            if not (self._retire_announced or self._stop_requested):
+                metrics.record_recycle(reason.value)
             if pooled and not reason.urgent:
                 if not self._retire_announced:
                     self._retire_announced = True

@@ -11,8 +11,10 @@ import sys
 from shared.connection import redis_connection
 from shared.errors import CosyqError
 from shared.logs import configure_logging
-from shared.settings import load_settings
+from shared.settings import Settings, load_settings
 from workers.pool import Pool, PoolConfig
+from workers.service import metrics
+from workers.service.metrics import MetricsServer
 from workers.worker import CosyqWorker
 
 EXIT_START_FAILED = 2  # bad settings, no model, Rosetta refused: fix and restart
@@ -59,11 +61,24 @@ def run_worker(args: argparse.Namespace) -> int:
             control_fd=args.control_fd,
             slot=args.slot,
         )
-        worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=settings.log_level)
+        server = _serve_worker_metrics(worker, settings) if args.control_fd is None else None
+        try:
+            worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=settings.log_level)
+        finally:
+            if server is not None:
+                server.close()
     except CosyqError as e:
         print(f"cosyq-worker: {e}", file=sys.stderr)
         return EXIT_START_FAILED
     return 0
+
+
+def _serve_worker_metrics(worker: CosyqWorker, settings: Settings) -> MetricsServer | None:
+    """A lone worker serves its own /metrics (under a pool, the pool serves them all)."""
+    if settings.metrics_port is None:
+        return None
+    registry = metrics.worker_registry(worker.connection, worker.queue_names())
+    return metrics.serve(registry, settings.metrics_host, settings.metrics_port)
 
 
 def run_pool(args: argparse.Namespace) -> int:
@@ -83,4 +98,8 @@ def run_pool(args: argparse.Namespace) -> int:
         backoff_initial_s=args.backoff_initial,
         backoff_max_s=args.backoff_max,
     )
-    return Pool(config, settings).run()
+    try:
+        return Pool(config, settings).run()
+    except CosyqError as e:  # e.g. the metrics port cannot be bound
+        print(f"cosyq-worker: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
