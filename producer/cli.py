@@ -21,6 +21,7 @@ import redis
 from rich.console import Console
 
 from producer.client import CosyqClient
+from shared.connection import settings_error
 from shared.errors import CosyqError, SettingsError
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
@@ -84,6 +85,10 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | N
         err.print(f"cosyq: {e}", markup=False)
         return 1
     except redis.RedisError as e:
+        refused = settings_error(e, settings)  # password, ACL or TLS: a setting to fix
+        if refused is not None:
+            err.print(f"cosyq: {refused}", markup=False)
+            return 2
         where = settings.redacted_redis_url()
         err.print(f"cosyq: Redis at {where}: {e}", markup=False)
         return 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,13 +28,18 @@ from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
 from shared.connection import redis_connection
-from shared.errors import InvalidRequestError, QueueFullError, TransientError
+from shared.errors import (
+    InvalidRequestError,
+    QueueFullError,
+    SubmitInterruptedError,
+)
 from shared.jobs import RequestLimits, SynthesisRequest, validate_request
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.voices import VoiceRegistry, VoiceSummary
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
+OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
 
 # Compare-and-delete: free an idempotency key only if it still names our job.
 _RELEASE_SCRIPT = """
@@ -95,12 +100,16 @@ class CosyqClient:
         idempotency key was seen before). Raises InvalidRequestError or QueueFullError."""
         return self.submit_many([request])[0]
 
-    def submit_many(self, requests: Iterable[RequestLike]) -> list[str]:
+    def submit_many(
+        self, requests: Iterable[RequestLike], *, on_submitted: OnSubmitted | None = None
+    ) -> list[str]:
         """Validate all, then enqueue in pipelined chunks; job ids in request order.
 
-        Nothing is enqueued if any request is invalid (the error names its index). When a
-        queue is full, QueueFullError carries the ids already submitted (or, with
-        backpressure "block", this waits up to backpressure_timeout_s for room).
+        Nothing is enqueued if any request is invalid (the error names its index). Each chunk
+        goes in whole or not at all; `on_submitted` gets its (index, job id) pairs as soon as it
+        is in Redis. When a queue is full, QueueFullError carries the ids already submitted (or,
+        with backpressure "block", this waits up to backpressure_timeout_s for room); when
+        Redis refuses a chunk (out of memory, unreachable), SubmitInterruptedError does.
         """
         planned = self._plan(requests)
         job_ids: list[str] = [job.job_id for job in planned]
@@ -108,8 +117,13 @@ class CosyqClient:
         position = 0
         while position < len(planned):
             chunk = self._next_chunk(planned, position, depths, job_ids[:position])
-            depths = self._enqueue_chunk(chunk, job_ids)
+            try:
+                depths = self._enqueue_chunk(chunk, job_ids)
+            except redis.RedisError as e:
+                raise _interrupted(e, chunk, len(planned), job_ids[:position]) from e
             position += len(chunk)
+            if on_submitted is not None:
+                on_submitted([(job.index, job_ids[job.index]) for job in chunk])
         return job_ids
 
     def _plan(self, requests: Iterable[RequestLike]) -> list[_PlannedJob]:
@@ -169,9 +183,9 @@ class CosyqClient:
             pipe.llen(self._queues[name].key)
         try:
             replies = pipe.execute()
-        except redis.RedisError as e:
+        except redis.RedisError:
             self._release_idempotency_keys(fresh)
-            raise TransientError(f"enqueue failed: {e}") from e
+            raise
         return dict(zip(self._queues, (int(n) for n in replies[-len(self._queues) :]), strict=True))
 
     def _reserve_idempotency_keys(
@@ -243,12 +257,18 @@ class CosyqClient:
         job_ids: Sequence[str],
         timeout: float | None = None,
         on_progress: Any = None,
+        *,
+        on_outcome: Any = None,
+        on_outage: Any = None,
     ) -> dict[str, JobOutcome]:
-        """Wait for many jobs; each id maps to its outcome (result or failure, including
-        "timeout" for jobs still pending at the deadline). on_progress(done, total) is called
-        after each poll."""
+        """Wait for many jobs; each id maps to its outcome (result or failure, kind "pending"
+        for jobs still queued or running at the deadline). on_progress(done, total) is called
+        after each poll, on_outcome(job_id, outcome) as each arrives; a Redis outage is waited
+        out (until the deadline) and reported to on_outage(message) when lost and when back."""
         wait = self.settings.wait_timeout_s if timeout is None else timeout
-        return self.tracker.wait_many(job_ids, wait, on_progress)
+        return self.tracker.wait_many(
+            job_ids, wait, on_progress, on_outcome=on_outcome, on_outage=on_outage
+        )
 
     # ---- voices
 
@@ -280,6 +300,23 @@ class CosyqClient:
     def remove_voice(self, name: str) -> None:
         """Delete a voice; UnknownVoiceError when none has that name."""
         VoiceRegistry(self.connection).remove(name)
+
+
+def _interrupted(
+    error: redis.RedisError, chunk: list[_PlannedJob], total: int, submitted: list[str]
+) -> SubmitInterruptedError:
+    """Why a chunk did not go in, which one, and how many jobs did (never the job bytes)."""
+    first, last = chunk[0].index + 1, chunk[-1].index + 1
+    if isinstance(error, redis.exceptions.OutOfMemoryError):  # refused before EXEC ran
+        what = f"Redis is out of memory (maxmemory): the chunk of requests {first:,}-{last:,}"
+        what += " was refused"
+    else:  # the reply was lost: the chunk may or may not be in
+        what = f"Redis failed ({type(error).__name__}): the chunk of requests {first:,}-{last:,}"
+        what += " was not confirmed (it may be queued)"
+    return SubmitInterruptedError(
+        f"{what}; {len(submitted):,} of {total:,} job(s) were submitted before it",
+        submitted=tuple(submitted),
+    )
 
 
 def _submit_meta(request: SynthesisRequest) -> dict[str, Any]:

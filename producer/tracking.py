@@ -20,6 +20,7 @@ from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
+from shared.connection import REDIS_OUTAGE, misconfiguration
 from shared.errors import JobFailedError, JobNotFoundError, ResultTimeoutError
 from shared.keys import ERROR_META_KEY, SUBMIT_META_KEY
 from shared.results import JobFailure, SynthesisResult
@@ -27,6 +28,8 @@ from shared.settings import Settings
 
 TERMINAL_STATES = frozenset({"finished", "failed", "stopped", "canceled"})
 FIRST_POLL_S = 0.05  # polls start fast and back off to settings.result_poll_interval_s
+OUTAGE_RETRY_FIRST_S, OUTAGE_RETRY_MAX_S = 0.5, 10.0  # as the worker waits for Redis
+PENDING_KIND = "pending"  # wait_many: still queued or running when the wait ended
 JobOutcome = SynthesisResult | JobFailure
 
 
@@ -151,29 +154,82 @@ class JobTracker:
         job_ids: Sequence[str],
         timeout: float,
         on_progress: Callable[[int, int], None] | None = None,
+        *,
+        on_outcome: Callable[[str, JobOutcome], None] | None = None,
+        on_outage: Callable[[str], None] | None = None,
     ) -> dict[str, JobOutcome]:
+        """Each id's outcome; a job still queued or running at the deadline gets a JobFailure
+        of kind "pending" (it stays queued and runs later). `on_outcome` sees each outcome as
+        it arrives. A lost connection is waited out until the deadline, with backoff, reported
+        once to `on_outage` when it is lost and once when Redis is back; a misconfiguration
+        (password, ACL) is raised."""
         deadline = time.monotonic() + timeout
         outcomes: dict[str, JobOutcome] = {}
         pending = list(dict.fromkeys(job_ids))  # the same id twice (idempotency) waits once
         delay = FIRST_POLL_S
+        outage = _Outage(on_outage)
         while pending:
-            still = []
-            for job_id, state in zip(pending, self.states(pending), strict=True):
-                if state is None:
-                    outcomes[job_id] = JobFailure(kind="not_found", message="job expired")
-                elif state in TERMINAL_STATES:
-                    outcomes[job_id] = self.outcome(job_id)
-                else:
-                    still.append(job_id)
-            pending = still
+            try:
+                self._collect(pending, outcomes, on_outcome)
+                outage.recovered()
+            except redis.RedisError as e:
+                if misconfiguration(e) is not None or not isinstance(e, REDIS_OUTAGE):
+                    raise
+                outage.lost(e)
+            pending = [job_id for job_id in pending if job_id not in outcomes]
             if on_progress is not None:
                 on_progress(len(outcomes), len(outcomes) + len(pending))
             if pending and time.monotonic() >= deadline:
                 for job_id in pending:
-                    message = f"no result after {timeout:g} s"
-                    outcomes[job_id] = JobFailure(kind="timeout", message=message)
+                    outcomes[job_id] = JobFailure(
+                        kind=PENDING_KIND, message=f"not finished after {timeout:g} s"
+                    )
                 break
             if pending:
-                time.sleep(delay)
+                pause = outage.delay if outage.down else delay
+                time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
                 delay = min(delay * 2, self.settings.result_poll_interval_s)
         return outcomes
+
+    def _collect(
+        self,
+        pending: Sequence[str],
+        outcomes: dict[str, JobOutcome],
+        on_outcome: Callable[[str, JobOutcome], None] | None,
+    ) -> None:
+        """One poll: record the outcome of every pending job that has ended."""
+        for job_id, state in zip(pending, self.states(pending), strict=True):
+            if state is None:
+                outcome: JobOutcome = JobFailure(kind="not_found", message="job expired")
+            elif state in TERMINAL_STATES:
+                outcome = self.outcome(job_id)
+            else:
+                continue
+            outcomes[job_id] = outcome
+            if on_outcome is not None:
+                on_outcome(job_id, outcome)
+
+
+class _Outage:
+    """Redis lost while waiting: told once when it goes, once when it is back; the backoff."""
+
+    def __init__(self, report: Callable[[str], None] | None) -> None:
+        self.report = report or (lambda message: None)
+        self.down = False
+        self.since = 0.0
+        self.delay = OUTAGE_RETRY_FIRST_S
+
+    def lost(self, error: redis.RedisError) -> None:
+        if not self.down:
+            self.down, self.since = True, time.monotonic()
+            self.report(
+                f"Redis unreachable ({error}); waiting for it, retrying every "
+                f"{OUTAGE_RETRY_FIRST_S:g}-{OUTAGE_RETRY_MAX_S:g} s"
+            )
+        else:
+            self.delay = min(self.delay * 2, OUTAGE_RETRY_MAX_S)
+
+    def recovered(self) -> None:
+        if self.down:
+            self.report(f"Redis is back after {time.monotonic() - self.since:.1f} s")
+            self.down, self.delay = False, OUTAGE_RETRY_FIRST_S

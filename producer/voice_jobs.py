@@ -21,12 +21,17 @@ from rq.serializers import JSONSerializer
 from producer.tracking import JobTracker, failure_of
 from shared import keys
 from shared.errors import (
-    InvalidRequestError,
     JobFailedError,
 )
 from shared.settings import Settings
 from shared.storage import open_storage
-from shared.voices import VoiceSummary, check_prompt_audio, check_voice_name, decode_prompt_audio
+from shared.voices import (
+    VoiceSummary,
+    check_prompt_audio,
+    check_transcript,
+    check_voice_name,
+    decode_prompt_audio,
+)
 
 UPLOAD_PREFIX = "voices"
 UPLOAD_CONTENT_TYPE = "application/octet-stream"  # any format soundfile reads
@@ -37,13 +42,6 @@ def upload_key(name: str, filename: str) -> str:
     suffix = PurePath(filename).suffix.lstrip(".").lower()
     suffix = suffix if suffix.isalnum() else "audio"
     return f"{UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{suffix or 'audio'}"
-
-
-def check_transcript(transcript: str, limit: int) -> str:
-    transcript = transcript.strip()
-    if len(transcript) > limit:
-        raise InvalidRequestError(f"transcript: {len(transcript):,} characters, limit {limit:,}")
-    return transcript
 
 
 def enqueue_add_voice(

@@ -33,8 +33,22 @@ class StorageError(CosyqError):
     """Storage refused an operation for a reason that retrying will not fix (no such bucket)."""
 
 
+class StorageUnavailableError(TransientError):
+    """Storage failed in a way that may pass (timeout, reset, HTTP 5xx, SlowDown, disk full)."""
+
+
 class ObjectNotFoundError(InvalidRequestError):
     """A URI names an object or file that does not exist (a prompt audio URI, a result)."""
+
+
+class SubmitInterruptedError(TransientError):
+    """`submit_many` stopped part way (Redis out of memory, or unreachable): `submitted` holds
+    the ids of the requests that went in before it, in request order, so a caller resumes with
+    the rest instead of submitting them twice."""
+
+    def __init__(self, message: str, *, submitted: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.submitted = submitted
 
 
 class QueueFullError(TransientError):

@@ -29,6 +29,15 @@ from shared.errors import InvalidRequestError
 from shared.keys import Priority
 from shared.results import AUDIO_FORMATS, AudioFormat, SampleFormat, SynthesisResult
 from shared.settings import Settings
+from shared.text_markup import (
+    MarkupError,
+    minimum_text_tokens,
+    parse_markup,
+    pause_seconds,
+    refuse_special_tokens,
+    speech_limit_message,
+    speech_seconds,
+)
 
 __all__ = [
     "NATIVE_SAMPLE_RATE",
@@ -42,6 +51,8 @@ __all__ = [
 ]
 
 Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+Language = Literal["auto", "en", "zh", "ja"]  # of the text, for normalisation (auto: detected)
+END_OF_PROMPT = "<|endofprompt|>"  # instruct2's separator: the worker adds it
 
 NATIVE_SAMPLE_RATE = 24000  # CosyVoice 2's HiFT output rate
 SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
@@ -62,6 +73,8 @@ class RequestLimits:
     max_text_chars: int = 2000
     max_metadata_bytes: int = 4096
     max_output_key_chars: int = 512
+    max_speech_seconds: float = 150.0
+    max_break_seconds: float = 10.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
@@ -69,6 +82,8 @@ class RequestLimits:
             max_text_chars=settings.max_text_chars,
             max_metadata_bytes=settings.max_metadata_bytes,
             max_output_key_chars=settings.max_output_key_chars,
+            max_speech_seconds=settings.max_speech_seconds,
+            max_break_seconds=settings.max_break_seconds,
         )
 
 
@@ -92,6 +107,21 @@ def _check_text_like(value: str, limit: int, *, required: bool) -> str:
     if control:
         raise _rule(f"contains control character U+{ord(control.group()):04X}")
     return value
+
+
+def _check_markup(text: str, limits: RequestLimits) -> str:
+    """Refused markup, and the speech bound as far as it is known without the model: pauses
+    exactly, words at their floor of one token (the worker checks again with real counts)."""
+    try:
+        segments = parse_markup(text, max_break_s=limits.max_break_seconds)
+    except MarkupError as e:
+        raise _rule(str(e)) from e
+    floor = minimum_text_tokens(" ".join(s for s in segments if isinstance(s, str)))
+    estimate = speech_seconds(floor, pause_seconds(segments))
+    if estimate > limits.max_speech_seconds:
+        detail = f"at least {floor:,} words or numbers and {pause_seconds(segments):g} s of pauses"
+        raise _rule(speech_limit_message(estimate, limits.max_speech_seconds, detail))
+    return text
 
 
 def check_output_key(key: str, limit: int) -> str:
@@ -142,6 +172,7 @@ class SynthesisRequest(BaseModel):
     prompt_audio: str | None = None  # file:// or s3:// URI, read by the worker
     prompt_text: str | None = None  # the transcript of prompt_audio
     mode: Mode = "zero_shot"
+    language: Language = "auto"  # auto: the text's script, else the voice transcript's, else en
     instruction: str | None = None  # instruct2 only, e.g. "speak slowly and calmly"
     speed: float = 1.0
     seed: int | None = Field(None, strict=True)
@@ -156,14 +187,24 @@ class SynthesisRequest(BaseModel):
     @field_validator("text")
     @classmethod
     def _check_text(cls, value: str, info: ValidationInfo) -> str:
-        return _check_text_like(value, _limits(info).max_text_chars, required=True)
+        limits = _limits(info)
+        value = _check_text_like(value, limits.max_text_chars, required=True)
+        return _check_markup(value, limits)
 
     @field_validator("prompt_text", "instruction")
     @classmethod
     def _check_optional_text(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        return _check_text_like(value, _limits(info).max_text_chars, required=True)
+        value = _check_text_like(value, _limits(info).max_text_chars, required=True)
+        try:
+            if info.field_name == "instruction":  # may end with the separator; we add it anyway
+                refuse_special_tokens(value.removesuffix(END_OF_PROMPT))
+            else:  # a transcript: control tags only, no pauses
+                parse_markup(value, allow_breaks=False)
+        except MarkupError as e:
+            raise _rule(str(e)) from e
+        return value
 
     @field_validator("voice")
     @classmethod

@@ -27,6 +27,7 @@ VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (issue 4)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash (see WORKER_STATS_FIELDS)
+START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
 
 # Fields of a worker-stats hash, as the worker publishes them and `cosyq status` reads them.
 WORKER_STATS_FIELDS = (

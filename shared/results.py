@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 AudioFormat = Literal["wav", "flac", "ogg"]
 AUDIO_FORMATS: tuple[str, ...] = ("wav", "flac", "ogg")
 SampleFormat = Literal["pcm16", "float32"]
-FailureKind = Literal["invalid_request", "transient", "worker_died", "internal"]
+FailureKind = Literal["invalid_request", "storage", "transient", "worker_died", "internal"]
 
 
 class StageTimings(BaseModel):

@@ -14,15 +14,34 @@ from shared.errors import (
     InvalidRequestError,
     ObjectNotFoundError,
     StorageError,
-    TransientError,
+    StorageUnavailableError,
 )
 from shared.settings import Settings
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 _TRANSIENT_CODES = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestLimitExceeded",
+        "InternalError",
+        "ServiceUnavailable",
+    }
 )
-S3_MAX_ATTEMPTS = 3  # botocore's standard retry mode, before our own job-level retries
+# What the usual permanent codes mean, in the words an operator needs.
+_CAUSES = {
+    "NoSuchBucket": "no such bucket",
+    "AccessDenied": "access denied",
+    "AllAccessDisabled": "access denied",
+    "InvalidAccessKeyId": "the access key id is not known (wrong credentials)",
+    "SignatureDoesNotMatch": "the secret key does not match (wrong credentials)",
+    "InvalidBucketName": "invalid bucket name",
+    "PermanentRedirect": "the bucket is in another region (set COSYQ_S3_REGION)",
+    "AuthorizationHeaderMalformed": "wrong region for this bucket (set COSYQ_S3_REGION)",
+    "403": "access denied or wrong credentials",
+}
 
 
 class S3Access:
@@ -53,6 +72,19 @@ class S3Access:
             )
         except Exception as e:
             raise _translate(e, uri, "write") from e
+
+    def delete(self, bucket: str, key: str, uri: str) -> None:
+        try:
+            self.client().delete_object(Bucket=bucket, Key=key)
+        except Exception as e:
+            raise _translate(e, uri, "delete") from e
+
+    def check_bucket(self, bucket: str, uri: str) -> None:
+        """HEAD the bucket: it exists and these credentials may use it."""
+        try:
+            self.client().head_bucket(Bucket=bucket)
+        except Exception as e:
+            raise _translate(e, uri, "reach") from e
 
     def get(self, bucket: str, key: str, uri: str, max_bytes: int) -> bytes:
         try:
@@ -93,27 +125,44 @@ def make_s3_client(settings: Settings) -> Any:
         aws_secret_access_key=secret.get_secret_value() if secret else None,
         config=Config(
             s3={"addressing_style": settings.s3_addressing_style},
-            retries={"mode": "standard", "max_attempts": S3_MAX_ATTEMPTS},
+            retries={"mode": "standard", "max_attempts": settings.s3_max_attempts},
+            connect_timeout=settings.s3_connect_timeout_s,
+            read_timeout=settings.s3_read_timeout_s,
         ),
     )
 
 
 def _translate(error: Exception, uri: str, action: str) -> CosyqError:
-    """botocore's exceptions -> not found / transient / storage error, by code, not by text."""
+    """botocore's exceptions -> not found / unavailable / storage error, by code, not by text.
+
+    A missing bucket is "not found" when reading (a prompt URI naming it is a bad request) but a
+    storage error when writing (our own storage is misconfigured).
+    """
     if isinstance(error, CosyqError):
         return error
     from botocore import exceptions as boto_errors  # noqa: PLC0415
 
+    where = f"cannot {action} {uri}"
     if isinstance(error, boto_errors.ClientError):
         code = str(error.response.get("Error", {}).get("Code", ""))
         status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        if code in _NOT_FOUND_CODES:
+        said = f"{_CAUSES[code]} ({code}, HTTP {status})" if code in _CAUSES else None
+        if code in _NOT_FOUND_CODES and (action == "read" or code != "NoSuchBucket"):
             return ObjectNotFoundError(f"{uri}: not found ({code})")
         if code in _TRANSIENT_CODES or status >= 500:
-            return TransientError(f"cannot {action} {uri}: {code} (HTTP {status})")
-        return StorageError(f"cannot {action} {uri}: {code} (HTTP {status})")
+            return StorageUnavailableError(f"{where}: {code} (HTTP {status})")
+        return StorageError(f"{where}: {said or f'{code} (HTTP {status})'}")
     if isinstance(error, boto_errors.NoCredentialsError | boto_errors.PartialCredentialsError):
-        return StorageError(f"cannot {action} {uri}: no S3 credentials ({error})")
-    if isinstance(error, boto_errors.BotoCoreError | ConnectionError | TimeoutError):
-        return TransientError(f"cannot {action} {uri}: {error}")
-    return StorageError(f"cannot {action} {uri}: {type(error).__name__}: {error}")
+        return StorageError(f"{where}: no S3 credentials ({error})")
+    if isinstance(error, boto_errors.SSLError):
+        return StorageError(f"{where}: TLS failed ({error})")
+    transient = (
+        boto_errors.ConnectionError,  # refused, connect timeout, proxy
+        boto_errors.HTTPClientError,  # reset, read timeout, closed mid-response
+        boto_errors.IncompleteReadError,
+        ConnectionError,
+        TimeoutError,
+    )
+    if isinstance(error, transient):
+        return StorageUnavailableError(f"{where}: {error}")
+    return StorageError(f"{where}: {type(error).__name__}: {error}")

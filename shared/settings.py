@@ -99,6 +99,28 @@ class Settings(BaseSettings):
     max_read_bytes: int = Field(
         64 * 1024 * 1024, gt=0, description="largest object read from storage (prompt audio)"
     )
+    s3_max_attempts: int = Field(
+        3, gt=0, description="tries of one S3 call inside botocore (its standard retry mode)"
+    )
+    s3_connect_timeout_s: float = Field(5.0, gt=0, description="S3 connect timeout")
+    s3_read_timeout_s: float = Field(30.0, gt=0, description="S3 read timeout")
+    storage_probe_wait_s: float = Field(
+        60.0,
+        ge=0,
+        description="how long worker start-up retries a transient storage failure before exiting",
+    )
+    storage_write_attempts: int = Field(
+        4, gt=0, description="writes of one job's audio (transient failures) before the try fails"
+    )
+    storage_retry_backoff_s: float = Field(
+        0.5, ge=0, description="first pause between storage retries (doubles each time)"
+    )
+    storage_retry_backoff_max_s: float = Field(
+        8.0, ge=0, description="longest pause between storage retries"
+    )
+    start_failure_ttl_s: int = Field(
+        3600, gt=0, description="how long `cosyq status` shows a worker's start-up failure"
+    )
 
     # Model and backend (worker)
     model_dir: Path | None = Field(None, description="a CosyVoice2-0.5B-layout model folder")
@@ -145,6 +167,14 @@ class Settings(BaseSettings):
     max_output_key_chars: int = Field(
         512, gt=0, description="longest output_key (S3 allows 1,024 bytes with the prefix)"
     )
+    max_speech_seconds: float = Field(
+        150.0,
+        gt=0,
+        description="most speech one request may ask for, estimated from its text tokens"
+        " before synthesis (150 s: ~560 s at the slowest measured CPU RTF, 3.73, within the"
+        " default 600 s job timeout)",
+    )
+    max_break_seconds: float = Field(10.0, ge=0, description="longest SSML <break> pause")
     max_prompt_seconds: float = Field(
         30.0, gt=0, description="longest prompt audio (the speech tokenizer's limit)"
     )

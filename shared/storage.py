@@ -4,10 +4,13 @@
 checked again here (not only in the request), so no key can write outside it. Disk writes go to a
 temporary file beside the target and are renamed into place: a reader never sees half a file.
 Either backend reads both kinds of URI (`get`), for prompt audio and for `cosyq say --out`.
+Failures are StorageError (permanent: fix the configuration) or StorageUnavailableError (may
+pass: retry), decided by errno or S3 error code.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from abc import ABC, abstractmethod
@@ -17,12 +20,32 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from shared.errors import InvalidRequestError, ObjectNotFoundError, StorageError
+from shared.errors import (
+    CosyqError,
+    InvalidRequestError,
+    ObjectNotFoundError,
+    StorageError,
+    StorageUnavailableError,
+)
 from shared.jobs import check_output_key
 from shared.s3 import S3Access
 from shared.settings import Settings
 
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+# errno values that may clear up by themselves: a full disk, a flaky network mount.
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EIO,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ESTALE,
+        errno.ENOLCK,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +99,18 @@ class Storage(ABC):
     ) -> StoredObject:
         """Write `data` at `key` under the base URI, replacing any object there."""
 
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object at `key` under the base URI (no error when it is not there)."""
+
+    @abstractmethod
+    def uri_for(self, key: str) -> str:
+        """The URI `put(key, ...)` writes to."""
+
+    @abstractmethod
+    def check_readable(self) -> None:
+        """Raise unless the base URI can be read (a folder that lists, a bucket that answers)."""
+
     def get(self, uri: str) -> bytes:
         """Read a whole object; ObjectNotFoundError when it is not there."""
         parts = urlsplit(uri)
@@ -100,6 +135,8 @@ class Storage(ABC):
             raise InvalidRequestError(f"{uri}: is a directory, not a file") from e
         except PermissionError as e:
             raise StorageError(f"{uri}: permission denied") from e
+        except OSError as e:
+            raise file_error(e, f"cannot read {uri}") from e
 
 
 def _check_size(uri: str, size: int, limit: int) -> None:
@@ -128,8 +165,35 @@ class FileStorage(Storage):
                 raise StorageError(f"{key}: resolves outside {self.root} (a symlink?)")
             _write_atomically(path, data)
         except OSError as e:
-            raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
+            raise file_error(e, f"cannot write {path}") from e
         return StoredObject(uri=path.as_uri(), bytes=len(data))
+
+    def delete(self, key: str) -> None:
+        path = self.root / check_output_key(key, limit=1024)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            raise file_error(e, f"cannot delete {path}") from e
+
+    def uri_for(self, key: str) -> str:
+        return (self.root / check_output_key(key, limit=1024)).as_uri()
+
+    def check_readable(self) -> None:
+        try:
+            with os.scandir(self.root) as entries:
+                next(entries, None)
+        except OSError as e:
+            raise file_error(e, f"cannot read {self.root}") from e
+
+
+def file_error(error: OSError, where: str) -> CosyqError:
+    """An OSError as StorageUnavailableError (disk full, I/O error) or StorageError (the rest)."""
+    cause = error.strerror or str(error)
+    if isinstance(error, FileExistsError) and error.errno == errno.EEXIST:
+        cause = "a file is in the way (not a directory)"
+    if error.errno in _TRANSIENT_ERRNOS:
+        return StorageUnavailableError(f"{where}: {cause}")
+    return StorageError(f"{where}: {cause}")
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -162,13 +226,26 @@ class S3Storage(Storage):
     def put(
         self, key: str, data: bytes, content_type: str, metadata: Mapping[str, str]
     ) -> StoredObject:
-        key = check_output_key(key, limit=1024)
-        full_key = f"{self.prefix}/{key}" if self.prefix else key
+        full_key = self._full_key(key)
         uri = f"s3://{self.bucket}/{full_key}"
         self._s3.put(
             self.bucket, full_key, data, content_type=content_type, metadata=dict(metadata), uri=uri
         )
         return StoredObject(uri=uri, bytes=len(data))
+
+    def delete(self, key: str) -> None:
+        full_key = self._full_key(key)
+        self._s3.delete(self.bucket, full_key, f"s3://{self.bucket}/{full_key}")
+
+    def uri_for(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._full_key(key)}"
+
+    def check_readable(self) -> None:
+        self._s3.check_bucket(self.bucket, self.base_uri)
+
+    def _full_key(self, key: str) -> str:
+        key = check_output_key(key, limit=1024)
+        return f"{self.prefix}/{key}" if self.prefix else key
 
 
 def open_storage(settings: Settings) -> Storage:

@@ -39,6 +39,7 @@ from shared.errors import (
     UnknownVoiceError,
 )
 from shared.jobs import VOICE_NAME_RE
+from shared.text_markup import MarkupError, parse_markup
 
 PROFILE_FORMAT = 1  # bump when the stored layout changes
 DEFAULT_VOICE = "default"  # the model directory's prompt.wav/prompt.txt: never stored here
@@ -46,6 +47,19 @@ MIN_PROMPT_SAMPLE_RATE = 16000  # the prompt models work at 16 kHz; nothing is u
 MIN_PROMPT_SECONDS = 0.5  # shorter gives at most a dozen speech tokens: too little voice to copy
 PROMPT_SILENCE_DBFS = -60.0  # RMS below this (re full scale) counts as silence
 _ARRAY_DTYPES = {"float32": np.dtype("<f4"), "int32": np.dtype("<i4")}
+
+
+def check_transcript(transcript: str, limit: int) -> str:
+    """A voice's transcript: at most `limit` characters, control tags only (no special tokens,
+    no pauses); the producer checks it before uploading and the add-voice job again."""
+    transcript = transcript.strip()
+    if len(transcript) > limit:
+        raise InvalidRequestError(f"transcript: {len(transcript):,} characters, limit {limit:,}")
+    try:
+        parse_markup(transcript, allow_breaks=False)
+    except MarkupError as e:
+        raise InvalidRequestError(f"transcript: {e}") from e
+    return transcript
 
 
 def check_voice_name(name: str) -> str:

@@ -8,7 +8,9 @@ Joins: each piece is synthesized on its own (as upstream does), so its audio sta
 wherever the vocoder left it. Concatenating them directly can click; we fade each piece out
 and the next one in over `fade_s` (a raised-cosine ramp, 10 ms: below what the ear hears as a
 change in loudness) and put `gap_s` of silence between them, a sentence pause (100 ms; a
-pause the speaker's own sentences rarely undercut). Crossfading overlapping audio instead would
+pause the speaker's own sentences rarely undercut); an SSML <break> sets that pause instead,
+and one before the first or after the last piece becomes leading or trailing silence.
+Crossfading overlapping audio instead would
 blend two different sentence ends, so we do not.
 """
 
@@ -50,23 +52,38 @@ def _ramp(length: int) -> np.ndarray:
     return (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / max(length, 1))).astype(np.float32)
 
 
-def join_pieces(pieces: Sequence[np.ndarray], sample_rate: int, config: JoinConfig) -> np.ndarray:
-    """Pieces (N_i,) float32 -> one (N,) array; a single piece is returned untouched."""
-    if len(pieces) == 1:
+def join_pieces(
+    pieces: Sequence[np.ndarray],
+    sample_rate: int,
+    config: JoinConfig,
+    *,
+    gaps: Sequence[float | None] = (),
+    lead_s: float = 0.0,
+    tail_s: float = 0.0,
+) -> np.ndarray:
+    """Pieces (N_i,) float32 -> one (N,) array; a single piece without pauses is returned
+    untouched. `gaps[i]` replaces `config.gap_s` between piece i and i + 1 (an SSML break;
+    None keeps the usual gap); `lead_s` and `tail_s` are silence before and after."""
+    if len(pieces) == 1 and not lead_s and not tail_s:
         return pieces[0]
     fade = round(config.fade_s * sample_rate)
-    gap = np.zeros(round(config.gap_s * sample_rate), dtype=np.float32)
-    parts: list[np.ndarray] = []
+    parts: list[np.ndarray] = [_silence(lead_s, sample_rate)]
     for index, samples in enumerate(pieces):
         piece = np.array(samples, dtype=np.float32)  # a copy: faded in place
         n = min(fade, piece.shape[0] // 2)
-        if n:
+        if n and len(pieces) > 1:
             ramp = _ramp(n)
             if index > 0:
                 piece[:n] *= ramp
             if index < len(pieces) - 1:
                 piece[-n:] *= ramp[::-1]
         if index > 0:
-            parts.append(gap)
+            gap = gaps[index - 1] if index - 1 < len(gaps) else None
+            parts.append(_silence(config.gap_s if gap is None else gap, sample_rate))
         parts.append(piece)
+    parts.append(_silence(tail_s, sample_rate))
     return np.concatenate(parts)
+
+
+def _silence(seconds: float, sample_rate: int) -> np.ndarray:
+    return np.zeros(round(seconds * sample_rate), dtype=np.float32)

@@ -36,6 +36,7 @@ class SynthesisInput:
     text: str
     prompt: VoicePrompt
     mode: Mode = "zero_shot"
+    language: str = "auto"  # auto, en, zh, ja: how numbers and symbols are read
     instruction: str | None = None  # instruct2 only
     speed: float = 1.0
     seed: int | None = None

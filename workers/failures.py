@@ -1,5 +1,8 @@
 """What a job's exception means: permanent, transient (retry with backoff) or internal.
 
+Permanent comes in two kinds: `invalid_request` (the request's fault) and `storage` (storage
+refused the write for a reason retrying will not fix: the deployment's fault, not a bug).
+
 The job boundary is the one place that catches broadly; this module turns whatever was raised
 into the short reason stored in job.meta["cosyq_error"] and shown by `cosyq status/failed`.
 Messages never carry the request text (validation errors name fields and rules only).
@@ -12,7 +15,8 @@ from dataclasses import dataclass
 import redis
 from rq.timeouts import JobTimeoutException
 
-from shared.errors import InvalidRequestError, TransientError
+from shared.connection import misconfiguration
+from shared.errors import InvalidRequestError, StorageError, TransientError
 from shared.results import JobFailure
 from workers.admission import RefusedJobError
 
@@ -23,7 +27,7 @@ MAX_MESSAGE_CHARS = 500
 class JobError:
     """One failed attempt, classified."""
 
-    kind: str  # invalid_request, transient, worker_died, internal
+    kind: str  # invalid_request, storage, transient, worker_died, internal
     message: str
     retryable: bool
     timed_out: bool = False
@@ -45,8 +49,12 @@ def classify(error: BaseException, *, timeout_s: float | None = None) -> JobErro
     if isinstance(error, JobTimeoutException):
         limit = f" after {timeout_s:g} s" if timeout_s else ""
         return JobError("transient", f"job timed out{limit}", retryable=True, timed_out=True)
+    if isinstance(error, StorageError):
+        return JobError("storage", text, retryable=False)
     if isinstance(error, TransientError):
         return JobError("transient", text, retryable=True)
+    if (refused := misconfiguration(error)) is not None:  # the worker's settings, not an outage
+        return JobError("internal", f"Redis refused this worker: {refused}", retryable=False)
     if isinstance(error, redis.ConnectionError | redis.TimeoutError | ConnectionError):
         return JobError("transient", f"{type(error).__name__}: {text}", retryable=True)
     return JobError("internal", f"{type(error).__name__}: {text}", retryable=False)

@@ -2,16 +2,18 @@
 
 Start: logging; refuse a Rosetta-translated Python; per-worker thread budget (before torch
 loads); housekeeping (its first tick reaps jobs a dead predecessor left); tell the pool we are
-loading; load the engine and warm it up; install the job functions' runtime; log `worker_ready`
-and tell the pool. A failure before `worker_ready` is logged once, sent to the pool and raised,
-so the process exits non-zero without ever taking a job. Everything here takes plain values
-(settings, names, a connection, the pool channel), never the worker object.
+loading; probe storage (write, read back, delete; before the model load, which takes minutes);
+load the engine and warm it up; install the job functions' runtime; log `worker_ready` and tell
+the pool. A failure before `worker_ready` is logged once, sent to the pool, recorded for
+`cosyq status` and raised, so the process exits non-zero without ever taking a job. Everything
+here takes plain values (settings, names, a connection, the pool channel), never the worker.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,11 +22,14 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
 from shared.connection import redis_connection
-from shared.errors import CosyqError
+from shared.errors import CosyqError, StorageError
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings
-from shared.storage import open_storage
+from shared.start_failures import NO_SLOT, clear_start_failure, record_start_failure
+from shared.storage import Storage, open_storage
+from shared.storage_probe import ProbeOutcome, wait_for_storage
+from shared.storage_retry import Backoff
 from shared.voices import VoiceRegistry
 from workers import control, host
 from workers.admission import CosyqJob
@@ -91,13 +96,15 @@ class WorkerLifecycle:
             self.housekeeper.start()
             self._send(control.LOADING, name)
             log.info("worker_loading", worker=name, slot=self.identity.slot)
+            storage = self._probe_storage()
             loaded = load_engine(self.settings)
         except CosyqError as e:
             log.error("worker_start_failed", worker=name, error=str(e))
             self._send(control.FAILED, f"{type(e).__name__}: {e}")
+            self._record_failure(f"{type(e).__name__}: {e}")
             raise
         host.limit_threads_after_load(self.threads)
-        self._install(loaded)
+        self._install(loaded, storage)
         wait_for_redis(self.connection)
         self._announce_ready(loaded, facts)
 
@@ -129,9 +136,56 @@ class WorkerLifecycle:
         finally:
             connection.close()
 
-    def _install(self, loaded: LoadedEngine) -> None:
+    def _probe_storage(self) -> Storage:
+        """The storage jobs will write to, once a probe object went there and back."""
+        storage = open_storage(self.settings)
+
+        def on_retry(outcome: ProbeOutcome, delay_s: float) -> None:
+            log.warning(
+                "storage_probe_retry",
+                url=outcome.url,
+                cause=outcome.cause,
+                attempt=outcome.attempts,
+                retry_in_s=delay_s,
+            )
+
+        outcome = wait_for_storage(
+            storage,
+            wait_s=self.settings.storage_probe_wait_s,
+            backoff=Backoff.from_settings(self.settings),
+            on_retry=on_retry,
+        )
+        if not outcome.ok:
+            raise StorageError(outcome.line)
+        log.info(
+            "storage_ready",
+            url=outcome.url,
+            probe_s=round(outcome.elapsed_s, 3),
+            attempts=outcome.attempts,
+            warning=outcome.warning or None,
+        )
+        return storage
+
+    def _place(self) -> dict[str, str]:
+        """Where this worker runs, as `cosyq status` groups start-up failures."""
+        slot = self.identity.slot
+        return {"host": socket.gethostname(), "slot": NO_SLOT if slot is None else str(slot)}
+
+    def _record_failure(self, reason: str) -> None:
+        try:
+            record_start_failure(
+                self.housekeeper.connection,
+                **self._place(),
+                worker=self.identity.name,
+                reason=reason,
+                ttl_s=self.settings.start_failure_ttl_s,
+                count=self.channel is None,  # under a pool, the pool counts
+            )
+        except redis.RedisError as e:
+            log.warning("start_failure_unrecorded", error=str(e))
+
+    def _install(self, loaded: LoadedEngine, storage: Storage) -> None:
         engine, settings = loaded.engine, self.settings
-        storage = open_storage(settings)
         voices = VoiceBook(
             engine,
             storage,
@@ -161,6 +215,10 @@ class WorkerLifecycle:
         stats.threads, stats.ready_at = self.threads, utc_now_iso()
         metrics.record_model_load(loaded.load_s)
         self.housekeeper.set_state(WorkerState.IDLE)
+        try:
+            clear_start_failure(self.housekeeper.connection, **self._place())
+        except redis.RedisError as e:
+            log.warning("start_failure_not_cleared", error=str(e))
         log.info(
             "worker_ready",
             worker=self.identity.name,

@@ -3,6 +3,8 @@
 RQ retries only inside its blocking dequeue; a connection error anywhere else in its loop (the
 heartbeat after a job, the suspension check, maintenance, deregistration) ends the worker. Here
 each of those logs and carries on, so the loop returns to the dequeue, which waits for Redis.
+A misconfiguration (wrong password, ACL, TLS certificate) is never waited out: it becomes a
+RedisRefusedError, and `cosyq-worker run` turns that into one line and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -14,15 +16,39 @@ from typing import Any, TypeVar
 import redis
 from rq.worker import SimpleWorker
 
+from shared.connection import REDIS_OUTAGE, misconfiguration, probe_redis
 from shared.logs import get_logger
 
 log = get_logger(__name__)
 
-REDIS_OUTAGE = (redis.ConnectionError, redis.TimeoutError)
 REDIS_RETRY_FIRST_S = 0.5
 REDIS_RETRY_MAX_S = 10.0  # longest wait between attempts to reach Redis again
 
+REFUSED_EXIT_CODE = 2  # the settings must be fixed; restarting as-is cannot help
+
 T = TypeVar("T")
+
+
+class RedisRefusedError(SystemExit):
+    """Redis turned this process's settings away (password, ACL user, NOPERM, TLS certificate).
+
+    A SystemExit because RQ's loop retries connection errors forever and swallows every other
+    exception; it lets SystemExit through, so the process ends (status 2) after its teardown.
+    """
+
+    def __init__(self, error: redis.RedisError, cause: str) -> None:
+        super().__init__(REFUSED_EXIT_CODE)
+        self.error = error
+        self.cause = cause
+
+
+def refuse_or_wait(error: redis.RedisError) -> None:
+    """Raise RedisRefusedError for a misconfiguration, re-raise anything but an outage."""
+    cause = misconfiguration(error)
+    if cause is not None:
+        raise RedisRefusedError(error, cause) from error
+    if not isinstance(error, REDIS_OUTAGE):
+        raise error
 
 
 def until_reachable(action: Callable[[], T], event: str) -> T:
@@ -31,15 +57,19 @@ def until_reachable(action: Callable[[], T], event: str) -> T:
     while True:
         try:
             return action()
-        except REDIS_OUTAGE as e:
+        except redis.RedisError as e:
+            refuse_or_wait(e)
             log.warning(event, error=str(e), retry_in_s=delay)
             time.sleep(delay)
             delay = min(delay * 2, REDIS_RETRY_MAX_S)
 
 
 def wait_for_redis(connection: redis.Redis) -> None:
-    """Block until Redis answers: RQ's constructor and registration do not survive it down."""
-    until_reachable(connection.ping, "waiting_for_redis")
+    """Block until Redis answers: RQ's constructor and registration do not survive it down.
+
+    The probe also reads and writes, so a user without the permissions fails here, at once.
+    """
+    until_reachable(lambda: probe_redis(connection), "waiting_for_redis")
 
 
 class OutageTolerantWorker(SimpleWorker):
@@ -48,19 +78,22 @@ class OutageTolerantWorker(SimpleWorker):
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         try:
             super().heartbeat(timeout, pipeline)
-        except REDIS_OUTAGE as e:
+        except redis.RedisError as e:
+            refuse_or_wait(e)
             log.warning("worker_heartbeat_failed", error=str(e))
 
     def check_for_suspension(self, burst: bool) -> None:
         try:
             super().check_for_suspension(burst)
-        except REDIS_OUTAGE as e:
+        except redis.RedisError as e:
+            refuse_or_wait(e)
             log.warning("suspension_check_failed", error=str(e))  # the dequeue waits for Redis
 
     def run_maintenance_tasks(self) -> None:
         try:
             super().run_maintenance_tasks()
-        except REDIS_OUTAGE as e:
+        except redis.RedisError as e:
+            refuse_or_wait(e)
             log.warning("maintenance_failed", error=str(e))
 
     def teardown(self) -> None:

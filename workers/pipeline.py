@@ -15,6 +15,7 @@ source in a fixed order, so the same request and seed give the same samples.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import torch
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from shared.settings import Settings
+from shared.text_markup import speech_limit_message, speech_seconds
 from workers.assembly import JoinConfig, change_speed, join_pieces
 from workers.coreml.backend import select_backend
 from workers.devices import resolve_device, resolve_dtype
@@ -63,6 +65,7 @@ class EngineOptions:
     split: SplitConfig = field(default_factory=SplitConfig)
     join: JoinConfig = field(default_factory=JoinConfig)
     max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
+    max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
 
     @classmethod
@@ -72,6 +75,7 @@ class EngineOptions:
             split=SplitConfig(max_piece_tokens=settings.max_piece_tokens),
             join=JoinConfig(gap_s=settings.piece_gap_ms / 1000),
             max_prompt_seconds=settings.max_prompt_seconds,
+            max_speech_seconds=settings.max_speech_seconds,
         )
 
 
@@ -155,11 +159,21 @@ class SynthesisPipeline:
         forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
         with state.clock.timed("frontend"):
             _check_request(request)
-            pieces = self.frontend.pieces(request.text)
+            pieces = self.frontend.pieces(
+                request.text, language=request.language, transcript=request.prompt.transcript
+            )
+            check_speech_bound(pieces, self.options.max_speech_seconds)
             prompt = llm_prompt(self.frontend, request)
         audio = [self._piece(piece, prompt, request, state, forced) for piece in pieces]
         with state.clock.timed("hift"):
-            samples = join_pieces(audio, self.sample_rate, self.options.join)
+            samples = join_pieces(
+                audio,
+                self.sample_rate,
+                self.options.join,
+                gaps=[piece.pause_before_s for piece in pieces[1:]],
+                lead_s=pieces[0].pause_before_s or 0.0,
+                tail_s=pieces[-1].pause_after_s,
+            )
         return samples, state
 
     def _piece(
@@ -202,6 +216,20 @@ class SynthesisPipeline:
         )
         request = SynthesisInput(text=WARM_UP_TEXT, prompt=prompt, mode="cross_lingual", seed=0)
         self.run(request, forced_length=WARM_UP_TOKENS)
+
+
+def check_speech_bound(pieces: list[TextPiece], limit_s: float) -> None:
+    """Refuse, before any synthesis, a request whose speech estimate (text tokens after
+    normalisation, plus pauses) is over `limit_s`: a runaway expansion would outlast the job
+    timeout and be retried."""
+    tokens = sum(len(piece.ids) for piece in pieces)
+    pauses = sum(piece.pause_before_s or 0.0 for piece in pieces) + pieces[-1].pause_after_s
+    estimate = speech_seconds(tokens, pauses)
+    if estimate > limit_s:
+        detail = f"{tokens:,} text tokens after normalisation in {len(pieces)} pieces"
+        if pauses:
+            detail += f", {pauses:g} s of pauses"
+        raise InvalidRequestError(f"text: {speech_limit_message(estimate, limit_s, detail)}")
 
 
 def _check_request(request: SynthesisInput) -> None:

@@ -9,7 +9,7 @@ pool is the Procfile's long-lived process, and it:
   keeps working until the pool, seeing every other slot ready, sends it SIGTERM (finish the job,
   exit). So recycling never leaves fewer than K-1 ready workers;
 - restarts any worker that exits, whatever the code; one that dies before `ready` backs off
-  exponentially (capped), with the reason it gave logged;
+  exponentially (capped), with the reason it gave logged and kept for `cosyq status`;
 - when a worker dies unexpectedly, releases its running job at once (retry or "worker died");
 - forwards SIGTERM/SIGINT to every slot as a warm shutdown and waits for them all;
 - with COSYQ_METRICS_PORT set, serves every slot's metrics, summed (workers/service/metrics.py).
@@ -21,6 +21,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings
+from shared.start_failures import record_backoff
 from workers import control
 from workers.reaper import Reaper, forget_worker
 from workers.service import metrics
@@ -291,6 +293,7 @@ class Pool:
                 failures=slot.failures,
                 backoff_s=delay,
             )
+            self._keep_failure(slot, how, reason, delay)
         else:
             reason = slot.retire_reason or ("stop" if self.stopping else how)
             log.info(
@@ -302,6 +305,22 @@ class Pool:
                 reason=reason,
             )
         slot.last_failure = ""
+
+    def _keep_failure(self, slot: Slot, how: str, reason: str, delay: float) -> None:
+        """Beside the worker's own record: how it ended and when the slot starts again."""
+        try:
+            record_backoff(
+                self._connection,
+                host=socket.gethostname(),
+                slot=str(slot.index),
+                how=how,
+                reason=reason,
+                failures=slot.failures,
+                backoff_s=delay,
+                ttl_s=self.settings.start_failure_ttl_s,
+            )
+        except redis.RedisError as e:
+            log.warning("pool_redis_error", duty="record_start_failure", error=str(e))
 
     def _release_jobs_of(self, slot: Slot) -> None:
         """A worker that died holding a job: release the job now rather than after its TTL."""

@@ -23,6 +23,7 @@ from shared.jobs import SynthesisRequest, validate_request
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
+from shared.storage_retry import Backoff, put_with_retries
 from workers import voice_profiles
 from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.runtime import WorkerRuntime, current_runtime
@@ -93,6 +94,7 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
             name=name,
             prompt_audio=prompt_audio,
             transcript=transcript,
+            max_transcript_chars=runtime.limits.max_text_chars,
         )
         log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
         return summary
@@ -157,12 +159,23 @@ def _voice_label(request: SynthesisRequest) -> str:
 def _store(
     runtime: WorkerRuntime, request: SynthesisRequest, context: JobContext, encoded: EncodedAudio
 ) -> StoredObject:
-    """Deterministic key (a retry overwrites the same object), content type and metadata."""
+    """Deterministic key (a retry overwrites the same object), content type and metadata.
+
+    A transient failure is retried here, a few times, so the audio is not synthesized again.
+    """
     key = object_key(context.job_id, encoded.extension, request.output_key, context.enqueued_at)
     metadata = audio_metadata(
         job_id=context.job_id, sha256=encoded.sha256, duration_s=encoded.duration_s
     )
-    return runtime.storage.put(key, encoded.data, encoded.content_type, metadata)
+    return put_with_retries(
+        runtime.storage,
+        key,
+        encoded.data,
+        encoded.content_type,
+        metadata,
+        attempts=runtime.settings.storage_write_attempts,
+        backoff=Backoff.from_settings(runtime.settings),
+    )
 
 
 def _log_finished(
@@ -178,6 +191,7 @@ def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisIn
         text=request.text,
         prompt=prompt,
         mode=request.mode,
+        language=request.language,
         instruction=request.instruction,
         speed=request.speed,
         seed=request.seed,

@@ -1,37 +1,28 @@
-"""Text side of the front end: normalisation (wetext), splitting into pieces, Qwen2 token ids.
+"""Text side of the front end: markup, normalisation, splitting into pieces, Qwen2 token ids.
 
-Normalisation spells out numbers, dates, units and symbols the way they are read ("$4.50" ->
-"four point five dollars", "2024年" -> "二零二四年"), with wetext (grammars shipped in the wheel,
-offline). As upstream does, it is skipped for a text carrying special tokens (both "<|" and
-"|>"), for the instruction of instruct2, and when the `normalize_text` setting is off (text
-already written out as it should be spoken). The TTS text is then split into pieces
-(`text_split`) and each piece tokenized; the prompt transcript is normalised but never split.
+The request's text is first read as markup (`shared.text_markup`: control tags kept, `<|…|>`
+tokens and unsupported markup refused, SSML breaks as pauses). Each stretch of words between
+pauses is normalised (`normalizer`: numbers, dates, units spelled out in the request's
+language), split into pieces (`text_split`) and each piece tokenized; a pause becomes the gap
+before the next piece. The prompt transcript is normalised but never split; the instruction of
+instruct2 is not normalised and gets the <|endofprompt|> separator from us. Normalisation is
+skipped when the `normalize_text` setting is off (text already written as it should be spoken).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from dataclasses import dataclass
 
-from shared.errors import EmptyTextError
+from shared.errors import EmptyTextError, InvalidRequestError
+from shared.text_markup import MarkupError, Pause, parse_markup, refuse_special_tokens
+from workers.engine.normalizer import Language, TextNormalizer, choose_language
 from workers.model.tokenizer import END_OF_PROMPT, TextTokenizer
 from workers.text_split import SENTENCE_END, SplitConfig, split_text
 
-SPECIAL_OPEN, SPECIAL_CLOSE = "<|", "|>"
-_SPACES_RE = re.compile(r"\s+")
-# Chinese and Japanese write no spaces between words: drop one between two such characters.
-_CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"  # radicals..CJK ideographs, kana, full-width
-_CJK_GAP_RE = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
-_CJK_CHAR_RE = re.compile(f"[{_CJK}]")
-
-
-def has_special_tokens(text: str) -> bool:
-    return SPECIAL_OPEN in text and SPECIAL_CLOSE in text
-
-
-def is_cjk(char: str) -> bool:
-    return _CJK_CHAR_RE.fullmatch(char) is not None
+_CJK_CHAR_RE = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")  # CJK, kana, full-width
 
 
 def speakable(text: str) -> bool:
@@ -39,38 +30,29 @@ def speakable(text: str) -> bool:
     return any(unicodedata.category(c)[0] in ("L", "N") for c in text)
 
 
-class TextNormalizer:
-    """wetext text normalisation (language detected per text), or pass-through."""
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self._normalizer = None
-        if enabled:
-            from wetext import Normalizer  # noqa: PLC0415 (only when normalisation is on)
-
-            self._normalizer = Normalizer(lang="auto", operator="tn")
-
-    def __call__(self, text: str) -> str:
-        """Normalised text with whitespace collapsed (and none between CJK characters)."""
-        text = _SPACES_RE.sub(" ", text).strip()
-        if self._normalizer is None or not text or has_special_tokens(text):
-            return text
-        spoken = str(self._normalizer.normalize(text))
-        return _CJK_GAP_RE.sub("", _SPACES_RE.sub(" ", spoken)).strip()
-
-    def with_final_stop(self, text: str) -> str:
-        """Upstream ends a text without final punctuation with "." (or "。" after CJK)."""
-        if not self.enabled or not text or text[-1] in SENTENCE_END or has_special_tokens(text):
-            return text
-        return text + ("。" if is_cjk(text[-1]) else ".")
+def with_final_stop(text: str) -> str:
+    """Upstream ends a text without final punctuation with "." (or "。" after CJK)."""
+    if not text or text[-1] in SENTENCE_END:
+        return text
+    return text + ("。" if _CJK_CHAR_RE.fullmatch(text[-1]) else ".")
 
 
 @dataclass(frozen=True)
 class TextPiece:
-    """One piece of the TTS text and its token ids."""
+    """One piece of the TTS text, its token ids and the pauses an SSML <break> asked for
+    (`pause_before_s` None: the usual gap between pieces)."""
 
     text: str
     ids: tuple[int, ...]
+    pause_before_s: float | None = None
+    pause_after_s: float = 0.0
+
+
+def _markup(text: str, field: str, *, allow_breaks: bool = True) -> list[str | Pause]:
+    try:  # the gate checked the break limit already; here only what can never be spoken
+        return parse_markup(text, allow_breaks=allow_breaks, max_break_s=math.inf)
+    except MarkupError as e:
+        raise InvalidRequestError(f"{field}: {e}") from e
 
 
 class TextFrontend:
@@ -86,25 +68,55 @@ class TextFrontend:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
-    def pieces(self, text: str, *, field: str = "text") -> list[TextPiece]:
-        """The TTS text as normalised, tokenized pieces; EmptyTextError if nothing is left."""
-        normalised = self.normalizer.with_final_stop(self.normalizer(text))
-        chunks = split_text(normalised, self.count_tokens, self.split)
-        pieces = [TextPiece(c, tuple(self.tokenizer.encode(c))) for c in chunks if speakable(c)]
+    def pieces(
+        self, text: str, *, language: str = "auto", transcript: str = "", field: str = "text"
+    ) -> list[TextPiece]:
+        """The TTS text as normalised, tokenized pieces; EmptyTextError if nothing is left.
+
+        `language` "auto" follows the text's script, else the voice `transcript`'s, else en.
+        """
+        segments = _markup(text, field)
+        words = " ".join(s for s in segments if isinstance(s, str))
+        chosen = choose_language(language, words, transcript)
+        last_words = max((i for i, s in enumerate(segments) if isinstance(s, str)), default=-1)
+        pieces: list[TextPiece] = []
+        pause: float | None = None
+        for index, segment in enumerate(segments):
+            if isinstance(segment, Pause):
+                pause = (pause or 0.0) + segment.seconds
+                continue
+            for chunk in self._chunks(segment, chosen, final=index == last_words):
+                pieces.append(TextPiece(chunk, tuple(self.tokenizer.encode(chunk)), pause))
+                pause = None
         if not pieces:
             raise EmptyTextError(
                 f"{field}: nothing to speak after normalisation (only spaces or punctuation)"
             )
+        if pause:
+            last = pieces[-1]
+            pieces[-1] = TextPiece(last.text, last.ids, last.pause_before_s, pause)
         return pieces
 
+    def _chunks(self, words: str, language: Language, *, final: bool) -> list[str]:
+        normalised = self.normalizer(words, language)
+        if final and self.normalizer.enabled:
+            normalised = with_final_stop(normalised)
+        return [c for c in split_text(normalised, self.count_tokens, self.split) if speakable(c)]
+
     def prompt_text_ids(self, transcript: str) -> list[int]:
-        """The prompt's transcript, normalised as one piece (zero_shot)."""
-        return self.tokenizer.encode(self.normalizer(transcript))
+        """The prompt's transcript, normalised as one piece (zero_shot), in its own language."""
+        words = " ".join(
+            s for s in _markup(transcript, "prompt_text", allow_breaks=False) if isinstance(s, str)
+        )
+        return self.tokenizer.encode(self.normalizer(words, choose_language("auto", words)))
 
     def instruction_ids(self, instruction: str) -> list[int]:
-        """instruct2's instruction, not normalised, ending in <|endofprompt|> (added if absent:
-        upstream expects the caller to write it)."""
-        text = instruction.strip()
-        if not text.endswith(END_OF_PROMPT):
-            text += END_OF_PROMPT
-        return self.tokenizer.encode(text)
+        """instruct2's instruction, not normalised, ending in <|endofprompt|> (added by us; one
+        the caller wrote at the end, as upstream expects, is not doubled). Any other special
+        token is refused."""
+        text = instruction.strip().removesuffix(END_OF_PROMPT)
+        try:
+            refuse_special_tokens(text)
+        except MarkupError as e:
+            raise InvalidRequestError(f"instruction: {e}") from e
+        return self.tokenizer.encode(text + END_OF_PROMPT)

@@ -19,6 +19,7 @@ from shared.voices import (
     VoiceProfile,
     VoiceRegistry,
     VoiceSummary,
+    check_transcript,
     check_voice_name,
     decode_prompt_audio,
     utc_now,
@@ -80,9 +81,11 @@ def add_voice(
     name: str,
     prompt_audio: str,
     transcript: str,
+    max_transcript_chars: int = 2000,
 ) -> dict[str, Any]:
-    """The add-voice job: read, extract, store; returns the profile's summary as JSON."""
+    """The add-voice job: check, read, extract, store; returns the profile's summary as JSON."""
     check_voice_name(name)
+    transcript = check_transcript(transcript, max_transcript_chars)
     samples, rate = decode_prompt_audio(storage.get(prompt_audio), where=prompt_audio)
     prompt = engine.extract_voice(samples, rate, transcript)
     profile = profile_from_prompt(

@@ -8,16 +8,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shared.connection import redis_connection
-from shared.errors import CosyqError
-from shared.logs import configure_logging
+import redis
+
+from shared.connection import check_redis, redis_connection, settings_error
+from shared.errors import CosyqError, SettingsError, TransientError
+from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, load_settings
+from workers import control
+from workers.outage import RedisRefusedError
 from workers.pool import Pool, PoolConfig
 from workers.service import metrics
 from workers.service.metrics import MetricsServer
 from workers.worker import CosyqWorker
 
-EXIT_START_FAILED = 2  # bad settings, no model, Rosetta refused: fix and restart
+EXIT_START_FAILED = 2  # bad settings, no model, Rosetta refused, Redis refused us: fix, restart
+
+log = get_logger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    settings: Settings | None = None
     try:
         settings = load_settings()
         configure_logging(settings)
@@ -70,7 +77,22 @@ def run_worker(args: argparse.Namespace) -> int:
     except CosyqError as e:
         print(f"cosyq-worker: {e}", file=sys.stderr)
         return EXIT_START_FAILED
+    except (redis.RedisError, RedisRefusedError) as e:
+        error = e.error if isinstance(e, RedisRefusedError) else e
+        problem = settings_error(error, settings) if settings is not None else None
+        if problem is None:
+            raise
+        return _refused_by_redis(problem, args.control_fd)
     return 0
+
+
+def _refused_by_redis(problem: SettingsError, control_fd: int | None) -> int:
+    """Wrong password, ACL or TLS certificate: one line, tell the pool, exit non-zero."""
+    log.error("redis_refused_worker", error=str(problem))
+    if control_fd is not None:
+        control.ControlChannel(control_fd).send(control.FAILED, str(problem))
+    print(f"cosyq-worker: {problem}", file=sys.stderr)
+    return EXIT_START_FAILED
 
 
 def _serve_worker_metrics(worker: CosyqWorker, settings: Settings) -> MetricsServer | None:
@@ -92,6 +114,13 @@ def run_pool(args: argparse.Namespace) -> int:
         print("cosyq-worker pool: -n must be at least 1", file=sys.stderr)
         return EXIT_START_FAILED
     configure_logging(settings)
+    try:
+        check_redis(redis_connection(settings), settings)
+    except SettingsError as e:
+        print(f"cosyq-worker pool: {e}", file=sys.stderr)
+        return EXIT_START_FAILED
+    except TransientError as e:
+        log.warning("pool_redis_unreachable", error=str(e))  # the workers wait for it
     config = PoolConfig(
         size=size,
         queues=tuple(args.queues),

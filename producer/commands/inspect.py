@@ -7,9 +7,11 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
+from rich.text import Text
 
 from producer.monitor import failed_jobs, queue_rows, requeue_failed, worker_rows
 from producer.tracking import JobStatus
+from shared.start_failures import StartFailure, start_failures
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -44,6 +46,7 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
     with context.make_client(context.settings) as client:
         connection = client.connection
         queues, workers = queue_rows(connection), worker_rows(connection)
+        cannot_start = start_failures(connection)
         failures = failed_jobs(connection, limit=args.failed) if args.failed > 0 else []
     context.out.print(f"Redis {context.settings.redacted_redis_url()}", markup=False)
     table = Table(title="queues")
@@ -64,8 +67,33 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
         shown = (state, worker.current_job, worker.jobs_done, rss, backend, worker.pid)
         table.add_row(worker.name, *(_text(cell) for cell in shown))
     context.out.print(table)
+    if cannot_start:
+        _print_start_failures(context, cannot_start)
     _print_failures(context, failures, title=f"recent failures ({len(failures)} shown)")
     return 0
+
+
+def _print_start_failures(context: CliContext, rows: list[StartFailure]) -> None:
+    """Slots whose workers exit before they are ready, and why (plain text: no rich markup)."""
+    table = Table(title=f"workers that cannot start ({len(rows)})")
+    for name in ("host", "slot", "failures", "last try", "exit", "next try", "reason"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        cells = (
+            row.slot,
+            row.failures or None,
+            _clock(row.failed_at),
+            row.exit,
+            _clock(row.next_start_at),
+            row.reason,
+        )
+        table.add_row(Text(row.host), *(Text(_text(cell)) for cell in cells))
+    context.out.print(table)
+
+
+def _clock(iso: str) -> str | None:
+    """An ISO time (UTC) as `YYYY-MM-DD HH:MM:SS`, like the failed jobs' `ended`."""
+    return iso[:19].replace("T", " ") if len(iso) >= 19 else None
 
 
 def _print_failures(context: CliContext, failures: list[Any], title: str) -> None:

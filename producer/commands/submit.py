@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -12,18 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from rich.table import Table
 
+from producer.commands.batch_report import ResultsFile, print_summary
 from producer.tracking import JobOutcome
-from shared.errors import InvalidRequestError, QueueFullError
+from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
 from shared.jobs import RequestLimits, SynthesisRequest, validate_request
-from shared.results import AUDIO_FORMATS, JobFailure, SynthesisResult
+from shared.results import AUDIO_FORMATS
 from shared.storage import open_storage
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
-
-MAX_FAILURES_SHOWN = 20
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,9 @@ def register(subparsers: Any) -> None:
         "submit",
         help="submit one request per line of a JSONL file",
         description="Submit one SynthesisRequest (a JSON object) per line. Bad lines are "
-        "reported with their number and skipped; the rest are submitted. Without --wait, "
-        "prints one job id per submitted line.",
+        "reported with their number and skipped; the rest are submitted. Prints one job id "
+        "per submitted line as it goes in. With --wait, exit status 3 means every job that "
+        "finished succeeded but some were still queued or running at --timeout.",
         epilog='example line: {"text": "Hello.", "voice": "default", "format": "flac"}',
     )
     submit.add_argument(
@@ -108,44 +108,61 @@ def run_submit(args: argparse.Namespace, context: CliContext) -> int:
         context.err.print(problem, markup=False)
     started = time.monotonic()
     with context.make_client(settings) as client:
-        job_ids, lines = _submit_lines(client, lines, context)
+        job_ids, submitted = _submit_lines(client, lines, context)
         context.err.print(
             f"submitted {len(job_ids)} job(s); {len(problems)} bad line(s) skipped", markup=False
         )
         if not args.wait:
-            for job_id in job_ids:
-                context.out.print(job_id, markup=False)
-            return 1 if problems or len(job_ids) < len(lines) else 0
+            return 1 if problems or len(submitted) < len(lines) else 0
         timeout = args.timeout if args.timeout is not None else settings.wait_timeout_s
-        outcomes = _wait_with_progress(client, job_ids, timeout, context)
+        numbers = [line.number for line in submitted]
+        with contextlib.ExitStack() as stack:
+            results = None
+            if args.results is not None:
+                results = stack.enter_context(ResultsFile(args.results, numbers, job_ids))
+            outcomes = _wait_with_progress(client, job_ids, timeout, context, results)
+            if results is not None:
+                results.write_rest(outcomes)
     wall_s = time.monotonic() - started
-    if args.results is not None:
-        write_results(args.results, lines, job_ids, outcomes)
-    failed = print_summary(context, lines, job_ids, outcomes, wall_s)
-    return 1 if problems or failed else 0
+    failed, pending = print_summary(context, numbers, job_ids, outcomes, wall_s)
+    if problems or failed or len(submitted) < len(lines):
+        return 1
+    return 3 if pending else 0
 
 
 def _submit_lines(
     client: Any, lines: list[Line], context: CliContext
 ) -> tuple[list[str], list[Line]]:
-    """Submit; when a queue fills up, keep what went in and report the rest as not submitted."""
+    """Submit, printing each job id as its chunk goes in; when a queue fills up or Redis
+    refuses a chunk, keep what went in and report the rest as not submitted."""
+
+    def printed(chunk: list[tuple[int, str]]) -> None:
+        for _, job_id in chunk:
+            context.out.print(job_id, markup=False)
+        context.out.file.flush()
+
     try:
-        return client.submit_many([line.request for line in lines]), lines
-    except QueueFullError as e:
+        return client.submit_many([line.request for line in lines], on_submitted=printed), lines
+    except (QueueFullError, SubmitInterruptedError) as e:
         submitted = list(e.submitted)
         skipped = lines[len(submitted) :]
         context.err.print(f"cosyq: {e}", markup=False)
         if skipped:
+            hint = "use --block to wait for room" if isinstance(e, QueueFullError) else "rerun"
             context.err.print(
                 f"not submitted: lines {skipped[0].number}-{skipped[-1].number} "
-                "(use --block to wait for room)",
+                f"({hint} with only those lines; the ids above are in the queue)",
                 markup=False,
             )
         return submitted, lines[: len(submitted)]
 
 
 def _wait_with_progress(
-    client: Any, job_ids: Sequence[str], timeout: float, context: CliContext
+    client: Any,
+    job_ids: Sequence[str],
+    timeout: float,
+    context: CliContext,
+    results: ResultsFile | None,
 ) -> dict[str, JobOutcome]:
     columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress("waiting", *columns, console=context.err, transient=False) as progress:
@@ -154,61 +171,17 @@ def _wait_with_progress(
         def on_progress(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        outcome: dict[str, JobOutcome] = client.wait_many(job_ids, timeout, on_progress)
-        return outcome
+        def on_outage(message: str) -> None:
+            progress.console.print(f"cosyq: {message}", markup=False)
 
-
-def write_results(
-    path: Path, lines: Sequence[Line], job_ids: Sequence[str], outcomes: dict[str, JobOutcome]
-) -> None:
-    """One JSON line per submitted line: job id and the full result, or the failure reason."""
-    with path.open("w", encoding="utf-8") as file:
-        for line, job_id in zip(lines, job_ids, strict=True):
-            outcome = outcomes[job_id]
-            record: dict[str, Any] = {"line": line.number, "job_id": job_id}
-            if isinstance(outcome, SynthesisResult):
-                record.update(status="ok", result=outcome.model_dump(mode="json"))
-            else:
-                record.update(status="failed", error=outcome.as_meta())
-            file.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def print_summary(
-    context: CliContext,
-    lines: Sequence[Line],
-    job_ids: Sequence[str],
-    outcomes: dict[str, JobOutcome],
-    wall_s: float,
-) -> int:
-    """Failures (with line numbers), then the table; returns how many jobs failed."""
-    unique = dict.fromkeys(job_ids)
-    results = [o for j in unique if isinstance(o := outcomes[j], SynthesisResult)]
-    failures = [
-        (line, j, o)
-        for line, j in zip(lines, job_ids, strict=True)
-        if isinstance(o := outcomes[j], JobFailure)
-    ]
-    for line, job_id, failure in failures[:MAX_FAILURES_SHOWN]:
-        context.err.print(
-            f"line {line.number} (job {job_id}) failed: {failure.kind}: {failure.message}",
-            markup=False,
+        outcome: dict[str, JobOutcome] = client.wait_many(
+            job_ids,
+            timeout,
+            on_progress,
+            on_outcome=results.write if results is not None else None,
+            on_outage=on_outage,
         )
-    if len(failures) > MAX_FAILURES_SHOWN:
-        context.err.print(f"... and {len(failures) - MAX_FAILURES_SHOWN} more failures")
-    audio_s = sum(result.duration_s for result in results)
-    table = Table(title="cosyq submit")
-    for column in ("ok", "failed", "audio s", "wall s", "audio s / wall s", "jobs / s"):
-        table.add_column(column, justify="right")
-    table.add_row(
-        str(len(results)),
-        str(len(unique) - len(results)),
-        f"{audio_s:.2f}",
-        f"{wall_s:.2f}",
-        f"{audio_s / wall_s:.2f}" if wall_s > 0 else "-",
-        f"{len(unique) / wall_s:.2f}" if wall_s > 0 else "-",
-    )
-    context.out.print(table)
-    return len(unique) - len(results)
+        return outcome
 
 
 def say_request(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,11 +1,15 @@
-"""Integration fixtures: an S3 endpoint over real HTTP (moto's server mode, in a thread)."""
+"""Integration fixtures: S3 endpoints over real HTTP (moto's server mode): the session's shared
+one, one a test can stop and restart, one that checks credentials."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+
+from tests.support.s3_servers import AuthS3, RestartableS3, start_auth_s3
 
 
 @dataclass(frozen=True)
@@ -36,3 +40,20 @@ def s3_endpoint(s3_server: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3End
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
     return s3_server
+
+
+@pytest.fixture
+def restartable_s3(s3_endpoint: S3Endpoint) -> Iterator[RestartableS3]:
+    """A moto server of the test's own that the test may stop and start again (same port)."""
+    server = RestartableS3()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def auth_s3(s3_endpoint: S3Endpoint, tmp_path: Path) -> Iterator[AuthS3]:
+    """A moto server in its own process that checks credentials; bucket `checked` exists."""
+    server = start_auth_s3(tmp_path / "moto-auth.log", buckets=("checked",))
+    yield server
+    server.stop()

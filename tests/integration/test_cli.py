@@ -18,6 +18,7 @@ from shared.audio import decode_audio
 from shared.settings import Settings, load_settings
 from tests.doubles.fake_tasks import SECONDS_PER_CHAR
 from tests.doubles.rq_workers import run_burst, start_worker_process, stop_worker_process
+from tests.support.redis_servers import secured_redis
 
 FAKE = "tests.doubles.fake_tasks.synthesize"
 
@@ -84,7 +85,7 @@ def test_submit_100_lines_with_bad_ones_and_wait(
     row = [line for line in summary.splitlines() if line.strip().startswith("│ 95")]
     assert row and row[0].split("│")[2].strip() == "0"  # ok 95, failed 0
     records = [json.loads(line) for line in out_path.read_text().splitlines()]
-    assert [r["line"] for r in records] == [n for n in range(1, 101) if n not in bad]
+    assert sorted(r["line"] for r in records) == [n for n in range(1, 101) if n not in bad]
     assert all(r["status"] == "ok" for r in records)
     flac = next(r for r in records if r["line"] == 3)["result"]
     assert (flac["format"], flac["sample_rate"]) == ("flac", 16000)
@@ -117,7 +118,9 @@ def test_failures_are_reported_with_reasons(
     assert cosyq("submit", str(tmp_path / "b.jsonl"), "--wait", "--results", str(results)) == 1
     captured = capsys.readouterr()
     assert "line 2 (job " in captured.err and "failed: internal: engine on fire" in captured.err
-    first, second = (json.loads(line) for line in results.read_text().splitlines())
+    first, second = sorted(
+        (json.loads(line) for line in results.read_text().splitlines()), key=lambda r: r["line"]
+    )
     assert first["status"] == "ok" and second["status"] == "failed"
     assert second["error"] == {"kind": "internal", "message": "engine on fire"}
     job_id = second["job_id"]
@@ -202,3 +205,19 @@ def test_usage_and_settings_errors(
     monkeypatch.setenv("COSYQ_REDIS_UR", "redis://x")
     assert cosyq("status") == 2
     assert "did you mean COSYQ_REDIS_URL?" in capsys.readouterr().err
+
+
+def test_redis_refusing_the_settings_is_exit_2_with_one_line(
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with secured_redis(tmp_path) as server:
+        monkeypatch.setenv("COSYQ_REDIS_URL", server.url("alice", "not it"))
+        assert cosyq("status") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"cosyq: COSYQ_REDIS_URL (redis://alice:***@127.0.0.1:{server.port}/0): "
+        "authentication failed: invalid username-password pair or user is disabled."
+    )

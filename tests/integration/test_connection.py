@@ -1,29 +1,20 @@
-"""Redis connections from settings: ACL users and passwords in the URL, and rediss:// (TLS)."""
+"""Redis connections from settings: ACL users and passwords in the URL, rediss:// (TLS), and
+which errors are settings to fix (never waited out) and which are an outage (waited out)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import redis
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from shared.connection import check_redis, redis_connection
+from shared.connection import check_redis, is_outage, misconfiguration, redis_connection
 from shared.errors import SettingsError, TransientError
 from shared.settings import load_settings
+from tests.support.redis_servers import ACL_USERS, SecuredRedis, secured_redis, tls_redis
+from workers.failures import classify
 
 
 @pytest.fixture
@@ -35,10 +26,32 @@ def acl_user(redis_url: str) -> Iterator[tuple[str, str]]:
     admin.close()
 
 
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredRedis]:
+    with secured_redis(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    with tls_redis(tmp_path) as server:
+        yield server
+
+
 def port_of(url: str) -> int:
     port = urlsplit(url).port
     assert port is not None
     return port
+
+
+def refusal(url: str, **settings: object) -> SettingsError:
+    loaded = load_settings(env_file=None, redis_url=url, **settings)
+    with pytest.raises(SettingsError) as caught:
+        check_redis(redis_connection(loaded), loaded)
+    assert isinstance(caught.value.__cause__, redis.RedisError)
+    assert misconfiguration(caught.value.__cause__) is not None
+    assert not is_outage(caught.value.__cause__)
+    return caught.value
 
 
 def test_acl_user_and_password_in_the_url(redis_url: str, acl_user: tuple[str, str]) -> None:
@@ -54,92 +67,43 @@ def test_acl_user_and_password_in_the_url(redis_url: str, acl_user: tuple[str, s
 def test_wrong_password_is_a_settings_error_without_the_password(
     redis_url: str, acl_user: tuple[str, str]
 ) -> None:
-    url = f"redis://alice:wrong@127.0.0.1:{port_of(redis_url)}/0"
-    settings = load_settings(env_file=None, redis_url=url)
-    with pytest.raises(SettingsError) as caught:
-        check_redis(redis_connection(settings), settings)
-    assert "redis://alice:***@127.0.0.1" in str(caught.value)
-    assert "wrong" not in str(caught.value)
+    error = refusal(f"redis://alice:wrong@127.0.0.1:{port_of(redis_url)}/0")
+    assert "redis://alice:***@127.0.0.1" in str(error)
+    assert "wrong" not in str(error)
+
+
+def test_requirepass_server_refuses_each_bad_credential(secured: SecuredRedis) -> None:
+    password, _ = ACL_USERS["alice"]
+    for url, cause in (
+        (secured.url(password="not it"), "authentication failed: invalid username-password"),
+        (secured.url(), "authentication failed: Authentication required"),
+        (secured.url("nobody", "whatever"), "authentication failed: invalid username-password"),
+        (secured.url("alice", "s3cret"), "authentication failed: invalid username-password"),
+    ):
+        error = refusal(url)
+        assert str(error).startswith("COSYQ_REDIS_URL (redis://"), error
+        assert cause in str(error)
+        assert "not it" not in str(error) and "whatever" not in str(error)
+    settings = load_settings(env_file=None, redis_url=secured.url("alice", password))
+    check_redis(redis_connection(settings), settings)
+
+
+def test_a_user_without_write_permission_is_refused_at_the_check(secured: SecuredRedis) -> None:
+    password, _ = ACL_USERS["reader"]
+    error = refusal(secured.url("reader", password))
+    assert "permission denied (ACL)" in str(error) and "redis://reader:***@" in str(error)
 
 
 def test_unreachable_redis_is_transient() -> None:
     settings = load_settings(env_file=None, redis_url="redis://127.0.0.1:9/0")
     with pytest.raises(TransientError, match=r"cannot reach Redis at redis://127\.0\.0\.1:9/0"):
         check_redis(redis_connection(settings), settings)
+    assert is_outage(redis.ConnectionError("Connection reset by peer"))
+    assert is_outage(redis.TimeoutError("Timeout reading from socket"))
 
 
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
-@pytest.fixture
-def tls_redis(tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    """A TLS-only redis-server of our own, with a requirepass, on a free port."""
-    cert, key = self_signed(tmp_path)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    args = [shutil.which("redis-server") or "redis-server", "--port", "0"]
-    args += ["--tls-port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    args += ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
-    args += ["--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
-    args += ["--requirepass", "tlspass", "--dir", str(tmp_path)]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = redis.Redis(
-            host="127.0.0.1",
-            port=port,
-            ssl=True,
-            ssl_ca_certs=str(cert),
-            retry=Retry(NoBackoff(), 0),  # we poll here ourselves
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.AuthenticationError:
-                break  # TLS works; it just wants the password
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    pytest.fail("TLS redis-server did not start (built without TLS?)")
-                time.sleep(0.05)
-        client.close()
-        yield port, cert
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def test_rediss_url_with_password_and_private_ca(tls_redis: tuple[int, Path]) -> None:
-    port, cert = tls_redis
+def test_rediss_url_with_password_and_private_ca(tls_server: tuple[int, Path]) -> None:
+    port, cert = tls_server
     settings = load_settings(
         env_file=None,
         redis_url=f"rediss://default:tlspass@127.0.0.1:{port}/0",
@@ -151,3 +115,23 @@ def test_rediss_url_with_password_and_private_ca(tls_redis: tuple[int, Path]) ->
     assert connection.get("k") == b"v"
     assert type(connection.connection_pool.get_connection()).__name__ == "SSLConnection"
     connection.close()
+
+
+def test_a_certificate_that_does_not_verify_is_a_settings_error(
+    tls_server: tuple[int, Path],
+) -> None:
+    port, _ = tls_server
+    error = refusal(f"rediss://default:tlspass@127.0.0.1:{port}/0")  # no private CA given
+    assert f"COSYQ_REDIS_URL (rediss://default:***@127.0.0.1:{port}/0)" in str(error)
+    assert "TLS certificate did not verify" in str(error) and "tlspass" not in str(error)
+
+
+def test_a_job_that_meets_a_redis_refusal_is_not_retried_as_transient() -> None:
+    for error in (
+        redis.AuthenticationError("invalid username-password pair"),
+        redis.exceptions.NoPermissionError("User reader has no permissions to run 'set'"),
+    ):
+        failure = classify(error)
+        assert failure.kind == "internal" and not failure.retryable
+        assert failure.message.startswith("Redis refused this worker: ")
+    assert classify(redis.ConnectionError("Connection refused")).kind == "transient"

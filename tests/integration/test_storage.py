@@ -15,6 +15,7 @@ from shared.errors import (
     InvalidRequestError,
     ObjectNotFoundError,
     StorageError,
+    StorageUnavailableError,
     TransientError,
 )
 from shared.settings import Settings, load_settings
@@ -112,7 +113,7 @@ def test_file_put_replaces_atomically(tmp_path: Path, monkeypatch: pytest.Monkey
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(StorageError, match="No space left on device"):
+    with pytest.raises(StorageUnavailableError, match="No space left on device"):  # may pass
         storage.put("a/b.wav", b"new", "audio/wav", {})
     monkeypatch.setattr(os, "replace", real_replace)
     assert (tmp_path / "a" / "b.wav").read_bytes() == b"old"  # the reader never saw "new" half-made
@@ -188,6 +189,8 @@ def test_s3_missing_object_and_bucket(s3_endpoint: S3Endpoint) -> None:
     with pytest.raises(ObjectNotFoundError, match=r"s3://some-bucket/nope.wav: not found"):
         storage.get("s3://some-bucket/nope.wav")
     with pytest.raises(ObjectNotFoundError, match="NoSuchBucket"):
+        storage.get("s3://no-such-bucket/a.wav")  # a URI given to read: a bad request
+    with pytest.raises(StorageError, match=r"no such bucket \(NoSuchBucket"):
         open_storage(s3_settings(s3_endpoint, "s3://no-such-bucket")).put("a.wav", b"x", "a", {})
 
 

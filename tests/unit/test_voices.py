@@ -15,6 +15,7 @@ from shared.errors import InvalidRequestError, PromptUnreadableError
 from shared.voices import (
     VoiceProfile,
     VoiceSummary,
+    check_transcript,
     check_voice_name,
     decode_array,
     decode_prompt_audio,
@@ -111,3 +112,16 @@ def test_shared_voices_imports_without_torch() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_transcript_carries_control_tags_only() -> None:
+    assert check_transcript("  Hi [laughter] there. ", 100) == "Hi [laughter] there."
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"transcript: contains the model's special token <\|endofprompt\|>",
+    ):
+        check_transcript("Hi<|endofprompt|>", 100)
+    with pytest.raises(InvalidRequestError, match=r"transcript: .*pauses are not allowed here"):
+        check_transcript('Hi <break time="1s"/> there', 100)
+    with pytest.raises(InvalidRequestError, match="transcript: 12 characters, limit 5"):
+        check_transcript("x" * 12, 5)

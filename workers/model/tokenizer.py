@@ -16,34 +16,16 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from shared.errors import ModelLoadError
+from shared.text_markup import CONTROL_TAGS
 
 # Qwen2's pre-tokenizer split (the same regex its tokenizer.json carries).
 QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# Added by CosyVoice2Tokenizer, in this order, after the tokenizer's own added tokens.
-COSYVOICE2_SPECIAL_TOKENS = (
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|endofprompt|>",
-    "[breath]",
-    "<strong>",
-    "</strong>",
-    "[noise]",
-    "[laughter]",
-    "[cough]",
-    "[clucking]",
-    "[accent]",
-    "[quick_breath]",
-    "<laughter>",
-    "</laughter>",
-    "[hissing]",
-    "[sigh]",
-    "[vocalized-noise]",
-    "[lipsmack]",
-    "[mn]",
-)
+# Added by CosyVoice2Tokenizer, in this order, after the tokenizer's own added tokens: three
+# chat tokens, then the control tags user text may carry (the one list, in shared/).
+COSYVOICE2_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endofprompt|>", *CONTROL_TAGS)
 END_OF_TEXT = "<|endoftext|>"
 END_OF_PROMPT = "<|endofprompt|>"
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")

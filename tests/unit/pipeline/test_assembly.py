@@ -37,3 +37,17 @@ def test_join_fades_and_pauses() -> None:
 def test_join_config_rejects_negative_values() -> None:
     with pytest.raises(ValueError, match="gap_s and fade_s"):
         JoinConfig(gap_s=-1)
+
+
+def test_breaks_set_the_gaps_and_add_leading_and_trailing_silence() -> None:
+    rate = 1000
+    config = JoinConfig(gap_s=0.05, fade_s=0.0)
+    a, b, c = (np.ones(100, dtype=np.float32) * k for k in (1, 2, 3))
+    joined = join_pieces([a, b, c], rate, config, gaps=[0.2, None], lead_s=0.3, tail_s=0.01)
+    assert joined.shape == (300 + 300 + 200 + 50 + 10,)
+    assert not joined[:300].any() and joined[300] == 1  # lead
+    assert not joined[400:600].any() and joined[600] == 2  # the break's 200 ms
+    assert not joined[700:750].any() and joined[750] == 3  # the usual gap
+    assert not joined[-10:].any()
+    single = join_pieces([a], rate, config, tail_s=0.5)
+    assert single.shape == (600,) and single[:100].all()

@@ -241,3 +241,30 @@ def test_another_runtime_plugs_in_as_stage_objects(
     assert (engine.identity.backend, engine.identity.device) == ("coreml", "ane/gpu/cpu")
     same = request(voice, seed=11)
     assert np.array_equal(engine.synthesize(same).samples, tiny_engine.synthesize(same).samples)
+
+
+def test_a_runaway_expansion_is_refused_before_any_synthesis(
+    tiny_model_dir: Path, voice: VoicePrompt
+) -> None:
+    from workers.pipeline import build_engine  # noqa: PLC0415
+
+    engine = build_engine(
+        tiny_model_dir, device="cpu", options=EngineOptions(max_speech_seconds=150)
+    )
+    calls: list[object] = []
+    engine.llm = type("NoLLM", (), {"generate": lambda *a, **k: calls.append(a)})()  # type: ignore[assignment]
+    with pytest.raises(InvalidRequestError) as caught:
+        engine.synthesize(request(voice, text="9" * 2000))
+    message = str(caught.value)
+    assert message.startswith("text: about ") and "text tokens after normalisation" in message
+    assert "limit 150 s (COSYQ_MAX_SPEECH_SECONDS)" in message
+    assert calls == []  # refused in the front end: the LLM never ran
+
+
+def test_ssml_breaks_are_pauses_in_the_audio(
+    tiny_engine: SynthesisPipeline, voice: VoicePrompt
+) -> None:
+    text = '<speak>Hello there.<break time="700ms"/>Goodbye now.</speak>'
+    samples, state = tiny_engine.run(request(voice, text=text))
+    assert state.pieces == 2
+    assert samples.shape[0] == state.speech_tokens * SAMPLES_PER_TOKEN + 700 * 24

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import EmptyTextError
+from shared.errors import EmptyTextError, InvalidRequestError
+from workers.engine.normalizer import TextNormalizer
 from workers.model.directory import QWEN_DIR
 from workers.model.tokenizer import END_OF_PROMPT, load_text_tokenizer
-from workers.text_frontend import TextFrontend, TextNormalizer, speakable
+from workers.text_frontend import TextFrontend, speakable, with_final_stop
 from workers.text_split import SplitConfig, split_sentences, split_text
 
 
@@ -78,20 +79,43 @@ def test_normalisation_spells_out_and_can_be_turned_off() -> None:
     on, off = TextNormalizer(enabled=True), TextNormalizer(enabled=False)
     assert on("I have 23  apples.") == "I have twenty three apples."
     assert off("I have 23  apples.") == "I have 23 apples."
-    assert "二十五" in on("气温25度。")
-    assert on("你好 世界") == "你好世界"  # no spaces between CJK characters
+    assert "二十五" in on("气温25度。", "zh")
 
 
-def test_normalisation_skips_text_with_special_tokens() -> None:
-    text = "You know 42<|endofprompt|>"
-    assert TextNormalizer(enabled=True)(text) == text
+def test_special_tokens_are_refused_not_spoken(frontend: TextFrontend) -> None:
+    with pytest.raises(InvalidRequestError, match=r"text: .* special token <\|endofprompt\|>"):
+        frontend.pieces("You know 42<|endofprompt|>")
+    with pytest.raises(InvalidRequestError, match="prompt_text: contains the model's special"):
+        frontend.prompt_text_ids("hi <|im_end|>")
+    with pytest.raises(InvalidRequestError, match="instruction: contains the model's special"):
+        frontend.instruction_ids("calm <|im_start|> x")
 
 
-def test_final_stop_added_only_when_normalising() -> None:
-    assert TextNormalizer(enabled=True).with_final_stop("Hello") == "Hello."
-    assert TextNormalizer(enabled=True).with_final_stop("你好") == "你好。"
-    assert TextNormalizer(enabled=True).with_final_stop("Hello!") == "Hello!"
-    assert TextNormalizer(enabled=False).with_final_stop("Hello") == "Hello"
+def test_a_tag_no_longer_switches_normalisation_off(frontend: TextFrontend) -> None:
+    [piece] = frontend.pieces("It costs $4.50 [laughter] today")
+    assert piece.text == "It costs four point five dollars [laughter] today."
+
+
+def test_final_stop() -> None:
+    assert with_final_stop("Hello") == "Hello."
+    assert with_final_stop("你好") == "你好。"
+    assert with_final_stop("Hello!") == "Hello!"
+
+
+def test_digits_follow_the_request_language_then_the_voice(frontend: TextFrontend) -> None:
+    assert frontend.pieces("2024")[0].text == "twenty twenty four."
+    assert frontend.pieces("2024", language="zh")[0].text == "两千零二十四。"
+    assert frontend.pieces("12345", transcript="你好，世界。")[0].text == "幺二三四五。"
+
+
+def test_breaks_become_pauses_between_pieces(frontend: TextFrontend) -> None:
+    pieces = frontend.pieces('<speak><break time="1s"/>One <break time="300ms"/> two</speak>')
+    assert [(p.text, p.pause_before_s, p.pause_after_s) for p in pieces] == [
+        ("One", 1.0, 0.0),
+        ("two.", 0.3, 0.0),
+    ]
+    [tail] = frontend.pieces('Hi<break strength="x-strong"/>')
+    assert (tail.text, tail.pause_before_s, tail.pause_after_s) == ("Hi.", None, 1.0)
 
 
 def test_pieces_carry_token_ids(frontend: TextFrontend) -> None:

@@ -6,7 +6,13 @@ import pytest
 import redis
 from rq.timeouts import JobTimeoutException
 
-from shared.errors import InvalidRequestError, ModelLoadError, TransientError
+from shared.errors import (
+    InvalidRequestError,
+    ModelLoadError,
+    StorageError,
+    StorageUnavailableError,
+    TransientError,
+)
 from shared.settings import load_settings
 from workers import control
 from workers.engine_factory import import_engine_factory, load_engine
@@ -34,6 +40,8 @@ def test_control_lines_round_trip_and_survive_partial_reads() -> None:
     [
         (InvalidRequestError("text: too long"), "invalid_request", False),
         (TransientError("s3 down"), "transient", True),
+        (StorageUnavailableError("cannot write s3://b/k: SlowDown (HTTP 503)"), "transient", True),
+        (StorageError("cannot write /srv/out/a.wav: Read-only file system"), "storage", False),
         (redis.ConnectionError("gone"), "transient", True),
         (JobTimeoutException("alarm"), "transient", True),
         (KeyError("oops"), "internal", False),

@@ -1,0 +1,206 @@
+"""What a request's text may carry besides words, and how much speech it asks for.
+
+Three kinds of markup reach us:
+- CosyVoice 2's control tags (`CONTROL_TAGS`: `[laughter]`, `[breath]`, `<strong>…</strong>`
+  ...). The model was trained on them; they pass through to the tokenizer, which maps each to
+  one id. This tuple is the one list: the tokenizer registers exactly these after its three
+  chat tokens.
+- The model's own special tokens, `<|…|>` (`<|endofprompt|>` is instruct2's separator). In user
+  text they would change what the model is told, so any is refused, naming it.
+- SSML. Only the subset the model can do is kept: `<speak>` (dropped) and `<break>` (a pause
+  between pieces, through the usual join). Any other element is refused, never read aloud.
+
+`parse_markup` is pure and torch-free: the producer runs it at submit and the worker again.
+The speech estimate (`SECONDS_PER_TEXT_TOKEN`) is here too, so both sides count alike.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+
+# CosyVoice 2's documented control tags (upstream CosyVoice2Tokenizer's special tokens after
+# <|im_start|>, <|im_end|>, <|endofprompt|>), in the order the tokenizer adds them.
+CONTROL_TAGS = (
+    "[breath]",
+    "<strong>",
+    "</strong>",
+    "[noise]",
+    "[laughter]",
+    "[cough]",
+    "[clucking]",
+    "[accent]",
+    "[quick_breath]",
+    "<laughter>",
+    "</laughter>",
+    "[hissing]",
+    "[sigh]",
+    "[vocalized-noise]",
+    "[lipsmack]",
+    "[mn]",
+)
+CONTROL_TAG_RE = re.compile("|".join(re.escape(tag) for tag in CONTROL_TAGS))
+SPECIAL_TOKEN_RE = re.compile(r"<\|.*?\|>", re.DOTALL)
+_SHOWN_TOKEN_CHARS = 40
+# An XML-ish element: <name attr="v" ...>, </name>, <name/>. "a < b > c" is not one.
+_ELEMENT_RE = re.compile(
+    r"<(?P<close>/)?(?P<name>[A-Za-z][\w:.-]*)"
+    r"(?P<attrs>(?:\s+[\w:.-]+\s*=\s*(?:\"[^\"]*\"|'[^']*'))*)\s*(?P<empty>/)?\s*>"
+)
+_ATTR_RE = re.compile(r"([\w:.-]+)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
+_TIME_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*")
+_CONTROL_ELEMENTS = frozenset({"strong", "laughter"})  # <strong>, <laughter> without attributes
+# SSML's break strengths as pauses (seconds), close to what common engines use.
+BREAK_STRENGTHS = {
+    "none": 0.0,
+    "x-weak": 0.1,
+    "weak": 0.25,
+    "medium": 0.5,
+    "strong": 0.75,
+    "x-strong": 1.0,
+}
+DEFAULT_BREAK_S = BREAK_STRENGTHS["medium"]
+SUPPORTED_MARKUP = (
+    '<speak>, <break time="500ms"/> or <break strength="strong"/>, '
+    "<strong>…</strong>, <laughter>…</laughter> and the [tag] forms"
+)
+
+# Speech per text token after normalisation: ~3.3 Qwen2 tokens per second of read speech in
+# English (~14 characters/s, ~4 characters/token) and in Chinese (~4.5 characters/s, ~1.4
+# characters/token); CosyVoice 2 emits 25 speech tokens/s, i.e. ~7.5 per text token.
+SECONDS_PER_TEXT_TOKEN = 0.3
+_WORD_OR_NUMBER_RE = re.compile(r"[^\W\d_]+|\d+")
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Silence asked for by an SSML <break>, between the text before and after it."""
+
+    seconds: float
+
+
+Segment = str | Pause
+
+
+class MarkupError(ValueError):
+    """Markup the service refuses; the message is the rule (the caller adds the field)."""
+
+
+def special_token(text: str) -> str | None:
+    """The first `<|…|>` token in `text` (shortened for messages), or None."""
+    found = SPECIAL_TOKEN_RE.search(text)
+    if found is None:
+        return None
+    token = found.group()
+    return token if len(token) <= _SHOWN_TOKEN_CHARS else token[: _SHOWN_TOKEN_CHARS - 5] + "...|>"
+
+
+def _shown(markup: str) -> str:
+    return (
+        markup if len(markup) <= _SHOWN_TOKEN_CHARS else markup[: _SHOWN_TOKEN_CHARS - 4] + "...>"
+    )
+
+
+def refuse_special_tokens(text: str) -> None:
+    token = special_token(text)
+    if token is not None:
+        raise MarkupError(
+            f"contains the model's special token {token}; only these control tags may appear "
+            f"in text: {', '.join(CONTROL_TAGS)}"
+        )
+
+
+def _break_seconds(attrs: str, shown: str, max_break_s: float) -> float:
+    values = {
+        m.group(1): m.group(2) if m.group(2) is not None else m.group(3)
+        for m in _ATTR_RE.finditer(attrs)
+    }
+    unknown = sorted(set(values) - {"time", "strength"})
+    if unknown:
+        raise MarkupError(f"{shown}: attribute {unknown[0]} is not supported (time, strength)")
+    if "time" in values:
+        matched = _TIME_RE.fullmatch(values["time"])
+        if matched is None:
+            raise MarkupError(f"{shown}: time must be like 500ms or 1.5s")
+        seconds = float(matched.group(1)) / (1000 if matched.group(2) == "ms" else 1)
+    elif "strength" in values:
+        if values["strength"] not in BREAK_STRENGTHS:
+            raise MarkupError(f"{shown}: strength must be one of {', '.join(BREAK_STRENGTHS)}")
+        seconds = BREAK_STRENGTHS[values["strength"]]
+    else:
+        seconds = DEFAULT_BREAK_S
+    if seconds > max_break_s:
+        raise MarkupError(f"{shown}: {seconds:g} s pause, limit {max_break_s:g} s")
+    return seconds
+
+
+def parse_markup(
+    text: str, *, allow_breaks: bool = True, max_break_s: float = 10.0
+) -> list[Segment]:
+    """Text as words (control tags kept inline) and pauses; MarkupError for refused markup.
+
+    A text with a <speak> element is SSML: its XML entities (&amp; &lt; ...) are decoded in the
+    words. Adjacent words join; empty words are dropped.
+    """
+    refuse_special_tokens(text)
+    is_ssml = re.search(r"<speak\b", text) is not None
+    segments: list[Segment] = []
+    words: list[str] = []
+
+    def flush() -> None:
+        joined = "".join(words)
+        words.clear()
+        if joined.strip():
+            segments.append(html.unescape(joined) if is_ssml else joined)
+
+    position = 0
+    for element in _ELEMENT_RE.finditer(text):
+        words.append(text[position : element.start()])
+        position = element.end()
+        name, shown = element.group("name").lower(), _shown(element.group())
+        if name in _CONTROL_ELEMENTS and not element.group("attrs") and not element.group("empty"):
+            words.append(f"<{'/' if element.group('close') else ''}{name}>")
+        elif name == "speak":
+            words.append(" ")
+        elif name == "break" and allow_breaks:
+            if element.group("close"):
+                continue  # <break ...></break>: the opening tag already made the pause
+            flush()
+            segments.append(Pause(_break_seconds(element.group("attrs"), shown, max_break_s)))
+        elif name == "break":
+            raise MarkupError(f"{shown}: pauses are not allowed here")
+        else:
+            raise MarkupError(f"markup {shown} is not supported (supported: {SUPPORTED_MARKUP})")
+    words.append(text[position:])
+    flush()
+    return segments
+
+
+def pause_seconds(segments: list[Segment]) -> float:
+    return sum(s.seconds for s in segments if isinstance(s, Pause))
+
+
+def text_of(segments: list[Segment]) -> str:
+    """The words of parsed markup, pauses as a space (what a transcript check looks at)."""
+    return " ".join(s.strip() for s in segments if isinstance(s, str))
+
+
+def speech_seconds(text_tokens: int, pauses_s: float = 0.0) -> float:
+    """Estimated audio length of `text_tokens` text tokens plus pauses (at speed 1: speed does
+    not change how many speech tokens the LLM generates)."""
+    return text_tokens * SECONDS_PER_TEXT_TOKEN + pauses_s
+
+
+def minimum_text_tokens(text: str) -> int:
+    """A floor on the text tokens `text` becomes after normalisation, without the model: every
+    run of letters or of digits is at least one Qwen2 token (its pre-tokenizer never joins two
+    such runs, and a number is spoken as at least one word)."""
+    return len(_WORD_OR_NUMBER_RE.findall(CONTROL_TAG_RE.sub(" ", text)))
+
+
+def speech_limit_message(estimate_s: float, limit_s: float, detail: str) -> str:
+    return (
+        f"about {estimate_s:,.0f} s of speech ({detail}), limit {limit_s:,.0f} s "
+        "(COSYQ_MAX_SPEECH_SECONDS): split the text into several requests"
+    )

@@ -1,0 +1,161 @@
+"""What user text may carry: control tags kept, special tokens and unknown markup refused,
+SSML breaks as pauses, and the speech bound checked at submit where it can be."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.errors import InvalidRequestError
+from shared.jobs import RequestLimits, validate_request
+from shared.text_markup import (
+    CONTROL_TAGS,
+    MarkupError,
+    Pause,
+    minimum_text_tokens,
+    parse_markup,
+    speech_seconds,
+)
+
+LIMITS = RequestLimits()
+
+# CosyVoice 2's documented tags (upstream CosyVoice2Tokenizer.special_tokens, after its
+# <|im_start|>, <|im_end|>, <|endofprompt|>): the one list must say exactly this, in order.
+DOCUMENTED = [
+    "[breath]",
+    "<strong>",
+    "</strong>",
+    "[noise]",
+    "[laughter]",
+    "[cough]",
+    "[clucking]",
+    "[accent]",
+    "[quick_breath]",
+    "<laughter>",
+    "</laughter>",
+    "[hissing]",
+    "[sigh]",
+    "[vocalized-noise]",
+    "[lipsmack]",
+    "[mn]",
+]
+
+
+def rejected(**fields: Any) -> str:
+    with pytest.raises(InvalidRequestError) as caught:
+        validate_request({"text": "Hello there.", **fields}, LIMITS)
+    return str(caught.value)
+
+
+def test_the_control_tag_list_is_cosyvoice2s() -> None:
+    assert list(CONTROL_TAGS) == DOCUMENTED
+
+
+@pytest.mark.parametrize("tag", CONTROL_TAGS)
+def test_every_control_tag_passes_through(tag: str) -> None:
+    text = f"Well {tag} that is it."
+    assert parse_markup(text) == [text]
+    assert validate_request({"text": text}, LIMITS).text == text
+
+
+@pytest.mark.parametrize(
+    "token", ["<|endofprompt|>", "<|im_start|>", "<|endoftext|>", "<|anything at all|>"]
+)
+def test_special_tokens_are_refused_naming_them(token: str) -> None:
+    assert rejected(text=f"Hello {token} there").startswith(
+        f"text: contains the model's special token {token}"
+    )
+    prompt = {"prompt_audio": "file:///p.wav", "prompt_text": f"hi {token}"}
+    assert f"prompt_text: contains the model's special token {token}" in rejected(**prompt)
+
+
+def test_instruction_may_end_with_the_separator_but_carry_no_other_token() -> None:
+    ok = validate_request(
+        {"text": "Hi.", "mode": "instruct2", "instruction": "Calmly.<|endofprompt|>"}, LIMITS
+    )
+    assert ok.instruction == "Calmly.<|endofprompt|>"
+    message = rejected(mode="instruct2", instruction="Calm<|endofprompt|> now<|im_end|>")
+    assert "instruction: contains the model's special token <|endofprompt|>" in message
+
+
+def test_a_long_special_token_is_shortened_in_the_message() -> None:
+    message = rejected(text="a <|" + "x" * 500 + "|> b")
+    assert "x" * 50 not in message and "...|>" in message
+
+
+def test_ssml_breaks_become_pauses_and_speak_is_dropped() -> None:
+    text = '<speak>Hello <break time="1s"/> world &amp; you<break time="250ms"/>.</speak>'
+    assert parse_markup(text) == [" Hello ", Pause(1.0), " world & you", Pause(0.25), ". "]
+    assert parse_markup('a<break strength="strong"/>b<break/>c') == [
+        "a",
+        Pause(0.75),
+        "b",
+        Pause(0.5),
+        "c",
+    ]
+    assert parse_markup("a<break time='2s'></break>b") == ["a", Pause(2.0), "b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('<speak><prosody rate="slow">Hi</prosody></speak>', 'markup <prosody rate="slow"> is'),
+        ("Some <b>bold</b> text", "markup <b> is not supported"),
+        ('<say-as interpret-as="date">1/2</say-as>', "markup <say-as interpret-as="),
+        ('a <break time="abc"/>', 'text: <break time="abc"/>: time must be like 500ms or 1.5s'),
+        ('a <break time="11s"/>', 'text: <break time="11s"/>: 11 s pause, limit 10 s'),
+        ('a <break strength="huge"/>', "strength must be one of none, x-weak"),
+        ('a <break size="2"/>', "attribute size is not supported"),
+    ],
+)
+def test_unsupported_or_malformed_markup_is_refused(text: str, message: str) -> None:
+    assert message in rejected(text=text)
+
+
+def test_comparisons_are_not_markup() -> None:
+    for text in ("x<y and y>z", "a < b > c", "<3 you", "I <3 [laughter]"):
+        assert parse_markup(text) == [text]
+
+
+def test_a_transcript_may_not_pause() -> None:
+    prompt = {"prompt_audio": "file:///p.wav", "prompt_text": 'hi <break time="1s"/> there'}
+    assert 'prompt_text: <break time="1s"/>: pauses are not allowed here' in rejected(**prompt)
+    with pytest.raises(MarkupError):
+        parse_markup("a<break/>b", allow_breaks=False)
+
+
+def test_the_speech_floor_counts_words_and_numbers_not_tags() -> None:
+    assert minimum_text_tokens("I have 23 apples, [laughter] 4.5 kg.") == 7
+    assert minimum_text_tokens("今天 天气") == 2
+    assert speech_seconds(10, 1.5) == pytest.approx(4.5)
+
+
+def test_submit_refuses_what_it_can_tell_is_too_long() -> None:
+    message = rejected(text="9 " * 1000)
+    assert message.startswith("text: about 300 s of speech (at least 1,000 words or numbers")
+    assert "limit 150 s (COSYQ_MAX_SPEECH_SECONDS)" in message
+    pauses = "".join('<break time="10s"/>a' for _ in range(16))
+    assert "text: about 165 s of speech" in rejected(text=pauses)
+    # one unbroken run of digits is one word here: only the worker can count its expansion
+    assert validate_request({"text": "9" * 2000}, LIMITS).text == "9" * 2000
+    roomy = RequestLimits(max_speech_seconds=1000)
+    assert validate_request({"text": "9 " * 1000}, roomy)
+
+
+def test_language_field() -> None:
+    assert validate_request({"text": "2024"}, LIMITS).language == "auto"
+    assert validate_request({"text": "2024", "language": "zh"}, LIMITS).language == "zh"
+    assert rejected(language="fr").startswith("language: input should be 'auto', 'en', 'zh'")
+
+
+def test_the_tokenizer_gives_each_control_tag_one_id(tiny_model_dir: Any) -> None:
+    from workers.model.directory import QWEN_DIR  # noqa: PLC0415 (torch-side)
+    from workers.model.tokenizer import load_text_tokenizer  # noqa: PLC0415
+
+    tokenizer = load_text_tokenizer(tiny_model_dir / QWEN_DIR)
+    ids = [tokenizer.token_id(tag) for tag in CONTROL_TAGS]
+    assert ids == list(range(ids[0], ids[0] + len(CONTROL_TAGS)))  # consecutive, in this order
+    assert ids[0] == tokenizer.token_id("<|endofprompt|>") + 1
+    for tag in CONTROL_TAGS:
+        assert tokenizer.encode(f"a{tag}b").count(tokenizer.token_id(tag)) == 1
