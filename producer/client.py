@@ -33,7 +33,13 @@ from shared.errors import (
     QueueFullError,
     SubmitInterruptedError,
 )
-from shared.jobs import RequestLimits, SynthesisRequest, validate_request
+from shared.jobs import (
+    RequestLimits,
+    SynthesisRequest,
+    retry_intervals,
+    validate_request,
+    voice_label,
+)
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.voices import VoiceRegistry, VoiceSummary
@@ -219,7 +225,7 @@ class CosyqClient:
         backoff = self.settings.retry_backoff_s
         retry = None
         if retries > 0:
-            retry = Retry(max=retries, interval=[round(backoff * 2**k) for k in range(retries)])
+            retry = Retry(max=retries, interval=retry_intervals(retries, backoff))
         return Queue.prepare_data(
             self.job_function,
             kwargs={"request": request.model_dump(mode="json")},
@@ -321,14 +327,10 @@ def _interrupted(
 
 def _submit_meta(request: SynthesisRequest) -> dict[str, Any]:
     """What the producer records on the job for status displays: sizes and names, no text."""
-    if request.voice is not None:
-        voice = request.voice
-    else:
-        voice = "(prompt audio)" if request.prompt_audio else "default"
     return {
         "submitted_at": datetime.now(UTC).isoformat(),
         "text_chars": len(request.text),
-        "voice": voice,
+        "voice": voice_label(request),
         "mode": request.mode,
         "priority": request.priority,
         "idempotency_key": request.idempotency_key,

@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+DEFAULT_VOICE = "default"  # the model directory's prompt.wav/prompt.txt: never stored in Redis
 Language = Literal["auto", "en", "zh", "ja"]  # of the text, for normalisation (auto: detected)
 END_OF_PROMPT = "<|endofprompt|>"  # instruct2's separator: the worker adds it
 
@@ -283,6 +284,27 @@ class SynthesisRequest(BaseModel):
         return self
 
 
+def instruction_problem(mode: str, instruction: str | None) -> str | None:
+    """The mode/instruction rule (the engine applies the same one): "field: rule" or None."""
+    if mode == "instruct2" and (instruction is None or not instruction.strip()):
+        return "instruction: required by mode instruct2"
+    if mode != "instruct2" and instruction is not None:
+        return f"instruction: only used by mode instruct2 (mode is {mode})"
+    return None
+
+
+def voice_label(request: SynthesisRequest) -> str:
+    """How logs and status displays name a request's voice (never its audio or text)."""
+    if request.voice is not None:
+        return request.voice
+    return "inline prompt" if request.prompt_audio is not None else DEFAULT_VOICE
+
+
+def retry_intervals(max_retries: int, base_s: float) -> list[int]:
+    """Seconds before retry k (1-based): base * 2**(k-1), whole seconds as RQ stores them."""
+    return [max(0, round(base_s * 2**k)) for k in range(max_retries)]
+
+
 def _combination_problems(request: SynthesisRequest) -> list[str]:
     """Rules across fields, each phrased "field: rule"."""
     problems = []
@@ -292,10 +314,8 @@ def _combination_problems(request: SynthesisRequest) -> list[str]:
         problems.append("prompt_text: only used with prompt_audio (a voice has its transcript)")
     if request.mode == "zero_shot" and request.prompt_audio and request.prompt_text is None:
         problems.append("prompt_text: required by mode zero_shot with prompt_audio")
-    if request.mode == "instruct2" and request.instruction is None:
-        problems.append("instruction: required by mode instruct2")
-    if request.mode != "instruct2" and request.instruction is not None:
-        problems.append(f"instruction: only used by mode instruct2 (mode is {request.mode})")
+    if (problem := instruction_problem(request.mode, request.instruction)) is not None:
+        problems.append(problem)
     if request.sample_format == "float32" and request.format != "wav":
         problems.append(f"sample_format: float32 needs format wav (format is {request.format})")
     if request.output_key is not None:

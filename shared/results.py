@@ -28,6 +28,7 @@ class StageTimings(BaseModel):
     llm_s: float = Field(0.0, ge=0)
     flow_s: float = Field(0.0, ge=0)
     hift_s: float = Field(0.0, ge=0)
+    join_s: float = Field(0.0, ge=0)  # the pieces' fades and pauses (assembly)
     encode_s: float = Field(0.0, ge=0)
     store_s: float = Field(0.0, ge=0)
     total_s: float = Field(0.0, ge=0)  # started -> result returned

@@ -144,7 +144,7 @@ class Settings(BaseSettings):
         description="longest wait for another worker's Core ML compile (an ANE compile: ~2 min)",
     )
     engine: str = Field(
-        "workers.pipeline:load_engine",
+        "workers.service.engine_loading:engine_from_settings",
         description="dotted factory(settings) -> engine (operator config; tests use doubles)",
     )
     hash_cache_dir: Path = Field(

@@ -18,21 +18,19 @@ import structlog
 from rq import get_current_job
 from rq.job import Job
 
+from shared import keys
 from shared.audio import EncodedAudio, encode_audio
-from shared.jobs import SynthesisRequest, validate_request
+from shared.jobs import SynthesisRequest, validate_request, voice_label
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
-from workers import voice_profiles
-from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
-from workers.runtime import WorkerRuntime, current_runtime
+from workers.engine.api import SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.service import metrics
-from workers.voices import DEFAULT_VOICE
+from workers.service.job_runtime import WorkerRuntime, current_runtime
+from workers.voices import profiles as voice_profiles
 
 log = get_logger(__name__)
-
-ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ class JobContext:
 
     @classmethod
     def from_job(cls, job: Job) -> JobContext:
-        attempt = job.meta.get(ATTEMPT_META_KEY, 1)
+        attempt = job.meta.get(keys.ATTEMPT_META_KEY, 1)
         return cls(
             job_id=job.id,
             queue=job.origin,
@@ -112,7 +110,7 @@ def run_synthesis(
     ):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
-        structlog.contextvars.bind_contextvars(voice=_voice_label(request))
+        structlog.contextvars.bind_contextvars(voice=voice_label(request))
         prompt = runtime.voices.resolve(request)
         voice_s = time.perf_counter() - started
         output = runtime.engine.synthesize(_engine_input(request, prompt))
@@ -133,6 +131,7 @@ def run_synthesis(
             llm_s=output.stage_seconds.get("llm", 0.0),
             flow_s=output.stage_seconds.get("flow", 0.0),
             hift_s=output.stage_seconds.get("hift", 0.0),
+            join_s=output.stage_seconds.get("join", 0.0),
             encode_s=encoded_at - synthesized,
             store_s=finished - encoded_at,
             total_s=finished - started,
@@ -148,12 +147,6 @@ def run_synthesis(
         )
         _log_finished(request, result, synthesis_s=synthesized - started)
         return result
-
-
-def _voice_label(request: SynthesisRequest) -> str:
-    if request.prompt_audio is not None:
-        return "inline"
-    return request.voice or DEFAULT_VOICE
 
 
 def _store(
@@ -209,7 +202,9 @@ def _result(
     timings: StageTimings,
 ) -> SynthesisResult:
     identity = runtime.engine.identity
-    synthesis_s = timings.frontend_s + timings.llm_s + timings.flow_s + timings.hift_s
+    synthesis_s = sum(
+        (timings.frontend_s, timings.llm_s, timings.flow_s, timings.hift_s, timings.join_s)
+    )
     if synthesis_s <= 0:  # an engine that reports no stages: use the wall time up to encoding
         synthesis_s = max(0.0, timings.total_s - timings.encode_s - timings.store_s)
     return SynthesisResult(

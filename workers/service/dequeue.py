@@ -33,7 +33,7 @@ from rq.utils import as_text, now
 from rq.worker import WorkerStatus
 
 from shared.logs import get_logger
-from workers.outage import OutageTolerantWorker, until_reachable
+from workers.service.outage import OutageTolerantWorker, until_reachable
 
 log = get_logger(__name__)
 
