@@ -152,9 +152,16 @@ class CosyqWorker(StopSafeWorker):
             self.lifecycle.stop()
 
     def between_jobs(self) -> None:
-        """A worker on its own retires when its lifetime ends (the pool decides for its own)."""
-        if self.control is None and self.tracker.lifetime_expired():
-            self._retire(RecycleReason.LIFETIME)
+        """Alone: retire when the lifetime ends. Pooled: act on the pool's retirement grant."""
+        if self.control is None:
+            if self.tracker.lifetime_expired():
+                self._retire(RecycleReason.LIFETIME)
+            return
+        for message in self.control.receive():
+            if message.event == control.RETIRE and not self._stop_requested:
+                log.info("worker_retire_granted", jobs_done=self.tracker.jobs_done)
+                self._stop_requested = True
+                self.lifecycle.housekeeper.set_state(WorkerState.STOPPING)
 
     def refuse_unreadable_job(self, job_id: str, queue: Queue, error: Exception) -> None:
         reason = f"{type(error).__name__}: {error}"
