@@ -22,7 +22,7 @@ QUEUE_BY_PRIORITY: dict[str, str] = {
 QUEUES_IN_PRIORITY_ORDER: tuple[str, ...] = (QUEUE_HIGH, QUEUE_DEFAULT, QUEUE_LOW)
 
 PREFIX = "cosyq:"
-IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(idempotency key) -> the job id (SET NX, TTL)
+IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(key) -> "<job id> <reserved at>" (TTL)
 VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-AudioFormat = Literal["wav", "flac", "ogg"]
-AUDIO_FORMATS: tuple[str, ...] = ("wav", "flac", "ogg")
+AudioFormat = Literal["wav", "flac", "ogg", "mp3", "opus"]
+AUDIO_FORMATS: tuple[str, ...] = ("wav", "flac", "ogg", "mp3", "opus")
 SampleFormat = Literal["pcm16", "float32"]
 FailureKind = Literal["invalid_request", "storage", "transient", "worker_died", "internal"]
 

@@ -20,8 +20,10 @@ from rq.job import Job
 
 from shared import keys
 from shared.audio import EncodedAudio, encode_audio
+from shared.errors import InvalidRequestError
 from shared.jobs import SynthesisRequest, validate_request, voice_label
 from shared.logs import get_logger, job_context, log_synthesis_finished
+from shared.prompt_uris import PromptRoots, check_prompt_uri
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
@@ -85,6 +87,7 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
         attempt=context.attempt,
         voice=name,
     ):
+        check_readable_prompt(runtime, prompt_audio)
         summary = voice_profiles.add_voice(
             runtime.engine,
             runtime.storage,
@@ -110,6 +113,8 @@ def run_synthesis(
     ):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
+        if request.prompt_audio is not None:
+            check_readable_prompt(runtime, request.prompt_audio)
         structlog.contextvars.bind_contextvars(voice=voice_label(request))
         prompt = runtime.voices.resolve(request)
         voice_s = time.perf_counter() - started
@@ -147,6 +152,17 @@ def run_synthesis(
         )
         _log_finished(request, result, synthesis_s=synthesized - started)
         return result
+
+
+def check_readable_prompt(runtime: WorkerRuntime, uri: object) -> None:
+    """The worker's own gate for prompt audio: a well-formed URI under COSYQ_PROMPT_ROOTS."""
+    if not isinstance(uri, str):
+        raise InvalidRequestError("prompt_audio: must be a file:// or s3:// URI string")
+    try:
+        check_prompt_uri(uri, runtime.limits.max_output_key_chars)
+    except ValueError as e:
+        raise InvalidRequestError(f"prompt_audio: {e}") from None
+    PromptRoots.from_settings(runtime.settings).check(uri)
 
 
 def _store(

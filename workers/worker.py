@@ -203,10 +203,15 @@ class CosyqWorker(StopSafeWorker):
             self.lifecycle.housekeeper.end_job(job.id)
 
     def _prepare_attempt(self, job: Job) -> None:
-        """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat."""
+        """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat.
+
+        A job requeued by hand (`rq requeue`, rq-dashboard, `cosyq failed --requeue`) keeps its
+        meta: its old failure is cleared here, and the attempt count goes on from where it was.
+        """
         job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
         previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
         job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        job.meta.pop(keys.ERROR_META_KEY, None)
         apply_default_retries(
             job,
             max_retries=self.settings.max_retries,

@@ -100,7 +100,7 @@ def _serve_worker_metrics(worker: CosyqWorker, settings: Settings) -> MetricsSer
     """A lone worker serves its own /metrics (under a pool, the pool serves them all)."""
     if settings.metrics_port is None:
         return None
-    registry = metrics.worker_registry(worker.connection, worker.queue_names())
+    registry = metrics.worker_registry(settings, worker.queue_names())
     return metrics.serve(registry, settings.metrics_host, settings.metrics_port)
 
 

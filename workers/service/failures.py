@@ -21,6 +21,7 @@ from shared.results import JobFailure
 from workers.service.admission import RefusedJobError
 
 MAX_MESSAGE_CHARS = 500
+MAX_INTERNAL_CHARS = 200  # an unexpected error's first line only: the traceback is in the log
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,17 @@ def classify(error: BaseException, *, timeout_s: float | None = None) -> JobErro
         return JobError("internal", f"Redis refused this worker: {refused}", retryable=False)
     if isinstance(error, redis.ConnectionError | redis.TimeoutError | ConnectionError):
         return JobError("transient", f"{type(error).__name__}: {text}", retryable=True)
-    return JobError("internal", f"{type(error).__name__}: {text}", retryable=False)
+    return JobError("internal", _internal(error), retryable=False)
+
+
+def _internal(error: BaseException) -> str:
+    """`Type: first line`, cut short: a bug's reason, not a library's parameter dump."""
+    name = type(error).__name__
+    lines = str(error).strip().splitlines()
+    text = f"{name}: {' '.join(lines[0].split())}" if lines else name
+    if len(text) > MAX_INTERNAL_CHARS:
+        text = text[: MAX_INTERNAL_CHARS - 3] + "..."
+    return text
 
 
 def _short(error: BaseException) -> str:

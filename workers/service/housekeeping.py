@@ -41,6 +41,14 @@ return 0
 STOP_JOIN_TIMEOUT_S = 5.0
 
 
+class NotReplicatedError(redis.ConnectionError):
+    """The attempt's record did not reach COSYQ_REDIS_WAIT_REPLICAS replicas in time.
+
+    An outage for the job (it is put back, not run): after a failover an attempt that only the
+    old master saw would be forgotten, and the job would run again under the same count.
+    """
+
+
 def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -93,6 +101,8 @@ class Housekeeper:
         *,
         interval_s: float,
         ttl_s: float,
+        wait_replicas: int = 0,
+        wait_timeout_s: float = 1.0,
     ) -> None:
         self.connection = connection
         self.stats = stats
@@ -100,6 +110,8 @@ class Housekeeper:
         self.queues = queues
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = max(1, int(wait_timeout_s * 1000))
         self.extra_duties: list[Callable[[], None]] = []
         self._job_id: str | None = None
         self._lock = threading.Lock()
@@ -130,7 +142,8 @@ class Housekeeper:
 
     def begin_job(self, job_id: str, job_fields: Mapping[str, str | int]) -> None:
         """Claim the job's heartbeat and write `job_fields` to its hash, in one round trip;
-        called before RQ marks the job started (see workers/reaper.py for why)."""
+        called before RQ marks the job started (see workers/reaper.py for why). With
+        wait_replicas, the same round trip WAITs for them (NotReplicatedError if too few)."""
         with self._lock:
             self._job_id = job_id
             self.stats.state, self.stats.current_job = WorkerState.BUSY, job_id
@@ -138,7 +151,14 @@ class Housekeeper:
             pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
             pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
             self._queue_stats(pipe)
-            pipe.execute()
+            if self.wait_replicas:
+                pipe.wait(self.wait_replicas, self.wait_timeout_ms)  # same connection: our writes
+            replies = pipe.execute()
+        if self.wait_replicas and int(replies[-1]) < self.wait_replicas:
+            raise NotReplicatedError(
+                f"job {job_id}: attempt on {replies[-1]} of {self.wait_replicas} replicas after "
+                f"{self.wait_timeout_ms} ms"
+            )
 
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""

@@ -21,7 +21,7 @@ import redis
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
-from shared.connection import redis_connection
+from shared.connection import follow_master, redis_connection
 from shared.errors import CosyqError, StorageError
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging, get_logger
@@ -89,6 +89,7 @@ class WorkerLifecycle:
             )
             host.limit_threads_before_load(self.threads, self.settings.pool_size)
             self.housekeeper.extra_duties.extend(duties)
+            self.housekeeper.extra_duties.append(self._follow_master)
             if self.channel is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)
             self.housekeeper.stats.state = WorkerState.LOADING
@@ -242,6 +243,12 @@ class WorkerLifecycle:
         if self.channel is not None:
             self.channel.send(event, detail)
 
+    def _follow_master(self) -> None:
+        """Sentinel: move both clients to a new master within one housekeeping tick."""
+        for connection in (self.connection, self.housekeeper.connection):
+            if follow_master(connection):
+                log.warning("redis_master_changed", worker=self.identity.name)
+
     def _watch_parent(self) -> None:
         """A pool child whose pool died stops warmly instead of running on as an orphan."""
         if os.getppid() != self._parent_pid and not self._orphan_noted:
@@ -275,4 +282,6 @@ def build_housekeeper(settings: Settings, identity: WorkerIdentity) -> Housekeep
         queues,
         interval_s=settings.heartbeat_interval_s,
         ttl_s=settings.heartbeat_ttl_s,
+        wait_replicas=settings.redis_wait_replicas,
+        wait_timeout_s=settings.redis_wait_timeout_s,
     )

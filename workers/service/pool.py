@@ -37,7 +37,7 @@ from types import FrameType
 import redis
 
 from shared import keys
-from shared.connection import redis_connection
+from shared.connection import follow_master, redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.start_failures import record_backoff
@@ -151,7 +151,7 @@ class Pool:
             self._metrics_dir,
             self._metrics_lock,
             lambda: sum(slot.process is None for slot in self.slots),
-            self._connection,
+            self.settings,
             self._queue_names,
         )
         self._metrics_server = metrics.serve(registry, self.settings.metrics_host, port)
@@ -360,6 +360,8 @@ class Pool:
             return
         self._next_reap = now + self.settings.heartbeat_interval_s
         try:
+            if follow_master(self._connection):
+                log.warning("redis_master_changed", pid=os.getpid())
             self._reaper.reap()
         except redis.RedisError as e:
             log.warning("pool_redis_error", duty="reap", error=str(e))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+import soundfile as sf
 
 from producer import CosyqClient
 from producer.cli import main
@@ -152,8 +153,11 @@ def test_say_writes_the_audio(
     assert f"wrote {out}" in capsys.readouterr().out
     samples, rate = decode_audio(out.read_bytes())
     assert rate == 24000 and samples.size == round(SECONDS_PER_CHAR * 19 * 24000)
-    assert cosyq("say", "x", "--out", str(tmp_path / "a.mp3")) == 1
-    assert "--out: .mp3 is not one of wav, flac, ogg" in capsys.readouterr().err
+    assert cosyq("say", "x", "--out", str(tmp_path / "a.aac")) == 1
+    assert "--out: .aac is not one of wav, flac, ogg, mp3, opus" in capsys.readouterr().err
+    opus = tmp_path / "hello.opus"
+    assert cosyq("say", "Hello.", "--out", str(opus)) == 0
+    assert sf.info(str(opus)).subtype == "OPUS"
 
 
 def test_result_exit_codes(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,8 +169,22 @@ def test_result_exit_codes(settings: Settings, capsys: pytest.CaptureFixture[str
     assert cosyq("result", job_id) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["state"] == "finished" and record["result"]["job_id"] == job_id
-    assert cosyq("result", "no-such-job") == 1
+    assert cosyq("result", "no-such-job") == 4  # not 1: that is a failed job
     assert "no job no-such-job" in capsys.readouterr().err
+
+
+def test_reasons_are_printed_as_written_not_as_rich_markup(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = "unreadable [func, null, args, kwargs] [bold]hash[/bold] [/]"
+    with CosyqClient(settings, job_function=FAKE) as client:
+        client.submit({"text": "doomed", "metadata": {"fail_with": reason}})
+        run_burst(client.connection)
+    for command in ("failed", "status"):
+        assert cosyq(command) == 0
+        out = capsys.readouterr().out
+        flat = "".join(line.strip("│ ") for line in out.splitlines())  # cells may wrap
+        assert "[func,null,args,kwargs][bold]hash[/bold][/]" in flat.replace(" ", ""), out
 
 
 def test_status_shows_worker_stats(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
+import tomllib
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,6 +207,29 @@ def test_same_idempotency_key_same_job(client: CosyqClient) -> None:
     assert client.result(first, timeout=1).idempotency_key == "order-1"
 
 
+def test_a_key_whose_job_was_deleted_or_expired_is_free_again(settings: Settings) -> None:
+    request = {"text": "Once only.", "idempotency_key": "order-9"}
+    quick = settings.model_copy(update={"idempotency_claim_grace_s": 0})
+    with CosyqClient(quick, job_function=FAKE_SYNTHESIZE) as client:
+        queue = Queue(keys.QUEUE_DEFAULT, connection=client.connection, serializer=JSONSerializer)
+        first = client.submit(request)
+        assert client.submit(request) == first  # its job exists: the same job
+        queue.empty()  # what `rq empty` does: the job hashes go too
+        second = client.submit(request)
+        assert second != first and queue.get_job_ids() == [second]
+        queue.fetch_job(second).delete()  # rq-dashboard's delete
+        third = client.submit(request)
+        assert third not in (first, second) and queue.get_job_ids() == [third]
+        client.connection.pexpire(f"rq:job:{third}", 1)  # an expired job
+        time.sleep(0.05)
+        assert client.submit(request) not in (first, second, third)
+    with CosyqClient(settings, job_function=FAKE_SYNTHESIZE) as client:
+        held = client.submit({"text": "In flight.", "idempotency_key": "order-10"})
+        client.connection.delete(f"rq:job:{held}")
+        # Younger than COSYQ_IDEMPOTENCY_CLAIM_GRACE_S: its job may still be on its way in.
+        assert client.submit({"text": "In flight.", "idempotency_key": "order-10"}) == held
+
+
 def test_duplicate_keys_within_one_batch(client: CosyqClient) -> None:
     ids = client.submit_many(
         [
@@ -296,12 +321,13 @@ def test_backpressure_block_gives_up_after_the_timeout(settings: Settings) -> No
 # ---- packaging
 
 
-def test_import_producer_leaves_model_libraries_out() -> None:
+def test_import_producer_leaves_model_and_http_libraries_out() -> None:
     code = (
         "import sys, producer, producer.client, producer.tracking, shared.storage, shared.audio,"
-        " shared.logs, shared.connection\n"
-        "heavy = [m for m in ('torch', 'onnxruntime', 'coremltools', 'onnx', 'boto3', 'workers')"
-        " if m in sys.modules]\n"
+        " shared.logs, shared.connection, producer.cli, producer.http_bind\n"
+        "producer.cli.build_parser()\n"  # every command registered, `serve` included
+        "heavy = [m for m in ('torch', 'onnxruntime', 'coremltools', 'onnx', 'boto3', 'workers',"
+        " 'fastapi', 'uvicorn', 'starlette', 'multipart') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     root = Path(__file__).resolve().parents[3]
@@ -309,3 +335,15 @@ def test_import_producer_leaves_model_libraries_out() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_the_base_install_requires_no_model_or_http_server_package() -> None:
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
+    base = {re.split(r"[<>=!~; \[]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
+    assert base.isdisjoint({"torch", "onnxruntime", "coremltools", "fastapi", "uvicorn"})
+    http = {
+        re.split(r"[<>=!~; \[]", dep, maxsplit=1)[0].lower()
+        for dep in project["optional-dependencies"]["http"]
+    }
+    assert http == {"fastapi", "uvicorn", "python-multipart"}

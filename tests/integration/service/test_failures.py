@@ -8,8 +8,9 @@ from pathlib import Path
 
 import redis
 from rq.job import Job
+from rq.registry import FailedJobRegistry
 
-from tests.doubles.harness import Cluster, enqueue, named, wait_for
+from tests.doubles.harness import Cluster, enqueue, json_queue, named, wait_for
 
 
 def exc_info(job: Job) -> str:
@@ -24,8 +25,10 @@ def test_permanent_error_fails_once_with_a_short_reason(
 ) -> None:
     bad = enqueue(connection, "invalid please")
     unknown_voice = enqueue(connection, "hello", voice="nobody")
-    missing_prompt = enqueue(
-        connection, "hello", prompt_audio="file:///nonexistent/p.wav", prompt_text="hi"
+    missing = (cluster.root / "model" / "missing.wav").as_uri()
+    missing_prompt = enqueue(connection, "hello", prompt_audio=missing, prompt_text="hi")
+    outside_prompt = enqueue(
+        connection, "hello", prompt_audio="file:///etc/hostname", prompt_text="hi"
     )
     good = enqueue(connection, "fine")
     worker = cluster.start("run", "--burst", log_name="w.log")
@@ -33,7 +36,12 @@ def test_permanent_error_fails_once_with_a_short_reason(
     for job, reason in (
         (bad, "text: the test engine refuses this text"),
         (unknown_voice, "voice: no voice named 'nobody' is registered (cosyq voices list)"),
-        (missing_prompt, "file:///nonexistent/p.wav: no such file"),
+        (missing_prompt, f"{missing}: no such file"),
+        (
+            outside_prompt,
+            "prompt_audio: file:///etc/hostname is outside the folders this worker reads "
+            "prompts from (COSYQ_PROMPT_ROOTS)",
+        ),
     ):
         job.refresh()
         assert job.get_status() == "failed"
@@ -42,7 +50,7 @@ def test_permanent_error_fails_once_with_a_short_reason(
         assert job.meta["cosyq_attempt"] == 1 and job.retries_left == 0
     assert good.get_status() == "finished"
     failed = named(cluster.events("w.log"), "job_failed")
-    assert len(failed) == 3 and not any(e.get("exception") for e in failed)
+    assert len(failed) == 4 and not any(e.get("exception") for e in failed)
 
 
 def test_transient_error_is_retried_with_backoff(
@@ -78,3 +86,21 @@ def test_unexpected_error_is_internal_not_retried_and_keeps_its_traceback(
     }
     assert "Traceback" in exc_info(job)
     assert named(cluster.events("w.log"), "job_failed")[0].get("exception")
+
+
+def test_a_job_requeued_by_hand_drops_its_old_failure_and_counts_on(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    late = cluster.root / "model" / "late.wav"
+    job = enqueue(connection, "hello", prompt_audio=late.as_uri(), prompt_text="a test prompt")
+    assert cluster.start("run", "--burst", log_name="w1.log").wait(timeout=60) == 0
+    job.refresh()
+    assert job.get_status() == "failed" and job.meta["cosyq_error"]["kind"] == "invalid_request"
+    late.write_bytes((cluster.root / "model" / "prompt.wav").read_bytes())
+    FailedJobRegistry(queue=json_queue(connection)).requeue(job.id)  # what `rq requeue` does
+    assert cluster.start("run", "--burst", log_name="w2.log").wait(timeout=60) == 0
+    job.refresh()
+    assert job.get_status() == "finished"
+    assert "cosyq_error" not in job.meta and job.meta["cosyq_attempt"] == 2
+    result = job.return_value()
+    assert isinstance(result, dict) and result["attempt"] == 2

@@ -20,7 +20,7 @@ from workers.engine.pipeline import (
     SynthesisPipeline,
 )
 from workers.engine.text_split import SplitConfig
-from workers.service.engine_loading import engine_from_settings
+from workers.service.default_engine import engine_from_settings
 
 TEXT = "Hello, a short test."
 SAMPLES_PER_TOKEN = 960  # 2 mel frames x 480 samples

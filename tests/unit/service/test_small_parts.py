@@ -75,7 +75,7 @@ def test_pool_backoff_is_exponential_and_capped() -> None:
 
 def test_engine_setting_errors_are_model_load_errors() -> None:
     with pytest.raises(ModelLoadError, match=r"must look like 'package\.module:factory'"):
-        import_engine_factory("workers.service.engine_loading.engine_from_settings")
+        import_engine_factory("workers.service.default_engine.engine_from_settings")
     with pytest.raises(ModelLoadError, match="cannot import no_such_module"):
         import_engine_factory("no_such_module:load")
     with pytest.raises(ModelLoadError, match="has no callable 'nope'"):
@@ -92,3 +92,10 @@ def test_load_engine_times_load_and_warm_up(monkeypatch: pytest.MonkeyPatch) -> 
     broken = load_settings(env_file=None, engine="tests.doubles.engines:broken")
     with pytest.raises(ModelLoadError, match="RuntimeError: test engine crashed while loading"):
         load_engine(broken)
+
+
+def test_an_internal_reason_is_its_type_and_first_line_only() -> None:
+    error = ValueError('Parameter validation failed:\nInvalid bucket name "B_": must match "^x"')
+    assert classify(error).message == "ValueError: Parameter validation failed:"
+    long = classify(RuntimeError("y" * 1000)).message
+    assert len(long) == 200 and long.endswith("...")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from shared.voices import VoiceRegistry
 from tests.doubles.engines import ScriptedEngine
 from tests.doubles.harness import write_model_dir
 from workers.service.job_runtime import WorkerRuntime
-from workers.tasks import JobContext, run_synthesis
+from workers.tasks import JobContext, check_readable_prompt, run_synthesis
 from workers.voices.book import VoiceBook
 
 SECRET_TEXT = "the launch code is swordfish"
@@ -78,11 +80,57 @@ def test_inline_prompt_is_read_through_storage(runtime: WorkerRuntime, tmp_path:
     prompt = tmp_path / "model" / "prompt.wav"
     request = {"text": "hi", "prompt_audio": prompt.as_uri(), "prompt_text": "a test prompt"}
     assert run_synthesis(runtime, request, context()).uri.endswith(".wav")
-    short = tmp_path / "8k.wav"
+    short = tmp_path / "model" / "8k.wav"
     sf.write(short, [0.0] * 8000, 8000)
     bad = {"text": "hi", "prompt_audio": short.as_uri(), "prompt_text": "x"}
     with pytest.raises(InvalidRequestError, match="8000 Hz, need at least 16000 Hz"):
         run_synthesis(runtime, bad, context())
+
+
+def test_a_prompt_outside_the_prompt_roots_is_refused(
+    runtime: WorkerRuntime, tmp_path: Path
+) -> None:
+    outside = tmp_path / "elsewhere.wav"
+    outside.write_bytes((tmp_path / "model" / "prompt.wav").read_bytes())
+    for uri in (outside.as_uri(), "file:///etc/hostname", (tmp_path / "modelx.wav").as_uri()):
+        request = {"text": "hi", "prompt_audio": uri, "prompt_text": "a test prompt"}
+        with pytest.raises(InvalidRequestError) as caught:
+            run_synthesis(runtime, request, context())
+        assert str(caught.value) == (
+            f"prompt_audio: {uri} is outside the folders this worker reads prompts from "
+            "(COSYQ_PROMPT_ROOTS)"
+        )
+    request = {"text": "hi", "prompt_audio": outside.as_uri(), "prompt_text": "a test prompt"}
+    widened = replace(
+        runtime, settings=runtime.settings.model_copy(update={"prompt_roots": tmp_path.as_uri()})
+    )
+    assert run_synthesis(widened, request, context()).uri.endswith(".wav")
+
+
+def test_an_add_voice_job_gets_the_same_prompt_gate(runtime: WorkerRuntime) -> None:
+    """add_voice(name, prompt_audio, ...) is called by RQ with whatever the payload says."""
+    check_readable_prompt(runtime, (runtime.settings.model_dir / "prompt.wav").as_uri())
+    for uri, rule in (
+        ("file:///etc/shadow", "is outside the folders this worker reads prompts from"),
+        ("s3://a/b", "prompt_audio: bucket: 3-63 lowercase letters"),
+        (["file:///x"], "prompt_audio: must be a file:// or s3:// URI string"),
+    ):
+        with pytest.raises(InvalidRequestError, match=re.escape(rule)):
+            check_readable_prompt(runtime, uri)
+
+
+def test_malformed_prompt_uris_are_rejections_not_storage_errors(runtime: WorkerRuntime) -> None:
+    for uri, rule in (
+        ("s3://Bad_Bucket/p.wav", "prompt_audio: bucket: 3-63 lowercase letters"),
+        ("s3://bucket/voices/../p.wav", "prompt_audio: '..' and '.' segments are not allowed"),
+        ("s3://bucket//p.wav", "prompt_audio: empty segments"),
+        ("file:///srv/%2e%2e/etc/passwd", "prompt_audio: '..' and '.' segments are not allowed"),
+    ):
+        request = {"text": "hi", "prompt_audio": uri, "prompt_text": "x"}
+        with pytest.raises(InvalidRequestError, match=re.escape(rule)):
+            run_synthesis(runtime, request, context())
+    with pytest.raises(InvalidRequestError, match=r"text: not valid UTF-8 \(unpaired surrogate"):
+        run_synthesis(runtime, {"text": "hi \ud800"}, context())
 
 
 @pytest.fixture

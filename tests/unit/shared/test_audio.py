@@ -11,7 +11,7 @@ import soundfile as sf
 
 from shared.audio import decode_audio, encode_audio, resample
 from shared.errors import AudioDecodeError
-from shared.jobs import SUPPORTED_SAMPLE_RATES
+from shared.jobs import OPUS_SAMPLE_RATES, SUPPORTED_SAMPLE_RATES
 
 RATE = 24000
 
@@ -31,11 +31,19 @@ CASES = [
     ("wav", "float32", "WAV", "FLOAT"),
     ("flac", "pcm16", "FLAC", "PCM_16"),
     ("ogg", "pcm16", "OGG", "VORBIS"),
+    ("mp3", "pcm16", "MP3", "MPEG_LAYER_III"),
+    ("opus", "pcm16", "OGG", "OPUS"),
+]
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus"}
+# Every format at every rate the contract allows with it (opus has no 22.05/44.1 kHz: test_jobs).
+CASES_AT_RATES = [
+    (*case, rate)
+    for case in CASES
+    for rate in (OPUS_SAMPLE_RATES if case[0] == "opus" else SUPPORTED_SAMPLE_RATES)
 ]
 
 
-@pytest.mark.parametrize(("fmt", "sample_format", "container", "subtype"), CASES)
-@pytest.mark.parametrize("rate", SUPPORTED_SAMPLE_RATES)
+@pytest.mark.parametrize(("fmt", "sample_format", "container", "subtype", "rate"), CASES_AT_RATES)
 def test_format_reads_back_at_rate_and_length(
     fmt: str, sample_format: str, container: str, subtype: str, rate: int
 ) -> None:
@@ -47,7 +55,8 @@ def test_format_reads_back_at_rate_and_length(
     expected_frames = round(samples.size * rate / RATE)
     assert info.frames == expected_frames == encoded.frames
     assert encoded.duration_s == pytest.approx(1.5, abs=1e-3)
-    assert encoded.content_type == f"audio/{fmt}" and encoded.extension == fmt
+    assert encoded.content_type == CONTENT_TYPES.get(fmt, f"audio/{fmt}")
+    assert encoded.extension == fmt
     decoded, decoded_rate = decode_audio(encoded.data)
     assert decoded_rate == rate and decoded.shape == (expected_frames,)
     assert decoded.dtype == np.float32
@@ -60,6 +69,8 @@ def test_format_reads_back_at_rate_and_length(
         ("wav", "float32", 200.0),
         ("flac", "pcm16", 80.0),
         ("ogg", "pcm16", 20.0),
+        ("mp3", "pcm16", 10.0),
+        ("opus", "pcm16", 10.0),
     ],
 )
 def test_native_rate_keeps_the_signal(fmt: str, sample_format: str, min_snr: float) -> None:

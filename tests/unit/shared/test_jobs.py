@@ -59,7 +59,15 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"seed": 2**32}, "seed: 4294967296 is outside 0-4,294,967,295"),
     ({"seed": "7"}, "seed: input should be a valid integer (got '7')"),
     ({"seed": True}, "seed: input should be a valid integer (got True)"),
-    ({"format": "mp3"}, "format: input should be 'wav', 'flac' or 'ogg' (got 'mp3')"),
+    (
+        {"format": "aac"},
+        "format: input should be 'wav', 'flac', 'ogg', 'mp3' or 'opus' (got 'aac')",
+    ),
+    (
+        {"format": "opus", "sample_rate": 22050},
+        "sample_rate: format opus takes 8000, 16000, 24000,",
+    ),
+    ({"format": "mp3", "sample_format": "float32"}, "sample_format: float32 needs format wav"),
     ({"sample_format": "pcm24"}, "sample_format: input should be 'pcm16' or 'float32'"),
     ({"format": "flac", "sample_format": "float32"}, "sample_format: float32 needs format wav"),
     ({"sample_rate": 11025}, "sample_rate: 11025 Hz is not supported; use one of 8000, 16000"),
@@ -104,7 +112,7 @@ def test_output_key_escapes_are_rejected(key: str, message: str) -> None:
 
 
 def test_several_problems_are_all_reported() -> None:
-    message = rejected({"text": "", "speed": 9, "format": "mp3"})
+    message = rejected({"text": "", "speed": 9, "format": "aac"})
     assert "text: must not be empty" in message
     assert "speed: 9.0 is outside" in message
     assert "format: input should be" in message
@@ -152,6 +160,9 @@ def test_defaults_and_trimming() -> None:
         {"speed": 2.0, "seed": 2**32 - 1},
         {"format": "flac", "sample_rate": 48000},
         {"format": "ogg", "sample_rate": 8000},
+        {"format": "mp3", "sample_rate": 44100},
+        {"format": "opus", "sample_rate": 48000},
+        {"output_key": "calls/42.opus", "format": "opus"},
         {"format": "wav", "sample_format": "float32"},
         {"output_key": "customers/42/greeting"},
         {"output_key": "a/b-c_d.e=f+g@h,i.wav"},

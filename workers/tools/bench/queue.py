@@ -1,7 +1,8 @@
 """`cosyq-worker bench queue`: what the queue costs per job, next to bare RQ, and a recycle.
 
 On a private redis-server (never the operator's), it measures:
-- our worker (`cosyq-worker run --burst`, the configured engine) on N synthesize jobs;
+- our worker (`cosyq-worker run --burst`, the configured engine) on N synthesize jobs, with
+  the given model directory or else the tiny model, written to the temporary folder;
 - a stock `rq worker -w rq.worker.SimpleWorker` on N no-op jobs;
 and prints jobs/s, per-job wall time, synthesis time and overhead (wall - synthesis) for both,
 their overhead ratio (goal: ours within 2x bare RQ's), and the recycle cost: process start to
@@ -25,9 +26,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-import numpy as np
 import redis
-import soundfile as sf
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -74,12 +73,11 @@ class RecycleStats:
     warm_up_s: list[float]
 
 
-def prompt_only_model_dir(folder: Path) -> Path:
-    """For engines without a model directory: the default voice's prompt.wav + prompt.txt."""
-    folder.mkdir(parents=True, exist_ok=True)
-    t = np.arange(24000, dtype=np.float32) / 24000
-    sf.write(folder / "prompt.wav", 0.3 * np.sin(2 * np.pi * 200 * t), 24000)
-    (folder / "prompt.txt").write_text("a benchmark prompt", encoding="utf-8")
+def tiny_model_dir(folder: Path) -> Path:
+    """The tiny model (official layout, prompt.wav/prompt.txt included), as `bench` uses."""
+    from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415 (torch)
+
+    write_tiny_model(folder)
     return folder
 
 
@@ -181,8 +179,9 @@ def run(
         with LocalRedis(workdir / "redis") as server:
             url = server.url
             connection = redis.Redis.from_url(url)
-            prompt_dir = model_dir or prompt_only_model_dir(workdir / "model")
-            env = worker_env(url, engine, prompt_dir, workdir / "out", jobs)
+            if model_dir is None:
+                model_dir = tiny_model_dir(workdir / "model")
+            env = worker_env(url, engine, model_dir, workdir / "out", jobs)
             ours_ids = enqueue_many(
                 connection, "workers.tasks.synthesize", {"request": {"text": BENCH_TEXT}}, jobs
             )
