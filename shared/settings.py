@@ -266,6 +266,12 @@ class Settings(BaseSettings):
         None, gt=0, description="intra-op threads per worker (unset: cores // pool_size)"
     )
     pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
+    orphan_after_s: float = Field(
+        30.0, gt=0, description="a queued job in no queue or registry this long is put back"
+    )
+    orphan_sweep_batch: int = Field(
+        500, gt=0, description="submitted jobs the orphan sweep checks per housekeeping tick"
+    )
     dequeue_poll_s: float = Field(
         1.0, gt=0, le=60, description="longest blocking pop before a worker looks for a stop"
     )

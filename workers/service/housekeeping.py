@@ -28,6 +28,7 @@ from shared import keys
 from shared.logs import get_logger
 from workers.service import metrics
 from workers.service.host import rss_mb
+from workers.service.orphans import OrphanSweep
 from workers.service.reaper import Reaper
 from workers.service.retries import promote_due_retries
 
@@ -103,10 +104,12 @@ class Housekeeper:
         ttl_s: float,
         wait_replicas: int = 0,
         wait_timeout_s: float = 1.0,
+        orphans: OrphanSweep | None = None,
     ) -> None:
         self.connection = connection
         self.stats = stats
         self.reaper = reaper
+        self.orphans = orphans
         self.queues = queues
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
@@ -194,9 +197,15 @@ class Housekeeper:
         healthy = self._guarded("publish_stats", self.publish_stats) and healthy
         if healthy and self._reaper_armed():
             self._guarded("reap", self.reaper.reap)
+            if self.orphans is not None:
+                self._guarded("orphan_sweep", self._sweep_orphans)
         self._guarded("promote_retries", lambda: promote_due_retries(self.connection, self.queues))
         for duty in self.extra_duties:
             self._guarded(getattr(duty, "__name__", "duty"), duty, uses_redis=False)
+
+    def _sweep_orphans(self) -> None:
+        assert self.orphans is not None
+        self.orphans.tick(self.interval_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -36,6 +36,7 @@ from workers.service.admission import CosyqJob
 from workers.service.engine_loading import LoadedEngine, load_engine
 from workers.service.housekeeping import Housekeeper, WorkerState, WorkerStats, utc_now_iso
 from workers.service.job_runtime import WorkerRuntime, install_runtime
+from workers.service.orphans import OrphanSweep
 from workers.service.outage import wait_for_redis
 from workers.service.reaper import Reaper, release_job
 from workers.voices.book import VoiceBook
@@ -284,4 +285,10 @@ def build_housekeeper(settings: Settings, identity: WorkerIdentity) -> Housekeep
         ttl_s=settings.heartbeat_ttl_s,
         wait_replicas=settings.redis_wait_replicas,
         wait_timeout_s=settings.redis_wait_timeout_s,
+        orphans=OrphanSweep(
+            side,
+            orphan_after_s=settings.orphan_after_s,
+            batch=settings.orphan_sweep_batch,
+            holder=identity.name,
+        ),
     )
