@@ -32,6 +32,7 @@ SUBMITTED_JOBS = PREFIX + "submitted"
 ORPHAN_SUSPECTS = PREFIX + "orphan-suspects"  # job id -> when first seen queued in no list
 ORPHAN_SWEEP_LOCK = PREFIX + "orphan-sweep-lock"  # one sweeper per housekeeping tick
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
+WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
