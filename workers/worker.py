@@ -13,6 +13,7 @@ back and exits at once.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
@@ -34,6 +35,8 @@ from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
 from workers.service import admission, control, host, metrics
+from workers.service.batch_admission import batchable
+from workers.service.batch_runner import BatchRunner
 from workers.service.dequeue import StopSafeWorker
 from workers.service.failures import JobError, classify
 from workers.service.housekeeping import WorkerState
@@ -117,8 +120,17 @@ class CosyqWorker(StopSafeWorker):
         self._retire_announced = False
         self._current: tuple[Job, Queue] | None = None
         self._outcome: str | None = None  # set by RQ's success/failure handlers, per attempt
+        # COSYQ_BATCH_SIZE > 1: synthesize jobs run together (workers/service/batch_runner.py)
+        self._batch = BatchRunner(self) if self.settings.batch_size > 1 else None
+        self._rq_max_jobs: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's loop unchanged; only `max_jobs` is noted (a batch counts each of its jobs)."""
+        bound = inspect.signature(super().work).bind(*args, **kwargs)
+        self._rq_max_jobs = bound.arguments.get("max_jobs")
+        return super().work(*args, **kwargs)
 
     def bootstrap(
         self,
@@ -136,9 +148,11 @@ class CosyqWorker(StopSafeWorker):
             )
         try:
             self.lifecycle.start(duties=[self.lifetime_duty])
+            if self._batch is not None:
+                self._batch.open()  # before the first job: a session that cannot open fails here
             super().bootstrap(logging_level, date_format, log_format)
         except BaseException:
-            self.lifecycle.stop()
+            self._close()
             raise
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
@@ -149,7 +163,12 @@ class CosyqWorker(StopSafeWorker):
         try:
             super().teardown()
         finally:
-            self.lifecycle.stop()
+            self._close()
+
+    def _close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+        self.lifecycle.stop()
 
     def between_jobs(self) -> None:
         """Alone: retire when the lifetime ends. Pooled: act on the pool's retirement grant."""
@@ -173,6 +192,9 @@ class CosyqWorker(StopSafeWorker):
 
     def execute_popped(self, job: Job, queue: Queue) -> None:
         refusal = admission.screen(job)
+        if refusal is None and self._batch is not None and batchable(job):
+            self._batch.run(job, queue)  # counts and records each job it admits
+            return
         if refusal is not None:
             self._refuse(job, queue, refusal)
         else:
@@ -287,10 +309,24 @@ class CosyqWorker(StopSafeWorker):
 
     # -- recycling ---------------------------------------------------------------------------
 
-    def _after_job(self) -> None:
-        host.release_accelerator_cache(self.lifecycle.device)
+    def admission_open(self) -> bool:
+        """False once the worker is stopping or retiring: a batch then takes no new job."""
+        return not self._stop_requested and not self._retire_announced
+
+    def jobs_left(self) -> int:
+        """Jobs this process may still take: its recycling budget, and `--max-jobs` if given."""
+        budget = self.tracker.job_budget
+        if self._rq_max_jobs is not None:
+            budget = min(budget, self._rq_max_jobs)
+        return budget - self.tracker.jobs_done
+
+    def _after_job(self, *, idle: bool = True) -> None:
+        if idle:  # not under other jobs still on the model
+            host.release_accelerator_cache(self.lifecycle.device)
         reason = self.tracker.after_job(rss_mb=host.rss_mb(), timed_out=self._timed_out)
         self._timed_out = False
+        if self._batch is not None and self.jobs_left() <= 0 and self._rq_max_jobs is not None:
+            self._stop_requested = True  # RQ's own count sees one job per batch window
         if reason is not None:
             self._retire(reason)
 
@@ -334,11 +370,18 @@ class CosyqWorker(StopSafeWorker):
         self.lifecycle.housekeeper.stats.state = WorkerState.STOPPING  # published next tick
 
     def give_back_running(self) -> None:
-        """Cold stop mid-job: release the started entry now instead of waiting for a reaper."""
+        """Cold stop mid-job: release the started entries now instead of waiting for a reaper;
+        a batch also pushes back what it popped and had not started."""
         current, execution = self._current, next(iter(self.executions.values()), None)
         if current is not None and execution is not None:
             job, queue = current
             self.lifecycle.give_back(job.id, execution.id, queue.name)
+        if self._batch is not None:
+            self._batch.give_back_all()
+
+    def defer_cold_exit(self) -> bool:
+        """A batch job changing hands (popped -> registered): exit once it is in one place."""
+        return self._batch is not None and self._batch.guard.defer(self._cold_exit)
 
     def before_cold_exit(self) -> None:
         self.lifecycle.stop()

@@ -79,6 +79,10 @@ class StopSafeWorker(OutageTolerantWorker):
     def before_cold_exit(self) -> None:
         """Last words before `os._exit` (stop threads, close channels)."""
 
+    def defer_cold_exit(self) -> bool:
+        """True when a subclass will run `_cold_exit` itself, once a hand-over it guards ends."""
+        return False
+
     # -- dequeue -----------------------------------------------------------------------------
 
     def dequeue_job_and_maintain_ttl(
@@ -230,7 +234,8 @@ class StopSafeWorker(OutageTolerantWorker):
         if self.custody is Custody.TAKING:
             self._cold_pending = True  # the next checkpoint knows where the job is
             return
-        self._cold_exit()
+        if not self.defer_cold_exit():
+            self._cold_exit()
 
     def _cold_exit(self) -> None:
         if self.custody is Custody.RUNNING:

@@ -91,7 +91,7 @@ class WorkerStats:
 
 
 class Housekeeper:
-    """Owns the heartbeat of the running job and the periodic duties (see module docstring)."""
+    """Owns the heartbeats of the running jobs and the periodic duties (see module docstring)."""
 
     def __init__(
         self,
@@ -116,7 +116,7 @@ class Housekeeper:
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = max(1, int(wait_timeout_s * 1000))
         self.extra_duties: list[Callable[[], None]] = []
-        self._job_id: str | None = None
+        self._job_ids: dict[str, None] = {}  # running jobs, oldest first (several when batching)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cosyq-housekeeping", daemon=True)
@@ -148,8 +148,8 @@ class Housekeeper:
         called before RQ marks the job started (see workers/reaper.py for why). With
         wait_replicas, the same round trip WAITs for them (NotReplicatedError if too few)."""
         with self._lock:
-            self._job_id = job_id
-            self.stats.state, self.stats.current_job = WorkerState.BUSY, job_id
+            self._job_ids[job_id] = None
+            self.stats.state, self.stats.current_job = WorkerState.BUSY, ",".join(self._job_ids)
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
             pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
@@ -166,10 +166,10 @@ class Housekeeper:
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""
         with self._lock:
-            self._job_id = None
+            self._job_ids.pop(job_id, None)
             self.stats.jobs_done += 1
-            self.stats.current_job = ""
-            if self.stats.state is WorkerState.BUSY:
+            self.stats.current_job = ",".join(self._job_ids)
+            if self.stats.state is WorkerState.BUSY and not self._job_ids:
                 self.stats.state = WorkerState.IDLE
         key = keys.job_heartbeat_key(job_id)
 
@@ -213,10 +213,12 @@ class Housekeeper:
 
     def _refresh_heartbeat(self) -> None:
         with self._lock:
-            job_id = self._job_id
-        if job_id is not None:
-            key = keys.job_heartbeat_key(job_id)
-            self.connection.set(key, self.stats.name, px=self.ttl_ms)
+            job_ids = list(self._job_ids)
+        if job_ids:
+            with self.connection.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+                pipe.execute()
 
     def _reaper_armed(self) -> bool:
         """False for one TTL after a Redis outage, so live workers re-claim their jobs first."""
