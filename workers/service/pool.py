@@ -194,6 +194,9 @@ class Pool:
         slot.state, slot.worker_name, slot.retire_reason = SlotState.LOADING, "", ""
         slot.started_at = time.monotonic()
         log.info("slot_started", slot=slot.index, pid=slot.pid, restarts_failed=slot.failures)
+        if self.stopping:  # the stop signal came while this slot was starting: it missed it
+            slot.state = SlotState.STOPPING
+            slot.process.send_signal(signal.SIGTERM)
 
     # -- messages from workers ---------------------------------------------------------------
 
