@@ -272,6 +272,13 @@ class Settings(BaseSettings):
     batch_wait_ms: float = Field(
         20.0, ge=0, le=5000, description="how long a batch's first job waits for company"
     )
+    batch_max_positions: int = Field(
+        2048,
+        ge=64,
+        le=32768,
+        description="LLM KV positions per batch row (prompt + text + speech); longer pieces "
+        "run alone. Memory: 24 KiB per position per row on the full model (fp32)",
+    )
     batch_poll_ms: float = Field(
         10.0, gt=0, le=1000, description="how often a batching worker looks for jobs to add"
     )
