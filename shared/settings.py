@@ -285,6 +285,15 @@ class Settings(BaseSettings):
     batch_io_threads: int = Field(
         2, ge=1, le=32, description="threads that validate, encode and store beside the model"
     )
+    orphan_after_s: float = Field(
+        30.0, gt=0, description="a queued job in no queue or registry this long is put back"
+    )
+    orphan_sweep_batch: int = Field(
+        500, gt=0, description="submitted jobs the orphan sweep checks per housekeeping tick"
+    )
+    dequeue_poll_s: float = Field(
+        1.0, gt=0, le=60, description="longest blocking pop before a worker looks for a stop"
+    )
     heartbeat_interval_s: float = Field(2.0, gt=0, description="per-job heartbeat period")
     heartbeat_ttl_s: float = Field(
         10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"
