@@ -141,15 +141,20 @@ class SynthesisPipeline:
         state.llm_first_token_s += tokens.first_token_s
         return self.piece_audio(tokens.ids, plan)
 
-    def piece_audio(self, ids: np.ndarray, plan: RequestPlan) -> np.ndarray:
-        """One piece's speech tokens -> its samples (flow, speed change, HiFT)."""
+    def piece_audio(
+        self, ids: np.ndarray, plan: RequestPlan, mel: np.ndarray | None = None
+    ) -> np.ndarray:
+        """One piece's speech tokens -> its samples (flow, speed change, HiFT); `mel` is the
+        flow's output when a batched flow call already made it."""
         state = plan.state
         state.pieces += 1
         state.speech_tokens += int(ids.size)
         if ids.size == 0:
             return np.zeros(0, dtype=np.float32)
         with state.clock.timed("flow"):
-            mel = change_speed(self.flow.mel(ids, plan.request.prompt), plan.request.speed)
+            if mel is None:
+                mel = self.flow.mel(ids, plan.request.prompt)
+            mel = change_speed(mel, plan.request.speed)
         with state.clock.timed("hift"):
             return self.vocoder.waveform(mel, state.generator)
 

@@ -97,6 +97,8 @@ class Unreadable:
     """A popped id whose hash would not decode: the worker refuses it (never runs it)."""
 
     error: Exception
+    job_id: str
+    queue: Queue
 
 
 @dataclass
@@ -138,9 +140,7 @@ class BatchDequeue:
                 except NoSuchJobError:
                     continue  # deleted after it was queued: RQ skips these too
                 except Exception as e:  # a hash that does not decode: refused, not run
-                    e.job_id = job_id  # type: ignore[attr-defined]
-                    e.queue = queue  # type: ignore[attr-defined]
-                    on_unreadable(Unreadable(e))
+                    on_unreadable(Unreadable(e, job_id, queue))
                     continue
                 into.held.append((job, queue))
                 added += 1

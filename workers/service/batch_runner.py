@@ -224,7 +224,7 @@ class BatchRunner:
             worker._prepare_attempt(job)
         except REDIS_OUTAGE as e:
             log.warning("job_not_started", job_id=job.id, error=str(e))
-            worker._push_back(job, queue_)
+            worker.push_back(job.id, queue_)
             return
         entry = BatchJob(job, queue_, admitted_at=time.monotonic())
         self.jobs[job.id] = entry
@@ -345,8 +345,7 @@ class BatchRunner:
         if self.worker._outcome is not None:  # set by RQ's success/failure handlers
             seconds = time.monotonic() - entry.admitted_at
             metrics.record_job(entry.queue.name, self.worker._outcome, seconds)
-        if self.worker.lifecycle is not None:
-            self.worker.lifecycle.housekeeper.end_job(entry.job.id)
+        self.worker.lifecycle.housekeeper.end_job(entry.job.id)
         self.worker._after_job(idle=not self.jobs)
 
     def _expire(self) -> None:
@@ -386,7 +385,7 @@ class BatchRunner:
             log.warning("worker_heartbeat_failed", error=str(e))
 
     def _refuse_unreadable(self, unreadable: Unreadable) -> None:
-        self.worker._refuse_unreadable(unreadable.error)
+        self.worker.refuse_unreadable_job(unreadable.job_id, unreadable.queue, unreadable.error)
 
     def _run_deferred(self) -> None:
         deferred, self.deferred = self.deferred, []
@@ -415,8 +414,8 @@ class BatchRunner:
         """Cold stop (second signal): every job this worker holds goes back now."""
         lifecycle = self.worker.lifecycle
         for entry in list(self.jobs.values()):
-            if lifecycle is not None and entry.execution is not None and not entry.done:
-                lifecycle.give_back(entry.job, entry.queue, entry.execution)
+            if entry.execution is not None and not entry.done:
+                lifecycle.give_back(entry.job.id, entry.execution.id, entry.queue.name)
         self.dequeue.give_back(self.popped.take() + self.deferred)
         self.deferred = []
 

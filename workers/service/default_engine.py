@@ -24,6 +24,8 @@ def engine_options(settings: Settings) -> EngineOptions:
         join=JoinConfig(gap_s=settings.piece_gap_ms / 1000),
         max_prompt_seconds=settings.max_prompt_seconds,
         max_speech_seconds=settings.max_speech_seconds,
+        max_batch=settings.batch_size,
+        batch_max_positions=settings.batch_max_positions,
     )
 
 
