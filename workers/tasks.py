@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+import redis
 import structlog
 from rq import get_current_job
 from rq.job import Job
@@ -21,14 +23,28 @@ from rq.job import Job
 from shared import keys
 from shared.audio import EncodedAudio, encode_audio
 from shared.errors import InvalidRequestError
-from shared.jobs import SynthesisRequest, validate_request, voice_label
+from shared.jobs import (
+    NATIVE_SAMPLE_RATE,
+    SUPPORTED_SAMPLE_RATES,
+    SynthesisRequest,
+    validate_request,
+    voice_label,
+)
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.prompt_uris import PromptRoots, check_prompt_uri
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
-from workers.engine.api import SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.engine.api import (
+    StreamingEngine,
+    SynthesisEngine,
+    SynthesisInput,
+    SynthesisOutput,
+    VoicePrompt,
+)
 from workers.service import metrics
+from workers.service.audio_stream import AudioStreamWriter
+from workers.service.failures import classify
 from workers.service.job_runtime import WorkerRuntime, current_runtime
 from workers.voices import profiles as voice_profiles
 
@@ -44,6 +60,7 @@ class JobContext:
     attempt: int
     enqueued_at: datetime | None
     started_at: datetime
+    connection: redis.Redis | None = None  # the job's Redis: where a streamed job's chunks go
 
     @classmethod
     def from_job(cls, job: Job) -> JobContext:
@@ -54,6 +71,7 @@ class JobContext:
             attempt=attempt if isinstance(attempt, int) and attempt >= 1 else 1,
             enqueued_at=job.enqueued_at,
             started_at=job.started_at or datetime.now(UTC),
+            connection=job.connection,
         )
 
     @property
@@ -104,7 +122,11 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
 def run_synthesis(
     runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
 ) -> SynthesisResult:
-    """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished."""
+    """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished.
+
+    A request with `stream: true` also appends its chunks to its audio stream; a failed
+    attempt ends that stream with the error (kind and message) before the error propagates.
+    """
     with job_context(
         job_id=context.job_id,
         queue=context.queue,
@@ -112,46 +134,112 @@ def run_synthesis(
         attempt=context.attempt,
     ):
         started = time.perf_counter()
-        request = validate_request(payload, runtime.limits)
-        if request.prompt_audio is not None:
-            check_readable_prompt(runtime, request.prompt_audio)
-        structlog.contextvars.bind_contextvars(voice=voice_label(request))
-        prompt = runtime.voices.resolve(request)
-        voice_s = time.perf_counter() - started
-        output = runtime.engine.synthesize(_engine_input(request, prompt))
-        synthesized = time.perf_counter()
-        encoded = encode_audio(
-            output.samples,
-            output.sample_rate,
-            request.format,
-            target_rate=request.sample_rate,
-            sample_format=request.sample_format,
-        )
-        encoded_at = time.perf_counter()
-        stored = _store(runtime, request, context, encoded)
-        finished = time.perf_counter()
-        timings = StageTimings(
-            queue_wait_s=context.queue_wait_s,
-            frontend_s=voice_s + output.stage_seconds.get("frontend", 0.0),
-            llm_s=output.stage_seconds.get("llm", 0.0),
-            flow_s=output.stage_seconds.get("flow", 0.0),
-            hift_s=output.stage_seconds.get("hift", 0.0),
-            join_s=output.stage_seconds.get("join", 0.0),
-            encode_s=encoded_at - synthesized,
-            store_s=finished - encoded_at,
-            total_s=finished - started,
-        )
-        result = _result(
-            runtime,
-            request,
-            context,
-            uri=stored.uri,
-            encoded=encoded,
-            output=output,
-            timings=timings,
-        )
-        _log_finished(request, result, synthesis_s=synthesized - started)
-        return result
+        writer = _open_stream(runtime, payload, context)
+        try:
+            return _run(runtime, payload, context, writer, started)
+        except Exception as e:
+            if writer is not None:
+                failure = classify(e, timeout_s=runtime.settings.job_timeout_s)
+                writer.fail(failure.kind, failure.message)
+            raise
+
+
+def _open_stream(
+    runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
+) -> AudioStreamWriter | None:
+    """A writer when the payload asks for a stream (checked before validation, so an invalid
+    request's stream still ends with its error)."""
+    if not isinstance(payload, Mapping) or payload.get("stream") is not True:
+        return None
+    if context.connection is None:
+        raise RuntimeError("a streamed job needs its Redis connection (run it as an RQ job)")
+    rate = payload.get("sample_rate", NATIVE_SAMPLE_RATE)
+    if not isinstance(rate, int) or rate not in SUPPORTED_SAMPLE_RATES:
+        rate = NATIVE_SAMPLE_RATE  # the request is refused below; its error entry needs a rate
+    return AudioStreamWriter(
+        context.connection,
+        keys.audio_stream_key(context.job_id),
+        source_rate=runtime.engine.sample_rate,
+        target_rate=rate,
+        attempt=context.attempt,
+        maxlen=runtime.settings.stream_maxlen,
+        ttl_s=runtime.settings.result_ttl_s,
+    )
+
+
+def _synthesize(
+    engine: SynthesisEngine, data: SynthesisInput, writer: AudioStreamWriter | None
+) -> tuple[SynthesisOutput, np.ndarray, int]:
+    """The engine's output, the samples to encode and their rate. Streamed: the samples are
+    exactly what the stream carries (resampled chunk by chunk), at the request's rate."""
+    if writer is None:
+        output = engine.synthesize(data)
+        return output, output.samples, output.sample_rate
+    if isinstance(engine, StreamingEngine):
+        output = engine.synthesize_streaming(data, writer.write)
+    else:  # an engine that cannot stream: its whole output is one chunk
+        output = engine.synthesize(data)
+        writer.write(output.samples)
+    return output, writer.flush(), writer.target_rate
+
+
+def _run(
+    runtime: WorkerRuntime,
+    payload: Mapping[str, Any],
+    context: JobContext,
+    writer: AudioStreamWriter | None,
+    started: float,
+) -> SynthesisResult:
+    request = validate_request(payload, runtime.limits)
+    if request.prompt_audio is not None:
+        check_readable_prompt(runtime, request.prompt_audio)
+    structlog.contextvars.bind_contextvars(voice=voice_label(request))
+    prompt = runtime.voices.resolve(request)
+    voice_s = time.perf_counter() - started
+    output, samples, rate = _synthesize(runtime.engine, _engine_input(request, prompt), writer)
+    synthesized = time.perf_counter()
+    encoded = encode_audio(
+        samples,
+        rate,
+        request.format,
+        target_rate=request.sample_rate,
+        sample_format=request.sample_format,
+    )
+    encoded_at = time.perf_counter()
+    stored = _store(runtime, request, context, encoded)
+    if writer is not None:
+        writer.finish(stored.uri)
+    finished = time.perf_counter()
+    timings = StageTimings(
+        queue_wait_s=context.queue_wait_s,
+        frontend_s=voice_s + output.stage_seconds.get("frontend", 0.0),
+        llm_s=output.stage_seconds.get("llm", 0.0),
+        flow_s=output.stage_seconds.get("flow", 0.0),
+        hift_s=output.stage_seconds.get("hift", 0.0),
+        join_s=output.stage_seconds.get("join", 0.0),
+        encode_s=encoded_at - synthesized,
+        store_s=finished - encoded_at,
+        total_s=finished - started,
+        first_chunk_s=_first_chunk_s(writer, started),
+    )
+    result = _result(
+        runtime,
+        request,
+        context,
+        uri=stored.uri,
+        encoded=encoded,
+        output=output,
+        timings=timings,
+        stream=None if writer is None else writer.key,
+    )
+    _log_finished(request, result, synthesis_s=synthesized - started)
+    return result
+
+
+def _first_chunk_s(writer: AudioStreamWriter | None, started: float) -> float | None:
+    if writer is None or writer.first_chunk_at is None:
+        return None
+    return max(0.0, writer.first_chunk_at - started)
 
 
 def check_readable_prompt(runtime: WorkerRuntime, uri: object) -> None:
@@ -216,6 +304,7 @@ def _result(
     encoded: EncodedAudio,
     output: SynthesisOutput,
     timings: StageTimings,
+    stream: str | None = None,
 ) -> SynthesisResult:
     identity = runtime.engine.identity
     synthesis_s = sum(
@@ -241,5 +330,6 @@ def _result(
         attempt=context.attempt,
         speech_tokens=output.speech_tokens,
         idempotency_key=request.idempotency_key,
+        stream=stream,
         metadata=dict(request.metadata),
     )

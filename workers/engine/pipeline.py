@@ -21,13 +21,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
 from shared.text_markup import speech_limit_message, speech_seconds
-from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.engine.api import (
+    ChunkSink,
+    ModelIdentity,
+    SynthesisInput,
+    SynthesisOutput,
+    VoicePrompt,
+)
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces
 from workers.engine.devices import resolve_device, resolve_dtype
 from workers.engine.modes import LLMPrompt, llm_prompt
@@ -40,6 +47,8 @@ from workers.engine.stages import (
     TorchSpeechTokens,
     VocoderStage,
 )
+from workers.engine.stream_join import StreamJoiner
+from workers.engine.streaming import PieceStream, StreamSchedule
 from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
@@ -65,6 +74,7 @@ class EngineOptions:
     max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
     max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
+    stream: StreamSchedule = field(default_factory=StreamSchedule)
 
 
 class StageClock:
@@ -139,19 +149,34 @@ class SynthesisPipeline:
             speech_tokens=state.speech_tokens,
         )
 
-    def run(
-        self, request: SynthesisInput, *, forced_length: int | None = None
-    ) -> tuple[np.ndarray, RequestState]:
-        """Samples and the request's state (stage times, counters: what `bench` reports)."""
-        state = RequestState.start(request.seed)
-        forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
+    def synthesize_streaming(self, request: SynthesisInput, on_chunk: ChunkSink) -> SynthesisOutput:
+        samples, state, chunks = self.run_streaming(request, on_chunk)
+        return SynthesisOutput(
+            samples=samples,
+            sample_rate=self.sample_rate,
+            stage_seconds=dict(state.clock.seconds),
+            speech_tokens=state.speech_tokens,
+            chunk_samples=chunks,
+        )
+
+    def _front(
+        self, request: SynthesisInput, state: RequestState
+    ) -> tuple[list[TextPiece], LLMPrompt]:
         with state.clock.timed("frontend"):
             _check_request(request)
             pieces = self.frontend.pieces(
                 request.text, language=request.language, transcript=request.prompt.transcript
             )
             check_speech_bound(pieces, self.options.max_speech_seconds)
-            prompt = llm_prompt(self.frontend, request)
+            return pieces, llm_prompt(self.frontend, request)
+
+    def run(
+        self, request: SynthesisInput, *, forced_length: int | None = None
+    ) -> tuple[np.ndarray, RequestState]:
+        """Samples and the request's state (stage times, counters: what `bench` reports)."""
+        state = RequestState.start(request.seed)
+        forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
+        pieces, prompt = self._front(request, state)
         audio = [self._piece(piece, prompt, request, state, forced) for piece in pieces]
         with state.clock.timed("join"):
             samples = join_pieces(
@@ -163,6 +188,92 @@ class SynthesisPipeline:
                 tail_s=pieces[-1].pause_after_s,
             )
         return samples, state
+
+    def run_streaming(
+        self,
+        request: SynthesisInput,
+        on_chunk: ChunkSink,
+        *,
+        forced_length: int | None = None,
+        state: RequestState | None = None,
+    ) -> tuple[np.ndarray, RequestState, list[int]]:
+        """The streaming path: each piece's chunks go to `on_chunk` (joined as `run` joins
+        whole pieces) as soon as they exist. Returns the samples (the chunks concatenated),
+        the request's state (`state`, when given: a bench reads its clock per chunk) and
+        each chunk's length."""
+        if request.speed != 1.0:
+            raise InvalidRequestError(f"speed: streaming needs speed 1.0 (got {request.speed:g})")
+        state = state or RequestState.start(request.seed)
+        forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
+        pieces, prompt = self._front(request, state)
+        chunks: list[int] = []
+
+        def emit(samples: np.ndarray) -> None:
+            chunks.append(int(samples.size))
+            on_chunk(samples)
+
+        joiner = StreamJoiner(
+            len(pieces),
+            self.sample_rate,
+            self.options.join,
+            emit,
+            gaps=[piece.pause_before_s for piece in pieces[1:]],
+            lead_s=pieces[0].pause_before_s or 0.0,
+            tail_s=pieces[-1].pause_after_s,
+        )
+        for piece in pieces:
+            joiner.start_piece()
+            for audio in self._stream_piece(piece, prompt, request, state, forced):
+                joiner.feed(audio)
+            joiner.end_piece()
+        with state.clock.timed("join"):
+            samples = joiner.finish()
+        return samples, state, chunks
+
+    def _stream_piece(
+        self,
+        piece: TextPiece,
+        prompt: LLMPrompt,
+        request: SynthesisInput,
+        state: RequestState,
+        forced_length: int | None,
+    ) -> Iterator[np.ndarray]:
+        """One piece's chunks; a stage that cannot stream (Core ML) gives the whole piece."""
+        flow, vocoder = self.flow, self.vocoder
+        token_stream = getattr(self.llm, "stream", None)
+        if not (getattr(flow, "can_stream", False) and getattr(vocoder, "can_stream", False)):
+            yield self._piece(piece, prompt, request, state, forced_length)
+            return
+        stream = PieceStream(
+            flow,  # type: ignore[arg-type]  # can_stream: a ModuleFlow on our torch flow
+            vocoder,  # type: ignore[arg-type]
+            request.prompt,
+            state.generator,
+            schedule=self.options.stream,
+            timed=state.clock.timed,
+        )
+        kwargs: dict[str, Any] = {
+            "prompt_text": prompt.text_ids,
+            "prompt_speech": prompt.speech_tokens,
+            "generator": state.generator,
+            "forced_length": forced_length,
+        }
+        if token_stream is None:  # an LLM runtime without a token stream: all tokens at once
+            with state.clock.timed("llm"):
+                tokens: Iterator[int] = iter(self.llm.generate(list(piece.ids), **kwargs).ids)
+        else:
+            tokens = token_stream(list(piece.ids), **kwargs)
+        state.pieces += 1
+        while True:
+            with state.clock.timed("llm"):
+                token = next(tokens, None)
+            if token is None:
+                break
+            state.speech_tokens += 1
+            chunk = stream.push(int(token))
+            if chunk is not None:
+                yield chunk
+        yield stream.finish()
 
     def _piece(
         self,

@@ -21,6 +21,7 @@ from workers.tools.bench import DEFAULT_TEXT
 SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.queue_cli",
     "workers.tools.bench.quantization_cli",
+    "workers.tools.bench.stream_cli",
 )
 
 
