@@ -46,6 +46,7 @@ from shared.jobs import (
 )
 from shared.results import SynthesisResult
 from shared.settings import Settings
+from shared.submitted import record_submitted
 from shared.voices import VoiceRegistry, VoiceSummary
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
@@ -180,6 +181,7 @@ class CosyqClient:
         """
         fresh = self._reserve_idempotency_keys(chunk, job_ids)
         pipe = self.connection.pipeline()
+        record_submitted(pipe, [job.job_id for job in fresh])
         for name, queue in self._queues.items():
             datas = [self._enqueue_data(job) for job in fresh if job.queue == name]
             if datas:

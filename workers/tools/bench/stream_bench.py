@@ -26,7 +26,8 @@ import soundfile
 import torch
 
 from workers.engine.api import SynthesisInput
-from workers.engine.pipeline import EngineOptions, RequestState, build_engine
+from workers.engine.pipeline import EngineOptions, build_engine
+from workers.engine.requests import RequestState
 from workers.tools.bench.engine_bench import BenchOptions, forced_tokens, model_directory
 
 FORCED_ENV = "COSYQ_BENCH_FORCED_TOKENS"  # read by `forced_engine` in the bench's worker
