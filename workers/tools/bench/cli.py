@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.soak_cli",
     "workers.tools.bench.quantization_cli",
     "workers.tools.bench.batch_cli",
+    "workers.tools.bench.stream_cli",
 )
 
 
