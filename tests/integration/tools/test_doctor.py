@@ -108,6 +108,7 @@ def test_a_ready_linux_host_passes_with_every_row(host_env: Path, tiny_dir: Path
     failed = {name: row["detail"] for name, row in rows.items() if row["status"] == "fail"}
     assert status == 0, failed
     assert report["exit_status"] == 0
+    assert len(report["load_average"]) == 3 and report["cpus"] >= 1
     by_group: dict[str, list[str]] = {}
     for row in report["rows"]:
         by_group.setdefault(row["group"], []).append(row["name"])
