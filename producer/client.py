@@ -36,7 +36,8 @@ from shared.errors import (
 from shared.jobs import RequestLimits, SynthesisRequest, validate_request
 from shared.results import SynthesisResult
 from shared.settings import Settings
-from shared.voices import VoiceRegistry, VoiceSummary
+from shared.storage import open_storage
+from shared.voices import VoiceRegistry, VoiceSummary, upload_key
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
 OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
@@ -298,8 +299,13 @@ class CosyqClient:
         return VoiceRegistry(self.connection).summaries()
 
     def remove_voice(self, name: str) -> None:
-        """Delete a voice; UnknownVoiceError when none has that name."""
-        VoiceRegistry(self.connection).remove(name)
+        """Delete a voice and its uploaded recording; UnknownVoiceError when none has that
+        name."""
+        removed = VoiceRegistry(self.connection).remove(name)
+        storage = open_storage(self.settings)
+        key = upload_key(storage.uri_for, name, removed.source_uri)
+        if key is not None:
+            storage.delete(key)
 
 
 def _interrupted(
