@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "producer.commands.submit",  # submit FILE.jsonl, say "text"
     "producer.commands.inspect",  # status, failed, result
     "producer.commands.voices",  # voices list|add|rm
+    "producer.commands.serve",  # serve (the HTTP front; needs cosyq[http])
 )
 
 PIPED_WIDTH = 160  # columns for tables when stdout is not a terminal

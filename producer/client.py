@@ -7,12 +7,12 @@ worker code, and no pickle crosses Redis.
 Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in one pipeline
 (MULTI/EXEC), which also reads the queue depths back for the next chunk's backpressure check. A
 chunk holding idempotency keys costs one more round trip first, to reserve the keys atomically
-(`SET NX GET`): the first submitter of a key wins, later ones get the first job's id.
+(`idempotency.reserve`): the first submitter of a key wins, later ones get the first job's id
+while that job exists.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,16 +24,23 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
+from producer import idempotency
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
-from shared.connection import redis_connection
+from shared.connection import follow_master, redis_connection
 from shared.errors import (
     InvalidRequestError,
     QueueFullError,
     SubmitInterruptedError,
 )
-from shared.jobs import RequestLimits, SynthesisRequest, validate_request
+from shared.jobs import (
+    RequestLimits,
+    SynthesisRequest,
+    retry_intervals,
+    validate_request,
+    voice_label,
+)
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.storage import open_storage
@@ -41,12 +48,6 @@ from shared.voices import VoiceRegistry, VoiceSummary, upload_key
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
 OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
-
-# Compare-and-delete: free an idempotency key only if it still names our job.
-_RELEASE_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class CosyqClient:
         """
         planned = self._plan(requests)
         job_ids: list[str] = [job.job_id for job in planned]
+        follow_master(self.connection)  # Sentinel: never write to a demoted master
         depths = self.queue_depths()
         position = 0
         while position < len(planned):
@@ -192,18 +194,21 @@ class CosyqClient:
     def _reserve_idempotency_keys(
         self, chunk: list[_PlannedJob], job_ids: list[str]
     ) -> list[_PlannedJob]:
-        """Claim each idempotency key for our job (SET NX GET); drop jobs whose key was taken."""
+        """Claim each idempotency key for our job; drop jobs whose key a live job holds."""
         keyed = [job for job in chunk if job.request.idempotency_key is not None]
         if not keyed:
             return chunk
-        pipe = self.connection.pipeline(transaction=False)
-        for job in keyed:
-            key = keys.idempotency_key(job.request.idempotency_key or "")
-            pipe.set(key, job.job_id, nx=True, get=True, ex=self.settings.idempotency_ttl_s)
+        claims = [(keys.idempotency_key(j.request.idempotency_key or ""), j.job_id) for j in keyed]
+        holders = idempotency.reserve(
+            self.connection,
+            claims,
+            ttl_s=self.settings.idempotency_ttl_s,
+            grace_s=self.settings.idempotency_claim_grace_s,
+        )
         taken: set[int] = set()
-        for job, previous in zip(keyed, pipe.execute(), strict=True):
-            if previous is not None:
-                job_ids[job.index] = previous.decode()
+        for job, holder in zip(keyed, holders, strict=True):
+            if holder is not None:
+                job_ids[job.index] = holder
                 taken.add(job.index)
         return [job for job in chunk if job.index not in taken]
 
@@ -211,8 +216,7 @@ class CosyqClient:
         for job in jobs:
             if job.request.idempotency_key is not None:
                 key = keys.idempotency_key(job.request.idempotency_key)
-                with contextlib.suppress(redis.RedisError):  # else it expires after its TTL
-                    self.connection.eval(_RELEASE_SCRIPT, 1, key, job.job_id)
+                idempotency.release(self.connection, key, job.job_id)
 
     def _enqueue_data(self, job: _PlannedJob) -> Any:
         request = job.request
@@ -220,7 +224,7 @@ class CosyqClient:
         backoff = self.settings.retry_backoff_s
         retry = None
         if retries > 0:
-            retry = Retry(max=retries, interval=[round(backoff * 2**k) for k in range(retries)])
+            retry = Retry(max=retries, interval=retry_intervals(retries, backoff))
         return Queue.prepare_data(
             self.job_function,
             kwargs={"request": request.model_dump(mode="json")},
@@ -327,14 +331,10 @@ def _interrupted(
 
 def _submit_meta(request: SynthesisRequest) -> dict[str, Any]:
     """What the producer records on the job for status displays: sizes and names, no text."""
-    if request.voice is not None:
-        voice = request.voice
-    else:
-        voice = "(prompt audio)" if request.prompt_audio else "default"
     return {
         "submitted_at": datetime.now(UTC).isoformat(),
         "text_chars": len(request.text),
-        "voice": voice,
+        "voice": voice_label(request),
         "mode": request.mode,
         "priority": request.priority,
         "idempotency_key": request.idempotency_key,

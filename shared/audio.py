@@ -1,4 +1,4 @@
-"""Audio in and out: encode samples to WAV/FLAC/OGG bytes, decode any file soundfile reads.
+"""Audio in and out: encode samples to WAV/FLAC/OGG/MP3/Opus bytes, decode any file soundfile reads.
 
 soundfile (libsndfile) does the codecs and soxr the resampling; no filter is written by hand.
 """
@@ -16,7 +16,13 @@ import soxr
 from shared.errors import AudioDecodeError
 from shared.results import AudioFormat, SampleFormat
 
-CONTENT_TYPES: dict[str, str] = {"wav": "audio/wav", "flac": "audio/flac", "ogg": "audio/ogg"}
+CONTENT_TYPES: dict[str, str] = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "ogg": "audio/ogg",  # Vorbis in Ogg
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg; codecs=opus",  # Opus in Ogg (RFC 7845)
+}
 
 # (soundfile format, subtype) per request format and sample format.
 _CODECS: dict[tuple[str, str], tuple[str, str]] = {
@@ -24,6 +30,8 @@ _CODECS: dict[tuple[str, str], tuple[str, str]] = {
     ("wav", "float32"): ("WAV", "FLOAT"),
     ("flac", "pcm16"): ("FLAC", "PCM_16"),
     ("ogg", "pcm16"): ("OGG", "VORBIS"),
+    ("mp3", "pcm16"): ("MP3", "MPEG_LAYER_III"),  # libsndfile >= 1.1 (lame, mpg123)
+    ("opus", "pcm16"): ("OGG", "OPUS"),
 }
 RESAMPLE_QUALITY = "HQ"  # soxr's high quality: flat to 0.95 Nyquist, far below PCM16 noise
 

@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from shared.errors import InvalidRequestError
 from shared.keys import Priority
+from shared.prompt_uris import check_prompt_uri
 from shared.results import AUDIO_FORMATS, AudioFormat, SampleFormat, SynthesisResult
 from shared.settings import Settings
 from shared.text_markup import (
@@ -51,17 +52,18 @@ __all__ = [
 ]
 
 Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
+DEFAULT_VOICE = "default"  # the model directory's prompt.wav/prompt.txt: never stored in Redis
 Language = Literal["auto", "en", "zh", "ja"]  # of the text, for normalisation (auto: detected)
 END_OF_PROMPT = "<|endofprompt|>"  # instruct2's separator: the worker adds it
 
 NATIVE_SAMPLE_RATE = 24000  # CosyVoice 2's HiFT output rate
 SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+OPUS_SAMPLE_RATES = (8000, 16000, 24000, 48000)  # of ours, those Opus encodes (it has no 22.05k)
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_SEED = 2**32 - 1  # numpy's and every backend's generators accept this range
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 VOICE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 OUTPUT_KEY_CHARS_RE = re.compile(r"[A-Za-z0-9._\-=+@,/]+")
-PROMPT_URI_SCHEMES = ("file://", "s3://")
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _NEVER_ECHOED = frozenset({"text", "prompt_text", "instruction"})  # never repeat input text
 
@@ -106,7 +108,16 @@ def _check_text_like(value: str, limit: int, *, required: bool) -> str:
     control = _CONTROL_RE.search(value)
     if control:
         raise _rule(f"contains control character U+{ord(control.group()):04X}")
+    _check_utf8(value)
     return value
+
+
+def _check_utf8(value: str) -> None:
+    """JSON can carry lone surrogates ("\\ud800"); no text stage or storage can."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _rule(f"not valid UTF-8 (unpaired surrogate at character {e.start})") from None
 
 
 def _check_markup(text: str, limits: RequestLimits) -> str:
@@ -145,20 +156,6 @@ def check_output_key(key: str, limit: int) -> str:
     if not OUTPUT_KEY_CHARS_RE.fullmatch(key):
         raise ValueError("only letters, digits and . _ - = + @ , / are allowed")
     return key
-
-
-def check_prompt_uri(uri: str) -> str:
-    """A prompt audio URI the worker can read: file:///absolute/path or s3://bucket/key."""
-    if not uri.startswith(PROMPT_URI_SCHEMES):
-        raise ValueError("must be a file:// or s3:// URI")
-    rest = uri.split("://", 1)[1]
-    if uri.startswith("file://") and not rest.startswith("/"):
-        raise ValueError("a file URI needs an absolute path: file:///path/to/prompt.wav")
-    if uri.startswith("s3://"):
-        bucket, _, key = rest.partition("/")
-        if not bucket or not key:
-            raise ValueError("an s3 URI needs a bucket and a key: s3://bucket/key")
-    return uri
 
 
 class SynthesisRequest(BaseModel):
@@ -215,11 +212,11 @@ class SynthesisRequest(BaseModel):
 
     @field_validator("prompt_audio")
     @classmethod
-    def _check_prompt_audio(cls, value: str | None) -> str | None:
+    def _check_prompt_audio(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
         try:
-            return check_prompt_uri(value)
+            return check_prompt_uri(value, _limits(info).max_output_key_chars)
         except ValueError as e:
             raise _rule(str(e)) from e
 
@@ -269,7 +266,13 @@ class SynthesisRequest(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _check_metadata(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise _rule("not valid UTF-8 (an unpaired surrogate)") from None
+        except (ValueError, RecursionError):  # NaN/Infinity, an int too long to print
+            raise _rule("not representable as JSON (NaN, Infinity or a huge number)") from None
         limit = _limits(info).max_metadata_bytes
         if size > limit:
             raise _rule(f"{size:,} bytes as JSON, limit {limit:,}")
@@ -283,6 +286,27 @@ class SynthesisRequest(BaseModel):
         return self
 
 
+def instruction_problem(mode: str, instruction: str | None) -> str | None:
+    """The mode/instruction rule (the engine applies the same one): "field: rule" or None."""
+    if mode == "instruct2" and (instruction is None or not instruction.strip()):
+        return "instruction: required by mode instruct2"
+    if mode != "instruct2" and instruction is not None:
+        return f"instruction: only used by mode instruct2 (mode is {mode})"
+    return None
+
+
+def voice_label(request: SynthesisRequest) -> str:
+    """How logs and status displays name a request's voice (never its audio or text)."""
+    if request.voice is not None:
+        return request.voice
+    return "inline prompt" if request.prompt_audio is not None else DEFAULT_VOICE
+
+
+def retry_intervals(max_retries: int, base_s: float) -> list[int]:
+    """Seconds before retry k (1-based): base * 2**(k-1), whole seconds as RQ stores them."""
+    return [max(0, round(base_s * 2**k)) for k in range(max_retries)]
+
+
 def _combination_problems(request: SynthesisRequest) -> list[str]:
     """Rules across fields, each phrased "field: rule"."""
     problems = []
@@ -292,12 +316,13 @@ def _combination_problems(request: SynthesisRequest) -> list[str]:
         problems.append("prompt_text: only used with prompt_audio (a voice has its transcript)")
     if request.mode == "zero_shot" and request.prompt_audio and request.prompt_text is None:
         problems.append("prompt_text: required by mode zero_shot with prompt_audio")
-    if request.mode == "instruct2" and request.instruction is None:
-        problems.append("instruction: required by mode instruct2")
-    if request.mode != "instruct2" and request.instruction is not None:
-        problems.append(f"instruction: only used by mode instruct2 (mode is {request.mode})")
+    if (problem := instruction_problem(request.mode, request.instruction)) is not None:
+        problems.append(problem)
     if request.sample_format == "float32" and request.format != "wav":
         problems.append(f"sample_format: float32 needs format wav (format is {request.format})")
+    if request.format == "opus" and request.sample_rate not in OPUS_SAMPLE_RATES:
+        rates = ", ".join(str(rate) for rate in OPUS_SAMPLE_RATES)
+        problems.append(f"sample_rate: format opus takes {rates} Hz (got {request.sample_rate})")
     if request.output_key is not None:
         suffix = request.output_key.rsplit("/", 1)[-1].rpartition(".")[2]
         if suffix in AUDIO_FORMATS and suffix != request.format:

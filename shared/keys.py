@@ -22,24 +22,12 @@ QUEUE_BY_PRIORITY: dict[str, str] = {
 QUEUES_IN_PRIORITY_ORDER: tuple[str, ...] = (QUEUE_HIGH, QUEUE_DEFAULT, QUEUE_LOW)
 
 PREFIX = "cosyq:"
-IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(idempotency key) -> "<job id> <request hash>"
-VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (issue 4)
+IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(key) -> "<job id> <reserved at>" (TTL)
+VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
-WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash (see WORKER_STATS_FIELDS)
+WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
-
-# Fields of a worker-stats hash, as the worker publishes them and `cosyq status` reads them.
-WORKER_STATS_FIELDS = (
-    "pid",
-    "rss_mb",
-    "jobs_done",
-    "state",
-    "current_job",
-    "backend",
-    "device",
-    "started_at",
-)
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
 SYNTHESIZE_FUNCTION = "workers.tasks.synthesize"
@@ -47,6 +35,8 @@ ADD_VOICE_FUNCTION = "workers.tasks.add_voice"
 
 # job.meta keys
 ERROR_META_KEY = "cosyq_error"  # {"kind": ..., "message": ...} written by the worker on failure
+LAST_ERROR_META_KEY = "cosyq_last_error"  # why the previous attempt of a retried job failed
+ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
 SUBMIT_META_KEY = "cosyq_submit"  # what the producer recorded at submit time (no text)
 
 

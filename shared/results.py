@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-AudioFormat = Literal["wav", "flac", "ogg"]
-AUDIO_FORMATS: tuple[str, ...] = ("wav", "flac", "ogg")
+AudioFormat = Literal["wav", "flac", "ogg", "mp3", "opus"]
+AUDIO_FORMATS: tuple[str, ...] = ("wav", "flac", "ogg", "mp3", "opus")
 SampleFormat = Literal["pcm16", "float32"]
 FailureKind = Literal["invalid_request", "storage", "transient", "worker_died", "internal"]
 
@@ -28,6 +28,7 @@ class StageTimings(BaseModel):
     llm_s: float = Field(0.0, ge=0)
     flow_s: float = Field(0.0, ge=0)
     hift_s: float = Field(0.0, ge=0)
+    join_s: float = Field(0.0, ge=0)  # the pieces' fades and pauses (assembly)
     encode_s: float = Field(0.0, ge=0)
     store_s: float = Field(0.0, ge=0)
     total_s: float = Field(0.0, ge=0)  # started -> result returned

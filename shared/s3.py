@@ -102,6 +102,15 @@ class S3Access:
         except Exception as e:
             raise _translate(e, uri, "read") from e
 
+    def open(self, bucket: str, key: str, uri: str) -> tuple[Any, int]:
+        """An object's streaming body (`iter_chunks`, `close`) and its size, for relaying it
+        without holding it in memory (the HTTP front's audio downloads)."""
+        try:
+            response = self.client().get_object(Bucket=bucket, Key=key)
+            return response["Body"], int(response.get("ContentLength") or 0)
+        except Exception as e:
+            raise _translate(e, uri, "read") from e
+
 
 class _TooLargeError(Exception):
     def __init__(self, size: int) -> None:

@@ -21,6 +21,8 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import SettingsError
+from shared.prompt_uris import prompt_root
+from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
 
 ENV_PREFIX = "COSYQ_"
 DEFAULT_ENV_FILE = ".env"
@@ -34,7 +36,7 @@ NON_SETTINGS_VARIABLES = frozenset(
     }
 )
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 STORAGE_SCHEMES = ("file", "s3")
 
 
@@ -71,7 +73,8 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
         repr=False,  # may hold a password
-        description="Redis URL: redis://, rediss:// (TLS) or unix://; user:password@ for ACLs",
+        description="Redis URL: redis://, rediss:// (TLS), unix:// or redis+sentinel://"
+        "host:port[,host:port]/service[/db]; user:password@ for ACLs",
     )
     redis_connect_timeout_s: float = Field(5.0, gt=0, description="Redis connect timeout")
     redis_socket_timeout_s: float | None = Field(
@@ -79,6 +82,15 @@ class Settings(BaseSettings):
     )
     redis_health_check_interval_s: int = Field(
         30, ge=0, description="PING an idle Redis connection before reuse after this long"
+    )
+    redis_wait_replicas: int = Field(
+        0,
+        ge=0,
+        description="a worker starts a job only once its attempt is on this many replicas"
+        " (Sentinel: 1 makes attempt counts exact across a failover)",
+    )
+    redis_wait_timeout_s: float = Field(
+        1.0, gt=0, description="longest wait for those replicas before the job is put back"
     )
     redis_ssl_ca_certs: Path | None = Field(
         None, description="CA bundle for rediss:// servers with a private CA"
@@ -121,6 +133,11 @@ class Settings(BaseSettings):
     start_failure_ttl_s: int = Field(
         3600, gt=0, description="how long `cosyq status` shows a worker's start-up failure"
     )
+    prompt_roots: str | None = Field(
+        None,
+        description="comma-separated file:///folders and s3://bucket/prefixes a worker reads "
+        "prompt_audio from (unset: the model dir and the storage URL)",
+    )
 
     # Model and backend (worker)
     model_dir: Path | None = Field(None, description="a CosyVoice2-0.5B-layout model folder")
@@ -144,7 +161,7 @@ class Settings(BaseSettings):
         description="longest wait for another worker's Core ML compile (an ANE compile: ~2 min)",
     )
     engine: str = Field(
-        "workers.pipeline:load_engine",
+        "workers.service.engine_loading:engine_from_settings",
         description="dotted factory(settings) -> engine (operator config; tests use doubles)",
     )
     hash_cache_dir: Path = Field(
@@ -199,6 +216,12 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(
         86400, gt=0, description="how long an idempotency key maps to its first job"
     )
+    idempotency_claim_grace_s: float = Field(
+        60.0,
+        ge=0,
+        description="how long a new idempotency key counts as taken before its job exists "
+        "(a submit in flight); after it, a key whose job was deleted or expired is free",
+    )
     job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
     result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
     failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
@@ -211,6 +234,25 @@ class Settings(BaseSettings):
     )
     wait_timeout_s: float = Field(
         3600.0, gt=0, description="default wait for results (result(), cosyq --wait, say)"
+    )
+
+    # HTTP front (`cosyq serve`, extra cosyq[http])
+    api_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated bearer keys of the HTTP front (unset: loopback only)",
+    )
+    http_wait_timeout_s: float = Field(
+        60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"
+    )
+    http_max_body_bytes: int = Field(
+        2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
+    )
+    http_max_upload_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="largest voice upload (POST /v1/audio/voices)"
+    )
+    http_max_batch: int = Field(1000, gt=0, description="most requests in one POST /v1/jobs:batch")
+    http_retry_after_s: int = Field(
+        5, ge=0, description="the Retry-After of a 429 (a queue at COSYQ_MAX_QUEUE_DEPTH)"
     )
 
     # Worker processes
@@ -252,6 +294,8 @@ class Settings(BaseSettings):
         scheme = urlsplit(value).scheme
         if scheme not in REDIS_SCHEMES:
             raise ValueError(f"scheme must be one of {', '.join(REDIS_SCHEMES)} (got {scheme!r})")
+        if scheme == SENTINEL_SCHEME:
+            parse_sentinel_url(value)  # a ValueError names the part that is wrong
         return value
 
     @field_validator("storage_url")
@@ -266,6 +310,15 @@ class Settings(BaseSettings):
             raise ValueError("an s3 URL needs a bucket: s3://bucket/prefix")
         return value
 
+    @field_validator("prompt_roots")
+    @classmethod
+    def _check_prompt_roots(cls, value: str | None) -> str | None:
+        if value is not None:
+            for part in value.split(","):
+                if part.strip():
+                    prompt_root(part.strip())
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _check_log_level(cls, value: str) -> str:
@@ -278,7 +331,17 @@ class Settings(BaseSettings):
     def _check_heartbeat(self) -> Settings:
         if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_ttl_s must be longer than heartbeat_interval_s")
+        if self.redis_wait_replicas and self.redis_wait_timeout_s >= self.heartbeat_ttl_s / 2:
+            raise ValueError(
+                "redis_wait_timeout_s must be shorter than heartbeat_ttl_s / 2 (the read "
+                "timeout of the worker's housekeeping client, which sends the WAIT)"
+            )
         return self
+
+    def api_key_list(self) -> tuple[str, ...]:
+        """The HTTP front's accepted bearer keys (COSYQ_API_KEYS split at commas)."""
+        raw = self.api_keys.get_secret_value() if self.api_keys is not None else ""
+        return tuple(key.strip() for key in raw.split(",") if key.strip())
 
     def redacted_redis_url(self) -> str:
         """The Redis URL with any password replaced by ***, for logs and `cosyq status`."""
@@ -294,7 +357,10 @@ def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: A
         for error in e.errors():
             field = ".".join(str(part) for part in error["loc"]) or "settings"
             name = ENV_PREFIX + field.upper() if field in Settings.model_fields else field
-            problems.append(f"{name}: {error['msg']} (got {error.get('input')!r})")
+            given = error.get("input")
+            if field == "redis_url" and isinstance(given, str):
+                given = redact_url(given)  # never echo a password
+            problems.append(f"{name}: {error['msg']} (got {given!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from e
 
 

@@ -38,11 +38,10 @@ from shared.errors import (
     PromptUnreadableError,
     UnknownVoiceError,
 )
-from shared.jobs import VOICE_NAME_RE
+from shared.jobs import DEFAULT_VOICE, VOICE_NAME_RE
 from shared.text_markup import MarkupError, parse_markup
 
 PROFILE_FORMAT = 1  # bump when the stored layout changes
-DEFAULT_VOICE = "default"  # the model directory's prompt.wav/prompt.txt: never stored here
 MIN_PROMPT_SAMPLE_RATE = 16000  # the prompt models work at 16 kHz; nothing is upsampled
 MIN_PROMPT_SECONDS = 0.5  # shorter gives at most a dozen speech tokens: too little voice to copy
 PROMPT_SILENCE_DBFS = -60.0  # RMS below this (re full scale) counts as silence

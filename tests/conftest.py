@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from shared.errors import CosyqError
-from workers.local_redis import LocalRedis, free_port
+from workers.tools.local_redis import LocalRedis, free_port
 
 __all__ = ["RedisServer", "free_port"]
 
@@ -74,7 +74,7 @@ def reference_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight model in the official layout, written once per session."""
-    from workers.model.tiny import write_tiny_model  # noqa: PLC0415 (torch only when used)
+    from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415 (torch only when used)
 
     root = tmp_path_factory.mktemp("tiny-model")
     write_tiny_model(root)
@@ -84,7 +84,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The real torch engine on the tiny model (cpu, fp32), loaded once per session."""
-    from workers.pipeline import build_engine  # noqa: PLC0415
+    from workers.engine.pipeline import build_engine  # noqa: PLC0415
 
     return build_engine(
         tiny_model_dir, device="cpu", hash_cache_dir=tmp_path_factory.mktemp("hashes")

@@ -13,11 +13,11 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "workers.worker_cli",
-    "workers.model.cli",
-    "workers.deploy_cli",
-    "workers.bench.cli",
-    "workers.coreml.cli",
+    "workers.service.commands",
+    "workers.tools.model_cli",
+    "workers.tools.deploy_cli",
+    "workers.tools.bench.cli",
+    "workers.coreml.convert.cli",
 )
 
 

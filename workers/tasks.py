@@ -18,21 +18,21 @@ import structlog
 from rq import get_current_job
 from rq.job import Job
 
+from shared import keys
 from shared.audio import EncodedAudio, encode_audio
-from shared.jobs import SynthesisRequest, validate_request
+from shared.errors import InvalidRequestError
+from shared.jobs import SynthesisRequest, validate_request, voice_label
 from shared.logs import get_logger, job_context, log_synthesis_finished
+from shared.prompt_uris import PromptRoots, check_prompt_uri
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
-from workers import voice_profiles
-from workers.engine_api import SynthesisInput, SynthesisOutput, VoicePrompt
-from workers.runtime import WorkerRuntime, current_runtime
+from workers.engine.api import SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.service import metrics
-from workers.voices import DEFAULT_VOICE
+from workers.service.job_runtime import WorkerRuntime, current_runtime
+from workers.voices import profiles as voice_profiles
 
 log = get_logger(__name__)
-
-ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class JobContext:
 
     @classmethod
     def from_job(cls, job: Job) -> JobContext:
-        attempt = job.meta.get(ATTEMPT_META_KEY, 1)
+        attempt = job.meta.get(keys.ATTEMPT_META_KEY, 1)
         return cls(
             job_id=job.id,
             queue=job.origin,
@@ -87,6 +87,7 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
         attempt=context.attempt,
         voice=name,
     ):
+        check_readable_prompt(runtime, prompt_audio)
         summary = voice_profiles.add_voice(
             runtime.engine,
             runtime.storage,
@@ -112,7 +113,9 @@ def run_synthesis(
     ):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
-        structlog.contextvars.bind_contextvars(voice=_voice_label(request))
+        if request.prompt_audio is not None:
+            check_readable_prompt(runtime, request.prompt_audio)
+        structlog.contextvars.bind_contextvars(voice=voice_label(request))
         prompt = runtime.voices.resolve(request)
         voice_s = time.perf_counter() - started
         output = runtime.engine.synthesize(_engine_input(request, prompt))
@@ -133,6 +136,7 @@ def run_synthesis(
             llm_s=output.stage_seconds.get("llm", 0.0),
             flow_s=output.stage_seconds.get("flow", 0.0),
             hift_s=output.stage_seconds.get("hift", 0.0),
+            join_s=output.stage_seconds.get("join", 0.0),
             encode_s=encoded_at - synthesized,
             store_s=finished - encoded_at,
             total_s=finished - started,
@@ -150,10 +154,15 @@ def run_synthesis(
         return result
 
 
-def _voice_label(request: SynthesisRequest) -> str:
-    if request.prompt_audio is not None:
-        return "inline"
-    return request.voice or DEFAULT_VOICE
+def check_readable_prompt(runtime: WorkerRuntime, uri: object) -> None:
+    """The worker's own gate for prompt audio: a well-formed URI under COSYQ_PROMPT_ROOTS."""
+    if not isinstance(uri, str):
+        raise InvalidRequestError("prompt_audio: must be a file:// or s3:// URI string")
+    try:
+        check_prompt_uri(uri, runtime.limits.max_output_key_chars)
+    except ValueError as e:
+        raise InvalidRequestError(f"prompt_audio: {e}") from None
+    PromptRoots.from_settings(runtime.settings).check(uri)
 
 
 def _store(
@@ -209,7 +218,9 @@ def _result(
     timings: StageTimings,
 ) -> SynthesisResult:
     identity = runtime.engine.identity
-    synthesis_s = timings.frontend_s + timings.llm_s + timings.flow_s + timings.hift_s
+    synthesis_s = sum(
+        (timings.frontend_s, timings.llm_s, timings.flow_s, timings.hift_s, timings.join_s)
+    )
     if synthesis_s <= 0:  # an engine that reports no stages: use the wall time up to encoding
         synthesis_s = max(0.0, timings.total_s - timings.encode_s - timings.store_s)
     return SynthesisResult(

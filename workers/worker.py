@@ -36,15 +36,17 @@ from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from workers import admission, control, host
-from workers.failures import JobError, classify
-from workers.lifecycle import WorkerLifecycle
-from workers.outage import REDIS_OUTAGE, OutageTolerantWorker, until_reachable, wait_for_redis
-from workers.reaper import LAST_ERROR_META_KEY
-from workers.recycling import RecyclePolicy, RecycleReason, RecycleTracker
-from workers.retries import apply_default_retries
-from workers.service import metrics, outcomes
-from workers.tasks import ATTEMPT_META_KEY
+from workers.service import admission, control, host, metrics, outcomes
+from workers.service.failures import JobError, classify
+from workers.service.lifecycle import WorkerLifecycle
+from workers.service.outage import (
+    REDIS_OUTAGE,
+    OutageTolerantWorker,
+    until_reachable,
+    wait_for_redis,
+)
+from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
+from workers.service.retries import apply_default_retries
 
 log = get_logger(__name__)
 
@@ -219,10 +221,15 @@ class CosyqWorker(OutageTolerantWorker):
         log.info("job_pushed_back", job_id=job.id, queue=queue.name)
 
     def _prepare_attempt(self, job: Job) -> None:
-        """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat."""
+        """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat.
+
+        A job requeued by hand (`rq requeue`, rq-dashboard, `cosyq failed --requeue`) keeps its
+        meta: its old failure is cleared here, and the attempt count goes on from where it was.
+        """
         job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
-        previous = job.meta.get(ATTEMPT_META_KEY, 0)
-        job.meta[ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
+        job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        job.meta.pop(keys.ERROR_META_KEY, None)
         apply_default_retries(
             job,
             max_retries=self.settings.max_retries,
@@ -292,7 +299,8 @@ class CosyqWorker(OutageTolerantWorker):
         retrying = job.should_retry and self._stopped_job_id != job.id
         self._outcome = "retried" if retrying else "failed"
         if error is not None:
-            job.meta[LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY] = error.as_meta()
+            meta_key = keys.LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY
+            job.meta[meta_key] = error.as_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
         record = super().handle_job_failure

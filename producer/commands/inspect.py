@@ -11,12 +11,16 @@ from rich.text import Text
 
 from producer.monitor import failed_jobs, queue_rows, requeue_failed, worker_rows
 from producer.tracking import JobStatus
+from shared.errors import JobNotFoundError
 from shared.start_failures import StartFailure, start_failures
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
 
+# `cosyq result` exit codes (2 is the CLI's own: usage or settings).
+EXIT_FAILED = 1
 EXIT_NOT_DONE = 3
+EXIT_NOT_FOUND = 4  # never submitted, or expired after its TTL
 
 
 def register(subparsers: Any) -> None:
@@ -31,15 +35,20 @@ def register(subparsers: Any) -> None:
     failed.set_defaults(handler=run_failed)
 
     result = subparsers.add_parser(
-        "result", help="a job's state and result as JSON (exit 3 while it is not done)"
+        "result",
+        help="a job's state and result as JSON",
+        description="Print a job's state and result as JSON. Exit status: 0 finished, 1 failed, "
+        "2 usage or settings error, 3 not done yet (queued, started, waiting for a retry), "
+        "4 no such job (never submitted, or expired).",
     )
     result.add_argument("job_id")
     result.add_argument("--wait", type=float, default=0.0, help="seconds to wait for it")
     result.set_defaults(handler=run_result)
 
 
-def _text(value: object) -> str:
-    return "-" if value is None or value == "" else str(value)
+def _text(value: object) -> Text:
+    """A table cell as plain text: rich must not read `[...]` in a reason as markup."""
+    return Text("-" if value is None or value == "" else str(value))
 
 
 def run_status(args: argparse.Namespace, context: CliContext) -> int:
@@ -55,7 +64,7 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
         table.add_column(name, justify="left" if index == 0 else "right", overflow="fold")
     for row in queues:
         cells = (row.queued, row.started, row.scheduled, row.deferred, row.finished, row.failed)
-        table.add_row(row.name, *(str(cell) for cell in cells))
+        table.add_row(Text(row.name), *(_text(cell) for cell in cells))
     context.out.print(table)
     table = Table(title=f"workers ({len(workers)})")
     for name in ("worker", "state", "current job", "jobs done", "RSS MB", "backend", "pid"):
@@ -65,7 +74,7 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
         rss = f"{worker.rss_mb:.0f}" if worker.rss_mb is not None else None
         state = worker.state if worker.registered else f"{worker.state} (not in RQ)"
         shown = (state, worker.current_job, worker.jobs_done, rss, backend, worker.pid)
-        table.add_row(worker.name, *(_text(cell) for cell in shown))
+        table.add_row(Text(worker.name), *(_text(cell) for cell in shown))
     context.out.print(table)
     if cannot_start:
         _print_start_failures(context, cannot_start)
@@ -87,7 +96,7 @@ def _print_start_failures(context: CliContext, rows: list[StartFailure]) -> None
             _clock(row.next_start_at),
             row.reason,
         )
-        table.add_row(Text(row.host), *(Text(_text(cell)) for cell in cells))
+        table.add_row(Text(row.host), *(_text(cell) for cell in cells))
     context.out.print(table)
 
 
@@ -103,7 +112,7 @@ def _print_failures(context: CliContext, failures: list[Any], title: str) -> Non
     for item in failures:
         ended = item.ended_at.strftime("%Y-%m-%d %H:%M:%S") if item.ended_at else None
         cells = (item.queue, ended, item.failure.kind, item.failure.message)
-        table.add_row(item.job_id, *(_text(cell) for cell in cells))
+        table.add_row(Text(item.job_id), *(_text(cell) for cell in cells))
     context.out.print(table)
 
 
@@ -142,11 +151,15 @@ def status_record(status: JobStatus) -> dict[str, Any]:
 
 def run_result(args: argparse.Namespace, context: CliContext) -> int:
     with context.make_client(context.settings) as client:
-        if args.wait > 0:
-            # Errors (failed, timeout) are reported below from the status itself.
-            client.wait_many([args.job_id], timeout=args.wait)
-        status = client.status(args.job_id)
+        try:
+            if args.wait > 0:
+                # Errors (failed, timeout) are reported below from the status itself.
+                client.wait_many([args.job_id], timeout=args.wait)
+            status = client.status(args.job_id)
+        except JobNotFoundError as e:
+            context.err.print(f"cosyq: {e}", markup=False)
+            return EXIT_NOT_FOUND
     context.out.print_json(json.dumps(status_record(status), ensure_ascii=False))
     if status.result is not None:
         return 0
-    return 1 if status.failure is not None else EXIT_NOT_DONE
+    return EXIT_FAILED if status.failure is not None else EXIT_NOT_DONE

@@ -54,7 +54,9 @@ def register(subparsers: Any) -> None:
     say.add_argument("text")
     say.add_argument("--voice", help="a registered voice (default: the model's 'default')")
     say.add_argument("--out", type=Path, help="write the audio here (format from the suffix)")
-    say.add_argument("--format", choices=AUDIO_FORMATS, help="wav, flac or ogg (default wav)")
+    say.add_argument(
+        "--format", choices=AUDIO_FORMATS, help="wav, flac, ogg, mp3 or opus (default wav)"
+    )
     say.add_argument("--mode", default="zero_shot", help="zero_shot, cross_lingual, instruct2")
     say.add_argument("--instruction", help="instruct2: how to speak")
     say.add_argument("--speed", type=float, default=1.0)
@@ -190,7 +192,7 @@ def say_request(args: argparse.Namespace) -> dict[str, Any]:
     if args.out is not None and args.out.suffix:
         suffix = args.out.suffix.lstrip(".").lower()
         if suffix not in AUDIO_FORMATS:
-            raise InvalidRequestError(f"--out: .{suffix} is not one of wav, flac, ogg")
+            raise InvalidRequestError(f"--out: .{suffix} is not one of {', '.join(AUDIO_FORMATS)}")
         if fmt is not None and fmt != suffix:
             raise InvalidRequestError(f"--out: .{suffix} does not match --format {fmt}")
         fmt = suffix

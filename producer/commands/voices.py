@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
+from rich.text import Text
 
 from shared.errors import InvalidRequestError
 from shared.voices import VoiceSummary
@@ -57,7 +58,7 @@ def _table(voices: list[VoiceSummary], title: str) -> Table:
         table.add_column(column, overflow="fold")
     table.add_column("transcript", overflow="fold")
     for voice in voices:
-        table.add_row(
+        cells = (
             voice.name,
             str(voice.speech_tokens),
             f"{voice.source_seconds:.2f}",
@@ -67,6 +68,7 @@ def _table(voices: list[VoiceSummary], title: str) -> Table:
             voice.created_at,
             _shorten(voice.transcript),
         )
+        table.add_row(*(Text(cell) for cell in cells))  # "[laughter]" is a tag, not markup
     return table
 
 

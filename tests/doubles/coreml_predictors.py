@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from workers.coreml.llm_graph import StatefulLLMGraph
+from workers.coreml.convert.llm_graph import StatefulLLMGraph
 from workers.coreml.stages import StageSpec
 
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workers.coreml.compress import load_mil_program
-from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.convert.compat import load_coremltools
+from workers.coreml.convert.compress import load_mil_program
 
 Args = dict[str, Any]
 OPS: dict[str, Callable[[Args, Any], Tensor]] = {}

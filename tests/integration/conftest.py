@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.s3_servers import AuthS3, RestartableS3, start_auth_s3
+from tests.doubles.s3_servers import AuthS3, RestartableS3, start_auth_s3
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from shared.errors import InvalidRequestError
-from workers.coreml.llm_graph import causal_mask
+from workers.coreml.convert.llm_graph import causal_mask
 from workers.model.llm import LLMConfig, Qwen2LM
 from workers.model.qwen2 import KVCache
 

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from shared.errors import ModelLoadError
-from workers.coreml.backend import COMPUTE_UNITS_DEVICE, MACOS_ONLY
 from workers.coreml.cache import COMPILE_LOCK_TIMEOUT_S, compiled_model_path
-from workers.coreml.ct_compat import load_coremltools
+from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.manifest import Manifest, check_packages, check_sources, read_manifest
+from workers.coreml.platform import COMPUTE_UNITS_DEVICE, MACOS_ONLY
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import (
     ALL_STAGES,

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from shared.errors import InvalidRequestError
-from workers.coreml.graphs import pack_cfm_frames
+from workers.coreml.convert.graphs import pack_cfm_frames
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_config import FlowConfig
 from workers.model.hift import HiFTOutput

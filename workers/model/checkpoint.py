@@ -8,6 +8,7 @@ the file and the offending keys instead of torch's generic message.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,12 +24,9 @@ def read_state_dict(path: Path, *, mmap: bool = True) -> dict[str, torch.Tensor]
     """Return the tensors stored in `path`, raising `ModelLoadError` that names the file."""
     if not path.is_file():
         raise ModelLoadError(f"{path}: file missing (expected a torch.save state_dict)")
-    try:
+    mmap = mmap and zipfile.is_zipfile(path)  # the legacy (non-zip) torch.save format cannot be
+    try:  # memory-mapped: read it into memory instead
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except RuntimeError as e:
-        if mmap and "mmap" in str(e):  # legacy (non-zip) torch.save format cannot be mapped
-            return read_state_dict(path, mmap=False)
-        raise ModelLoadError(f"{path}: not a readable torch checkpoint ({e})") from e
     except Exception as e:  # pickle errors, truncated zip, unsafe globals ...
         raise ModelLoadError(f"{path}: not a readable torch checkpoint ({e})") from e
     if not isinstance(obj, Mapping):

@@ -79,14 +79,6 @@ class ModelDirectory:
         return data
 
     @property
-    def default_prompt(self) -> tuple[Path, str] | None:
-        """The built-in prompt (audio path, transcript) if the directory carries one."""
-        audio, text = self.root / PROMPT_AUDIO, self.root / PROMPT_TEXT
-        if audio.is_file() and text.is_file():
-            return audio, text.read_text(encoding="utf-8").strip()
-        return None
-
-    @property
     def name(self) -> str:
         return self.root.resolve().name
 

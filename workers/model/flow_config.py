@@ -91,10 +91,6 @@ class EstimatorConfig:
     def time_embed_dim(self) -> int:
         return 4 * self.channels
 
-    @property
-    def attention_width(self) -> int:
-        return self.num_heads * self.attention_head_dim
-
 
 @dataclass(frozen=True)
 class CfmConfig:

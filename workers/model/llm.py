@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -41,10 +41,6 @@ class LLMConfig:
     @property
     def eos_token(self) -> int:
         return self.speech_token_size
-
-    @property
-    def fill_token(self) -> int:
-        return self.speech_token_size + 2
 
     @property
     def stop_tokens(self) -> tuple[int, ...]:
@@ -222,8 +218,26 @@ def build_llm(
     return model
 
 
+class SpeechLM(Protocol):
+    """What speech-token decoding needs of an LLM: `Qwen2LM`, or the Core ML runtime's stand-in."""
+
+    config: LLMConfig
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def speech_embedding(self) -> nn.Embedding: ...
+
+    def prefix_embeddings(
+        self, text: torch.Tensor, prompt_text: torch.Tensor, prompt_speech: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def step_logp(self, inputs_embeds: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+
 def iter_speech_tokens(
-    model: Qwen2LM,
+    model: SpeechLM,
     text: torch.Tensor | Sequence[int],
     *,
     prompt_text: torch.Tensor | Sequence[int] = (),
@@ -270,7 +284,7 @@ def iter_speech_tokens(
 
 @torch.inference_mode()
 def _decode(
-    model: Qwen2LM,
+    model: SpeechLM,
     *,
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     bounds: tuple[int, int],
@@ -302,27 +316,3 @@ def _decode(
         if step + 1 < max_len:
             embed = model.speech_embedding.weight[token].view(1, 1, -1)
             logp = model.step_logp(embed, cache)
-
-
-def generate_speech_tokens(
-    model: Qwen2LM,
-    text: torch.Tensor | Sequence[int],
-    *,
-    prompt_text: torch.Tensor | Sequence[int] = (),
-    prompt_speech: torch.Tensor | Sequence[int] = (),
-    generator: torch.Generator,
-    sampling: SamplingConfig | None = None,
-    forced_length: int | None = None,
-) -> list[int]:
-    """All speech tokens of `iter_speech_tokens` as a list."""
-    return list(
-        iter_speech_tokens(
-            model,
-            text,
-            prompt_text=prompt_text,
-            prompt_speech=prompt_speech,
-            generator=generator,
-            sampling=sampling,
-            forced_length=forced_length,
-        )
-    )

@@ -31,8 +31,10 @@ from prometheus_client.registry import Collector
 from rq.queue import Queue
 
 from shared import keys
+from shared.connection import redis_connection
 from shared.errors import SettingsError
 from shared.logs import get_logger
+from shared.settings import Settings
 
 log = get_logger(__name__)
 
@@ -205,16 +207,6 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
-def scrape_connection(connection: redis.Redis) -> redis.Redis:
-    """A separate client with a short read timeout, so a scrape never hangs on Redis."""
-    kwargs = dict(connection.connection_pool.connection_kwargs)
-    kwargs["socket_timeout"] = SCRAPE_SOCKET_TIMEOUT_S
-    pool = connection.connection_pool.__class__(
-        connection_class=connection.connection_pool.connection_class, **kwargs
-    )
-    return redis.Redis(connection_pool=pool)
-
-
 def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
     """Start the HTTP endpoint; a port that cannot be bound is a configuration error."""
     try:
@@ -228,14 +220,19 @@ def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
     return MetricsServer(server, thread, address)
 
 
-def worker_registry(connection: redis.Redis, queue_names: Iterable[str]) -> CollectorRegistry:
+def scrape_connection(settings: Settings) -> redis.Redis:
+    """A client of its own with a short read timeout, so a scrape never hangs on Redis."""
+    return redis_connection(settings, read_timeout_s=SCRAPE_SOCKET_TIMEOUT_S)
+
+
+def worker_registry(settings: Settings, queue_names: Iterable[str]) -> CollectorRegistry:
     """A lone worker's metrics: its own samples (in memory) and the queue depths."""
     registry = CollectorRegistry()
     if os.environ.get(MULTIPROC_ENV):  # an operator's multiprocess setup: read its folder
         MultiProcessCollector(registry, os.environ[MULTIPROC_ENV])
     else:
         registry.register(_DefaultRegistryView())
-    registry.register(QueueDepthCollector(scrape_connection(connection), list(queue_names)))
+    registry.register(QueueDepthCollector(scrape_connection(settings), list(queue_names)))
     return registry
 
 
@@ -243,12 +240,12 @@ def pool_registry(
     directory: str,
     lock: threading.Lock,
     waiting_slots: Callable[[], int],
-    connection: redis.Redis,
+    settings: Settings,
     queue_names: Iterable[str],
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(PoolCollector(directory, lock, waiting_slots))
-    registry.register(QueueDepthCollector(scrape_connection(connection), list(queue_names)))
+    registry.register(QueueDepthCollector(scrape_connection(settings), list(queue_names)))
     return registry
 
 

@@ -25,8 +25,8 @@ from rq.registry import StartedJobRegistry
 from rq.utils import as_text, parse_composite_key
 
 from shared.logs import get_logger
-from workers.outage import REDIS_RETRY_FIRST_S, refuse_or_wait
-from workers.reaper import release_job
+from workers.service.outage import REDIS_RETRY_FIRST_S, refuse_or_wait
+from workers.service.reaper import release_job
 
 log = get_logger(__name__)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from workers.coreml.manifest import Manifest
 from workers.model.flow_config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
-from workers.model.tiny import write_tiny_model
-from workers.model.tiny_config import TinySpec
+from workers.tools.fixtures.tiny import write_tiny_model
+from workers.tools.fixtures.tiny_config import TinySpec
 
 MICRO = TinySpec(
     flow_width=64,

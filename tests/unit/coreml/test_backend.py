@@ -11,7 +11,7 @@ import pytest
 from shared.errors import ModelLoadError
 from shared.settings import Settings
 from tests.unit.coreml.micro import Converted
-from workers.coreml.backend import coreml_dir_for, select_backend
+from workers.service.backend import coreml_dir_for, select_backend
 
 
 def settings(tmp_path: Path, **values: Any) -> Settings:
@@ -43,7 +43,7 @@ def test_auto_on_linux_picks_the_best_torch_device(
 
 
 def test_an_unavailable_torch_device_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ModelLoadError, match="COSYQ_DEVICE=cuda, but cuda is not available"):
+    with pytest.raises(ModelLoadError, match="COSYQ_DEVICE=cuda: cuda is not available"):
         select_backend(
             settings(tmp_path, backend="torch", device="cuda"),
             tmp_path,

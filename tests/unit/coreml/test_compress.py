@@ -11,16 +11,29 @@ import torch
 
 from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import Converted
-from workers.coreml.build import WEIGHTS_FILE, load_flow_and_hift
-from workers.coreml.compress import compress_model, decompressed_weights, load_into
-from workers.coreml.convert import convert_encoder
-from workers.coreml.ct_compat import load_coremltools
-from workers.coreml.graphs import flow_graphs
-from workers.coreml.options import ConvertOptions
-from workers.coreml.quality import Quality, bench_request, measure, synthesize, variant_modules
+from workers.coreml.convert.build import (
+    WEIGHTS_FILE,
+    load_flow_and_hift,
+)
+from workers.coreml.convert.compat import load_coremltools
+from workers.coreml.convert.compress import (
+    compress_model,
+    decompressed_weights,
+    load_into,
+)
+from workers.coreml.convert.graphs import flow_graphs
+from workers.coreml.convert.options import ConvertOptions
+from workers.coreml.convert.stages_convert import convert_encoder
 from workers.coreml.stages import ALL_STAGES, FLOW_ENCODER, HIFT_DECODE, stage_specs
 from workers.model.directory import ModelDirectory
 from workers.model.features import MelConfig
+from workers.tools.bench.coreml_quality import (
+    Quality,
+    bench_request,
+    measure,
+    synthesize,
+    variant_modules,
+)
 
 # The CFM compresses like the encoder but its unrolled 10-step program takes ~8 s per pass;
 # `bench quantization` covers it. hift_source is never compressed (float32 by design).

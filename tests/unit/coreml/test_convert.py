@@ -15,14 +15,14 @@ from torch import nn
 from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import MICRO_FLOW, Converted
 from workers.cli import main as worker_cli
-from workers.coreml.convert import convert_cfm, trace
-from workers.coreml.ct_compat import load_coremltools
-from workers.coreml.graphs import pack_cfm_frames
+from workers.coreml.convert.compat import load_coremltools
+from workers.coreml.convert.graphs import pack_cfm_frames
+from workers.coreml.convert.options import ConvertOptions
+from workers.coreml.convert.stages_convert import convert_cfm, trace
 from workers.coreml.manifest import MANIFEST_FILE, package_sha256, read_manifest
-from workers.coreml.options import ConvertOptions
 from workers.coreml.stages import ALL_STAGES, FLOW_CFM, HIFT_SOURCE, stage_specs
-from workers.model.bench_flow import random_flow
 from workers.model.directory import file_sha256
+from workers.tools.bench.flow_stage import random_flow
 
 
 def package_spec(path: Path) -> Any:

@@ -15,12 +15,12 @@ import torch
 
 from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import Converted
-from workers.coreml.build import load_flow_and_hift
-from workers.coreml.ct_compat import load_coremltools
-from workers.coreml.quality import bench_request, snr_db, synthesize
+from workers.coreml.convert.build import load_flow_and_hift
+from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.hift import HiFTGenerator
+from workers.tools.bench.coreml_quality import bench_request, snr_db, synthesize
 
 Modules = tuple[CausalMaskedDiffWithXvec, HiFTGenerator]
 FP16_MEL_L1 = 0.02  # mean |Δ log-mel|, fp16 flow vs float32: 7e-4 measured, 0.23 with ids and

@@ -14,21 +14,21 @@ import pytest
 import torch
 
 from tests.doubles.coreml_predictors import TorchPredictor
-from workers.coreml.convert import trace
-from workers.coreml.graphs import flow_graphs, hift_graphs
+from workers.coreml.convert.graphs import flow_graphs, hift_graphs
+from workers.coreml.convert.stages_convert import trace
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE, stage_specs
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import build_flow
 from workers.model.flow_config import FlowConfig
-from workers.model.parity import ReferenceSet
-from workers.model.reference_flow import MEL_TOL
-from workers.model.reference_hift import (
+from workers.tools.reference.flow import MEL_TOL
+from workers.tools.reference.hift import (
     SOURCE_ATOL,
     WAV_ATOL,
     _stored_noise,  # the stored draws as our inputs; shared with the HiFT parity check
     load_reference_hift,
 )
+from workers.tools.reference.parity import ReferenceSet
 
 
 @pytest.fixture(scope="module")

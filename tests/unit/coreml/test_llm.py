@@ -12,21 +12,24 @@ import torch
 from shared.errors import InvalidRequestError
 from tests.doubles.coreml_predictors import TorchStatefulPredictor
 from tests.doubles.mil_interpreter import MILPredictor
-from workers.coreml.build import convert_llm_package, write_manifest
-from workers.coreml.ct_compat import load_coremltools
-from workers.coreml.llm_convert import convert_llm
-from workers.coreml.llm_graph import StatefulLLMGraph
+from workers.coreml.convert.build import (
+    convert_llm_package,
+    write_manifest,
+)
+from workers.coreml.convert.compat import load_coremltools
+from workers.coreml.convert.llm_convert import convert_llm
+from workers.coreml.convert.llm_graph import StatefulLLMGraph
+from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.manifest import package_sha256, read_manifest
-from workers.coreml.options import ConvertOptions
 from workers.coreml.stages import LLM, LLM_DECODE, LLM_PREFILL, llm_specs
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
 from workers.model.llm import Qwen2LM, iter_speech_tokens
 from workers.model.loader import load_model
-from workers.model.parity import ReferenceSet
 from workers.model.qwen2 import KVCache
-from workers.model.reference_llm import LOGITS_TOLERANCE, load_reference_llm, step_logps
+from workers.tools.reference.llm import LOGITS_TOLERANCE, load_reference_llm, step_logps
+from workers.tools.reference.parity import ReferenceSet
 
 CAPACITY = 64
 

@@ -15,16 +15,19 @@ import pytest
 import torch
 
 from tests.unit.coreml.micro import MICRO_FLOW, Converted
-from workers.coreml.build import convert_model_dir, load_flow_and_hift
-from workers.coreml.convert import convert_cfm
-from workers.coreml.ct_compat import load_coremltools
-from workers.coreml.graphs import pack_cfm_frames
+from workers.coreml.convert.build import (
+    convert_model_dir,
+    load_flow_and_hift,
+)
+from workers.coreml.convert.compat import load_coremltools
+from workers.coreml.convert.graphs import pack_cfm_frames
+from workers.coreml.convert.options import ConvertOptions
+from workers.coreml.convert.stages_convert import convert_cfm
 from workers.coreml.loader import load_coreml_stages
-from workers.coreml.options import ConvertOptions
-from workers.coreml.quality import bench_request, snr_db, synthesize
-from workers.model.bench_flow import random_flow
 from workers.model.loader import load_model
 from workers.model.qwen2 import KVCache
+from workers.tools.bench.coreml_quality import bench_request, snr_db, synthesize
+from workers.tools.bench.flow_stage import random_flow
 
 pytestmark = [
     pytest.mark.macos,

@@ -14,14 +14,12 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from shared.settings import Settings
 from tests.doubles.coreml_predictors import TorchPredictor, TorchStatefulPredictor
 from tests.unit.coreml.micro import Converted
-from workers.coreml.backend import BackendChoice
-from workers.coreml.build import load_flow_and_hift
-from workers.coreml.engine import coreml_engine
-from workers.coreml.graphs import flow_graphs, hift_graphs
-from workers.coreml.llm_graph import StatefulLLMGraph
+from workers.coreml.convert.build import load_flow_and_hift
+from workers.coreml.convert.graphs import flow_graphs, hift_graphs
+from workers.coreml.convert.llm_graph import StatefulLLMGraph
+from workers.coreml.engine import CoreMLPlacement, coreml_engine
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.loader import CoreMLStages
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
@@ -35,13 +33,13 @@ from workers.coreml.stages import (
     llm_specs,
     stage_specs,
 )
-from workers.engine_api import SynthesisInput, VoicePrompt
+from workers.engine.api import SynthesisInput, VoicePrompt
+from workers.engine.pipeline import build_engine
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.hift import HiFTGenerator
 from workers.model.hift_source import draw_source_noise
 from workers.model.loader import load_model
-from workers.pipeline import build_engine
 
 Modules = tuple[CausalMaskedDiffWithXvec, HiFTGenerator]
 
@@ -183,9 +181,8 @@ def test_the_engine_on_core_ml_stages_synthesizes_like_the_torch_engine(
     stages = CoreMLStages(
         coreml_flow(flow), coreml_hift(hift), converted.manifest, "CPU_ONLY", coreml_llm
     )
-    settings = Settings(_env_file=None, model_dir=micro_model_dir, backend="coreml")
-    choice = BackendChoice("coreml", "cpu", "test", "cpu", "CPU_ONLY", converted.out_dir)
-    engine = coreml_engine(settings, micro_model_dir, choice, stages)
+    placement = CoreMLPlacement("cpu", "cpu", "CPU_ONLY", converted.out_dir)
+    engine = coreml_engine(micro_model_dir, placement, stages)
     assert (engine.identity.backend, engine.identity.device) == ("coreml", "cpu")
     reference = build_engine(micro_model_dir, device="cpu")
     prompt = VoicePrompt(

@@ -13,15 +13,15 @@ import torch
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.features import MelConfig, prompt_mel, whisper_log_mel
-from workers.model.parity import ArrayCheck, ReferenceSet
 from workers.model.prompt_features import extract_prompt_features
-from workers.model.reference_features import check_features
 from workers.model.resample import (
     resample,
     resampled_length,
     sinc_resample_kernel,
 )
 from workers.model.yaml_plain import load_plain_yaml
+from workers.tools.reference.features import check_features
+from workers.tools.reference.parity import ArrayCheck, ReferenceSet
 
 
 @pytest.fixture(scope="module")

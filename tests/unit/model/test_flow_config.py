@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from shared.errors import ModelLoadError
-from workers.model.bench_flow import random_flow
 from workers.model.flow_config import EstimatorConfig, FlowConfig, FlowEncoderConfig
-from workers.model.parity import ReferenceSet
 from workers.model.yaml_plain import load_plain_yaml
+from workers.tools.bench.flow_stage import random_flow
+from workers.tools.reference.parity import ReferenceSet
 
 # The flow section of an upstream-format cosyvoice2.yaml (the published model's values).
 FLOW_YAML = """\

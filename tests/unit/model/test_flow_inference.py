@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.bench_flow import random_flow
 from workers.model.flow import CausalMaskedDiffWithXvec, make_noise
 from workers.model.flow_config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
-from workers.model.parity import ReferenceSet
-from workers.model.reference_flow import load_reference_flow
+from workers.tools.bench.flow_stage import random_flow
+from workers.tools.reference.flow import load_reference_flow
+from workers.tools.reference.parity import ReferenceSet
 
 
 @pytest.fixture(scope="module")

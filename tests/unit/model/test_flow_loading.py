@@ -11,7 +11,7 @@ from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import build_flow
 from workers.model.flow_config import FlowConfig
-from workers.model.parity import ReferenceSet
+from workers.tools.reference.parity import ReferenceSet
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,14 @@ import torch
 
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_config import FlowConfig
-from workers.model.parity import ArrayCheck, ReferenceSet
-from workers.model.reference_flow import (
+from workers.tools.reference.flow import (
     check_flow,
     check_flow_full_keys,
     compare_flow,
     flow_key_differences,
     load_reference_flow,
 )
+from workers.tools.reference.parity import ArrayCheck, ReferenceSet
 
 EXPECTED_ARRAYS = [
     "spk_proj",

@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from shared.errors import ModelLoadError
-from workers.model.bench_hift import bench_hift
 from workers.model.checkpoint import read_state_dict
 from workers.model.hift import HiFTGenerator, build_hift, normalize_hift_keys
 from workers.model.hift_config import HiFTConfig
 from workers.model.hift_layers import fold_weight_norm
 from workers.model.hift_source import draw_source_noise, sine_waves_audio_rate
 from workers.model.istft import ConvISTFT, SourceSTFT, torch_istft
-from workers.model.parity import ArrayCheck, ReferenceSet
-from workers.model.reference_hift import check_hift, check_hift_full_keys
 from workers.model.yaml_plain import load_plain_yaml
+from workers.tools.bench.hift_stage import bench_hift
+from workers.tools.reference.hift import check_hift, check_hift_full_keys
+from workers.tools.reference.parity import ArrayCheck, ReferenceSet
 
 WEIGHT_NORMED_CONVS = 82  # README: conv_pre, 3 ups, 9+3 resblocks x 6, conv_post, 5 f0 convs
 

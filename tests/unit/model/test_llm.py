@@ -12,13 +12,13 @@ from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
 from workers.model.cpu_linear import onednn_available
 from workers.model.llm import LLMConfig, Qwen2LM, build_llm
-from workers.model.parity import ReferenceSet
-from workers.model.reference_llm import (
+from workers.tools.reference.llm import (
     ARRAYS,
     check_llm,
     check_llm_full_keys,
     llm_checks,
 )
+from workers.tools.reference.parity import ReferenceSet
 
 KERNELS = [
     "torch",

@@ -8,17 +8,16 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError, ModelLoadError
-from workers.model.bench_llm import bench_llm, build_random_llm, format_table
 from workers.model.cpu_linear import default_linear_kernel, set_linear_kernel
 from workers.model.llm import (
     LLMConfig,
     Qwen2LM,
-    generate_speech_tokens,
     iter_speech_tokens,
 )
 from workers.model.llm_sampling import SamplingConfig, nucleus_size, ras_sampling
 from workers.model.qwen2 import KVCache, Qwen2Config
 from workers.model.yaml_plain import load_plain_yaml
+from workers.tools.bench.llm_stage import bench_llm, build_random_llm, format_table
 
 QWEN = {
     "hidden_size": 32,
@@ -57,13 +56,15 @@ def with_stop_bias(model: Qwen2LM, biases: dict[int, float]) -> Qwen2LM:
 
 
 def generate(model: Qwen2LM, seed: int, text: int = 3, **kw) -> list[int]:
-    return generate_speech_tokens(
-        model,
-        list(range(1, text + 1)),
-        prompt_text=[7, 8],
-        prompt_speech=[5, 6, 7],
-        generator=torch.Generator().manual_seed(seed),
-        **kw,
+    return list(
+        iter_speech_tokens(
+            model,
+            list(range(1, text + 1)),
+            prompt_text=[7, 8],
+            prompt_speech=[5, 6, 7],
+            generator=torch.Generator().manual_seed(seed),
+            **kw,
+        )
     )
 
 
@@ -93,8 +94,10 @@ def test_generation_stops_at_max_length(model: Qwen2LM) -> None:
 
 def test_prompt_text_does_not_count_towards_length_bounds(model: Qwen2LM) -> None:
     never = with_stop_bias(model, {SPEECH: -100.0, SPEECH + 1: -100.0, SPEECH + 2: -100.0})
-    tokens = generate_speech_tokens(
-        never, [1], prompt_text=list(range(10)), generator=torch.Generator().manual_seed(0)
+    tokens = list(
+        iter_speech_tokens(
+            never, [1], prompt_text=list(range(10)), generator=torch.Generator().manual_seed(0)
+        )
     )
     assert len(tokens) == 20
 

@@ -1,0 +1,58 @@
+"""`cosyq serve [--host 127.0.0.1] [--port 8000] [--workers N]`: the HTTP front, under uvicorn.
+
+FastAPI and uvicorn come with the extra `cosyq[http]` and are imported only here, when the
+command runs. Without COSYQ_API_KEYS the server binds loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from producer.http_bind import check_bind
+from shared.errors import SettingsError
+
+if TYPE_CHECKING:
+    from producer.cli import CliContext
+
+FACTORY = "producer.http.app:app_from_environment"
+HTTP_MODULES = ("fastapi", "uvicorn", "multipart")
+
+
+def register(subparsers: Any) -> None:
+    serve = subparsers.add_parser(
+        "serve", help="the HTTP front: OpenAI-compatible /v1/audio/speech and a jobs API"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
+    serve.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace, context: CliContext) -> int:
+    missing = [name for name in HTTP_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SettingsError(
+            f"cosyq serve needs the http extra ({', '.join(missing)} missing): "
+            "pip install 'cosyq[http]'"
+        )
+    if not 0 < args.port < 65536 or args.workers < 1:
+        raise SettingsError(f"--port {args.port} / --workers {args.workers}: out of range")
+    check_bind(args.host, context.settings.api_key_list())
+    import uvicorn  # noqa: PLC0415 (the http extra, only for this command)
+
+    env_file = args.env_file if args.env_file and Path(args.env_file).is_file() else None
+    uvicorn.run(
+        FACTORY,
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        env_file=env_file,
+        log_config=None,  # our structlog setup (configured by the factory)
+        access_log=False,  # our one line per request (middleware.AccessLog)
+        server_header=False,
+    )
+    return 0

@@ -1,0 +1,99 @@
+"""What the routes share: settings, one `CosyqClient`, an asyncio Redis client, the storage.
+
+Submitting and status reads go through the same `CosyqClient` as every Python producer (run in
+the thread pool: it is synchronous). Waiting is asyncio: a request that waits for its job, or
+relays its stream, holds no thread, only a Redis connection blocked in XREAD.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from fastapi import Request
+from rq.job import Job
+from rq.results import Result
+
+from producer.client import CosyqClient
+from producer.tracking import TERMINAL_STATES
+from shared.errors import JobNotFoundError, ResultTimeoutError
+from shared.s3 import S3Access
+from shared.settings import Settings
+from shared.storage import Storage, open_storage
+
+WAKE_EVERY_S = 1.0  # re-read the state at least this often (a reaped job writes no result)
+
+
+def async_redis(settings: Settings) -> aioredis.Redis:
+    """The asyncio twin of shared.connection.redis_connection (same URL and timeouts)."""
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout_s,
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "health_check_interval": settings.redis_health_check_interval_s,
+    }
+    if urlsplit(settings.redis_url).scheme == "rediss" and settings.redis_ssl_ca_certs:
+        options["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
+    return aioredis.Redis.from_url(settings.redis_url, **options)
+
+
+@dataclass
+class FrontContext:
+    settings: Settings
+    client: CosyqClient
+    aredis: aioredis.Redis
+    storage: Storage
+    s3: S3Access  # one boto3 client, made on first use, for relaying S3 objects
+
+    @classmethod
+    def create(cls, settings: Settings, client: CosyqClient | None = None) -> FrontContext:
+        return cls(
+            settings=settings,
+            client=client if client is not None else CosyqClient(settings),
+            aredis=async_redis(settings),
+            storage=open_storage(settings),
+            s3=S3Access(settings),
+        )
+
+    async def close(self) -> None:
+        await self.aredis.aclose()
+        self.client.close()
+
+    @property
+    def connection(self) -> redis.Redis:
+        return self.client.connection
+
+    async def wait_until_done(self, job_id: str, timeout: float) -> str:
+        """The job's terminal state, waiting up to `timeout` seconds.
+
+        Blocks in XREAD on RQ's result stream (written in the same transaction as the final
+        status), waking at least every WAKE_EVERY_S to re-read the state. Raises
+        JobNotFoundError or ResultTimeoutError (naming the state it was left in).
+        """
+        deadline = time.monotonic() + timeout
+        last_id: Any = b"0-0"
+        stream = Result.get_key(job_id)
+        while True:
+            state: Any = await self.aredis.hget(Job.key_for(job_id), "status")
+            if state is None:
+                raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
+            text = state.decode() if isinstance(state, bytes) else str(state)
+            if text in TERMINAL_STATES:
+                return text
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResultTimeoutError(f"job {job_id} is {text} after {timeout:g} s")
+            block_ms = max(1, int(1000 * min(left, WAKE_EVERY_S)))
+            replies: Any = await self.aredis.xread({stream: last_id}, block=block_ms, count=10)
+            for _, entries in replies or ():
+                if entries:
+                    last_id = entries[-1][0]
+
+
+def context_of(request: Request) -> FrontContext:
+    context = request.app.state.cosyq
+    assert isinstance(context, FrontContext)
+    return context

@@ -1,0 +1,165 @@
+"""Every error the HTTP front returns, as OpenAI's error JSON, never a traceback or HTML.
+
+`{"error": {"message", "type", "param", "code"}}`: OpenAI's SDKs parse this shape into their
+exception classes (`BadRequestError`, `AuthenticationError`, ...). Our own exceptions map to
+statuses here, in one table, so a route raises what the producer raises and never builds a
+response by hand: InvalidRequestError 400 (UnknownVoiceError 404), JobNotFoundError 404,
+QueueFullError 429 with Retry-After, TransientError or a Redis error 503.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared.errors import (
+    CosyqError,
+    InvalidRequestError,
+    JobFailedError,
+    JobNotFoundError,
+    QueueFullError,
+    TransientError,
+    UnknownVoiceError,
+)
+
+log = structlog.get_logger("cosyq.http")
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+_PARAM_RE = re.compile(r"(?:requests\[\d+\]: )?([A-Za-z_][A-Za-z0-9_.]*): ")
+
+
+class ApiError(Exception):
+    """An error response: status, OpenAI's fields, and extra headers or top-level body keys."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+    def response(self) -> JSONResponse:
+        body: dict[str, Any] = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            },
+            **self.extra,
+        }
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def param_of(message: str) -> str | None:
+    """The field an InvalidRequestError names ("text: 2,314 characters" -> "text")."""
+    found = _PARAM_RE.match(message)
+    return found.group(1) if found else None
+
+
+def failed_job(job_id: str, kind: str, reason: str) -> ApiError:
+    """A job that ended without a result: 400 when the worker refused the request, 503 when
+    it gave up on a transient fault, else 500; the message is the worker's (never the text)."""
+    message = f"job {job_id} failed ({kind}): {reason}"
+    extra = {"job_id": job_id}
+    if kind == "invalid_request":
+        return ApiError(400, message, param=param_of(reason), code="invalid_request", extra=extra)
+    if kind == "transient":
+        return ApiError(503, message, type_=SERVER_ERROR, code="unavailable", extra=extra)
+    return ApiError(500, message, type_=SERVER_ERROR, code=kind, extra=extra)
+
+
+def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:
+    """Our exception (or Redis's) as the API error a caller sees."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, UnknownVoiceError):
+        return ApiError(404, str(error), param="voice", code="voice_not_found")
+    if isinstance(error, InvalidRequestError):
+        return ApiError(400, str(error), param=param_of(str(error)), code="invalid_value")
+    if isinstance(error, JobNotFoundError):
+        return ApiError(404, str(error), code="job_not_found")
+    if isinstance(error, JobFailedError):
+        return failed_job(error.job_id, error.kind, error.reason)
+    if isinstance(error, QueueFullError):
+        return ApiError(
+            429,
+            f"queue full: {error}",
+            type_="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+    if isinstance(error, TransientError | redis.RedisError):
+        return ApiError(
+            503, f"the queue is unreachable: {error}", type_=SERVER_ERROR, code="unavailable"
+        )
+    if isinstance(error, CosyqError):  # our messages name no secret and carry no text
+        return ApiError(500, str(error), type_=SERVER_ERROR, code="internal")
+    return ApiError(500, "internal server error", type_=SERVER_ERROR, code="internal")
+
+
+def _validation_message(error: RequestValidationError) -> ApiError:
+    first = error.errors()[0] if error.errors() else {}
+    where = [str(part) for part in first.get("loc", ()) if part not in ("body", "path", "query")]
+    field = ".".join(where) or None
+    return ApiError(
+        400,
+        f"{field or 'request'}: {str(first.get('msg', 'invalid')).lower()}",
+        param=field,
+        code="invalid_value",
+    )
+
+
+def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
+    """Route every exception to an OpenAI-shaped JSON response."""
+
+    async def api_error(_: Request, error: Exception) -> JSONResponse:
+        mapped = from_exception(error, retry_after_s=retry_after_s)
+        expected = isinstance(error, ApiError | TransientError | redis.RedisError)
+        if mapped.status >= 500 and not expected:
+            log.error("http_internal_error", error_type=type(error).__name__)
+        return mapped.response()
+
+    async def http_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, StarletteHTTPException)
+        headers = dict(error.headers or {})
+        return ApiError(error.status_code, str(error.detail), headers=headers).response()
+
+    async def validation_error(_: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        return _validation_message(error).response()
+
+    for kind in (
+        ApiError,
+        InvalidRequestError,
+        JobNotFoundError,
+        JobFailedError,
+        TransientError,
+        redis.RedisError,
+        Exception,
+    ):
+        app.add_exception_handler(kind, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

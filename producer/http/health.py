@@ -1,0 +1,59 @@
+"""GET /healthz (the process answers) and GET /readyz (it can do useful work); no key needed.
+
+Ready means: Redis answers PING, and at least one worker has loaded its model (its published
+stats say idle or busy). A load balancer sends traffic only where /readyz is 200; the 503 body
+says which check failed, in the same error JSON as every other error.
+"""
+
+from __future__ import annotations
+
+import redis
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from producer.http.context import FrontContext, context_of
+from producer.http.errors import SERVER_ERROR, ApiError
+from shared import keys
+
+router = APIRouter()
+
+READY_WORKER_STATES = frozenset({b"idle", b"busy"})
+SCAN_COUNT = 500
+
+
+async def ready_workers(context: FrontContext) -> int:
+    count = 0
+    async for key in context.aredis.scan_iter(
+        match=keys.WORKER_STATS_PREFIX + "*", count=SCAN_COUNT
+    ):
+        if await context.aredis.hget(key, "state") in READY_WORKER_STATES:
+            count += 1
+    return count
+
+
+@router.get("/healthz")
+async def healthz() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    context = context_of(request)
+    try:
+        await context.aredis.ping()
+        workers = await ready_workers(context)
+    except redis.RedisError as e:
+        raise ApiError(
+            503,
+            f"not ready: Redis at {context.settings.redacted_redis_url()}: {e}",
+            type_=SERVER_ERROR,
+            code="redis_unreachable",
+        ) from e
+    if workers == 0:
+        raise ApiError(
+            503,
+            "not ready: no worker has loaded its model (cosyq-worker pool)",
+            type_=SERVER_ERROR,
+            code="no_ready_worker",
+        )
+    return JSONResponse({"status": "ready", "redis": "ok", "ready_workers": workers})

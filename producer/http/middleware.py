@@ -1,0 +1,119 @@
+"""Two ASGI layers around every request: the body-size cap and the one access-log line.
+
+`BodyLimit` answers 413 before the app sees a body over the cap: at once from Content-Length,
+or as soon as a chunked body grows past it (the body is read ahead, so a route never works on a
+partial upload). Voice uploads get their own, larger cap. `AccessLog` writes one structlog line
+per request (method, path, status, duration, job id when a route set `request.state.job_id`);
+never the body, so never the text.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from producer.http.errors import ApiError
+
+log = structlog.get_logger("cosyq.http")
+
+UPLOAD_PATHS = frozenset({"/v1/audio/voices"})
+
+
+class BodyLimit:
+    """413 for a body over `max_body_bytes` (`max_upload_bytes` on upload paths)."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_upload_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max_upload_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_upload_bytes if scope["path"] in UPLOAD_PATHS else self.max_body_bytes
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await _too_large(scope, send, limit)
+            return
+        messages: list[Message] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > limit:
+                await _too_large(scope, send, limit)
+                return
+            more = bool(message.get("more_body", False))
+
+        async def replay() -> Message:
+            if messages:
+                return messages.pop(0)
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _too_large(scope: Scope, send: Send, limit: int) -> None:
+    setting = (
+        "COSYQ_HTTP_MAX_UPLOAD_BYTES"
+        if scope["path"] in UPLOAD_PATHS
+        else ("COSYQ_HTTP_MAX_BODY_BYTES")
+    )
+    error = ApiError(413, f"request body over {limit:,} bytes ({setting})", code="body_too_large")
+    response = error.response()
+    response.headers["Connection"] = "close"
+    await response(scope, _never_receive, send)
+
+
+async def _never_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+class AccessLog:
+    """One line per request, after its response has been sent (or the client went away)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status: dict[str, Any] = {"code": 500}
+        state = scope.setdefault("state", {})
+
+        async def record(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            log.info(
+                "http_request",
+                method=scope["method"],
+                path=scope["path"],
+                status=status["code"],
+                duration_ms=round(1000 * (time.perf_counter() - started), 2),
+                job_id=state.get("job_id"),
+            )

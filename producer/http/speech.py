@@ -1,0 +1,160 @@
+"""POST /v1/audio/speech: OpenAI's request shape, turned into one of our jobs.
+
+`model` is `cosyvoice2` (`tts-1` and `tts-1-hd` are aliases), `input` the text, `voice` a
+registered voice or `default`, `response_format` wav/flac/opus/mp3/pcm (OpenAI's default mp3;
+pcm is 24 kHz 16-bit little-endian mono with no header, as OpenAI sends it), `speed`, and
+`instructions` switch on instruct2. The job is checked by the same `validate_request` as every
+producer; its errors are renamed to OpenAI's fields (text -> input, ...).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Literal
+
+import soundfile as sf
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from producer.http.body import read_json_object
+from producer.http.context import FrontContext, context_of
+from producer.http.errors import ApiError
+from producer.http.outcomes import finished_result
+from producer.http.streaming import relay_response
+from shared import keys
+from shared.audio import CONTENT_TYPES
+from shared.errors import InvalidRequestError
+from shared.jobs import NATIVE_SAMPLE_RATE, SynthesisRequest, validate_request
+
+router = APIRouter()
+
+MODELS = ("cosyvoice2", "tts-1", "tts-1-hd")
+RESPONSE_FORMATS = ("wav", "flac", "opus", "mp3", "pcm")
+STREAM_RESPONSE_FORMATS = ("pcm", "wav")
+PCM_CONTENT_TYPE = "audio/pcm"
+DEFAULT_VOICE = "default"
+# The contract's field names -> OpenAI's, in error messages.
+_RENAMED = {"text": "input", "instruction": "instructions", "format": "response_format"}
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI's speech request; unknown fields are refused like the contract's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    input: str
+    voice: str = DEFAULT_VOICE
+    response_format: str = "mp3"
+    speed: float = 1.0
+    instructions: str | None = None
+    stream_format: Literal["audio", "sse"] | None = None
+
+
+def parse_speech(body: dict[str, Any]) -> SpeechRequest:
+    try:
+        speech = SpeechRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "request"
+        rule = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].lower()
+        rule = "required" if first["type"] == "missing" else rule
+        raise ApiError(400, f"{field}: {rule}", param=field, code="invalid_value") from e
+    if speech.model not in MODELS:
+        raise ApiError(
+            400,
+            f"model: {speech.model!r} is not served here; use one of {', '.join(MODELS)}",
+            param="model",
+            code="model_not_found",
+        )
+    if speech.response_format not in RESPONSE_FORMATS:
+        raise ApiError(
+            400,
+            f"response_format: {speech.response_format} is not supported; "
+            f"use one of {', '.join(RESPONSE_FORMATS)}",
+            param="response_format",
+            code="unsupported_format",
+        )
+    if speech.stream_format and speech.response_format not in STREAM_RESPONSE_FORMATS:
+        raise ApiError(
+            400,
+            f"response_format: {speech.response_format} cannot be streamed; "
+            f"stream_format {speech.stream_format} takes {' or '.join(STREAM_RESPONSE_FORMATS)}",
+            param="response_format",
+            code="unsupported_format",
+        )
+    return speech
+
+
+def job_payload(speech: SpeechRequest) -> dict[str, Any]:
+    """The SynthesisRequest fields for an OpenAI request (pcm is made as 24 kHz PCM16 WAV)."""
+    payload: dict[str, Any] = {
+        "text": speech.input,
+        "voice": speech.voice,
+        "speed": speech.speed,
+        "format": "wav" if speech.response_format == "pcm" else speech.response_format,
+        "sample_rate": NATIVE_SAMPLE_RATE,
+    }
+    if speech.instructions is not None:
+        payload.update(mode="instruct2", instruction=speech.instructions)
+    if speech.stream_format is not None:
+        if "stream" not in SynthesisRequest.model_fields:
+            raise ApiError(
+                400,
+                "stream_format: these workers have no streaming synthesis yet "
+                "(omit stream_format to get the whole file)",
+                param="stream_format",
+                code="unsupported_value",
+            )
+        payload["stream"] = True
+    return payload
+
+
+def renamed(message: str) -> str:
+    """A contract error as OpenAI field names: "text: must not be empty" -> "input: ..."."""
+    parts = []
+    for part in message.split("; "):
+        field, sep, rule = part.partition(": ")
+        parts.append(f"{_RENAMED.get(field, field)}{sep}{rule}" if sep else part)
+    return "; ".join(parts)
+
+
+async def check_voice(context: FrontContext, voice: str) -> None:
+    if voice != DEFAULT_VOICE and not await context.aredis.exists(keys.voice_key(voice)):
+        raise ApiError(
+            404,
+            f"voice: no voice named {voice!r} is registered (GET /v1/audio/voices)",
+            param="voice",
+            code="voice_not_found",
+        )
+
+
+def pcm_of(wav: bytes) -> bytes:
+    """The raw little-endian int16 samples of a PCM16 WAV file."""
+    samples, _ = sf.read(io.BytesIO(wav), dtype="int16")
+    return bytes(samples.astype("<i2").tobytes())
+
+
+@router.post("/v1/audio/speech")
+async def create_speech(request: Request) -> Response:
+    context = context_of(request)
+    speech = parse_speech(await read_json_object(request))
+    payload = job_payload(speech)
+    try:
+        checked = validate_request(payload, context.client.limits)
+    except InvalidRequestError as e:
+        raise InvalidRequestError(renamed(str(e))) from e
+    await check_voice(context, speech.voice)
+    job_id = await run_in_threadpool(context.client.submit, checked)
+    request.state.job_id = job_id
+    if speech.stream_format is not None:
+        return await relay_response(
+            context, job_id, speech.stream_format, speech.response_format == "wav"
+        )
+    result = await finished_result(context, job_id, context.settings.http_wait_timeout_s)
+    data = await run_in_threadpool(context.storage.get, result.uri)
+    headers = {"X-Cosyq-Job-Id": job_id}
+    if speech.response_format == "pcm":
+        return Response(pcm_of(data), media_type=PCM_CONTENT_TYPE, headers=headers)
+    return Response(data, media_type=CONTENT_TYPES[result.format], headers=headers)

@@ -1,0 +1,200 @@
+"""Relaying a job's audio stream (issue 11's Redis Stream `cosyq:audio:<job id>`) over HTTP.
+
+A streaming worker appends entries `seq`, `sample_rate`, `pcm` (mono int16 little-endian) and
+`final` (0/1; the last one also holds the result's `uri`); a failed job appends an entry with
+its error kind and message. The relay reads it with blocking XREAD from the first entry, so it
+works whether it starts before, during or after the job runs, and re-reads the job's state at
+least every second, so a job whose worker died (no entry will come) ends the relay too.
+
+Two shapes: raw audio with chunked transfer (PCM, or a WAV header with open-ended sizes and
+then PCM), or OpenAI's server-sent events (`speech.audio.delta` with base64 audio, then
+`speech.audio.done`). The first entry is awaited before the response starts, so a job that
+fails or times out before any audio still gets a proper status; after that a failure can only
+cut the chunked body short (the client sees an incomplete read, never a clean end).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+from rq.job import Job
+
+from producer.http.context import WAKE_EVERY_S, FrontContext
+from producer.http.errors import SERVER_ERROR, ApiError
+from producer.http.outcomes import failure_error, job_location
+from producer.tracking import TERMINAL_STATES
+from shared.keys import PREFIX
+from shared.results import JobFailure
+
+AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # issue 11: the stream key is cosyq:audio:<job id>
+STREAM_READ_COUNT = 64
+
+
+def audio_stream_key(job_id: str) -> str:
+    return AUDIO_STREAM_PREFIX + job_id
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    seq: int
+    sample_rate: int
+    pcm: bytes
+    final: bool
+
+
+class StreamFailed(Exception):
+    def __init__(self, failure: JobFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class StreamTimeout(Exception):
+    pass
+
+
+def parse_entry(fields: dict[bytes, bytes]) -> StreamEntry:
+    """One stream entry; StreamFailed for the error entry a failed job appends."""
+    text = {k.decode(): v for k, v in fields.items()}
+    if "error" in text or ("message" in text and "pcm" not in text):
+        kind = (text.get("kind") or text.get("error_kind") or b"internal").decode()
+        message = (text.get("message") or text.get("error") or b"failed").decode()
+        raise StreamFailed(JobFailure(kind=kind, message=message))
+    return StreamEntry(
+        seq=int(text.get("seq", b"0")),
+        sample_rate=int(text.get("sample_rate", b"0")),
+        pcm=text.get("pcm", b""),
+        final=text.get("final", b"0") in (b"1", b"true"),
+    )
+
+
+async def entries(context: FrontContext, job_id: str, timeout: float) -> AsyncIterator[StreamEntry]:
+    """Every entry from the first to the final one; StreamTimeout when `timeout` seconds pass
+    with no new entry, StreamFailed for a failure (an error entry, or a job that ended without
+    its final entry)."""
+    key = audio_stream_key(job_id)
+    last_id: Any = b"0-0"
+    quiet_since = time.monotonic()
+    while True:
+        left = timeout - (time.monotonic() - quiet_since)
+        if left <= 0:
+            raise StreamTimeout(f"no audio from job {job_id} for {timeout:g} s")
+        block_ms = max(1, int(1000 * min(left, WAKE_EVERY_S)))
+        replies: Any = await context.aredis.xread(
+            {key: last_id}, block=block_ms, count=STREAM_READ_COUNT
+        )
+        if not replies:
+            await _check_still_running(context, job_id)
+            continue
+        for _, items in replies:
+            for entry_id, fields in items:
+                last_id = entry_id
+                entry = parse_entry(fields)
+                yield entry
+                if entry.final:
+                    return
+        quiet_since = time.monotonic()
+
+
+async def _check_still_running(context: FrontContext, job_id: str) -> None:
+    raw: Any = await context.aredis.hget(Job.key_for(job_id), "status")
+    if raw is None:
+        raise StreamFailed(JobFailure(kind="not_found", message="the job expired"))
+    state = raw.decode() if isinstance(raw, bytes) else str(raw)
+    if state in TERMINAL_STATES:
+        # Ended, yet no final entry after a full wake-up: the stream expired or was never made.
+        if not await context.aredis.exists(audio_stream_key(job_id)):
+            message = f"job is {state} and its audio stream is gone (expired)"
+        else:
+            message = f"job is {state} but its stream has no final entry"
+        raise StreamFailed(JobFailure(kind="stream_ended", message=message))
+
+
+def streaming_wav_header(sample_rate: int) -> bytes:
+    """A PCM16 mono WAV header for a stream of unknown length (sizes 0xFFFFFFFF)."""
+    unknown = 0xFFFFFFFF
+    return (
+        b"RIFF"
+        + struct.pack("<I", unknown)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", unknown)
+    )
+
+
+def _error_for(job_id: str, error: Exception) -> ApiError:
+    if isinstance(error, StreamFailed):
+        if error.failure.kind == "not_found":
+            return ApiError(
+                404, f"no job {job_id} (never submitted, or expired)", code="job_not_found"
+            )
+        if error.failure.kind == "stream_ended":
+            return ApiError(
+                410,
+                f"job {job_id}: {error.failure.message}",
+                code="stream_gone",
+                extra={"job_id": job_id},
+            )
+        return failure_error(job_id, error.failure)
+    return ApiError(
+        504,
+        f"{error}; poll {job_location(job_id)}",
+        type_=SERVER_ERROR,
+        code="timeout",
+        headers={"Location": job_location(job_id)},
+        extra={"job_id": job_id},
+    )
+
+
+async def relay_response(
+    context: FrontContext, job_id: str, stream_format: str, wav_header: bool
+) -> StreamingResponse:
+    """The job's stream as a chunked response (raw audio or SSE), once its first entry is in."""
+    timeout = context.settings.http_wait_timeout_s
+    source = entries(context, job_id, timeout)
+    try:
+        first = await anext(source)
+    except (StreamFailed, StreamTimeout) as e:
+        raise _error_for(job_id, e) from e
+    except StopAsyncIteration as e:  # pragma: no cover - entries() always yields or raises
+        raise ApiError(500, "empty stream", type_=SERVER_ERROR) from e
+
+    async def audio() -> AsyncIterator[bytes]:
+        if wav_header:
+            yield streaming_wav_header(first.sample_rate)
+        yield first.pcm
+        if not first.final:
+            async for entry in source:
+                yield entry.pcm
+
+    async def events() -> AsyncIterator[bytes]:
+        yield _sse({"type": "speech.audio.delta", "audio": _b64(first.pcm)})
+        if not first.final:
+            async for entry in source:
+                delta = {
+                    "type": "speech.audio.delta",
+                    "audio": base64.b64encode(entry.pcm).decode(),
+                }
+                yield _sse(delta)
+        yield _sse({"type": "speech.audio.done"})
+
+    headers = {"X-Cosyq-Job-Id": job_id, "X-Cosyq-Sample-Rate": str(first.sample_rate)}
+    if stream_format == "sse":
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    media_type = "audio/wav" if wav_header else "audio/pcm"
+    return StreamingResponse(audio(), media_type=media_type, headers=headers)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _sse(event: Mapping[str, object]) -> bytes:
+    return f"data: {json.dumps(event)}\n\n".encode()

@@ -1,0 +1,93 @@
+"""GET /v1/audio/voices (the registered voices and `default`) and POST /v1/audio/voices (upload).
+
+An upload is multipart/form-data with `name`, `file` (the recording) and `transcript`; it goes
+through `CosyqClient.add_voice`, so it gets exactly the checks of `cosyq voices add` (name,
+readable, >= 16 kHz, length, not silent) before anything is stored, and a worker computes the
+profile. The response waits for that job up to COSYQ_HTTP_WAIT_TIMEOUT_S (then 504 + Location).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from producer.http.context import context_of
+from producer.http.errors import SERVER_ERROR, ApiError
+from producer.http.outcomes import job_location
+from producer.http.speech import DEFAULT_VOICE
+from producer.voice_jobs import wait_for_voice
+from shared.errors import ResultTimeoutError
+
+router = APIRouter()
+
+
+@router.get("/v1/audio/voices")
+async def list_voices(request: Request) -> JSONResponse:
+    context = context_of(request)
+    summaries = await run_in_threadpool(context.client.list_voices)
+    voices: list[dict[str, Any]] = [{"name": DEFAULT_VOICE, "builtin": True}]
+    for summary in summaries:
+        voices.append(
+            {
+                "name": summary.name,
+                "builtin": False,
+                "speech_tokens": summary.speech_tokens,
+                "source_seconds": summary.source_seconds,
+                "model_name": summary.model_name,
+                "created_at": summary.created_at,
+            }
+        )
+    return JSONResponse({"voices": voices})
+
+
+def _field(form: Any, name: str) -> str:
+    value = form.get(name)
+    if value is None or isinstance(value, UploadFile):
+        return ""
+    return str(value)
+
+
+@router.post("/v1/audio/voices", status_code=201)
+async def add_voice(request: Request) -> JSONResponse:
+    context = context_of(request)
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(
+            400,
+            "request: send multipart/form-data with name, file and transcript",
+            code="invalid_value",
+        )
+    form = await request.form(max_files=1, max_fields=8)
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(
+                400, "file: required (the prompt recording)", param="file", code="invalid_value"
+            )
+        name = _field(form, "name")
+        if not name:
+            raise ApiError(400, "name: required", param="name", code="invalid_value")
+        audio = await upload.read()
+        filename = upload.filename or "prompt.audio"
+    finally:
+        await form.close()
+    job_id = await run_in_threadpool(
+        lambda: context.client.add_voice(name, audio, _field(form, "transcript"), filename=filename)
+    )
+    request.state.job_id = job_id
+    try:
+        await context.wait_until_done(job_id, context.settings.http_wait_timeout_s)
+    except ResultTimeoutError as e:
+        raise ApiError(
+            504,
+            f"{e}; poll {job_location(job_id)}",
+            type_=SERVER_ERROR,
+            code="timeout",
+            headers={"Location": job_location(job_id)},
+            extra={"job_id": job_id},
+        ) from e
+    summary = await run_in_threadpool(wait_for_voice, context.client.tracker, job_id, 0.0)
+    return JSONResponse({"voice": summary.to_dict(), "job_id": job_id}, status_code=201)

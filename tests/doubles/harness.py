@@ -1,0 +1,160 @@
+"""Real worker processes for the integration tests: environment, start, logs, waiting.
+
+Workers run as `python -m workers.cli ...` from the repository root with a test engine from
+tests/doubles/engines.py and JSON logs written to a file the test reads back as events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+import soundfile as sf
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ALLOWED_PARENT_COSYQ = {"COSYQ_REFERENCE_DIR", "COSYQ_REQUIRE_REFERENCE", "COSYQ_PYTHON"}
+
+
+def write_model_dir(folder: Path) -> Path:
+    """The two files the default voice needs: prompt.wav (1 s, 24 kHz) and prompt.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t = np.arange(24000, dtype=np.float32) / 24000
+    sf.write(folder / "prompt.wav", 0.3 * np.sin(2 * np.pi * 200 * t), 24000)
+    (folder / "prompt.txt").write_text("a test prompt", encoding="utf-8")
+    return folder
+
+
+@dataclass
+class Cluster:
+    """Settings shared by every worker process of one test, and the processes it started."""
+
+    redis_url: str
+    root: Path
+    overrides: dict[str, str] = field(default_factory=dict)
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("COSYQ_") or k in ALLOWED_PARENT_COSYQ
+        }
+        env.update(
+            COSYQ_REDIS_URL=self.redis_url,
+            COSYQ_ENGINE="tests.doubles.engines:fast",
+            COSYQ_MODEL_DIR=str(write_model_dir(self.root / "model")),
+            COSYQ_STORAGE_URL=(self.root / "out").as_uri(),
+            COSYQ_LOG_FORMAT="json",
+            COSYQ_HEARTBEAT_INTERVAL_S="0.5",
+            COSYQ_HEARTBEAT_TTL_S="2",
+            COSYQ_RETRY_BACKOFF_S="0",
+            COSYQ_MAX_JOBS_JITTER="0",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.overrides)
+        env.update(extra)
+        return env
+
+    def start(self, *args: str, log_name: str, **extra: str) -> subprocess.Popen[bytes]:
+        """`python -m workers.cli ARGS` with stdout (JSON logs) to root/<log_name>."""
+        return self.spawn([sys.executable, "-m", "workers.cli", *args], log_name, **extra)
+
+    def spawn(self, command: list[str], log_name: str, **extra: str) -> subprocess.Popen[bytes]:
+        log_file = (self.root / log_name).open("ab")
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=self.env(**extra),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        log_file.close()
+        self.processes.append(process)
+        return process
+
+    def events(self, log_name: str) -> list[dict[str, Any]]:
+        return read_events(self.root / log_name)
+
+    def stop_all(self) -> None:
+        """Kill whatever a test left running (each process we started, by its own pid)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """JSON log lines as dicts (other lines, e.g. a traceback on stderr, skipped)."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events
+
+
+def named(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [event for event in events if event.get("event") == name]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll until predicate() is truthy; fail the test with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def json_queue(connection: redis.Redis, name: str = "cosyq-default") -> Queue:
+    return Queue(name, connection=connection, serializer=JSONSerializer)
+
+
+def enqueue(
+    connection: redis.Redis, text: str, *, queue: str = "cosyq-default", **options: Any
+) -> Job:
+    """Enqueue one synthesize job the way the producer does (dotted path, JSON)."""
+    retry = options.pop("retry", None)
+    request = {"text": text, **options}
+    return json_queue(connection, queue).enqueue(
+        "workers.tasks.synthesize", request=request, retry=retry
+    )
+
+
+def statuses(connection: redis.Redis, jobs: list[Job]) -> list[str]:
+    out = []
+    for job in jobs:
+        job.refresh()
+        out.append(str(job.get_status(refresh=False).value))
+    return out
+
+
+def all_done(connection: redis.Redis, jobs: list[Job], final: tuple[str, ...] = ("finished",)):
+    def check() -> bool:
+        return all(status in final for status in statuses(connection, jobs))
+
+    return check
+
+
+def lines(path: Path) -> Iterator[str]:
+    yield from path.read_text(encoding="utf-8", errors="replace").splitlines()

@@ -1,0 +1,165 @@
+"""The HTTP front for real: `cosyq serve` (uvicorn) on a free port, the session's redis-server,
+and a worker pool on the tiny model.
+
+Three fronts, each its own process:
+- `live`: keys on, one tiny-model worker behind it (a Redis database of its own);
+- `stalled`: no worker at all, a queue depth of 2 and a 1 s wait (429, 504, /readyz 503);
+- `dead`: its Redis is a port nobody listens on (503).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from shared.settings import Settings
+from tests.conftest import RedisServer, free_port
+from tests.doubles.harness import REPO_ROOT, Cluster, read_events, wait_for
+
+API_KEY = "test-key-" + "7" * 24
+LIVE_DB, STALLED_DB = 3, 4
+START_TIMEOUT_S = 30.0
+POOL_READY_TIMEOUT_S = 90.0
+
+
+@dataclass
+class Front:
+    url: str
+    redis_url: str
+    storage: Path
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def http(self, key: str | None = API_KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60.0)
+
+    def events(self) -> list[dict]:
+        return read_events(self.log)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def front_env(redis_url: str, storage: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
+    env.update(
+        PYTHONPATH=str(REPO_ROOT),
+        PYTHONUNBUFFERED="1",
+        COSYQ_REDIS_URL=redis_url,
+        COSYQ_STORAGE_URL=storage.as_uri(),
+        COSYQ_LOG_FORMAT="json",
+        COSYQ_MAX_RETRIES="0",
+        COSYQ_REDIS_CONNECT_TIMEOUT_S="2",
+    )
+    env.update(extra)
+    return env
+
+
+def start_front(root: Path, redis_url: str, **extra: str) -> Front:
+    """`python -m producer.cli serve` on a free port; returns once /healthz answers."""
+    root.mkdir(parents=True, exist_ok=True)
+    storage = root / "storage"
+    port = free_port()
+    log = root / "front.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "producer.cli", "serve", "--port", str(port)],
+            cwd=root,  # no stray .env
+            env=front_env(redis_url, storage, **extra),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    front = Front(f"http://127.0.0.1:{port}", redis_url, storage, log, process)
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"cosyq serve exited {process.returncode}:\n{log.read_text()}")
+        try:
+            return httpx.get(front.url + "/healthz", timeout=1.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(healthy, START_TIMEOUT_S, "cosyq serve to answer /healthz", interval=0.2)
+    return front
+
+
+def _db(server: RedisServer, index: int) -> str:
+    url = server.url.rsplit("/", 1)[0] + f"/{index}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture(scope="module")
+def live(
+    redis_server: RedisServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Front]:
+    """Keys on; one tiny-model worker (real engine) behind it; /readyz 200 before tests run."""
+    root = tmp_path_factory.mktemp("http-live")
+    url = _db(redis_server, LIVE_DB)
+    front = start_front(root / "front", url, COSYQ_API_KEYS=f"other-key,{API_KEY}")
+    cluster = Cluster(
+        redis_url=url,
+        root=root,
+        overrides={
+            "COSYQ_ENGINE": str(Settings.model_fields["engine"].default),  # the real engine
+            "COSYQ_MODEL_DIR": str(tiny_model_dir),
+            "COSYQ_DEVICE": "cpu",
+            "COSYQ_THREADS": "1",
+            "COSYQ_HASH_CACHE_DIR": str(root / "hashes"),
+            "COSYQ_STORAGE_URL": front.storage.as_uri(),
+            "COSYQ_MAX_RETRIES": "0",
+        },
+    )
+    cluster.start("pool", "-n", "1", log_name="pool.log")
+    try:
+        with front.http() as client:
+            wait_for(
+                lambda: client.get("/readyz").status_code == 200,
+                POOL_READY_TIMEOUT_S,
+                "a ready worker behind /readyz",
+                interval=0.5,
+            )
+        yield front
+    finally:
+        front.stop()
+        cluster.stop_all()
+
+
+@pytest.fixture(scope="module")
+def stalled(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+    """No worker, queue depth 2, speech waits 1 s; small upload cap; no keys (loopback)."""
+    root = tmp_path_factory.mktemp("http-stalled")
+    front = start_front(
+        root,
+        _db(redis_server, STALLED_DB),
+        COSYQ_MAX_QUEUE_DEPTH="2",
+        COSYQ_HTTP_WAIT_TIMEOUT_S="1",
+        COSYQ_HTTP_RETRY_AFTER_S="7",
+        COSYQ_HTTP_MAX_UPLOAD_BYTES="50000",
+    )
+    yield front
+    front.stop()
+
+
+@pytest.fixture(scope="module")
+def dead(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+    """Its Redis is a free port: nothing listens there."""
+    root = tmp_path_factory.mktemp("http-dead")
+    front = start_front(root, f"redis://127.0.0.1:{free_port()}/0")
+    yield front
+    front.stop()

@@ -1,0 +1,155 @@
+"""Every error status of the HTTP front, from a real server: 400, 401, 404, 409, 413, 429, 503,
+504, each in OpenAI's error JSON (never a traceback or HTML); /healthz and /readyz need no key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from shared import keys
+from tests.integration.producer.http.conftest import Front
+
+pytestmark = pytest.mark.slow
+
+SPEECH = {"model": "tts-1", "input": "Hello.", "voice": "default", "response_format": "wav"}
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in error["message"]
+    return dict(error)
+
+
+@pytest.fixture
+def http(live: Front) -> Iterator[httpx.Client]:
+    with live.http() as client:
+        yield client
+
+
+def test_400_names_the_field_and_rule(http: httpx.Client) -> None:
+    error = error_of(http.post("/v1/jobs", json={"text": "hi", "speed": 9}), 400)
+    assert error["message"] == "speed: 9.0 is outside 0.5-2.0" and error["param"] == "speed"
+    error = error_of(http.post("/v1/jobs", json={"text": "hi", "colour": "red"}), 400)
+    assert error["message"] == "colour: unknown field"
+    error = error_of(http.post("/v1/jobs", content=b"{not json", headers=_json()), 400)
+    assert error["code"] == "invalid_json"
+    error = error_of(http.post("/v1/jobs", json=["a", "list"]), 400)
+    assert "must be a JSON object" in error["message"]
+    error = error_of(http.post("/v1/audio/speech", json={**SPEECH, "temperature": 1}), 400)
+    assert error["message"] == "temperature: unknown field"
+    error = error_of(http.post("/v1/jobs", json={"text": "x" * 2001}), 400)
+    assert error["message"] == "text: 2,001 characters, limit 2,000"
+    error = error_of(
+        http.post("/v1/jobs", json={"text": "hi", "output_key": "../../etc/passwd"}), 400
+    )
+    assert error["param"] == "output_key" and "'..'" in error["message"]
+
+
+def test_400_for_any_prompt_uri_over_http(http: httpx.Client) -> None:
+    body = {"text": "hi", "prompt_audio": "file:///etc/passwd", "prompt_text": "x"}
+    error = error_of(http.post("/v1/jobs", json=body), 400)
+    assert error["param"] == "prompt_audio" and "worker's own disk" in error["message"]
+    batch = {"requests": [{"text": "a"}, {**body, "prompt_audio": "s3://bucket/key.wav"}]}
+    error = error_of(http.post("/v1/jobs:batch", json=batch), 400)
+    assert error["message"].startswith("requests[1]: prompt_audio:")
+
+
+def test_400_for_streaming_speech_until_workers_stream(http: httpx.Client) -> None:
+    error = error_of(http.post("/v1/audio/speech", json={**SPEECH, "stream_format": "audio"}), 400)
+    assert error["param"] == "stream_format"
+    error = error_of(
+        http.post(
+            "/v1/audio/speech", json={**SPEECH, "stream_format": "sse", "response_format": "mp3"}
+        ),
+        400,
+    )
+    assert error["param"] == "response_format" and "cannot be streamed" in error["message"]
+
+
+def test_401_without_a_valid_key_and_health_without_one(live: Front) -> None:
+    with live.http(key=None) as anonymous:
+        response = anonymous.post("/v1/jobs", json={"text": "hi"})
+        error = error_of(response, 401)
+        assert error["code"] == "invalid_api_key"
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert anonymous.get("/healthz").json() == {"status": "ok"}
+        ready = anonymous.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["ready_workers"] == 1
+    with live.http(key="wrong") as wrong:
+        assert error_of(wrong.get("/v1/audio/voices"), 401)["message"] == "invalid API key"
+    basic = httpx.get(live.url + "/v1/audio/voices", headers={"Authorization": "Basic eDp5"})
+    assert "missing API key" in error_of(basic, 401)["message"]
+
+
+def test_404_for_unknown_jobs_voices_and_routes(http: httpx.Client) -> None:
+    assert error_of(http.get("/v1/jobs/0123abcd"), 404)["code"] == "job_not_found"
+    assert error_of(http.get("/v1/jobs/0123abcd/audio"), 404)["code"] == "job_not_found"
+    assert error_of(http.get("/v1/jobs/not$valid"), 404)["code"] == "job_not_found"
+    error = error_of(http.post("/v1/audio/speech", json={**SPEECH, "voice": "nobody"}), 404)
+    assert error["param"] == "voice"
+    assert error_of(http.get("/v1/nothing-here"), 404)["message"] == "Not Found"
+
+
+def test_413_for_an_oversized_body_declared_or_chunked(http: httpx.Client) -> None:
+    big = b'{"text": "' + b"x" * (3 * 1024 * 1024) + b'"}'
+    error = error_of(http.post("/v1/jobs", content=big, headers=_json()), 413)
+    assert "COSYQ_HTTP_MAX_BODY_BYTES" in error["message"]
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"text": "'
+        for _ in range(48):
+            yield b"y" * 65536
+        yield b'"}'
+
+    error_of(http.post("/v1/jobs", content=chunks(), headers=_json()), 413)
+
+
+def test_413_for_an_oversized_upload(stalled: Front) -> None:
+    with stalled.http(key=None) as http:
+        response = http.post(
+            "/v1/audio/voices",
+            data={"name": "big", "transcript": "x"},
+            files={"file": ("big.wav", b"\0" * 60000, "audio/wav")},
+        )
+    assert "COSYQ_HTTP_MAX_UPLOAD_BYTES" in error_of(response, 413)["message"]
+
+
+def test_504_past_the_wait_then_409_and_429_on_a_full_queue(stalled: Front) -> None:
+    connection = redis.Redis.from_url(stalled.redis_url)
+    with stalled.http(key=None) as http:
+        assert error_of(http.get("/readyz"), 503)["code"] == "no_ready_worker"
+        response = http.post("/v1/audio/speech", json=SPEECH)
+        error = error_of(response, 504)
+        job_id = response.json()["job_id"]
+        assert response.headers["location"] == f"/v1/jobs/{job_id}"
+        assert error["code"] == "timeout" and f"/v1/jobs/{job_id}" in error["message"]
+        assert http.get(response.headers["location"]).json()["state"] == "queued"
+        audio = http.get(f"/v1/jobs/{job_id}/audio")
+        assert error_of(audio, 409)["code"] == "not_ready"
+        statuses = [http.post("/v1/jobs", json={"text": "hi"}) for _ in range(3)]
+    codes = [r.status_code for r in statuses]
+    assert 429 in codes and codes[: codes.index(429)] == [202] * codes.index(429)
+    full = statuses[codes.index(429)]
+    assert error_of(full, 429)["code"] == "queue_full"
+    assert full.headers["retry-after"] == "7"
+    assert connection.llen(f"rq:queue:{keys.QUEUE_DEFAULT}") == 2
+    connection.close()
+
+
+def test_503_when_redis_is_unreachable(dead: Front) -> None:
+    with dead.http(key=None) as http:
+        assert error_of(http.get("/readyz"), 503)["code"] == "redis_unreachable"
+        assert error_of(http.post("/v1/jobs", json={"text": "hi"}), 503)["code"] == "unavailable"
+        assert error_of(http.get("/v1/jobs/abc"), 503)["code"] == "unavailable"
+        assert error_of(http.post("/v1/audio/speech", json=SPEECH), 503)["code"] == "unavailable"
+        assert http.get("/healthz").status_code == 200
+
+
+def _json() -> dict[str, str]:
+    return {"content-type": "application/json"}

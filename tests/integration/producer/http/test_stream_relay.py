@@ -1,0 +1,152 @@
+"""GET /v1/jobs/{id}/stream relays a job's Redis Stream (issue 11's entry format) over chunked
+HTTP, read from a real server: before, during and after the entries arrive; raw PCM, WAV and
+server-sent events; and each way a stream can fail.
+
+No worker writes these streams yet (the streaming worker is issue 11): the test appends entries
+in the format that issue defines (seq, sample_rate, pcm int16 LE, final; a final entry carries
+the uri; a failed job appends its error kind and message), to a job enqueued but never run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from shared import keys
+from tests.integration.producer.http.conftest import Front
+
+pytestmark = pytest.mark.slow
+
+RATE = 24000
+
+
+@pytest.fixture
+def connection(stalled: Front) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(stalled.redis_url)
+    yield client
+    client.close()
+
+
+def streaming_job(connection: redis.Redis, stream: bool = True) -> str:
+    request = {"text": "Streamed.", "stream": True} if stream else {"text": "Not streamed."}
+    queue = Queue(keys.QUEUE_LOW, connection=connection, serializer=JSONSerializer)
+    return str(queue.enqueue(keys.SYNTHESIZE_FUNCTION, request=request).id)
+
+
+def chunk(n: int, seq: int) -> bytes:
+    return (np.arange(n, dtype=np.int16) * (seq + 1)).astype("<i2").tobytes()
+
+
+def append(connection: redis.Redis, job_id: str, seq: int, pcm: bytes, final: bool) -> None:
+    fields: dict[str, bytes | int | str] = {
+        "seq": seq,
+        "sample_rate": RATE,
+        "pcm": pcm,
+        "final": int(final),
+    }
+    if final:
+        fields["uri"] = "file:///tmp/out.wav"
+    connection.xadd(f"cosyq:audio:{job_id}", fields)  # type: ignore[arg-type]
+
+
+def fail(connection: redis.Redis, job_id: str, kind: str, message: str) -> None:
+    connection.xadd(f"cosyq:audio:{job_id}", {"kind": kind, "error": message})
+
+
+def test_relay_started_before_the_entries_gets_them_all_in_order(
+    stalled: Front, connection: redis.Redis
+) -> None:
+    job_id = streaming_job(connection)
+    pieces = [chunk(2400, seq) for seq in range(4)]
+    received: list[bytes] = []
+    arrival: list[float] = []
+
+    def read() -> None:
+        with httpx.stream("GET", f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30) as r:
+            assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
+            for part in r.iter_raw():
+                received.append(part)
+                arrival.append(time.monotonic())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.3)  # the relay is waiting before the first entry exists
+    for seq, pcm in enumerate(pieces):
+        append(connection, job_id, seq, pcm, final=seq == len(pieces) - 1)
+        time.sleep(0.2)
+    last_sent = time.monotonic()
+    reader.join(timeout=30)
+    assert b"".join(received) == b"".join(pieces)
+    assert arrival[0] < last_sent - 0.3  # the first audio came before the last was written
+
+
+def test_relay_after_the_job_streamed_replays_from_the_first_entry(
+    stalled: Front, connection: redis.Redis
+) -> None:
+    job_id = streaming_job(connection)
+    pieces = [chunk(1000, seq) for seq in range(3)]
+    for seq, pcm in enumerate(pieces):
+        append(connection, job_id, seq, pcm, final=seq == 2)
+    with httpx.Client(base_url=stalled.url, timeout=30) as http:
+        wav = http.get(f"/v1/jobs/{job_id}/stream", params={"format": "wav"})
+        sse = http.get(f"/v1/jobs/{job_id}/stream", params={"stream_format": "sse"})
+    assert wav.status_code == 200 and wav.headers["content-type"] == "audio/wav"
+    header, body = wav.content[:44], wav.content[44:]
+    assert header[:4] == b"RIFF" and header[8:16] == b"WAVEfmt "
+    channels, rate, _, _, bits = struct.unpack("<HIIHH", header[22:36])
+    assert (channels, rate, bits) == (1, RATE, 16)
+    assert body == b"".join(pieces)
+    assert sse.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:3]) == b"".join(pieces)
+
+
+def test_a_failure_before_any_audio_is_a_status(stalled: Front, connection: redis.Redis) -> None:
+    job_id = streaming_job(connection)
+    fail(connection, job_id, "invalid_request", "voice: no voice named 'x' is registered")
+    response = httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
+    assert response.status_code == 400
+    assert "no voice named 'x'" in response.json()["error"]["message"]
+    other = streaming_job(connection)
+    fail(connection, other, "internal", "out of memory")
+    assert httpx.get(f"{stalled.url}/v1/jobs/{other}/stream", timeout=30).status_code == 500
+
+
+def test_a_failure_after_audio_cuts_the_body_short(stalled: Front, connection: redis.Redis) -> None:
+    job_id = streaming_job(connection)
+    append(connection, job_id, 0, chunk(1000, 0), final=False)
+    fail(connection, job_id, "internal", "vocoder crashed")
+    with pytest.raises(httpx.RemoteProtocolError):  # an incomplete chunked body, never a clean end
+        httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
+
+
+def test_no_entry_within_the_wait_is_504(stalled: Front, connection: redis.Redis) -> None:
+    job_id = streaming_job(connection)
+    response = httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
+    assert response.status_code == 504
+    assert response.headers["location"] == f"/v1/jobs/{job_id}"
+
+
+def test_streams_that_cannot_be_read(stalled: Front, connection: redis.Redis) -> None:
+    with httpx.Client(base_url=stalled.url, timeout=30) as http:
+        plain = streaming_job(connection, stream=False)
+        assert http.get(f"/v1/jobs/{plain}/stream").json()["error"]["code"] == "not_streamed"
+        assert http.get("/v1/jobs/feedbeef/stream").status_code == 404
+        gone = streaming_job(connection)
+        connection.hset(f"rq:job:{gone}", "status", "finished")  # done, its stream expired
+        response = http.get(f"/v1/jobs/{gone}/stream")
+        assert response.status_code == 410 and "expired" in response.json()["error"]["message"]
+        bad = http.get(f"/v1/jobs/{plain}/stream", params={"format": "mp3"})
+        assert bad.status_code == 400

@@ -1,0 +1,70 @@
+"""No job lost: a worker killed mid-job (SIGKILL, a native crash) loses nothing, fast.
+
+The workers here run bare (no pool), as under launchd or supervisord: the dead worker's job
+must be noticed by the other workers' reapers through its expired heartbeat.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import redis
+from rq import Retry
+
+from tests.doubles.harness import Cluster, enqueue, named, wait_for
+
+DEADLINE_S = 30  # the issue's bound, from the kill to the job being done or failed
+
+
+def test_sigkill_mid_job_is_finished_by_another_worker(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    job = enqueue(connection, "sleep:3 long sentence")
+    first = cluster.start("run", log_name="first.log")
+    wait_for(lambda: job.get_status() == "started", 30, "the first worker to start the job")
+    second = cluster.start("run", log_name="second.log")
+    wait_for(lambda: named(cluster.events("second.log"), "worker_ready"), 30, "second worker")
+    first.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: job.get_status() == "finished", DEADLINE_S, "the job to be finished")
+    assert time.monotonic() - killed_at < DEADLINE_S
+    result = job.latest_result()
+    assert result is not None and result.return_value["worker_pid"] == second.pid
+    assert result.return_value["attempt"] == 2
+    released = named(cluster.events("second.log"), "job_released")
+    assert [(e["job_id"], e["outcome"]) for e in released] == [(job.id, "retried")]
+
+
+def test_worker_dying_on_every_attempt_fails_the_job_with_worker_died(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    job = enqueue(connection, "kill poison", retry=Retry(max=1))
+    deadline = time.monotonic() + 2 * DEADLINE_S
+    for attempt in (1, 2):
+        process = cluster.start("run", log_name=f"attempt{attempt}.log")
+        assert process.wait(timeout=30) == -signal.SIGKILL  # the engine killed its worker
+    # A third worker starts, reaps the second attempt at start-up: no retries left.
+    survivor = cluster.start("run", log_name="survivor.log")
+    wait_for(lambda: job.get_status() == "failed", DEADLINE_S, "the job to fail")
+    assert time.monotonic() < deadline
+    job.refresh()
+    assert job.meta["cosyq_error"]["kind"] == "worker_died"
+    assert "worker died" in job.meta["cosyq_error"]["message"]
+    assert survivor.poll() is None  # the reaping worker is fine
+
+
+def test_native_crash_without_retries_left_fails_at_once_on_next_start(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    cluster.overrides["COSYQ_MAX_RETRIES"] = "0"  # the worker's default policy: no retries
+    crashing = enqueue(connection, "exit:139 segfault-like")
+    assert cluster.start("run", log_name="a.log").wait(timeout=30) == 139
+    started = time.monotonic()
+    cluster.start("run", log_name="b.log")
+    wait_for(lambda: crashing.get_status() == "failed", DEADLINE_S, "the crashed job to fail")
+    assert time.monotonic() - started < DEADLINE_S
+    crashing.refresh()
+    assert crashing.meta["cosyq_error"]["kind"] == "worker_died"
+    released = named(cluster.events("b.log"), "job_released")
+    assert [(e["job_id"], e["outcome"]) for e in released] == [(crashing.id, "failed")]

@@ -1,0 +1,137 @@
+"""Redis connections from settings: ACL users and passwords in the URL, rediss:// (TLS), and
+which errors are settings to fix (never waited out) and which are an outage (waited out)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from shared.connection import check_redis, is_outage, misconfiguration, redis_connection
+from shared.errors import SettingsError, TransientError
+from shared.settings import load_settings
+from tests.doubles.redis_servers import ACL_USERS, SecuredRedis, secured_redis, tls_redis
+from workers.service.failures import classify
+
+
+@pytest.fixture
+def acl_user(redis_url: str) -> Iterator[tuple[str, str]]:
+    admin = redis.Redis.from_url(redis_url)
+    admin.execute_command("ACL", "SETUSER", "alice", "on", ">s3cret pass", "~*", "&*", "+@all")
+    yield "alice", "s3cret pass"
+    admin.execute_command("ACL", "DELUSER", "alice")
+    admin.close()
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredRedis]:
+    with secured_redis(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    with tls_redis(tmp_path) as server:
+        yield server
+
+
+def port_of(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None
+    return port
+
+
+def refusal(url: str, **settings: object) -> SettingsError:
+    loaded = load_settings(env_file=None, redis_url=url, **settings)
+    with pytest.raises(SettingsError) as caught:
+        check_redis(redis_connection(loaded), loaded)
+    assert isinstance(caught.value.__cause__, redis.RedisError)
+    assert misconfiguration(caught.value.__cause__) is not None
+    assert not is_outage(caught.value.__cause__)
+    return caught.value
+
+
+def test_acl_user_and_password_in_the_url(redis_url: str, acl_user: tuple[str, str]) -> None:
+    url = f"redis://alice:s3cret%20pass@127.0.0.1:{port_of(redis_url)}/3"
+    settings = load_settings(env_file=None, redis_url=url)
+    connection = redis_connection(settings)
+    check_redis(connection, settings)
+    assert connection.acl_whoami() == "alice"
+    assert connection.connection_pool.connection_kwargs["db"] == 3
+    connection.close()
+
+
+def test_wrong_password_is_a_settings_error_without_the_password(
+    redis_url: str, acl_user: tuple[str, str]
+) -> None:
+    error = refusal(f"redis://alice:wrong@127.0.0.1:{port_of(redis_url)}/0")
+    assert "redis://alice:***@127.0.0.1" in str(error)
+    assert "wrong" not in str(error)
+
+
+def test_requirepass_server_refuses_each_bad_credential(secured: SecuredRedis) -> None:
+    password, _ = ACL_USERS["alice"]
+    for url, cause in (
+        (secured.url(password="not it"), "authentication failed: invalid username-password"),
+        (secured.url(), "authentication failed: Authentication required"),
+        (secured.url("nobody", "whatever"), "authentication failed: invalid username-password"),
+        (secured.url("alice", "s3cret"), "authentication failed: invalid username-password"),
+    ):
+        error = refusal(url)
+        assert str(error).startswith("COSYQ_REDIS_URL (redis://"), error
+        assert cause in str(error)
+        assert "not it" not in str(error) and "whatever" not in str(error)
+    settings = load_settings(env_file=None, redis_url=secured.url("alice", password))
+    check_redis(redis_connection(settings), settings)
+
+
+def test_a_user_without_write_permission_is_refused_at_the_check(secured: SecuredRedis) -> None:
+    password, _ = ACL_USERS["reader"]
+    error = refusal(secured.url("reader", password))
+    assert "permission denied (ACL)" in str(error) and "redis://reader:***@" in str(error)
+
+
+def test_unreachable_redis_is_transient() -> None:
+    settings = load_settings(env_file=None, redis_url="redis://127.0.0.1:9/0")
+    with pytest.raises(TransientError, match=r"cannot reach Redis at redis://127\.0\.0\.1:9/0"):
+        check_redis(redis_connection(settings), settings)
+    assert is_outage(redis.ConnectionError("Connection reset by peer"))
+    assert is_outage(redis.TimeoutError("Timeout reading from socket"))
+
+
+def test_rediss_url_with_password_and_private_ca(tls_server: tuple[int, Path]) -> None:
+    port, cert = tls_server
+    settings = load_settings(
+        env_file=None,
+        redis_url=f"rediss://default:tlspass@127.0.0.1:{port}/0",
+        redis_ssl_ca_certs=cert,
+    )
+    connection = redis_connection(settings)
+    check_redis(connection, settings)
+    connection.set("k", b"v")
+    assert connection.get("k") == b"v"
+    assert type(connection.connection_pool.get_connection()).__name__ == "SSLConnection"
+    connection.close()
+
+
+def test_a_certificate_that_does_not_verify_is_a_settings_error(
+    tls_server: tuple[int, Path],
+) -> None:
+    port, _ = tls_server
+    error = refusal(f"rediss://default:tlspass@127.0.0.1:{port}/0")  # no private CA given
+    assert f"COSYQ_REDIS_URL (rediss://default:***@127.0.0.1:{port}/0)" in str(error)
+    assert "TLS certificate did not verify" in str(error) and "tlspass" not in str(error)
+
+
+def test_a_job_that_meets_a_redis_refusal_is_not_retried_as_transient() -> None:
+    for error in (
+        redis.AuthenticationError("invalid username-password pair"),
+        redis.exceptions.NoPermissionError("User reader has no permissions to run 'set'"),
+    ):
+        failure = classify(error)
+        assert failure.kind == "internal" and not failure.retryable
+        assert failure.message.startswith("Redis refused this worker: ")
+    assert classify(redis.ConnectionError("Connection refused")).kind == "transient"

@@ -1,0 +1,216 @@
+"""Storage on disk and on S3 (moto's server over real HTTP): keys, atomic writes, metadata."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+
+from shared.audio import decode_audio, encode_audio
+from shared.errors import (
+    InvalidRequestError,
+    ObjectNotFoundError,
+    StorageError,
+    StorageUnavailableError,
+    TransientError,
+)
+from shared.settings import Settings, load_settings
+from shared.storage import (
+    FileStorage,
+    S3Storage,
+    audio_metadata,
+    object_key,
+    open_storage,
+)
+from tests.integration.conftest import S3Endpoint
+
+WHEN = datetime(2025, 3, 7, 23, 30, tzinfo=UTC)
+
+
+def file_settings(root: Path, **overrides: object) -> Settings:
+    return load_settings(env_file=None, storage_url=root.as_uri(), **overrides)
+
+
+def s3_settings(endpoint: S3Endpoint, url: str, **overrides: object) -> Settings:
+    return load_settings(
+        env_file=None,
+        storage_url=url,
+        s3_endpoint_url=endpoint.url,
+        s3_region=endpoint.region,
+        s3_access_key_id=endpoint.access_key_id,
+        s3_secret_access_key=endpoint.secret_access_key,
+        **overrides,
+    )
+
+
+def make_bucket(endpoint: S3Endpoint, name: str) -> object:
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint.url,
+        region_name=endpoint.region,
+        aws_access_key_id=endpoint.access_key_id,
+        aws_secret_access_key=endpoint.secret_access_key,
+    )
+    client.create_bucket(Bucket=name)
+    return client
+
+
+# ---- keys
+
+
+def test_default_key_is_dated_by_utc_day() -> None:
+    assert object_key("abc123", "wav", now=WHEN) == "2025/03/07/abc123.wav"
+    later_elsewhere = WHEN.astimezone(timezone(timedelta(hours=5)))  # 2025-03-08 04:30 +05
+    assert object_key("abc123", "wav", now=later_elsewhere) == "2025/03/07/abc123.wav"
+
+
+def test_output_key_is_used_with_extension_added_once() -> None:
+    assert object_key("j", "flac", "customers/42/hello") == "customers/42/hello.flac"
+    assert object_key("j", "flac", "customers/42/hello.flac") == "customers/42/hello.flac"
+
+
+@pytest.mark.parametrize("key", ["../x", "/abs", "a//b", "a\\b", "a/./b", "a/"])
+def test_escaping_output_keys_are_refused(key: str) -> None:
+    with pytest.raises(ValueError):
+        object_key("j", "wav", key)
+
+
+def test_odd_job_ids_are_refused() -> None:
+    with pytest.raises(ValueError, match="letters, digits"):
+        object_key("../../etc", "wav")
+
+
+# ---- disk
+
+
+def test_file_put_get_round_trip(tmp_path: Path) -> None:
+    storage = open_storage(file_settings(tmp_path / "out"))
+    assert isinstance(storage, FileStorage)
+    encoded = encode_audio(np.zeros(2400, np.float32), 24000, "wav")
+    key = object_key("job1", "wav", now=WHEN)
+    meta = audio_metadata(job_id="job1", sha256=encoded.sha256, duration_s=encoded.duration_s)
+    stored = storage.put(key, encoded.data, encoded.content_type, meta)
+    path = tmp_path / "out" / "2025" / "03" / "07" / "job1.wav"
+    assert stored.uri == path.as_uri() and stored.bytes == len(encoded.data)
+    assert path.read_bytes() == encoded.data
+    assert storage.get(stored.uri) == encoded.data
+    assert decode_audio(storage.get(stored.uri))[0].shape == (2400,)
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in path.parent.iterdir()] == ["job1.wav"]  # no temp file left
+
+
+def test_file_put_replaces_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = open_storage(file_settings(tmp_path))
+    storage.put("a/b.wav", b"old", "audio/wav", {})
+    real_replace = os.replace
+
+    def crash(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(StorageUnavailableError, match="No space left on device"):  # may pass
+        storage.put("a/b.wav", b"new", "audio/wav", {})
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert (tmp_path / "a" / "b.wav").read_bytes() == b"old"  # the reader never saw "new" half-made
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b.wav"]  # temp file removed
+
+
+@pytest.mark.parametrize("key", ["../escape.wav", "/etc/x.wav", "a//b.wav", "a\\b.wav"])
+def test_file_put_refuses_escaping_keys(tmp_path: Path, key: str) -> None:
+    storage = open_storage(file_settings(tmp_path / "root"))
+    with pytest.raises(ValueError):
+        storage.put(key, b"x", "audio/wav", {})
+    assert not (tmp_path / "escape.wav").exists()
+
+
+def test_file_put_refuses_symlink_escape(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    with pytest.raises(StorageError, match="resolves outside"):
+        open_storage(file_settings(root)).put("link/x.wav", b"x", "audio/wav", {})
+    assert not (outside / "x.wav").exists()
+
+
+def test_file_get_errors(tmp_path: Path) -> None:
+    storage = open_storage(file_settings(tmp_path, max_read_bytes=10))
+    with pytest.raises(ObjectNotFoundError, match="no such file"):
+        storage.get((tmp_path / "missing.wav").as_uri())
+    (tmp_path / "big.wav").write_bytes(b"x" * 11)
+    with pytest.raises(InvalidRequestError, match="11 bytes, limit 10"):
+        storage.get((tmp_path / "big.wav").as_uri())
+    with pytest.raises(InvalidRequestError, match="only file:// and s3://"):
+        storage.get("http://example.com/a.wav")
+
+
+# ---- S3 over HTTP (moto server)
+
+
+def test_s3_put_sets_content_type_and_metadata(s3_endpoint: S3Endpoint) -> None:
+    client = make_bucket(s3_endpoint, "audio-out")
+    storage = open_storage(s3_settings(s3_endpoint, "s3://audio-out/tts/v1"))
+    assert isinstance(storage, S3Storage) and storage.base_uri == "s3://audio-out/tts/v1"
+    encoded = encode_audio(np.zeros(4800, np.float32), 24000, "ogg", 16000)
+    meta = audio_metadata(job_id="job9", sha256=encoded.sha256, duration_s=encoded.duration_s)
+    stored = storage.put(object_key("job9", "ogg", now=WHEN), encoded.data, "audio/ogg", meta)
+    assert stored.uri == "s3://audio-out/tts/v1/2025/03/07/job9.ogg"
+    head = client.head_object(Bucket="audio-out", Key="tts/v1/2025/03/07/job9.ogg")  # type: ignore[attr-defined]
+    assert head["ContentType"] == "audio/ogg"
+    assert head["ContentLength"] == len(encoded.data)
+    assert head["Metadata"] == {"job-id": "job9", "sha256": encoded.sha256, "duration-s": "0.200"}
+    samples, rate = decode_audio(storage.get(stored.uri))
+    assert rate == 16000 and samples.shape == (3200,)
+
+
+def test_s3_credentials_from_the_aws_environment(
+    s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_bucket(s3_endpoint, "env-creds")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-env")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-env")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    settings = load_settings(
+        env_file=None, storage_url="s3://env-creds", s3_endpoint_url=s3_endpoint.url
+    )
+    storage = open_storage(settings)
+    stored = storage.put("x.wav", b"RIFF", "audio/wav", {})
+    assert stored.uri == "s3://env-creds/x.wav" and storage.get(stored.uri) == b"RIFF"
+
+
+def test_s3_missing_object_and_bucket(s3_endpoint: S3Endpoint) -> None:
+    make_bucket(s3_endpoint, "some-bucket")
+    storage = open_storage(s3_settings(s3_endpoint, "s3://some-bucket/p"))
+    with pytest.raises(ObjectNotFoundError, match=r"s3://some-bucket/nope.wav: not found"):
+        storage.get("s3://some-bucket/nope.wav")
+    with pytest.raises(ObjectNotFoundError, match="NoSuchBucket"):
+        storage.get("s3://no-such-bucket/a.wav")  # a URI given to read: a bad request
+    with pytest.raises(StorageError, match=r"no such bucket \(NoSuchBucket"):
+        open_storage(s3_settings(s3_endpoint, "s3://no-such-bucket")).put("a.wav", b"x", "a", {})
+
+
+def test_s3_refuses_escaping_keys_and_large_reads(s3_endpoint: S3Endpoint) -> None:
+    make_bucket(s3_endpoint, "limits")
+    storage = open_storage(s3_settings(s3_endpoint, "s3://limits/p", max_read_bytes=4))
+    with pytest.raises(ValueError, match=r"'\.\.'"):
+        storage.put("../outside.wav", b"x", "audio/wav", {})
+    stored = storage.put("five.wav", b"12345", "audio/wav", {})
+    with pytest.raises(InvalidRequestError, match="5 bytes, limit 4"):
+        storage.get(stored.uri)
+
+
+def test_s3_unreachable_endpoint_is_transient() -> None:
+    settings = load_settings(
+        env_file=None,
+        storage_url="s3://b/p",
+        s3_endpoint_url="http://127.0.0.1:9",  # discard port: nothing listens
+        s3_region="us-east-1",
+        s3_access_key_id="x",
+        s3_secret_access_key="y",
+    )
+    with pytest.raises(TransientError, match=r"cannot write s3://b/p/a\.wav"):
+        open_storage(settings).put("a.wav", b"x", "audio/wav", {})

@@ -1,0 +1,123 @@
+"""The HTTP front's pieces that need no server: key check, bind rule, OpenAI -> job mapping."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from producer.cli import main
+from producer.http.auth import KeyCheck
+from producer.http.context import FrontContext
+from producer.http.errors import ApiError, param_of
+from producer.http.speech import job_payload, parse_speech, pcm_of, renamed
+from producer.http.storage_read import check_under_storage
+from producer.http_bind import check_bind, is_loopback
+from shared.errors import SettingsError
+from shared.jobs import RequestLimits, validate_request
+from shared.settings import load_settings
+
+
+def test_keys_match_only_exactly() -> None:
+    check = KeyCheck(("alpha-key", "beta-key"))
+    assert check.matches("beta-key") and check.matches("alpha-key")
+    assert not check.matches("beta-ke") and not check.matches("beta-key ")
+    assert not check.matches("") and not KeyCheck(()).enabled
+
+
+def test_settings_split_api_keys_at_commas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSYQ_API_KEYS", " key-uno, key-dos ,,key-tres ")
+    settings = load_settings(env_file=None)
+    assert settings.api_key_list() == ("key-uno", "key-dos", "key-tres")
+    assert "key-" not in repr(settings)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_loopback_may_bind_without_keys(host: str) -> None:
+    assert is_loopback(host)
+    check_bind(host, ())
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "example.com"])
+def test_other_addresses_need_keys(host: str) -> None:
+    with pytest.raises(SettingsError, match="without COSYQ_API_KEYS"):
+        check_bind(host, ())
+    check_bind(host, ("a-key",))
+
+
+def test_serve_refuses_a_public_bind_without_keys_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COSYQ_API_KEYS", raising=False)
+    assert main(["serve", "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "binds only loopback" in err
+
+
+def test_openai_request_maps_to_a_valid_job() -> None:
+    speech = parse_speech(
+        {
+            "model": "tts-1",
+            "input": "Hi.",
+            "voice": "alice",
+            "response_format": "pcm",
+            "speed": 1.5,
+            "instructions": "Whisper.",
+        }
+    )
+    request = validate_request(job_payload(speech), RequestLimits())
+    assert (request.text, request.voice, request.speed) == ("Hi.", "alice", 1.5)
+    assert (request.format, request.sample_rate) == ("wav", 24000)
+    assert (request.mode, request.instruction) == ("instruct2", "Whisper.")
+    default = validate_request(
+        job_payload(parse_speech({"model": "tts-1", "input": "x"})), RequestLimits()
+    )
+    assert default.format == "mp3" and default.voice == "default"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "tts-1"}, "input"),
+        ({"model": "whisper-1", "input": "x"}, "model"),
+        ({"model": "tts-1", "input": "x", "response_format": "aac"}, "response_format"),
+        ({"model": "tts-1", "input": "x", "stream_format": "video"}, "stream_format"),
+        ({"model": "tts-1", "input": "x", "seed": 3}, "seed"),
+    ],
+)
+def test_bad_openai_requests_name_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_speech(body)
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_contract_errors_use_openai_field_names() -> None:
+    message = "text: must not be empty; speed: 9.0 is outside 0.5-2.0; instruction: required"
+    assert renamed(message) == (
+        "input: must not be empty; speed: 9.0 is outside 0.5-2.0; instructions: required"
+    )
+    assert param_of("requests[3]: text: too long") == "text"
+    assert param_of("no field here") is None
+
+
+def test_pcm_is_the_wav_data_as_int16_le() -> None:
+    samples = (np.arange(100, dtype=np.int16) * 50).astype(np.int16)
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, 24000, format="WAV", subtype="PCM_16")
+    assert pcm_of(buffer.getvalue()) == samples.astype("<i2").tobytes()
+
+
+def test_audio_is_read_only_under_the_configured_storage(tmp_path: Path) -> None:
+    settings = load_settings(env_file=None, storage_url=(tmp_path / "out").as_uri())
+    context = FrontContext.create(settings)
+    base = (tmp_path / "out").as_uri()
+    check_under_storage(context, f"{base}/2026/12/01/job.wav")
+    for uri in ("file:///etc/passwd", f"{base}/../secret.wav", f"{base}-other/x.wav"):
+        with pytest.raises(ApiError) as caught:
+            check_under_storage(context, uri)
+        assert caught.value.code == "storage_mismatch"
+    context.client.close()

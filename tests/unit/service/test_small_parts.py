@@ -1,0 +1,101 @@
+"""Control protocol, failure classification, retry backoff, pool backoff, engine loading."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from rq.timeouts import JobTimeoutException
+
+from shared.errors import (
+    InvalidRequestError,
+    ModelLoadError,
+    StorageError,
+    StorageUnavailableError,
+    TransientError,
+)
+from shared.jobs import retry_intervals
+from shared.settings import load_settings
+from workers.service import control
+from workers.service.engine_loading import import_engine_factory, load_engine
+from workers.service.failures import classify
+from workers.service.pool import PoolConfig
+
+
+def test_control_lines_round_trip_and_survive_partial_reads() -> None:
+    reader = control.LineReader()
+    data = control.encode(control.LOADING, "w1") + control.encode(control.FAILED, "bad\nthing")
+    first = reader.feed(data[:5])
+    rest = reader.feed(data[5:] + b"garbage line\n")
+    assert first == []
+    assert rest == [
+        control.ControlMessage(control.LOADING, "w1"),
+        control.ControlMessage(control.FAILED, "bad thing"),
+    ]
+    with pytest.raises(ValueError, match="unknown control event"):
+        control.encode("shutdown")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "retryable"),
+    [
+        (InvalidRequestError("text: too long"), "invalid_request", False),
+        (TransientError("s3 down"), "transient", True),
+        (StorageUnavailableError("cannot write s3://b/k: SlowDown (HTTP 503)"), "transient", True),
+        (StorageError("cannot write /srv/out/a.wav: Read-only file system"), "storage", False),
+        (redis.ConnectionError("gone"), "transient", True),
+        (JobTimeoutException("alarm"), "transient", True),
+        (KeyError("oops"), "internal", False),
+    ],
+)
+def test_classification(error: BaseException, kind: str, retryable: bool) -> None:
+    classified = classify(error, timeout_s=30)
+    assert (classified.kind, classified.retryable) == (kind, retryable)
+    assert classified.wants_traceback == (kind == "internal")
+
+
+def test_timeout_message_names_the_limit_and_long_messages_are_cut() -> None:
+    assert classify(JobTimeoutException("x"), timeout_s=30).message == "job timed out after 30 s"
+    assert classify(classify_long()).message.endswith("...")
+
+
+def classify_long() -> Exception:
+    return RuntimeError("x" * 2000)
+
+
+def test_backoff_doubles_in_whole_seconds() -> None:
+    assert retry_intervals(3, 5.0) == [5, 10, 20]
+    assert retry_intervals(0, 5.0) == []
+    assert retry_intervals(2, 0.0) == [0, 0]
+
+
+def test_pool_backoff_is_exponential_and_capped() -> None:
+    config = PoolConfig(size=2, backoff_initial_s=1.0, backoff_max_s=5.0)
+    assert [config.backoff_s(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_engine_setting_errors_are_model_load_errors() -> None:
+    with pytest.raises(ModelLoadError, match=r"must look like 'package\.module:factory'"):
+        import_engine_factory("workers.service.engine_loading.engine_from_settings")
+    with pytest.raises(ModelLoadError, match="cannot import no_such_module"):
+        import_engine_factory("no_such_module:load")
+    with pytest.raises(ModelLoadError, match="has no callable 'nope'"):
+        import_engine_factory("workers.service.engine_loading:nope")
+
+
+def test_load_engine_times_load_and_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TESTENGINE_LOAD_S", "0.3")  # slow_load's warm-up sleeps 0.1 s
+    settings = load_settings(env_file=None, engine="tests.doubles.engines:slow_load")
+    loaded = load_engine(settings)
+    assert loaded.engine.identity.name == "test-slow-load"
+    assert 0.3 <= loaded.load_s < 0.3 + 5 and 0.1 <= loaded.warm_up_s < 0.1 + 5
+    assert getattr(loaded.engine, "warmed_up", False)
+    broken = load_settings(env_file=None, engine="tests.doubles.engines:broken")
+    with pytest.raises(ModelLoadError, match="RuntimeError: test engine crashed while loading"):
+        load_engine(broken)
+
+
+def test_an_internal_reason_is_its_type_and_first_line_only() -> None:
+    error = ValueError('Parameter validation failed:\nInvalid bucket name "B_": must match "^x"')
+    assert classify(error).message == "ValueError: Parameter validation failed:"
+    long = classify(RuntimeError("y" * 1000)).message
+    assert len(long) == 200 and long.endswith("...")

@@ -1,0 +1,127 @@
+"""Voice profiles as stored: JSON with base64 arrays (never pickle), checked when read back."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared.errors import InvalidRequestError, PromptUnreadableError
+from shared.voices import (
+    VoiceProfile,
+    VoiceSummary,
+    check_transcript,
+    check_voice_name,
+    decode_array,
+    decode_prompt_audio,
+    encode_array,
+)
+
+
+def profile(n: int = 3) -> VoiceProfile:
+    rng = np.random.default_rng(0)
+    summary = VoiceSummary(
+        name="alice",
+        transcript="Hello, I'm Alice. 你好",
+        speech_tokens=n,
+        source_sample_rate=44100,
+        source_seconds=2.5,
+        model_name="tiny",
+        checkpoint_hash="0123456789abcdef",
+        created_at="2026-01-01T00:00:00+00:00",
+        source_uri="file:///tmp/alice.wav",
+    )
+    return VoiceProfile(
+        summary=summary,
+        speech_tokens=rng.integers(0, 6561, n).astype(np.int32),
+        mel=rng.standard_normal((2 * n, 80)).astype(np.float32),
+        embedding=rng.standard_normal(192).astype(np.float32),
+    )
+
+
+def stored(p: VoiceProfile) -> tuple[str, str]:
+    return json.dumps(p.summary.to_dict()), p.arrays_json()
+
+
+def test_round_trip_is_exact() -> None:
+    original = profile()
+    back = VoiceProfile.from_fields(*stored(original))
+    assert back.summary == original.summary
+    for name in ("speech_tokens", "mel", "embedding"):
+        a, b = getattr(original, name), getattr(back, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert back.mel.flags.writeable  # a copy, not a view of the decoded bytes
+
+
+def test_arrays_are_base64_little_endian_with_shapes() -> None:
+    doc = encode_array(np.array([[1, 2], [3, 258]], dtype=np.int32))
+    assert doc["dtype"] == "int32" and doc["shape"] == [2, 2]
+    assert base64.b64decode(doc["data"])[12:16] == bytes([2, 1, 0, 0])
+    with pytest.raises(ValueError, match="only float32 and int32"):
+        encode_array(np.zeros(2, dtype=np.float64))
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"dtype": "float64", "shape": [1], "data": ""}, "malformed array entry"),
+        ({"dtype": "int32", "shape": [3], "data": base64.b64encode(b"1234").decode()}, "4 bytes"),
+        ({"dtype": "int32", "shape": [1], "data": "***"}, "malformed array entry"),
+        ({"shape": [1], "data": ""}, "malformed array entry"),
+    ],
+)
+def test_malformed_arrays_are_named(doc: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        decode_array(doc, "mel")
+
+
+def test_profiles_must_be_one_to_two() -> None:
+    meta, arrays = stored(profile())
+    docs = json.loads(arrays)
+    docs["mel"] = encode_array(np.zeros((5, 80), dtype=np.float32))
+    with pytest.raises(ValueError, match="not 1:2"):
+        VoiceProfile.from_fields(meta, json.dumps(docs))
+    newer = json.loads(meta) | {"format": 99}
+    with pytest.raises(ValueError, match="format 99"):
+        VoiceProfile.from_fields(json.dumps(newer), arrays)
+    with pytest.raises(ValueError, match="unreadable JSON"):
+        VoiceProfile.from_fields("{", arrays)
+
+
+@pytest.mark.parametrize("name", ["", "bad name", "-x", "a" * 65, "é"])
+def test_voice_names(name: str) -> None:
+    with pytest.raises(InvalidRequestError, match="voice name"):
+        check_voice_name(name)
+    assert check_voice_name("Alice_2.v-1") == "Alice_2.v-1"
+
+
+def test_unreadable_prompt_names_the_file() -> None:
+    with pytest.raises(PromptUnreadableError, match=r"x\.mp3: not a readable audio file"):
+        decode_prompt_audio(b"\x00" * 100, where="x.mp3")
+
+
+def test_shared_voices_imports_without_torch() -> None:
+    code = "import sys, shared.voices; print([m for m in ('torch', 'workers') if m in sys.modules])"
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_transcript_carries_control_tags_only() -> None:
+    assert check_transcript("  Hi [laughter] there. ", 100) == "Hi [laughter] there."
+    with pytest.raises(
+        InvalidRequestError,
+        match=r"transcript: contains the model's special token <\|endofprompt\|>",
+    ):
+        check_transcript("Hi<|endofprompt|>", 100)
+    with pytest.raises(InvalidRequestError, match=r"transcript: .*pauses are not allowed here"):
+        check_transcript('Hi <break time="1s"/> there', 100)
+    with pytest.raises(InvalidRequestError, match="transcript: 12 characters, limit 5"):
+        check_transcript("x" * 12, 5)

@@ -1,0 +1,132 @@
+"""`cosyq-worker bench`: runs on the tiny model; the full-random writer at a reduced size; FULL
+configs from its files equal the reference set's (checked on plain data, nothing materialised)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workers.cli import main
+from workers.model.directory import QWEN_DIR, YAML_FILE, ModelDirectory
+from workers.model.flow_config import FlowConfig
+from workers.model.hift_config import HiFTConfig
+from workers.model.llm import LLMConfig
+from workers.model.loader import ModelConfigs, load_model
+from workers.tools.bench.cli import set_omp_wait_policy
+from workers.tools.bench.engine_bench import BenchOptions, BenchResult, RunFigures
+from workers.tools.bench.precision import snr_db
+from workers.tools.bench.report import format_report, verdict
+from workers.tools.fixtures.full_random import FULL_SPEC, is_written, write_random_model
+from workers.tools.fixtures.tiny_config import TinySpec, qwen2_config, render_yaml
+from workers.tools.reference.parity import ReferenceSet
+
+
+def test_bench_prints_the_table_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--runs", "2", "--threads", "1", "--text", "Hello.", "--omp-wait-policy"]
+    assert main([*argv, "inherit"]) == 0
+    out = capsys.readouterr().out
+    assert "cosyq-worker bench: tiny" in out and "torch cpu fp32, 1 threads" in out
+    for row in ("model load s", "first inference s", "mean inference s", "p95 inference s"):
+        assert row in out
+    for row in ("audio s", "RTF (mean / audio)", "peak RSS GB", "tokens/s", "HiFT"):
+        assert row in out
+    assert "issue 4" not in out  # the targets are for the full-size model
+
+
+def test_worker_cli_parser_loads_no_torch() -> None:
+    """`cosyq-worker --help` stays instant, and bench can still set OMP_WAIT_POLICY in time."""
+    code = "import sys, workers.cli; workers.cli.build_parser(); print('torch' in sys.modules)"
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_wait_policy_must_be_set_before_torch_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert set_omp_wait_policy("active") == "ACTIVE"  # already in force: fine
+    assert set_omp_wait_policy("passive") == "ACTIVE"  # torch is loaded in this process
+    assert "torch was loaded before OMP_WAIT_POLICY=PASSIVE" in capsys.readouterr().err
+    assert set_omp_wait_policy("inherit") == "ACTIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert set_omp_wait_policy("inherit") == "(unset)"
+
+
+def test_forced_tokens_and_targets_table() -> None:
+    figures = RunFigures(
+        wall_s=2.0,
+        audio_s=4.0,
+        stages={"frontend": 0.01, "llm": 1.0, "flow": 0.8, "hift": 0.19},
+        speech_tokens=100,
+        pieces=1,
+        first_token_s=0.109,
+    )
+    assert figures.ms_per_token == pytest.approx(9.0)  # (1.0 - 0.109) s / 99 tokens
+    result = BenchResult(
+        options=BenchOptions(config="full-random"),
+        model="model",
+        device="cpu",
+        load_s=1.0,
+        voice_s=0.1,
+        prefill_positions=42,
+        rss_after_load_gb=0.5,
+        peak_rss_gb=2.7,
+        first=figures,
+        runs=(figures, figures),
+        load_average=(0.5, 1.5),
+        omp_wait_policy="PASSIVE",
+    )
+    report = format_report(result)
+    assert "100 speech tokens forced" in report
+    assert "OMP_WAIT_POLICY=PASSIVE; load average 0.50 before, 1.50 after" in report
+    assert "whole chain RTF, 4 s utterance" in report and "met, 79% under" in report
+    assert verdict(5.5, 5.0) == "missed, 10% over"
+
+
+def test_random_model_writer_at_a_reduced_size(tmp_path: Path) -> None:
+    spec = TinySpec()
+    root = tmp_path / "random"
+    directory = write_random_model(root, spec=spec, seed=3, hash_cache_dir=tmp_path / "h")
+    assert is_written(root, spec, 3) and not is_written(root, spec, 4)
+    assert not is_written(root, FULL_SPEC, 3)
+    assert list((tmp_path / "h").iterdir())  # hashes cached as a first worker would
+    model = load_model(directory.root, hash_cache_dir=tmp_path / "h")  # strict keys and shapes
+    assert model.configs.llm.backbone.hidden_size == spec.llm_hidden
+    up = model.llm.backbone.layers[0].mlp.up_proj.weight  # N(0, 0.02), not torch's defaults
+    assert float(up.std()) == pytest.approx(0.02, rel=0.1)
+
+
+def test_full_spec_describes_the_real_model(tmp_path: Path, reference_dir: Path) -> None:
+    (tmp_path / YAML_FILE).write_text(render_yaml(FULL_SPEC))
+    (tmp_path / QWEN_DIR).mkdir()
+    (tmp_path / QWEN_DIR / "config.json").write_text(json.dumps(qwen2_config(FULL_SPEC)))
+    configs = ModelConfigs.from_directory(ModelDirectory(tmp_path))
+    reference = ReferenceSet(reference_dir).config
+    assert configs.llm == LLMConfig.from_reference(reference, "full")
+    assert configs.flow == FlowConfig.from_reference(reference, "full") == FlowConfig()
+    assert configs.hift == HiFTConfig.from_reference(reference, "full")
+
+
+def test_snr() -> None:
+    signal = np.sin(np.linspace(0, 20, 1000))
+    assert snr_db(signal, signal) == float("inf")
+    assert snr_db(signal, signal * 1.1) == pytest.approx(20.0)  # error = 10% of the signal
+    assert snr_db(signal, np.zeros(1000)) == pytest.approx(0.0)
+
+
+def test_bf16_against_fp32_on_the_tiny_model(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "--runs", "1", "--threads", "1", "--dtype", "bf16", "--compare-fp32"]
+    assert main([*argv, "--text", "Hello.", "--omp-wait-policy", "inherit"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 vs fp32, SNR dB" in out
+    lines = [line for line in out.splitlines() if "(same" in line or "(centred)" in line]
+    values = [float(line.split()[-1]) for line in lines]
+    assert len(values) == 5 and all(0.0 < v < 100.0 for v in values)  # close, not identical

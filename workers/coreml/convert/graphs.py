@@ -1,0 +1,113 @@
+"""The four traceable graphs we convert, built from our own flow and HiFT modules.
+
+Each wrapper holds the production module under one attribute (`flow`, `cfm` or `hift`), so the
+Core ML constant names are that attribute path with dots as underscores; `compress` maps them
+back to our parameters by that rule. The graphs:
+
+- `FlowEncoderGraph`: prompt+target tokens (1, N) int32 and the speaker embedding (1, 192) ->
+  mu (1, 80, 2N) and the projected speaker vector (1, 80). Non-streaming, finalize=True.
+- `CfmGraph`: the 10-step Euler loop with classifier-free guidance, unrolled in the graph. Its
+  per-frame inputs are packed into ONE tensor `frames` (1, 241, T) = [noise | mu | cond | mask]
+  because macOS 14 allows at most one input with enumerated shapes (`--flow-buckets`).
+- `HiFTSourceGraph`: mel (1, 80, T) and standard-normal noise (1, 9, 480·T) -> the excitation
+  (1, 1, 480·T) and f0 (1, T). Always float32: its phase reaches ~4e3 rad, meaningless in fp16.
+- `HiFTDecodeGraph`: mel and excitation -> waveform (1, 480·T) (DFT-basis iSTFT).
+Splitting HiFT at the excitation also lets the runtime overwrite its start (streaming's
+`source_prefix`) exactly as `HiFTGenerator.inference` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from workers.model.flow import CausalMaskedDiffWithXvec, ConditionalFlowMatching
+from workers.model.hift import HiFTGenerator
+
+# Channel layout of the CFM's packed `frames` input: (name, channels) in order.
+CFM_FRAME_PARTS = ("noise", "mu", "cond", "mask")
+
+
+def pack_cfm_frames(noise: Tensor, mu: Tensor, cond: Tensor, mask: Tensor) -> Tensor:
+    """noise, mu, cond (1, 80, T) and mask (1, 1, T) -> frames (1, 241, T) in `CFM_FRAME_PARTS`."""
+    return torch.cat([noise, mu, cond, mask], dim=1)
+
+
+class FlowEncoderGraph(nn.Module):
+    """Tokens and speaker embedding -> (mu, speaker vector), as `flow.inference` computes them."""
+
+    def __init__(self, flow: CausalMaskedDiffWithXvec) -> None:
+        super().__init__()
+        self.flow = flow
+
+    def forward(self, tokens: Tensor, embedding: Tensor) -> tuple[Tensor, Tensor]:
+        """tokens (1, N) int32, embedding (1, 192) -> mu (1, 80, 2N), spks (1, 80)."""
+        _, mu = self.flow.encode(tokens)
+        return mu.transpose(1, 2), self.flow.project_speaker(embedding)
+
+
+class CfmGraph(nn.Module):
+    """`ConditionalFlowMatching.forward` with its frame inputs packed into one tensor."""
+
+    def __init__(self, cfm: ConditionalFlowMatching, mel_bins: int) -> None:
+        super().__init__()
+        self.cfm = cfm
+        self.mel_bins = mel_bins
+
+    def forward(self, frames: Tensor, spks: Tensor) -> Tensor:
+        """frames (1, 3·80+1, T) = [noise | mu | cond | mask], spks (1, 80) -> mel (1, 80, T)."""
+        m = self.mel_bins
+        noise, mu = frames[:, :m], frames[:, m : 2 * m]
+        cond, mask = frames[:, 2 * m : 3 * m], frames[:, 3 * m :]
+        return self.cfm(noise, mu, mask, spks, cond)
+
+
+class HiFTSourceGraph(nn.Module):
+    """F0 predictor and sine source: the part of HiFT that must stay float32."""
+
+    def __init__(self, hift: HiFTGenerator) -> None:
+        super().__init__()
+        self.hift = hift
+
+    def forward(self, mel: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """mel (1, 80, T), noise (1, 9, 480·T) -> source (1, 1, 480·T), f0 (1, T)."""
+        f0 = self.hift.f0_predictor(mel)
+        return self.hift.m_source(f0, noise), f0
+
+
+class HiFTDecodeGraph(nn.Module):
+    """Source STFT, upsampling network and the DFT-basis inverse STFT."""
+
+    def __init__(self, hift: HiFTGenerator) -> None:
+        super().__init__()
+        self.hift = hift
+
+    def forward(self, mel: Tensor, source: Tensor) -> Tensor:
+        """mel (1, 80, T), source (1, 1, 480·T) -> wav (1, 480·T) in [-0.99, 0.99]."""
+        return self.hift.decode(mel, source)
+
+
+@dataclass(frozen=True)
+class FlowGraphs:
+    encoder: FlowEncoderGraph
+    cfm: CfmGraph
+
+
+@dataclass(frozen=True)
+class HiFTGraphs:
+    source: HiFTSourceGraph
+    decode: HiFTDecodeGraph
+
+
+def flow_graphs(flow: CausalMaskedDiffWithXvec) -> FlowGraphs:
+    """The flow's two graphs, sharing `flow`'s parameters (eval mode, no grad)."""
+    flow.eval().requires_grad_(False)
+    return FlowGraphs(FlowEncoderGraph(flow), CfmGraph(flow.decoder, flow.config.mel_bins))
+
+
+def hift_graphs(hift: HiFTGenerator) -> HiFTGraphs:
+    """HiFT's two graphs, sharing `hift`'s parameters (weight norm must already be folded)."""
+    hift.eval().requires_grad_(False)
+    return HiFTGraphs(HiFTSourceGraph(hift), HiFTDecodeGraph(hift))

@@ -1,0 +1,79 @@
+"""What the job functions need from a synthesis engine, and nothing more.
+
+The engine (model code) knows nothing of queues, Redis, storage or settings: it takes plain
+values and returns samples. Job functions talk to it only through `SynthesisEngine`, so the
+worker's own tests can drive it with a test double kept in `tests/` (slow, crashing or leaking
+on purpose) while the product always runs the real engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from shared.jobs import Mode
+
+
+@dataclass(frozen=True)
+class VoicePrompt:
+    """A prompt's features, computed once and reused by every job naming the voice.
+
+    Lengths are already trimmed 1:2 (`mel` has exactly 2 frames per speech token).
+    """
+
+    speech_tokens: np.ndarray  # (n,) int32, 25 Hz speech token ids
+    mel: np.ndarray  # (2n, 80) float32, 24 kHz log-mel, time-major
+    embedding: np.ndarray  # (192,) float32 CAM++ speaker embedding (not normalised)
+    transcript: str  # what the prompt says; used by zero_shot
+
+
+@dataclass(frozen=True)
+class SynthesisInput:
+    """One request's plain values, already validated."""
+
+    text: str
+    prompt: VoicePrompt
+    mode: Mode = "zero_shot"
+    language: str = "auto"  # auto, en, zh, ja: how numbers and symbols are read
+    instruction: str | None = None  # instruct2 only
+    speed: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Which weights ran where: reported in worker_ready and in every result."""
+
+    name: str  # e.g. "CosyVoice2-0.5B" or "cosyq-tiny"
+    checkpoint_hash: str  # hash over llm.pt, flow.pt, hift.pt
+    backend: str  # "torch" or "coreml"
+    device: str  # "cpu", "mps", "cuda", "ane/gpu/cpu" ...
+
+
+@dataclass
+class SynthesisOutput:
+    """24 kHz mono samples plus what each stage cost."""
+
+    samples: np.ndarray  # (N,) float32 in [-1, 1]
+    sample_rate: int
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # frontend, llm, flow, hift, join
+    speech_tokens: int = 0
+    batch_size: int = 1  # the most requests that shared an LLM step with this one
+
+
+class SynthesisEngine(Protocol):
+    """A loaded model that turns text into samples; one per worker process."""
+
+    identity: ModelIdentity
+    sample_rate: int
+
+    def warm_up(self) -> None:
+        """Run every shape the backend compiles for, so the first real job is not slow."""
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        """Text to samples. Raises InvalidRequestError for input that can never succeed."""
+
+    def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
+        """Prompt audio (any rate >= 16 kHz, mono float32) to reusable voice features."""

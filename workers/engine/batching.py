@@ -1,0 +1,91 @@
+"""The engine's batch interface: many jobs in flight in one worker, each with its own answer.
+
+The worker hands requests to a `BatchSession` as it admits them and gets one future per
+request; the session runs the model on its own thread and may join requests that arrive while
+others decode (continuous batching). One request's failure is its own future's exception, never
+its neighbours'. `open_batch_session` gives the engine's own session when it has one (the
+PyTorch pipeline's batched decode loop), else `SequentialSession`, which runs requests one by
+one on the model thread: the same contract for engines that cannot batch (test doubles).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Protocol, runtime_checkable
+
+from workers.engine.api import SynthesisEngine, SynthesisInput, SynthesisOutput
+
+
+class BatchSession(Protocol):
+    """Requests in, futures out; `max_batch` requests at most in flight."""
+
+    max_batch: int
+
+    def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
+        """Queue one request; its output (or exception) arrives on the future."""
+        ...
+
+    def in_flight(self) -> int:
+        """Requests submitted whose futures are not done yet."""
+        ...
+
+    def close(self) -> None:
+        """Finish every submitted request, then stop the model thread."""
+        ...
+
+
+@runtime_checkable
+class BatchingEngine(Protocol):
+    """An engine with its own batched session (continuous batching across requests)."""
+
+    def open_batch_session(self, max_batch: int) -> BatchSession: ...
+
+
+class SequentialSession:
+    """A BatchSession that runs one request at a time on its own model thread."""
+
+    def __init__(self, engine: SynthesisEngine, max_batch: int = 1) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._queue: queue.Queue[tuple[SynthesisInput, Future[SynthesisOutput]] | None] = (
+            queue.Queue()
+        )
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="cosyq-model", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
+        future: Future[SynthesisOutput] = Future()
+        with self._lock:
+            self._pending += 1
+        self._queue.put((request, future))
+        return future
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            request, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(self.engine.synthesize(request))
+                except BaseException as e:  # the job boundary classifies it
+                    future.set_exception(e)
+            with self._lock:
+                self._pending -= 1
+
+
+def open_batch_session(engine: SynthesisEngine, max_batch: int) -> BatchSession:
+    """The engine's own batched session when it has one, else a sequential one."""
+    if max_batch > 1 and isinstance(engine, BatchingEngine):
+        return engine.open_batch_session(max_batch)
+    return SequentialSession(engine, max_batch)

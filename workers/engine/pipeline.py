@@ -1,0 +1,285 @@
+"""The synthesis engine: text in, 24 kHz samples out, for every mode, deterministic when seeded.
+
+`build_engine` loads one from plain values (the service layer maps Settings onto them and picks
+the backend). One request runs as:
+  frontend  normalise + split the text into pieces, token ids of the mode's LLM prompt
+  per piece LLM speech tokens -> flow mel (speed change) -> HiFT samples
+  join      the pieces' audio with short fades and a pause (`assembly`)
+Everything a request owns lives in its `RequestState` (generator, clock, counters), created
+per call: the engine object holds only loaded models and options, so requests can run back to
+back without leaking into each other. One CPU `torch.Generator` per request, seeded from the
+request's seed (a fresh random seed when it has none), feeds the LLM sampler and the HiFT
+source in a fixed order, so the same request and seed give the same samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shared.errors import InvalidRequestError
+from shared.text_markup import speech_limit_message, speech_seconds
+from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.engine.assembly import JoinConfig, change_speed, join_pieces
+from workers.engine.devices import resolve_device, resolve_dtype
+from workers.engine.modes import LLMPrompt, llm_prompt
+from workers.engine.prompt_models import PromptModels
+from workers.engine.stages import (
+    FlowStage,
+    ModuleFlow,
+    ModuleVocoder,
+    SpeechTokenStage,
+    TorchSpeechTokens,
+    VocoderStage,
+)
+from workers.engine.text_frontend import TextFrontend, TextPiece
+from workers.engine.text_split import SplitConfig
+from workers.engine.voice_extraction import VoiceExtractor
+from workers.model.directory import QWEN_DIR
+from workers.model.loader import load_model
+from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
+from workers.model.tokenizer import load_text_tokenizer
+
+STAGES = ("frontend", "llm", "flow", "hift", "join")
+WARM_UP_TEXT = "Hello."
+WARM_UP_TOKENS = 25  # one second of speech: every stage runs once at a bounded cost
+WARM_UP_PROMPT_TOKENS = 25
+SILENT_MEL = -11.5  # ~ln(1e-5): the prompt mel's floor, i.e. silence
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Per-engine choices (the service layer fills them from Settings)."""
+
+    normalize_text: bool = True
+    split: SplitConfig = field(default_factory=SplitConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
+    max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
+    forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
+
+
+class StageClock:
+    """Seconds spent per stage, summed over the pieces of one request."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.perf_counter() - start
+
+
+def fresh_seed() -> int:
+    """A random seed in the contract's range 0..2**32-1."""
+    return int.from_bytes(os.urandom(4), "little")
+
+
+@dataclass
+class RequestState:
+    """One request's mutable state: created per call, never kept on the engine."""
+
+    seed: int
+    generator: torch.Generator
+    clock: StageClock = field(default_factory=StageClock)
+    pieces: int = 0
+    speech_tokens: int = 0
+    llm_first_token_s: float = 0.0  # summed over pieces: prefill + first sampling step
+
+    @classmethod
+    def start(cls, seed: int | None) -> RequestState:
+        seed = fresh_seed() if seed is None else seed
+        return cls(seed=seed, generator=torch.Generator(device="cpu").manual_seed(seed))
+
+
+class SynthesisPipeline:
+    """A `SynthesisEngine`: front end, three stages and how to assemble their output."""
+
+    def __init__(
+        self,
+        *,
+        frontend: TextFrontend,
+        voices: VoiceExtractor,
+        llm: SpeechTokenStage,
+        flow: FlowStage,
+        vocoder: VocoderStage,
+        identity: ModelIdentity,
+        sample_rate: int,
+        options: EngineOptions,
+        prompt_dims: tuple[int, int] = (80, 192),  # mel bins, speaker embedding size
+    ) -> None:
+        self.frontend = frontend
+        self.voices = voices
+        self.llm = llm
+        self.flow = flow
+        self.vocoder = vocoder
+        self.identity = identity
+        self.sample_rate = sample_rate
+        self.options = options
+        self.prompt_dims = prompt_dims
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        samples, state = self.run(request)
+        return SynthesisOutput(
+            samples=samples,
+            sample_rate=self.sample_rate,
+            stage_seconds=dict(state.clock.seconds),
+            speech_tokens=state.speech_tokens,
+        )
+
+    def run(
+        self, request: SynthesisInput, *, forced_length: int | None = None
+    ) -> tuple[np.ndarray, RequestState]:
+        """Samples and the request's state (stage times, counters: what `bench` reports)."""
+        state = RequestState.start(request.seed)
+        forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
+        with state.clock.timed("frontend"):
+            _check_request(request)
+            pieces = self.frontend.pieces(
+                request.text, language=request.language, transcript=request.prompt.transcript
+            )
+            check_speech_bound(pieces, self.options.max_speech_seconds)
+            prompt = llm_prompt(self.frontend, request)
+        audio = [self._piece(piece, prompt, request, state, forced) for piece in pieces]
+        with state.clock.timed("join"):
+            samples = join_pieces(
+                audio,
+                self.sample_rate,
+                self.options.join,
+                gaps=[piece.pause_before_s for piece in pieces[1:]],
+                lead_s=pieces[0].pause_before_s or 0.0,
+                tail_s=pieces[-1].pause_after_s,
+            )
+        return samples, state
+
+    def _piece(
+        self,
+        piece: TextPiece,
+        prompt: LLMPrompt,
+        request: SynthesisInput,
+        state: RequestState,
+        forced_length: int | None,
+    ) -> np.ndarray:
+        with state.clock.timed("llm"):
+            tokens = self.llm.generate(
+                list(piece.ids),
+                prompt_text=prompt.text_ids,
+                prompt_speech=prompt.speech_tokens,
+                generator=state.generator,
+                forced_length=forced_length,
+            )
+        state.pieces += 1
+        state.speech_tokens += int(tokens.ids.size)
+        state.llm_first_token_s += tokens.first_token_s
+        if tokens.ids.size == 0:
+            return np.zeros(0, dtype=np.float32)
+        with state.clock.timed("flow"):
+            mel = change_speed(self.flow.mel(tokens.ids, request.prompt), request.speed)
+        with state.clock.timed("hift"):
+            return self.vocoder.waveform(mel, state.generator)
+
+    def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
+        return self.voices.extract(samples, sample_rate, transcript)
+
+    def warm_up(self) -> None:
+        """One short synthesis (forced length) on a silent prompt: every stage runs once."""
+        mel_bins, embedding_dim = self.prompt_dims
+        prompt = VoicePrompt(
+            speech_tokens=np.zeros(WARM_UP_PROMPT_TOKENS, dtype=np.int32),
+            mel=np.full((2 * WARM_UP_PROMPT_TOKENS, mel_bins), SILENT_MEL, dtype=np.float32),
+            embedding=np.zeros(embedding_dim, dtype=np.float32),
+            transcript="",
+        )
+        request = SynthesisInput(text=WARM_UP_TEXT, prompt=prompt, mode="cross_lingual", seed=0)
+        self.run(request, forced_length=WARM_UP_TOKENS)
+
+
+def check_speech_bound(pieces: list[TextPiece], limit_s: float) -> None:
+    """Refuse, before any synthesis, a request whose speech estimate (text tokens after
+    normalisation, plus pauses) is over `limit_s`: a runaway expansion would outlast the job
+    timeout and be retried."""
+    tokens = sum(len(piece.ids) for piece in pieces)
+    pauses = sum(piece.pause_before_s or 0.0 for piece in pieces) + pieces[-1].pause_after_s
+    estimate = speech_seconds(tokens, pauses)
+    if estimate > limit_s:
+        detail = f"{tokens:,} text tokens after normalisation in {len(pieces)} pieces"
+        if pauses:
+            detail += f", {pauses:g} s of pauses"
+        raise InvalidRequestError(f"text: {speech_limit_message(estimate, limit_s, detail)}")
+
+
+def _check_request(request: SynthesisInput) -> None:
+    if not np.isfinite(request.speed) or request.speed <= 0:
+        raise InvalidRequestError(f"speed: {request.speed} must be a positive number")
+    if request.seed is not None and not 0 <= request.seed < 2**32:
+        raise InvalidRequestError(f"seed: {request.seed} is outside 0-{2**32 - 1:,}")
+
+
+def build_engine(
+    model_dir: Path,
+    *,
+    device: str = "auto",
+    dtype: str = "fp32",
+    options: EngineOptions | None = None,
+    hash_cache_dir: Path | None = None,
+    flow: FlowStage | None = None,
+    vocoder: VocoderStage | None = None,
+    llm: SpeechTokenStage | None = None,
+    backend: str = "torch",
+    reported_device: str | None = None,
+) -> SynthesisPipeline:
+    """Load a model directory into an engine whose torch parts run on `device` ("auto": mps,
+    cuda, cpu). Another runtime's `flow` / `vocoder` / `llm` stages replace the torch ones;
+    `backend` and `reported_device` then say so in the engine's identity ("coreml", "ane/cpu").
+    """
+    options = options or EngineOptions()
+    torch_device = resolve_device(device)
+    replaced = {"flow": flow, "hift": vocoder}
+    loaded = load_model(
+        model_dir,
+        device=torch_device,
+        dtype=resolve_dtype(dtype),
+        hash_cache_dir=hash_cache_dir,
+        torch_stages=frozenset(stage for stage, other in replaced.items() if other is None),
+    )
+    configs = loaded.configs
+    frontend = TextFrontend(
+        load_text_tokenizer(loaded.directory.root / QWEN_DIR),
+        normalize=options.normalize_text,
+        split=options.split,
+    )
+    voices = VoiceExtractor(
+        PromptModels(loaded.directory.root, threads=torch.get_num_threads()),
+        configs.mel,
+        speech_vocab=configs.llm.speech_token_size,
+        max_seconds=options.max_prompt_seconds,
+    )
+    identity = ModelIdentity(
+        name=loaded.directory.name,
+        checkpoint_hash=loaded.checkpoint_hash,
+        backend=backend,
+        device=reported_device or str(torch_device),
+    )
+    return SynthesisPipeline(
+        frontend=frontend,
+        voices=voices,
+        llm=llm or TorchSpeechTokens(loaded.llm),
+        flow=flow or ModuleFlow(loaded.flow),
+        vocoder=vocoder or ModuleVocoder(loaded.hift),
+        identity=identity,
+        sample_rate=configs.hift.sampling_rate,
+        options=options,
+        prompt_dims=(configs.flow.mel_bins, configs.flow.spk_embed_dim),
+    )

@@ -1,0 +1,231 @@
+"""A worker's background duties, run by one thread every heartbeat interval.
+
+The main thread may sit in a long synthesis (or a blocking dequeue) for minutes, so everything
+that must keep happening meanwhile lives here: refresh the running job's heartbeat key, publish
+the worker's stats hash for `cosyq status`, reap jobs of dead workers, promote due retries, and
+any extra checks the worker adds (lifetime, parent pool gone). Each duty survives Redis errors;
+an outage is logged once when a duty first fails and once when Redis answers again (an idle
+worker's heartbeat duty asks Redis nothing, so it never counts as a recovery); after it the
+reaper waits one heartbeat TTL so live workers can refresh their keys first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import redis
+from redis.client import Pipeline
+from rq.exceptions import StopRequested
+from rq.job import Job
+from rq.queue import Queue
+
+from shared import keys
+from shared.logs import get_logger
+from workers.service import metrics
+from workers.service.host import rss_mb
+from workers.service.reaper import Reaper
+from workers.service.retries import promote_due_retries
+
+log = get_logger(__name__)
+
+# Delete the heartbeat key only if it still names us (a reaped job may run elsewhere by now).
+_DELETE_IF_OURS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+STOP_JOIN_TIMEOUT_S = 5.0
+
+
+class NotReplicatedError(redis.ConnectionError):
+    """The attempt's record did not reach COSYQ_REDIS_WAIT_REPLICAS replicas in time.
+
+    An outage for the job (it is put back, not run): after a failover an attempt that only the
+    old master saw would be forgotten, and the job would run again under the same count.
+    """
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class WorkerStats:
+    """What `cosyq status` shows for one worker (hash `cosyq:worker-stats:<name>`)."""
+
+    name: str
+    pid: int
+    host: str
+    queues: str
+    slot: str = ""
+    state: str = "starting"  # starting, loading, idle, busy, retiring, stopping
+    current_job: str = ""
+    jobs_done: int = 0
+    backend: str = ""
+    device: str = ""
+    model: str = ""
+    threads: int = 0
+    started_at: str = field(default_factory=utc_now_iso)
+    ready_at: str = ""
+
+    def as_mapping(self) -> dict[str, str]:
+        values = {name: str(value) for name, value in asdict(self).items()}
+        values["rss_mb"] = f"{rss_mb():.0f}"
+        return values
+
+
+class Housekeeper:
+    """Owns the heartbeat of the running job and the periodic duties (see module docstring)."""
+
+    def __init__(
+        self,
+        connection: redis.Redis,
+        stats: WorkerStats,
+        reaper: Reaper,
+        queues: list[Queue],
+        *,
+        interval_s: float,
+        ttl_s: float,
+        wait_replicas: int = 0,
+        wait_timeout_s: float = 1.0,
+    ) -> None:
+        self.connection = connection
+        self.stats = stats
+        self.reaper = reaper
+        self.queues = queues
+        self.interval_s = interval_s
+        self.ttl_ms = int(ttl_s * 1000)
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = max(1, int(wait_timeout_s * 1000))
+        self.extra_duties: list[Callable[[], None]] = []
+        self._job_id: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cosyq-housekeeping", daemon=True)
+        self._failing = False
+        self._recovered_at: float | None = None
+        self._delete_if_ours = connection.register_script(_DELETE_IF_OURS)
+
+    @property
+    def stats_key(self) -> str:
+        return keys.worker_stats_key(self.stats.name)
+
+    def start(self) -> None:
+        self.tick()  # start-up duties (reap what a previous worker left) before anything else
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(STOP_JOIN_TIMEOUT_S)
+        with contextlib.suppress(redis.RedisError):
+            self.connection.delete(self.stats_key)
+
+    def set_state(self, state: str) -> None:
+        self.stats.state = state
+        self._guarded("publish_stats", self.publish_stats)
+
+    def begin_job(self, job_id: str, job_fields: Mapping[str, str | int]) -> None:
+        """Claim the job's heartbeat and write `job_fields` to its hash, in one round trip;
+        called before RQ marks the job started (see workers/reaper.py for why). With
+        wait_replicas, the same round trip WAITs for them (NotReplicatedError if too few)."""
+        with self._lock:
+            self._job_id = job_id
+            self.stats.state, self.stats.current_job = "busy", job_id
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
+            pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+            self._queue_stats(pipe)
+            if self.wait_replicas:
+                pipe.wait(self.wait_replicas, self.wait_timeout_ms)  # same connection: our writes
+            replies = pipe.execute()
+        if self.wait_replicas and int(replies[-1]) < self.wait_replicas:
+            raise NotReplicatedError(
+                f"job {job_id}: attempt on {replies[-1]} of {self.wait_replicas} replicas after "
+                f"{self.wait_timeout_ms} ms"
+            )
+
+    def end_job(self, job_id: str) -> None:
+        """Drop the heartbeat; called after RQ removed the job from the started registry."""
+        with self._lock:
+            self._job_id = None
+            self.stats.jobs_done += 1
+            self.stats.current_job = ""
+            if self.stats.state == "busy":
+                self.stats.state = "idle"
+        key = keys.job_heartbeat_key(job_id)
+
+        def release() -> None:
+            with self.connection.pipeline(transaction=False) as pipe:
+                self._delete_if_ours(keys=[key], args=[self.stats.name], client=pipe)
+                self._queue_stats(pipe)
+                pipe.execute()
+
+        self._guarded("end_job", release)
+
+    def publish_stats(self) -> None:
+        with self.connection.pipeline(transaction=False) as pipe:
+            self._queue_stats(pipe)
+            pipe.execute()
+
+    def _queue_stats(self, pipe: Pipeline) -> None:
+        metrics.set_worker_state(self.stats.state)  # every state change passes through here
+        pipe.hset(self.stats_key, mapping=cast(Mapping[Any, Any], self.stats.as_mapping()))
+        pipe.pexpire(self.stats_key, self.ttl_ms)
+
+    def tick(self) -> None:
+        """One round of every duty; errors are logged, never raised."""
+        healthy = self._guarded("heartbeat", self._refresh_heartbeat)
+        healthy = self._guarded("publish_stats", self.publish_stats) and healthy
+        if healthy and self._reaper_armed():
+            self._guarded("reap", self.reaper.reap)
+        self._guarded("promote_retries", lambda: promote_due_retries(self.connection, self.queues))
+        for duty in self.extra_duties:
+            self._guarded(getattr(duty, "__name__", "duty"), duty, uses_redis=False)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.tick()
+
+    def _refresh_heartbeat(self) -> bool:
+        """Refresh the running job's heartbeat; False when idle (Redis was not asked)."""
+        with self._lock:
+            job_id = self._job_id
+        if job_id is None:
+            return False
+        self.connection.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+        return True
+
+    def _reaper_armed(self) -> bool:
+        """False for one TTL after a Redis outage, so live workers re-claim their jobs first."""
+        if self._recovered_at is None:
+            return True
+        if time.monotonic() - self._recovered_at >= self.ttl_ms / 1000:
+            self._recovered_at = None
+            return True
+        return False
+
+    def _guarded(self, duty: str, action: Callable[[], object], *, uses_redis: bool = True) -> bool:
+        try:
+            asked = action()
+        except StopRequested:
+            raise  # RQ's warm-stop signal, raised in the main thread: not ours to swallow
+        except redis.RedisError as e:
+            if not self._failing:
+                log.warning("housekeeping_redis_error", duty=duty, error=str(e), pid=os.getpid())
+            self._failing = True
+            return False
+        except Exception:
+            log.exception("housekeeping_error", duty=duty)
+            return False
+        if self._failing and uses_redis and asked is not False:  # Redis answered: it is back
+            self._failing = False
+            self._recovered_at = time.monotonic()
+            log.info("housekeeping_redis_recovered", duty=duty, pid=os.getpid())
+        return True

@@ -1,0 +1,264 @@
+"""A worker process's start-up and shutdown, in the order they must happen.
+
+Start: logging; refuse a Rosetta-translated Python; per-worker thread budget (before torch
+loads); housekeeping (its first tick reaps jobs a dead predecessor left); tell the pool we are
+loading; probe storage (write, read back, delete; before the model load, which takes minutes);
+load the engine and warm it up; install the job functions' runtime; log `worker_ready` and tell
+the pool. A failure before `worker_ready` is logged once, sent to the pool, recorded for
+`cosyq status` and raised, so the process exits non-zero without ever taking a job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from typing import TYPE_CHECKING
+
+import redis
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+
+from shared.connection import follow_master, redis_connection
+from shared.errors import CosyqError, StorageError
+from shared.jobs import RequestLimits
+from shared.logs import configure_logging, get_logger
+from shared.start_failures import NO_SLOT, clear_start_failure, record_start_failure
+from shared.storage import Storage, open_storage
+from shared.storage_probe import ProbeOutcome, wait_for_storage
+from shared.storage_retry import Backoff
+from shared.voices import VoiceRegistry
+from workers.service import control, host, metrics
+from workers.service.engine_loading import LoadedEngine, load_engine
+from workers.service.housekeeping import Housekeeper, WorkerStats, utc_now_iso
+from workers.service.job_runtime import WorkerRuntime, install_runtime
+from workers.service.outage import wait_for_redis
+from workers.service.reaper import Reaper, release_job
+from workers.voices.book import VoiceBook
+
+if TYPE_CHECKING:
+    from rq.job import Job
+
+    from workers.worker import CosyqWorker
+
+log = get_logger(__name__)
+
+
+class WorkerLifecycle:
+    """Start-up and shutdown of one CosyqWorker process (see module docstring)."""
+
+    def __init__(self, worker: CosyqWorker) -> None:
+        self.worker = worker
+        self.settings = worker.settings
+        self.device = "cpu"
+        self.threads = 1
+        self.housekeeper = self._build_housekeeper()
+        self._parent_pid = os.getppid()
+        self._orphan_noted = False
+
+    def start(self) -> None:
+        configure_logging(self.settings)  # again is harmless; `rq worker -w` never did it
+        translated = host.is_translated()
+        facts = host.host_facts(translated)
+        try:
+            host.refuse_translated(translated, allow_rosetta=self.settings.allow_rosetta)
+            self.threads = host.threads_per_worker(
+                self.settings.threads, self.settings.pool_size, facts.physical_cores
+            )
+            host.limit_threads_before_load(self.threads, self.settings.pool_size)
+            self.housekeeper.extra_duties.append(self.worker.lifetime_duty)
+            self.housekeeper.extra_duties.append(self._follow_master)
+            if self.worker.control is not None:
+                self.housekeeper.extra_duties.append(self._watch_parent)
+            self.housekeeper.stats.state = "loading"
+            self.housekeeper.start()
+            self._send(control.LOADING, self.worker.name)
+            log.info("worker_loading", worker=self.worker.name, slot=self.worker.slot)
+            storage = self._probe_storage()
+            loaded = load_engine(self.settings)
+        except CosyqError as e:
+            log.error("worker_start_failed", worker=self.worker.name, error=str(e))
+            self._send(control.FAILED, f"{type(e).__name__}: {e}")
+            self._record_failure(f"{type(e).__name__}: {e}")
+            raise
+        host.limit_threads_after_load(self.threads)
+        self._install(loaded, storage)
+        wait_for_redis(self.worker.connection)
+        self._announce_ready(loaded, facts)
+
+    def stop(self) -> None:
+        self.housekeeper.stop()
+        install_runtime(None)
+        if self.worker.control is not None:
+            self.worker.control.close()
+
+    def give_back(self, job: Job, queue: Queue) -> None:
+        """Cold shutdown: hand the running job back now instead of waiting for the reaper."""
+        execution = self.worker.execution
+        if execution is None:
+            return
+        entry = f"{job.id}:{execution.id}"
+        json_queue = Queue(
+            queue.name,
+            connection=self.housekeeper.connection,
+            job_class=self.worker.job_class,
+            serializer=JSONSerializer,
+        )
+        try:
+            release_job(
+                self.housekeeper.connection,
+                json_queue,
+                entry,
+                kind="worker_died",
+                message="worker died: stopped (second signal) while running this job",
+            )
+        except redis.RedisError as e:
+            log.warning("give_back_failed", job_id=job.id, error=str(e))
+
+    def _build_housekeeper(self) -> Housekeeper:
+        worker, settings = self.worker, self.settings
+        side = redis_connection(settings)  # its own pool: never stuck behind a blocking dequeue
+        quick = max(1.0, settings.heartbeat_ttl_s / 2)  # a stuck call must not outlive the TTL
+        side.connection_pool.connection_kwargs.update(socket_timeout=quick)
+        stats = WorkerStats(
+            name=worker.name,
+            pid=os.getpid(),
+            host=worker.hostname or "",
+            queues=",".join(worker.queue_names()),
+            slot="" if worker.slot is None else str(worker.slot),
+        )
+        queues = [
+            Queue(name, connection=side, job_class=worker.job_class, serializer=JSONSerializer)
+            for name in worker.queue_names()
+        ]
+        reaper = Reaper(side, worker.queue_names(), heartbeat_ttl_s=settings.heartbeat_ttl_s)
+        return Housekeeper(
+            side,
+            stats,
+            reaper,
+            queues,
+            interval_s=settings.heartbeat_interval_s,
+            ttl_s=settings.heartbeat_ttl_s,
+            wait_replicas=settings.redis_wait_replicas,
+            wait_timeout_s=settings.redis_wait_timeout_s,
+        )
+
+    def _probe_storage(self) -> Storage:
+        """The storage jobs will write to, once a probe object went there and back."""
+        storage = open_storage(self.settings)
+
+        def on_retry(outcome: ProbeOutcome, delay_s: float) -> None:
+            log.warning(
+                "storage_probe_retry",
+                url=outcome.url,
+                cause=outcome.cause,
+                attempt=outcome.attempts,
+                retry_in_s=delay_s,
+            )
+
+        outcome = wait_for_storage(
+            storage,
+            wait_s=self.settings.storage_probe_wait_s,
+            backoff=Backoff.from_settings(self.settings),
+            on_retry=on_retry,
+        )
+        if not outcome.ok:
+            raise StorageError(outcome.line)
+        log.info(
+            "storage_ready",
+            url=outcome.url,
+            probe_s=round(outcome.elapsed_s, 3),
+            attempts=outcome.attempts,
+            warning=outcome.warning or None,
+        )
+        return storage
+
+    def _place(self) -> dict[str, str]:
+        """Where this worker runs, as `cosyq status` groups start-up failures."""
+        slot = self.worker.slot
+        return {"host": socket.gethostname(), "slot": NO_SLOT if slot is None else str(slot)}
+
+    def _record_failure(self, reason: str) -> None:
+        try:
+            record_start_failure(
+                self.housekeeper.connection,
+                **self._place(),
+                worker=self.worker.name,
+                reason=reason,
+                ttl_s=self.settings.start_failure_ttl_s,
+                count=self.worker.control is None,  # under a pool, the pool counts
+            )
+        except redis.RedisError as e:
+            log.warning("start_failure_unrecorded", error=str(e))
+
+    def _install(self, loaded: LoadedEngine, storage: Storage) -> None:
+        engine, settings = loaded.engine, self.settings
+        voices = VoiceBook(
+            engine,
+            storage,
+            model_dir=settings.model_dir,
+            registry=VoiceRegistry(self.worker.connection),
+            max_prompt_seconds=settings.max_prompt_seconds,
+            cache_ttl_s=settings.default_voice_cache_ttl_s,
+        )
+        voices.prepare_default()
+        install_runtime(
+            WorkerRuntime(
+                settings=settings,
+                engine=engine,
+                storage=storage,
+                voices=voices,
+                limits=RequestLimits.from_settings(settings),
+                worker_name=self.worker.name,
+                worker_pid=os.getpid(),
+            )
+        )
+        self.device = engine.identity.device
+
+    def _announce_ready(self, loaded: LoadedEngine, facts: host.HostFacts) -> None:
+        identity = loaded.engine.identity
+        stats = self.housekeeper.stats
+        stats.backend, stats.device, stats.model = identity.backend, identity.device, identity.name
+        stats.threads, stats.ready_at = self.threads, utc_now_iso()
+        metrics.record_model_load(loaded.load_s)
+        self.housekeeper.set_state("idle")
+        try:
+            clear_start_failure(self.housekeeper.connection, **self._place())
+        except redis.RedisError as e:
+            log.warning("start_failure_not_cleared", error=str(e))
+        log.info(
+            "worker_ready",
+            worker=self.worker.name,
+            pid=os.getpid(),
+            slot=self.worker.slot,
+            load_s=round(loaded.load_s, 3),
+            warm_up_s=round(loaded.warm_up_s, 3),
+            platform=facts.platform,
+            arch=facts.arch,
+            translated=facts.translated,
+            backend=identity.backend,
+            device=identity.device,
+            threads=self.threads,
+            model=identity.name,
+            checkpoint_hash=identity.checkpoint_hash,
+            job_budget=self.worker.tracker.job_budget,
+            queues=self.worker.queue_names(),
+        )
+        self._send(control.READY)
+
+    def _send(self, event: str, detail: str = "") -> None:
+        if self.worker.control is not None:
+            self.worker.control.send(event, detail)
+
+    def _follow_master(self) -> None:
+        """Sentinel: move both clients to a new master within one housekeeping tick."""
+        for connection in (self.worker.connection, self.housekeeper.connection):
+            if follow_master(connection):
+                log.warning("redis_master_changed", worker=self.worker.name)
+
+    def _watch_parent(self) -> None:
+        """A pool child whose pool died stops warmly instead of running on as an orphan."""
+        if os.getppid() != self._parent_pid and not self._orphan_noted:
+            self._orphan_noted = True
+            log.warning("worker_orphaned", parent_pid=self._parent_pid)
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,120 @@
+"""`cosyq-worker bench`: benchmarks that print tables.
+
+`cosyq-worker bench [options]` benchmarks the synthesis engine (the default action). Further
+benchmarks are subcommands registered below: each entry of `SUBCOMMANDS` names a module with
+`register_bench(commands)` that adds its own parser (e.g. `bench queue`, `bench quantization`).
+Registering stays cheap: nothing heavy is imported until a benchmark runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from workers.tools.bench import DEFAULT_TEXT
+
+# Modules exposing `register_bench(commands)`; e.g. "workers.tools.bench.queue_cli" (`bench queue`).
+SUBCOMMANDS: tuple[str, ...] = (
+    "workers.tools.bench.queue_cli",
+    "workers.tools.bench.quantization_cli",
+)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmarks (default: the synthesis engine, load to samples)",
+        description="Without a subcommand: time the whole synthesis engine (load, first and "
+        "repeated inference, RTF, RSS, per-stage times) and print a table.",
+    )
+    add_engine_arguments(parser)
+    parser.set_defaults(handler=run_engine_bench)
+    commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    for module_name in SUBCOMMANDS:
+        importlib.import_module(module_name).register_bench(commands)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=["torch"], default="torch")
+    parser.add_argument("--device", default="cpu", help="cpu, mps, cuda or auto (default cpu)")
+    parser.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    parser.add_argument(
+        "--config",
+        choices=["tiny", "full-random"],
+        default="tiny",
+        help="tiny model, or the FULL architecture with random weights (default tiny)",
+    )
+    parser.add_argument("--model-dir", type=Path, help="bench this model directory instead")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs after the first")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--text", default=DEFAULT_TEXT)
+    parser.add_argument(
+        "--tokens", type=int, help="force this many speech tokens per piece (full-random: 100)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cache-dir", type=Path, help="where full-random writes its model (~/.cache/cosyq/...)"
+    )
+    parser.add_argument(
+        "--compare-fp32",
+        action="store_true",
+        help="with --dtype fp16/bf16: also load fp32 and print each stage's SNR against it",
+    )
+    parser.add_argument(
+        "--omp-wait-policy",
+        choices=["passive", "active", "inherit"],
+        default="inherit",
+        help="OpenMP threads sleep (passive: best when other work shares the cores) or spin "
+        "(active) between parallel regions; inherit (default): as the environment has it",
+    )
+
+
+def set_omp_wait_policy(policy: str) -> str:
+    """Set OMP_WAIT_POLICY before torch loads OpenMP; returns the policy in force.
+
+    Once torch is loaded the runtime has read the variable: then it is left as it is, with a
+    warning, and the printed table shows the policy that really applied.
+    """
+    wanted = policy.upper()
+    current = os.environ.get("OMP_WAIT_POLICY")
+    if policy == "inherit" or current == wanted:
+        return current or "(unset)"
+    if "torch" in sys.modules:
+        print(
+            f"cosyq-worker bench: torch was loaded before OMP_WAIT_POLICY={wanted} could be "
+            f"set; the run keeps {current or '(unset)'}",
+            file=sys.stderr,
+        )
+        return current or "(unset)"
+    os.environ["OMP_WAIT_POLICY"] = wanted
+    return wanted
+
+
+def run_engine_bench(args: argparse.Namespace) -> int:
+    if args.runs < 1:
+        raise SystemExit("cosyq-worker bench: --runs must be at least 1")
+    policy = set_omp_wait_policy(args.omp_wait_policy)
+    from workers.tools.bench.engine_bench import BenchOptions, run_bench  # noqa: PLC0415 (after OMP)
+    from workers.tools.bench.report import format_report  # noqa: PLC0415
+
+    options = BenchOptions(
+        config=args.config,
+        model_dir=args.model_dir,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        runs=args.runs,
+        text=args.text,
+        tokens=args.tokens,
+        seed=args.seed,
+        compare_fp32=args.compare_fp32,
+        omp_wait_policy=policy,
+    )
+    if args.cache_dir is not None:
+        options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
+    print(format_report(run_bench(options)))
+    return 0

@@ -1,0 +1,228 @@
+"""`cosyq-worker bench`: the whole engine, load to samples, on one machine, as a printed table.
+
+Measures what issue 4 asks: model load, first inference, mean and p95 over R runs of a fixed
+text, audio seconds, RTF, RSS after load and peak RSS, and per stage (frontend, LLM prefill and
+tokens/s, flow, HiFT). Models: `tiny` (written to a temporary folder), `full-random` (the FULL
+architecture with random weights, written once to a cache folder by a child process, loaded
+through the real loader; every piece gets exactly `tokens` speech tokens with stop ids masked),
+or a model directory. A fresh process per bench keeps RSS figures honest.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import soundfile
+import torch
+
+from workers.engine.api import SynthesisInput
+from workers.engine.pipeline import EngineOptions, RequestState, SynthesisPipeline, build_engine
+from workers.tools.bench import DEFAULT_TEXT
+from workers.tools.bench.precision import PrecisionReport, compare_precision
+
+FULL_RANDOM_TOKENS = 100  # 4 s of audio, as in issue 4's table
+DEFAULT_CACHE = Path.home() / ".cache" / "cosyq" / "full-random"  # ~2.5 GB, written once
+DEFAULT_HASH_CACHE = Path.home() / ".cache" / "cosyq" / "hashes"  # as the worker's default
+COMPARE_TOKENS = 50  # speech tokens fed to both precisions when none are forced
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    config: str = "tiny"  # "tiny" | "full-random"
+    model_dir: Path | None = None  # a model directory instead of `config`
+    device: str = "cpu"
+    dtype: str = "fp32"
+    threads: int = 2
+    runs: int = 5
+    text: str = DEFAULT_TEXT
+    tokens: int | None = None  # forced speech tokens per piece (full-random: 100)
+    seed: int = 0
+    cache_dir: Path = DEFAULT_CACHE
+    hash_cache_dir: Path = DEFAULT_HASH_CACHE
+    compare_fp32: bool = False  # also load an fp32 engine and report per-stage SNR
+    omp_wait_policy: str = "(unset)"  # as in force for this process (reported)
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One synthesis: wall seconds and what the request's state recorded."""
+
+    wall_s: float
+    audio_s: float
+    stages: dict[str, float]
+    speech_tokens: int
+    pieces: int
+    first_token_s: float
+
+    @classmethod
+    def of(cls, wall_s: float, samples: np.ndarray, rate: int, state: RequestState) -> RunFigures:
+        return cls(
+            wall_s=wall_s,
+            audio_s=samples.shape[0] / rate,
+            stages=dict(state.clock.seconds),
+            speech_tokens=state.speech_tokens,
+            pieces=state.pieces,
+            first_token_s=state.llm_first_token_s,
+        )
+
+    @property
+    def ms_per_token(self) -> float:
+        """LLM decode time per token after each piece's first (which includes the prefill)."""
+        decoded = self.speech_tokens - self.pieces
+        return 1e3 * (self.stages["llm"] - self.first_token_s) / decoded if decoded > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    options: BenchOptions
+    model: str
+    device: str
+    load_s: float
+    voice_s: float
+    prefill_positions: int  # the first piece's LLM prefix: SOS, texts, TASK_ID, prompt speech
+    rss_after_load_gb: float
+    peak_rss_gb: float
+    first: RunFigures
+    runs: tuple[RunFigures, ...]
+    load_average: tuple[float, float]  # 1-minute load average before and after (shared hosts)
+    omp_wait_policy: str
+    precision: PrecisionReport | None = None
+
+    @property
+    def mean_s(self) -> float:
+        return statistics.fmean(r.wall_s for r in self.runs)
+
+    @property
+    def p95_s(self) -> float:
+        return float(np.percentile([r.wall_s for r in self.runs], 95))
+
+    @property
+    def audio_s(self) -> float:
+        return self.runs[0].audio_s
+
+    @property
+    def rtf(self) -> float:
+        return self.mean_s / self.audio_s if self.audio_s > 0 else 0.0
+
+    def stage_mean(self, stage: str) -> float:
+        return statistics.fmean(r.stages[stage] for r in self.runs)
+
+    @property
+    def ms_per_token(self) -> float:
+        return statistics.fmean(r.ms_per_token for r in self.runs)
+
+    @property
+    def first_token_s(self) -> float:
+        return statistics.fmean(r.first_token_s for r in self.runs)
+
+
+def peak_rss_gb() -> float:
+    """The process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
+
+
+def model_directory(options: BenchOptions, workdir: Path) -> Path:
+    if options.model_dir is not None:
+        return options.model_dir
+    if options.config == "full-random":
+        from workers.tools.fixtures.full_random import ensure_random_model  # noqa: PLC0415
+
+        root = options.cache_dir / "model"
+        return ensure_random_model(root, hash_cache_dir=options.hash_cache_dir)
+    from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415
+
+    return write_tiny_model(workdir / "tiny").root
+
+
+def forced_tokens(options: BenchOptions) -> int | None:
+    if options.tokens is not None:
+        return options.tokens
+    return FULL_RANDOM_TOKENS if options.config == "full-random" and not options.model_dir else None
+
+
+def prefill_positions(engine: SynthesisPipeline, request: SynthesisInput) -> int:
+    """Positions the LLM prefills for the first piece of `request` (zero_shot)."""
+    piece = engine.frontend.pieces(request.text)[0]
+    prompt_text = engine.frontend.prompt_text_ids(request.prompt.transcript)
+    return 2 + len(prompt_text) + len(piece.ids) + int(request.prompt.speech_tokens.shape[0])
+
+
+def _timed_run(engine: SynthesisPipeline, request: SynthesisInput) -> RunFigures:
+    start = time.perf_counter()
+    samples, state = engine.run(request)
+    return RunFigures.of(time.perf_counter() - start, samples, engine.sample_rate, state)
+
+
+def run_bench(options: BenchOptions) -> BenchResult:
+    """Load, extract the directory's prompt, run once (first), then `runs` timed runs."""
+    torch.set_num_threads(options.threads)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="cosyq-bench-") as workdir:
+        root = model_directory(options, Path(workdir))
+        temporary = options.model_dir is None and options.config == "tiny"
+        start = time.perf_counter()
+        engine = build_engine(
+            root,
+            device=options.device,
+            dtype=options.dtype,
+            options=EngineOptions(forced_speech_tokens=forced_tokens(options)),
+            hash_cache_dir=Path(workdir) / "hashes" if temporary else options.hash_cache_dir,
+        )
+        load_s = time.perf_counter() - start
+        rss_after_load = psutil.Process().memory_info().rss / 1e9
+        samples, rate = soundfile.read(root / "prompt.wav", dtype="float32")
+        start = time.perf_counter()
+        voice = engine.extract_voice(samples, int(rate), (root / "prompt.txt").read_text())
+        voice_s = time.perf_counter() - start
+        request = SynthesisInput(text=options.text, prompt=voice, seed=options.seed)
+        prefill = prefill_positions(engine, request)
+        first = _timed_run(engine, request)
+        runs = tuple(_timed_run(engine, request) for _ in range(options.runs))
+        peak = peak_rss_gb()  # before a comparison engine is loaded
+        precision = None
+        if options.compare_fp32 and options.dtype != "fp32":
+            precision = _compare(options, root, engine, request, Path(workdir))
+    return BenchResult(
+        options=options,
+        model=engine.identity.name,
+        device=engine.identity.device,
+        load_s=load_s,
+        voice_s=voice_s,
+        prefill_positions=prefill,
+        rss_after_load_gb=rss_after_load,
+        peak_rss_gb=peak,
+        first=first,
+        runs=runs,
+        load_average=(load_before, os.getloadavg()[0]),
+        omp_wait_policy=options.omp_wait_policy,
+        precision=precision,
+    )
+
+
+def _compare(
+    options: BenchOptions,
+    root: Path,
+    engine: SynthesisPipeline,
+    request: SynthesisInput,
+    workdir: Path,
+) -> PrecisionReport:
+    reference = build_engine(root, device=options.device, dtype="fp32", hash_cache_dir=workdir)
+    return compare_precision(
+        reference,
+        engine,
+        dtype=options.dtype,
+        text=request.text,
+        voice=request.prompt,
+        tokens=forced_tokens(options) or COMPARE_TOKENS,
+        seed=options.seed,
+    )

@@ -1,0 +1,244 @@
+"""`cosyq-worker bench queue`: what the queue costs per job, next to bare RQ, and a recycle.
+
+On a private redis-server (never the operator's), it measures:
+- our worker (`cosyq-worker run --burst`, the configured engine) on N synthesize jobs;
+- a stock `rq worker -w rq.worker.SimpleWorker` on N no-op jobs;
+and prints jobs/s, per-job wall time, synthesis time and overhead (wall - synthesis) for both,
+their overhead ratio (goal: ours within 2x bare RQ's), and the recycle cost: process start to
+`worker_ready`. Timings come from RQ's own job timestamps and each result's stage timings.
+Audio goes to a temporary folder under $TMPDIR with the storage's usual fsync per file, so the
+encode+store column depends on that disk (TMPDIR=/dev/shm isolates the queue's own cost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import numpy as np
+import redis
+import soundfile as sf
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from workers.tools.local_redis import LocalRedis
+
+BENCH_QUEUE = "cosyq-bench"
+BENCH_TEXT = "The quick brown fox jumps over the lazy dog."
+LOG_TAIL_CHARS = 3000  # of a failed run's log, shown in the error
+RUN_TIMEOUT_S = 600.0  # one measured run (N jobs) may take at most this long
+
+
+def noop() -> None:
+    """The bare-RQ baseline's job: nothing at all."""
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """One measured burst run."""
+
+    label: str
+    jobs: int
+    span_s: float  # first job started -> last job ended (RQ's timestamps)
+    synthesis_s: float  # mean per job, from the results' model stages (0 for no-op)
+    encode_store_s: float  # mean per job, encoding + storage writes (part of the overhead)
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.span_s if self.span_s > 0 else 0.0
+
+    @property
+    def wall_ms(self) -> float:
+        return 1000 * self.span_s / self.jobs
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.wall_ms - 1000 * self.synthesis_s
+
+
+@dataclass(frozen=True)
+class RecycleStats:
+    start_to_ready_s: list[float]
+    load_s: list[float]
+    warm_up_s: list[float]
+
+
+def prompt_only_model_dir(folder: Path) -> Path:
+    """For engines without a model directory: the default voice's prompt.wav + prompt.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t = np.arange(24000, dtype=np.float32) / 24000
+    sf.write(folder / "prompt.wav", 0.3 * np.sin(2 * np.pi * 200 * t), 24000)
+    (folder / "prompt.txt").write_text("a benchmark prompt", encoding="utf-8")
+    return folder
+
+
+def worker_env(
+    redis_url: str, engine: str, model_dir: Path, out_dir: Path, jobs: int
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        COSYQ_REDIS_URL=redis_url,
+        COSYQ_ENGINE=engine,
+        COSYQ_MODEL_DIR=str(model_dir),
+        COSYQ_STORAGE_URL=out_dir.as_uri(),
+        COSYQ_MAX_JOBS=str(jobs + 10),  # no recycling inside a measured run
+        COSYQ_MAX_JOBS_JITTER="0",
+        COSYQ_LOG_FORMAT="json",
+        COSYQ_LOG_LEVEL="INFO",  # worker_ready is read back from the log
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def enqueue_many(
+    connection: redis.Redis, func: str, kwargs: dict[str, object], n: int
+) -> list[str]:
+    queue = Queue(BENCH_QUEUE, connection=connection, serializer=JSONSerializer)
+    datas = [Queue.prepare_data(func, kwargs=kwargs, result_ttl=3600) for _ in range(n)]
+    return [job.id for job in queue.enqueue_many(datas)]
+
+
+def run_burst(command: Sequence[str], env: dict[str, str], log_path: Path) -> None:
+    with log_path.open("wb") as log:
+        done = subprocess.run(
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+    if done.returncode != 0:
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL_CHARS:]
+        raise RuntimeError(f"{' '.join(command[:4])}... exited {done.returncode}:\n{tail}")
+
+
+def measure(connection: redis.Redis, job_ids: list[str], label: str) -> RunStats:
+    jobs = [job for job in Job.fetch_many(job_ids, connection, JSONSerializer) if job]
+    unfinished = [job.id for job in jobs if job.get_status(refresh=False) != "finished"]
+    if unfinished or len(jobs) != len(job_ids):
+        raise RuntimeError(f"{label}: {len(unfinished)} of {len(job_ids)} jobs did not finish")
+    starts = [job.started_at for job in jobs if job.started_at]
+    ends = [job.ended_at for job in jobs if job.ended_at]
+    span = (max(ends) - min(starts)).total_seconds()
+    timings = [_timings(job) for job in jobs]
+    synthesis = mean(_sum(t, "frontend_s", "llm_s", "flow_s", "hift_s") for t in timings)
+    encode_store = mean(_sum(t, "encode_s", "store_s") for t in timings)
+    return RunStats(label, len(jobs), span, synthesis, encode_store)
+
+
+def _timings(job: Job) -> dict[str, float]:
+    result = job.return_value()
+    timings = result.get("timings", {}) if isinstance(result, dict) else {}
+    return {k: float(v) for k, v in timings.items()}
+
+
+def _sum(timings: dict[str, float], *names: str) -> float:
+    return sum(timings.get(name, 0.0) for name in names)
+
+
+def recycle_cost(env: dict[str, str], workdir: Path, repeats: int) -> RecycleStats:
+    """Start an idle burst worker `repeats` times: process start -> worker_ready."""
+    totals, loads, warms = [], [], []
+    for attempt in range(repeats):
+        log_path = workdir / f"recycle-{attempt}.log"
+        started = time.time()
+        command = [sys.executable, "-m", "workers.cli", "run", "--burst", BENCH_QUEUE]
+        run_burst(command, env, log_path)
+        ready = _first_event(log_path, "worker_ready")
+        totals.append(datetime.fromisoformat(str(ready["timestamp"])).timestamp() - started)
+        loads.append(float(ready["load_s"]))
+        warms.append(float(ready["warm_up_s"]))
+    return RecycleStats(totals, loads, warms)
+
+
+def _first_event(log_path: Path, name: str) -> dict[str, Any]:
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("event") == name:
+                return dict(event)
+    raise RuntimeError(f"no {name} in {log_path}")
+
+
+def run(
+    engine: str, model_dir: Path | None, jobs: int, repeats: int
+) -> tuple[RunStats, RunStats, RecycleStats]:
+    """The whole benchmark; returns (ours, bare RQ, recycle)."""
+    with tempfile.TemporaryDirectory(prefix="cosyq-bench-") as temp:
+        workdir = Path(temp)
+        with LocalRedis(workdir / "redis") as server:
+            url = server.url
+            connection = redis.Redis.from_url(url)
+            prompt_dir = model_dir or prompt_only_model_dir(workdir / "model")
+            env = worker_env(url, engine, prompt_dir, workdir / "out", jobs)
+            ours_ids = enqueue_many(
+                connection, "workers.tasks.synthesize", {"request": {"text": BENCH_TEXT}}, jobs
+            )
+            run_burst(
+                [sys.executable, "-m", "workers.cli", "run", "--burst", BENCH_QUEUE],
+                env,
+                workdir / "cosyq.log",
+            )
+            ours = measure(connection, ours_ids, "cosyq worker")
+            bare_ids = enqueue_many(connection, f"{__name__}.noop", {}, jobs)
+            rq_command = [
+                sys.executable,
+                "-m",
+                "rq.cli",
+                "worker",
+                "--burst",
+                "-w",
+                "rq.worker.SimpleWorker",
+                "-S",
+                "rq.serializers.JSONSerializer",
+                "--url",
+                url,
+                BENCH_QUEUE,
+            ]
+            run_burst(rq_command, env, workdir / "rq.log")
+            bare = measure(connection, bare_ids, "bare rq SimpleWorker")
+            recycle = recycle_cost(env, workdir, repeats)
+    return ours, bare, recycle
+
+
+def _ratio(ours: float, bare: float) -> float:
+    return ours / bare if bare > 0 else float("inf")
+
+
+def format_table(engine: str, ours: RunStats, bare: RunStats, recycle: RecycleStats) -> str:
+    rows = [
+        f"queue benchmark: {ours.jobs} jobs per run, private redis-server, engine {engine}, "
+        f"audio under {tempfile.gettempdir()}",
+        f"{'':22} {'jobs/s':>7} {'wall ms/job':>12} {'synthesis ms':>13} {'overhead ms':>12}"
+        f" {'(encode+store ms)':>18}",
+    ]
+    for stats in (ours, bare):
+        rows.append(
+            f"{stats.label:22} {stats.jobs_per_s:7.1f} {stats.wall_ms:12.2f} "
+            f"{1000 * stats.synthesis_s:13.2f} {stats.overhead_ms:12.2f}"
+            f" {1000 * stats.encode_store_s:18.2f}"
+        )
+    ratio = _ratio(ours.overhead_ms, bare.overhead_ms)
+    queue_only = _ratio(ours.overhead_ms - 1000 * ours.encode_store_s, bare.overhead_ms)
+    rows.append(
+        f"overhead ratio cosyq / bare rq: {ratio:.2f} (goal <= 2.00); "
+        f"without encode+store: {queue_only:.2f}"
+    )
+    rows.append(
+        f"recycle cost, process start -> worker_ready (n={len(recycle.start_to_ready_s)}): "
+        f"{mean(recycle.start_to_ready_s):.2f} s (load {mean(recycle.load_s):.2f} s, "
+        f"warm-up {mean(recycle.warm_up_s):.2f} s)"
+    )
+    return "\n".join(rows)
