@@ -7,8 +7,8 @@ worker code, and no pickle crosses Redis.
 Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in one pipeline
 (MULTI/EXEC), which also reads the queue depths back for the next chunk's backpressure check. A
 chunk holding idempotency keys costs one more round trip first, to reserve the keys atomically
-(`idempotency.reserve`): the first submitter of a key wins, later ones get the first job's id
-while that job exists.
+(`producer.idempotency.reserve`): the first submitter of a key wins, later ones get the first
+job's id while that job exists.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
-from producer import idempotency
+from producer.idempotency import release as release_idempotency_key
+from producer.idempotency import reserve as reserve_idempotency_keys
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
@@ -44,6 +45,7 @@ from shared.jobs import (
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.storage import open_storage
+from shared.submitted import record_submitted
 from shared.voices import VoiceRegistry, VoiceSummary, upload_key
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
@@ -178,6 +180,7 @@ class CosyqClient:
         """
         fresh = self._reserve_idempotency_keys(chunk, job_ids)
         pipe = self.connection.pipeline()
+        record_submitted(pipe, [job.job_id for job in fresh])
         for name, queue in self._queues.items():
             datas = [self._enqueue_data(job) for job in fresh if job.queue == name]
             if datas:
@@ -199,7 +202,7 @@ class CosyqClient:
         if not keyed:
             return chunk
         claims = [(keys.idempotency_key(j.request.idempotency_key or ""), j.job_id) for j in keyed]
-        holders = idempotency.reserve(
+        holders = reserve_idempotency_keys(
             self.connection,
             claims,
             ttl_s=self.settings.idempotency_ttl_s,
@@ -216,7 +219,7 @@ class CosyqClient:
         for job in jobs:
             if job.request.idempotency_key is not None:
                 key = keys.idempotency_key(job.request.idempotency_key)
-                idempotency.release(self.connection, key, job.job_id)
+                release_idempotency_key(self.connection, key, job.job_id)
 
     def _enqueue_data(self, job: _PlannedJob) -> Any:
         request = job.request

@@ -20,6 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.connection import SENTINEL
 from redis.exceptions import AuthorizationError, NoPermissionError
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
@@ -76,6 +78,33 @@ class _SentinelConnection(SentinelManagedConnection):
             disconnect_on_error=disconnect_on_error,
             push_request=push_request,
         )
+
+
+def async_redis_connection(settings: Settings) -> aioredis.Redis:
+    """The asyncio twin of `redis_connection` (same URL forms and timeouts), for the HTTP front."""
+    options: dict[str, Any] = {
+        "socket_connect_timeout": settings.redis_connect_timeout_s,
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "health_check_interval": settings.redis_health_check_interval_s,
+    }
+    scheme = urlsplit(settings.redis_url).scheme
+    if scheme == SENTINEL_SCHEME:
+        address = parse_sentinel_url(settings.redis_url)
+        timeout = settings.redis_connect_timeout_s
+        sentinel = AsyncSentinel(
+            list(address.sentinels),
+            sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
+            **options,
+        )
+        return sentinel.master_for(
+            address.service_name,
+            db=address.db,
+            username=address.username,
+            password=address.password,
+        )
+    if scheme == "rediss" and settings.redis_ssl_ca_certs:
+        options["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
+    return aioredis.Redis.from_url(settings.redis_url, **options)
 
 
 def _sentinel_master(settings: Settings, options: dict[str, Any]) -> redis.Redis:

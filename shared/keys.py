@@ -26,7 +26,13 @@ IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(key) -> "<job id> <reserved at
 VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
+# The orphan sweep's index (workers/service/orphans.py): every submitted job id, scored by its
+# submit time, then by when the sweep last found it where it belongs.
+SUBMITTED_JOBS = PREFIX + "submitted"
+ORPHAN_SUSPECTS = PREFIX + "orphan-suspects"  # job id -> when first seen queued in no list
+ORPHAN_SWEEP_LOCK = PREFIX + "orphan-sweep-lock"  # one sweeper per housekeeping tick
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
+WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).

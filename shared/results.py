@@ -65,6 +65,7 @@ class SynthesisResult(BaseModel):
     worker_pid: int
     attempt: int = Field(ge=1)
     speech_tokens: int = Field(0, ge=0)
+    batch_size: int = Field(1, ge=1)  # the most jobs that shared an LLM step with this one
     idempotency_key: str | None = None
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 

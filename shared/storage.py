@@ -2,7 +2,10 @@
 
 `open_storage(settings)` picks the backend from `storage_url`. Keys are relative to the prefix and
 checked again here (not only in the request), so no key can write outside it. Disk writes go to a
-temporary file beside the target and are renamed into place: a reader never sees half a file.
+temporary file beside the target and are renamed into place: a reader never sees half a file; a
+failed write removes its temp file, and one left by a killed writer (its name says which host
+and pid) is removed by the next write of the same key, the job's retry: at once when that pid is
+gone from this host, else once it is older than the job timeout.
 Either backend reads both kinds of URI (`get`), for prompt audio and for `cosyq say --out`.
 Failures are StorageError (permanent: fix the configuration) or StorageUnavailableError (may
 pass: retry), decided by errno or S3 error code.
@@ -10,9 +13,14 @@ pass: retry), decided by errno or S3 error code.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import glob
 import os
+import re
+import socket
 import tempfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -150,6 +158,7 @@ class FileStorage(Storage):
     def __init__(self, settings: Settings, root: Path) -> None:
         super().__init__(settings)
         self.root = root
+        self._stale_temp_s = float(settings.job_timeout_s)  # no live writer is older
 
     @property
     def base_uri(self) -> str:
@@ -166,6 +175,7 @@ class FileStorage(Storage):
             _write_atomically(path, data)
         except OSError as e:
             raise file_error(e, f"cannot write {path}") from e
+        _remove_stale_temps(path, self._stale_temp_s)
         return StoredObject(uri=path.as_uri(), bytes=len(data))
 
     def delete(self, key: str) -> None:
@@ -196,9 +206,16 @@ def file_error(error: OSError, where: str) -> CosyqError:
     return StorageError(f"{where}: {cause}")
 
 
+def _writer() -> str:
+    """`<host>-<pid>`, in each temp file's name, so a later write can tell a dead writer's."""
+    host = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname().split(".")[0]) or "host"
+    return f"{host}-{os.getpid()}"
+
+
 def _write_atomically(path: Path, data: bytes) -> None:
     """Temp file in the same folder, fsync, rename over the target."""
-    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix = f".{path.name}.{_writer()}."
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
@@ -209,6 +226,31 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_temps(path: Path, older_than_s: float) -> None:
+    """Temp files of this target that a killed writer (SIGKILL, power loss) left behind."""
+    cutoff = time.time() - older_than_s
+    head = f".{path.name}."
+    me = _writer()
+    host = me.rsplit("-", 1)[0]
+    for temp in path.parent.glob(f"{glob.escape(head)}*.tmp"):
+        writer = temp.name[len(head) :].split(".", 1)[0]
+        writer_host, _, pid = writer.rpartition("-")
+        dead = writer != me and writer_host == host and pid.isdigit() and not _alive(int(pid))
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            if dead or temp.stat().st_mtime < cutoff:
+                temp.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 class S3Storage(Storage):

@@ -9,7 +9,8 @@ One canonical `synthesis_finished` log line per job: lengths and timings, never 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -101,25 +102,58 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
         return summary
 
 
+@dataclass(frozen=True)
+class PreparedSynthesis:
+    """A validated request with its voice resolved: what the engine needs, plus the books."""
+
+    request: SynthesisRequest
+    context: JobContext
+    engine_input: SynthesisInput
+    started: float  # perf_counter() when the job function began
+    voice_s: float  # validation + voice lookup
+
+
 def run_synthesis(
     runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
 ) -> SynthesisResult:
     """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished."""
-    with job_context(
-        job_id=context.job_id,
-        queue=context.queue,
-        worker=runtime.worker_name,
-        attempt=context.attempt,
-    ):
+    prepared = prepare_synthesis(runtime, payload, context)
+    with _logged(runtime, prepared.context, prepared.request):
+        output = runtime.engine.synthesize(prepared.engine_input)
+    return finish_synthesis(runtime, prepared, output, synthesized_at=time.perf_counter())
+
+
+def prepare_synthesis(
+    runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
+) -> PreparedSynthesis:
+    """Validate the payload and resolve its voice (the batch runner calls this beside the model)."""
+    with _logged(runtime, context):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
         if request.prompt_audio is not None:
             check_readable_prompt(runtime, request.prompt_audio)
         structlog.contextvars.bind_contextvars(voice=voice_label(request))
         prompt = runtime.voices.resolve(request)
-        voice_s = time.perf_counter() - started
-        output = runtime.engine.synthesize(_engine_input(request, prompt))
-        synthesized = time.perf_counter()
+        return PreparedSynthesis(
+            request=request,
+            context=context,
+            engine_input=_engine_input(request, prompt),
+            started=started,
+            voice_s=time.perf_counter() - started,
+        )
+
+
+def finish_synthesis(
+    runtime: WorkerRuntime,
+    prepared: PreparedSynthesis,
+    output: SynthesisOutput,
+    *,
+    synthesized_at: float,
+) -> SynthesisResult:
+    """Encode, store, build the result and log the job's one synthesis_finished line."""
+    request, context = prepared.request, prepared.context
+    with _logged(runtime, context, request):
+        synthesized = synthesized_at
         encoded = encode_audio(
             output.samples,
             output.sample_rate,
@@ -132,14 +166,14 @@ def run_synthesis(
         finished = time.perf_counter()
         timings = StageTimings(
             queue_wait_s=context.queue_wait_s,
-            frontend_s=voice_s + output.stage_seconds.get("frontend", 0.0),
+            frontend_s=prepared.voice_s + output.stage_seconds.get("frontend", 0.0),
             llm_s=output.stage_seconds.get("llm", 0.0),
             flow_s=output.stage_seconds.get("flow", 0.0),
             hift_s=output.stage_seconds.get("hift", 0.0),
             join_s=output.stage_seconds.get("join", 0.0),
             encode_s=encoded_at - synthesized,
             store_s=finished - encoded_at,
-            total_s=finished - started,
+            total_s=finished - prepared.started,
         )
         result = _result(
             runtime,
@@ -150,8 +184,24 @@ def run_synthesis(
             output=output,
             timings=timings,
         )
-        _log_finished(request, result, synthesis_s=synthesized - started)
+        _log_finished(request, result, synthesis_s=synthesized - prepared.started)
         return result
+
+
+@contextmanager
+def _logged(
+    runtime: WorkerRuntime, context: JobContext, request: SynthesisRequest | None = None
+) -> Iterator[None]:
+    """Bind the job's log context in whichever thread runs this phase."""
+    with job_context(
+        job_id=context.job_id,
+        queue=context.queue,
+        worker=runtime.worker_name,
+        attempt=context.attempt,
+    ):
+        if request is not None:
+            structlog.contextvars.bind_contextvars(voice=voice_label(request))
+        yield
 
 
 def check_readable_prompt(runtime: WorkerRuntime, uri: object) -> None:
@@ -191,7 +241,7 @@ def _log_finished(
     request: SynthesisRequest, result: SynthesisResult, *, synthesis_s: float
 ) -> None:
     """The canonical per-job line: sizes and timings only, never the text."""
-    extra = {"synthesis_s": round(synthesis_s, 4)}
+    extra = {"synthesis_s": round(synthesis_s, 4), "batch_size": result.batch_size}
     log_synthesis_finished(log, result, text_chars=len(request.text), extra=extra)
 
 
@@ -240,6 +290,7 @@ def _result(
         worker_pid=runtime.worker_pid,
         attempt=context.attempt,
         speech_tokens=output.speech_tokens,
+        batch_size=max(1, output.batch_size),
         idempotency_key=request.idempotency_key,
         metadata=dict(request.metadata),
     )

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from producer.client import CosyqClient
-from producer.http import health, jobs, speech, voices
+from producer.http import health, jobs, metrics, speech, voices
 from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext
 from producer.http.errors import install_error_handlers
@@ -42,6 +42,7 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     )
     check_key = Depends(KeyCheck(settings.api_key_list()))
     app.include_router(health.router)
+    app.include_router(metrics.router)  # no key, like /healthz: Prometheus scrapes it
     for router in (speech.router, voices.router, jobs.router):
         app.include_router(router, dependencies=[check_key])
     install_error_handlers(app, settings.http_retry_after_s)

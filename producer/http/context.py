@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -20,6 +19,7 @@ from rq.results import Result
 
 from producer.client import CosyqClient
 from producer.tracking import TERMINAL_STATES
+from shared.connection import async_redis_connection
 from shared.errors import JobNotFoundError, ResultTimeoutError
 from shared.s3 import S3Access
 from shared.settings import Settings
@@ -30,14 +30,7 @@ WAKE_EVERY_S = 1.0  # re-read the state at least this often (a reaped job writes
 
 def async_redis(settings: Settings) -> aioredis.Redis:
     """The asyncio twin of shared.connection.redis_connection (same URL and timeouts)."""
-    options: dict[str, Any] = {
-        "socket_connect_timeout": settings.redis_connect_timeout_s,
-        "socket_timeout": settings.redis_socket_timeout_s,
-        "health_check_interval": settings.redis_health_check_interval_s,
-    }
-    if urlsplit(settings.redis_url).scheme == "rediss" and settings.redis_ssl_ca_certs:
-        options["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
-    return aioredis.Redis.from_url(settings.redis_url, **options)
+    return async_redis_connection(settings)
 
 
 @dataclass

@@ -70,8 +70,11 @@ def _imports(module: str, path: Path) -> set[str]:
                 anchor = anchor if is_package else anchor[:-1]
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            # `from package import submodule` imports the submodule; any other name comes from
+            # the module itself (a package's __init__ included).
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.add(submodule if submodule in SOURCE_NAMES else base)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -84,6 +87,7 @@ def _within(name: str, prefix: str) -> bool:
 
 
 SOURCES = _sources()
+SOURCE_NAMES = frozenset(SOURCES)
 IMPORTS = {module: _imports(module, path) for module, path in SOURCES.items()}
 
 
@@ -144,8 +148,10 @@ def test_cycle_finder_sees_a_cycle(tmp_path: Path) -> None:
     """The import reader resolves relative and in-function imports (else the test above is
     blind): a module importing its sibling inside a function is an edge."""
     path = tmp_path / "a.py"
-    path.write_text("def f():\n    from . import b\n    import workers.tasks\n")
-    assert {"workers.service.b", "workers.tasks"} <= _imports("workers.service.a", path)
+    path.write_text("def f():\n    from . import control\n    import workers.tasks\n")
+    found = _imports("workers.service.a", path)
+    assert {"workers.service.control", "workers.tasks"} <= found
+    assert "workers.service" not in found  # the submodule, not the package's __init__
     guarded = tmp_path / "c.py"
     guarded.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import rq\n")
     assert "rq" not in _imports("workers.engine.c", guarded)

@@ -14,11 +14,7 @@ source in a fixed order, so the same request and seed give the same samples.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,9 +25,12 @@ from shared.errors import InvalidRequestError
 from shared.text_markup import speech_limit_message, speech_seconds
 from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces
+from workers.engine.batch_session import PipelineBatchSession
+from workers.engine.batching import BatchSession, SequentialSession
 from workers.engine.devices import resolve_device, resolve_dtype
-from workers.engine.modes import LLMPrompt, llm_prompt
+from workers.engine.modes import llm_prompt
 from workers.engine.prompt_models import PromptModels
+from workers.engine.requests import RequestPlan, RequestState
 from workers.engine.stages import (
     FlowStage,
     ModuleFlow,
@@ -44,11 +43,11 @@ from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.model.directory import QWEN_DIR
+from workers.model.llm import Qwen2LM
 from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
 from workers.model.tokenizer import load_text_tokenizer
 
-STAGES = ("frontend", "llm", "flow", "hift", "join")
 WARM_UP_TEXT = "Hello."
 WARM_UP_TOKENS = 25  # one second of speech: every stage runs once at a bounded cost
 WARM_UP_PROMPT_TOKENS = 25
@@ -65,43 +64,12 @@ class EngineOptions:
     max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
     max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
+    max_batch: int = 16  # the most requests one batch session may hold (KV cache rows)
+    batch_max_positions: int = 2048  # KV positions per batch row; longer pieces run alone
 
-
-class StageClock:
-    """Seconds spent per stage, summed over the pieces of one request."""
-
-    def __init__(self) -> None:
-        self.seconds = dict.fromkeys(STAGES, 0.0)
-
-    @contextlib.contextmanager
-    def timed(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] += time.perf_counter() - start
-
-
-def fresh_seed() -> int:
-    """A random seed in the contract's range 0..2**32-1."""
-    return int.from_bytes(os.urandom(4), "little")
-
-
-@dataclass
-class RequestState:
-    """One request's mutable state: created per call, never kept on the engine."""
-
-    seed: int
-    generator: torch.Generator
-    clock: StageClock = field(default_factory=StageClock)
-    pieces: int = 0
-    speech_tokens: int = 0
-    llm_first_token_s: float = 0.0  # summed over pieces: prefill + first sampling step
-
-    @classmethod
-    def start(cls, seed: int | None) -> RequestState:
-        seed = fresh_seed() if seed is None else seed
-        return cls(seed=seed, generator=torch.Generator(device="cpu").manual_seed(seed))
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.batch_max_positions < 1:
+            raise ValueError("max_batch and batch_max_positions must be >= 1")
 
 
 class SynthesisPipeline:
@@ -143,8 +111,14 @@ class SynthesisPipeline:
         self, request: SynthesisInput, *, forced_length: int | None = None
     ) -> tuple[np.ndarray, RequestState]:
         """Samples and the request's state (stage times, counters: what `bench` reports)."""
-        state = RequestState.start(request.seed)
+        plan = self.begin(request)
         forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
+        audio = [self._piece(piece, plan, forced) for piece in plan.pieces]
+        return self.finish(audio, plan), plan.state
+
+    def begin(self, request: SynthesisInput) -> RequestPlan:
+        """The front end of one request: checks, pieces, the mode's LLM prompt, its state."""
+        state = RequestState.start(request.seed)
         with state.clock.timed("frontend"):
             _check_request(request)
             pieces = self.frontend.pieces(
@@ -152,9 +126,43 @@ class SynthesisPipeline:
             )
             check_speech_bound(pieces, self.options.max_speech_seconds)
             prompt = llm_prompt(self.frontend, request)
-        audio = [self._piece(piece, prompt, request, state, forced) for piece in pieces]
-        with state.clock.timed("join"):
-            samples = join_pieces(
+        return RequestPlan(request, state, pieces, prompt)
+
+    def _piece(self, piece: TextPiece, plan: RequestPlan, forced_length: int | None) -> np.ndarray:
+        state = plan.state
+        with state.clock.timed("llm"):
+            tokens = self.llm.generate(
+                list(piece.ids),
+                prompt_text=plan.prompt.text_ids,
+                prompt_speech=plan.prompt.speech_tokens,
+                generator=state.generator,
+                forced_length=forced_length,
+            )
+        state.llm_first_token_s += tokens.first_token_s
+        return self.piece_audio(tokens.ids, plan)
+
+    def piece_audio(
+        self, ids: np.ndarray, plan: RequestPlan, mel: np.ndarray | None = None
+    ) -> np.ndarray:
+        """One piece's speech tokens -> its samples (flow, speed change, HiFT); `mel` is the
+        flow's output when a batched flow call already made it."""
+        state = plan.state
+        state.pieces += 1
+        state.speech_tokens += int(ids.size)
+        if ids.size == 0:
+            return np.zeros(0, dtype=np.float32)
+        with state.clock.timed("flow"):
+            if mel is None:
+                mel = self.flow.mel(ids, plan.request.prompt)
+            mel = change_speed(mel, plan.request.speed)
+        with state.clock.timed("hift"):
+            return self.vocoder.waveform(mel, state.generator)
+
+    def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray:
+        """The pieces' samples joined into the request's utterance (with the text's pauses)."""
+        pieces = plan.pieces
+        with plan.state.clock.timed("join"):
+            return join_pieces(
                 audio,
                 self.sample_rate,
                 self.options.join,
@@ -162,33 +170,22 @@ class SynthesisPipeline:
                 lead_s=pieces[0].pause_before_s or 0.0,
                 tail_s=pieces[-1].pause_after_s,
             )
-        return samples, state
 
-    def _piece(
-        self,
-        piece: TextPiece,
-        prompt: LLMPrompt,
-        request: SynthesisInput,
-        state: RequestState,
-        forced_length: int | None,
-    ) -> np.ndarray:
-        with state.clock.timed("llm"):
-            tokens = self.llm.generate(
-                list(piece.ids),
-                prompt_text=prompt.text_ids,
-                prompt_speech=prompt.speech_tokens,
-                generator=state.generator,
-                forced_length=forced_length,
+    @property
+    def forced_speech_tokens(self) -> int | None:
+        return self.options.forced_speech_tokens
+
+    def open_batch_session(self, max_batch: int) -> BatchSession:
+        """Continuous batching when the LLM is our torch Qwen2LM, else one request at a time
+        (a Core ML LLM keeps its own batch-1 state)."""
+        if max_batch > self.options.max_batch:
+            raise ValueError(
+                f"a batch of {max_batch} exceeds the engine's max_batch {self.options.max_batch}"
             )
-        state.pieces += 1
-        state.speech_tokens += int(tokens.ids.size)
-        state.llm_first_token_s += tokens.first_token_s
-        if tokens.ids.size == 0:
-            return np.zeros(0, dtype=np.float32)
-        with state.clock.timed("flow"):
-            mel = change_speed(self.flow.mel(tokens.ids, request.prompt), request.speed)
-        with state.clock.timed("hift"):
-            return self.vocoder.waveform(mel, state.generator)
+        model = getattr(self.llm, "model", None)
+        if max_batch <= 1 or not isinstance(model, Qwen2LM):
+            return SequentialSession(self, max_batch)
+        return PipelineBatchSession(self, model, max_batch, self.options.batch_max_positions)
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
         return self.voices.extract(samples, sample_rate, transcript)

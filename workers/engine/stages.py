@@ -12,6 +12,7 @@ all per-request state (generator, KV cache, noise) is created per call.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,6 +20,8 @@ import numpy as np
 import torch
 
 from workers.engine.api import VoicePrompt
+from workers.model.flow import CausalMaskedDiffWithXvec
+from workers.model.flow_batch import FlowRow, batched_inference
 from workers.model.hift_config import HiFTConfig
 from workers.model.hift_source import SourceNoise
 from workers.model.llm import SpeechLM, iter_speech_tokens
@@ -119,6 +122,24 @@ class ModuleFlow:
             torch.from_numpy(prompt.embedding)[None].to(device),
         )
         return mel[0].float().cpu().numpy()
+
+    @property
+    def batches(self) -> bool:
+        """Whether `mels` can run many pieces at once (our torch flow module, not stand-ins)."""
+        return isinstance(self.model, CausalMaskedDiffWithXvec)
+
+    def mels(self, pieces: Sequence[tuple[np.ndarray, VoicePrompt]]) -> list[np.ndarray]:
+        """Many (tokens, prompt) pieces in one padded batch -> each one's `mel`."""
+        rows = [
+            FlowRow(
+                torch.from_numpy(np.asarray(tokens, dtype=np.int32))[None],
+                torch.from_numpy(prompt.speech_tokens.astype(np.int32))[None],
+                torch.from_numpy(prompt.mel)[None],
+                torch.from_numpy(prompt.embedding)[None],
+            )
+            for tokens, prompt in pieces
+        ]
+        return [mel.cpu().numpy() for mel in batched_inference(self.model, rows)]
 
 
 def source_noise(

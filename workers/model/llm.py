@@ -236,21 +236,34 @@ class SpeechLM(Protocol):
     def step_logp(self, inputs_embeds: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
 
 
-def iter_speech_tokens(
+@dataclass(frozen=True)
+class DecodePlan:
+    """One piece's validated LLM inputs and its length rule (shared by the alone and the
+    batched decoders, so both accept and reject exactly the same requests)."""
+
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # text, prompt_text, prompt_speech
+    bounds: tuple[int, int]  # (min, max) generated tokens
+    masked: list[int]  # ids set to -inf before the minimum length
+
+    def positions(self) -> int:
+        """KV positions the piece needs: SOS, texts, TASK_ID, prompt speech, generated."""
+        text, prompt_text, prompt_speech = self.inputs
+        return 2 + text.numel() + prompt_text.numel() + prompt_speech.numel() + self.bounds[1]
+
+
+def plan_decode(
     model: SpeechLM,
     text: torch.Tensor | Sequence[int],
     *,
     prompt_text: torch.Tensor | Sequence[int] = (),
     prompt_speech: torch.Tensor | Sequence[int] = (),
-    generator: torch.Generator,
     sampling: SamplingConfig | None = None,
     forced_length: int | None = None,
-) -> Iterator[int]:
-    """Validate now, then yield speech tokens one by one (a stop id ends generation, unyielded).
+) -> DecodePlan:
+    """Validate one piece's ids (InvalidRequestError naming the field) and fix its bounds.
 
     Lengths: between 2x and 20x the TTS text tokens (sampling ratios); EOS alone is masked
-    before the minimum. `forced_length` (benchmarks) masks every stop id and yields exactly
-    that many tokens. `generator` (CPU) is the only source of randomness.
+    before the minimum. `forced_length` (benchmarks) masks every stop id: exactly that many.
     """
     config = model.config
     sampling = sampling or config.sampling
@@ -265,18 +278,42 @@ def iter_speech_tokens(
         _check_range(tokens, name, config.backbone.vocab_size)
     _check_range(speech, "prompt_speech", config.speech_token_size)
     if forced_length is None:
-        bounds = sampling.length_bounds(ids[0].numel())
-        masked = [config.eos_token]
-    else:
-        if forced_length < 0:
-            raise InvalidRequestError("forced_length: must be >= 0")
-        bounds = (forced_length, forced_length)
-        masked = list(config.stop_tokens)
+        return DecodePlan(
+            (ids[0], ids[1], speech), sampling.length_bounds(ids[0].numel()), [config.eos_token]
+        )
+    if forced_length < 0:
+        raise InvalidRequestError("forced_length: must be >= 0")
+    return DecodePlan(
+        (ids[0], ids[1], speech), (forced_length, forced_length), list(config.stop_tokens)
+    )
+
+
+def iter_speech_tokens(
+    model: SpeechLM,
+    text: torch.Tensor | Sequence[int],
+    *,
+    prompt_text: torch.Tensor | Sequence[int] = (),
+    prompt_speech: torch.Tensor | Sequence[int] = (),
+    generator: torch.Generator,
+    sampling: SamplingConfig | None = None,
+    forced_length: int | None = None,
+) -> Iterator[int]:
+    """Validate now (`plan_decode`), then yield speech tokens one by one (a stop id ends
+    generation, unyielded). `generator` (CPU) is the only source of randomness."""
+    sampling = sampling or model.config.sampling
+    plan = plan_decode(
+        model,
+        text,
+        prompt_text=prompt_text,
+        prompt_speech=prompt_speech,
+        sampling=sampling,
+        forced_length=forced_length,
+    )
     return _decode(
         model,
-        inputs=(ids[0], ids[1], speech),
-        bounds=bounds,
-        masked=masked,
+        inputs=plan.inputs,
+        bounds=plan.bounds,
+        masked=plan.masked,
         sampling=sampling,
         generator=generator,
     )

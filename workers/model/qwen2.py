@@ -110,6 +110,16 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
 
+    @classmethod
+    def over(cls, keys: torch.Tensor, values: torch.Tensor) -> KVCache:
+        """A cache writing into existing (layers, 1, kv_heads, capacity, head_dim) tensors,
+        e.g. one row of a batch cache (`llm_batch.BatchKVCache`): no allocation."""
+        cache = cls.__new__(cls)
+        cache.keys, cache.values = keys, values
+        cache.capacity = keys.shape[3]
+        cache.length = 0
+        return cache
+
     def reserve(self, new_positions: int) -> None:
         if self.length + new_positions > self.capacity:
             raise InvalidRequestError(
@@ -137,10 +147,19 @@ def rotary_cos_sin(
     config: Qwen2Config, start: int, count: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin (count, head_dim) for positions start..start+count-1, in HF's float32 order."""
+    positions = torch.arange(start, start + count, device=device)
+    return rotary_at(config, positions, dtype)
+
+
+def rotary_at(
+    config: Qwen2Config, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (len(positions), head_dim) at the given integer positions (one per batch row
+    when decoding a batch whose rows have different lengths)."""
+    device = positions.device
     half = torch.arange(0, config.head_dim, 2, dtype=torch.int64, device=device).float()
     inv_freq = 1.0 / (config.rope_theta ** (half / config.head_dim))
-    positions = torch.arange(start, start + count, device=device).float()
-    angles = positions[:, None] * inv_freq[None, :]  # (count, head_dim/2)
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (count, head_dim/2)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

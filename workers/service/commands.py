@@ -116,7 +116,8 @@ def run_pool(args: argparse.Namespace) -> int:
         return EXIT_START_FAILED
     configure_logging(settings)
     try:
-        check_redis(redis_connection(settings), settings)
+        with redis_connection(settings) as connection:
+            check_redis(connection, settings)
     except SettingsError as e:
         print(f"cosyq-worker pool: {e}", file=sys.stderr)
         return EXIT_START_FAILED

@@ -44,7 +44,7 @@ ADDITIVE_TYPES = ("counter", "histogram")
 SCRAPE_SOCKET_TIMEOUT_S = 2.0  # a scrape must answer even while Redis is away
 
 # Worker states as `cosyq status` shows them; the pool adds "waiting" for empty slots.
-WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")
+WORKER_STATES = keys.WORKER_STATES
 POOL_WAITING_STATE = "waiting"
 JOB_OUTCOMES = ("finished", "failed", "retried", "refused")
 

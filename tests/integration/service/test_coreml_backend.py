@@ -20,7 +20,7 @@ def test_coreml_on_linux_exits_nonzero_with_one_line(
     worker = cluster.start(
         "run",
         log_name="w.log",
-        COSYQ_ENGINE="workers.service.engine_loading:engine_from_settings",
+        COSYQ_ENGINE="workers.service.default_engine:engine_from_settings",
         COSYQ_BACKEND="coreml",
     )
     assert worker.wait(timeout=30) == 2

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.doubles.harness import REPO_ROOT, Cluster, named, wait_for
 from tests.doubles.redis_servers import ACL_USERS, secured_redis, tls_redis
 
@@ -29,6 +31,7 @@ def refusal_lines(path: Path) -> list[str]:
     return [line for line in lines if line.startswith("cosyq-worker")]
 
 
+@pytest.mark.timeout(300)  # five interpreters at once: slow on a loaded machine
 def test_refused_worker_exits_2_within_the_connect_timeout_with_one_line(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -74,6 +77,7 @@ def test_refused_worker_exits_2_within_the_connect_timeout_with_one_line(
         unreachable.wait(timeout=30)
 
 
+@pytest.mark.timeout(300)
 def test_pool_refuses_to_start_and_backs_off_slots_redis_turns_away(
     cluster: Cluster, tmp_path: Path
 ) -> None:

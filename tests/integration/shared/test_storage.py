@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -117,6 +122,35 @@ def test_file_put_replaces_atomically(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(os, "replace", real_replace)
     assert (tmp_path / "a" / "b.wav").read_bytes() == b"old"  # the reader never saw "new" half-made
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b.wav"]  # temp file removed
+
+
+def test_file_put_removes_temp_files_a_killed_writer_left(tmp_path: Path) -> None:
+    storage = open_storage(file_settings(tmp_path, job_timeout_s=600))
+    folder = tmp_path / "a"
+    folder.mkdir()
+    host = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname().split(".")[0])
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()  # its pid is free now: the writer that left a temp file is dead
+    names = {
+        "dead here": f".b.wav.{host}-{killed.pid}.x1.tmp",
+        "alive here": f".b.wav.{host}-1.x2.tmp",  # init: a live process
+        "elsewhere, fresh": ".b.wav.otherhost-77.x3.tmp",
+        "elsewhere, old": ".b.wav.otherhost-78.x4.tmp",
+        "another key, old": f".other.wav.{host}-{killed.pid}.x5.tmp",
+    }
+    for name in names.values():
+        (folder / name).write_bytes(b"half")
+    hour_ago = time.time() - 3600
+    for which in ("elsewhere, old", "another key, old"):
+        os.utime(folder / names[which], (hour_ago, hour_ago))
+    storage.put("a/b.wav", b"whole", "audio/wav", {})
+    left = {p.name for p in folder.iterdir()}
+    assert left == {
+        "b.wav",
+        names["alive here"],
+        names["elsewhere, fresh"],
+        names["another key, old"],  # only temps of the key being written are looked at
+    }
 
 
 @pytest.mark.parametrize("key", ["../escape.wav", "/etc/x.wav", "a//b.wav", "a\\b.wav"])

@@ -20,7 +20,7 @@ from workers.engine.pipeline import (
     SynthesisPipeline,
 )
 from workers.engine.text_split import SplitConfig
-from workers.service.engine_loading import engine_from_settings
+from workers.service.default_engine import engine_from_settings
 
 TEXT = "Hello, a short test."
 SAMPLES_PER_TOKEN = 960  # 2 mel frames x 480 samples
@@ -246,7 +246,7 @@ def test_another_runtime_plugs_in_as_stage_objects(
 def test_a_runaway_expansion_is_refused_before_any_synthesis(
     tiny_model_dir: Path, voice: VoicePrompt
 ) -> None:
-    from workers.pipeline import build_engine  # noqa: PLC0415
+    from workers.engine.pipeline import build_engine  # noqa: PLC0415
 
     engine = build_engine(
         tiny_model_dir, device="cpu", options=EngineOptions(max_speech_seconds=150)

@@ -75,7 +75,7 @@ def test_pool_backoff_is_exponential_and_capped() -> None:
 
 def test_engine_setting_errors_are_model_load_errors() -> None:
     with pytest.raises(ModelLoadError, match=r"must look like 'package\.module:factory'"):
-        import_engine_factory("workers.service.engine_loading.engine_from_settings")
+        import_engine_factory("workers.service.default_engine.engine_from_settings")
     with pytest.raises(ModelLoadError, match="cannot import no_such_module"):
         import_engine_factory("no_such_module:load")
     with pytest.raises(ModelLoadError, match="has no callable 'nope'"):

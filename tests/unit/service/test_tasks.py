@@ -25,7 +25,7 @@ from shared.voices import VoiceRegistry
 from tests.doubles.engines import ScriptedEngine
 from tests.doubles.harness import write_model_dir
 from workers.service.job_runtime import WorkerRuntime
-from workers.tasks import JobContext, run_synthesis
+from workers.tasks import JobContext, check_readable_prompt, run_synthesis
 from workers.voices.book import VoiceBook
 
 SECRET_TEXT = "the launch code is swordfish"
@@ -105,6 +105,18 @@ def test_a_prompt_outside_the_prompt_roots_is_refused(
         runtime, settings=runtime.settings.model_copy(update={"prompt_roots": tmp_path.as_uri()})
     )
     assert run_synthesis(widened, request, context()).uri.endswith(".wav")
+
+
+def test_an_add_voice_job_gets_the_same_prompt_gate(runtime: WorkerRuntime) -> None:
+    """add_voice(name, prompt_audio, ...) is called by RQ with whatever the payload says."""
+    check_readable_prompt(runtime, (runtime.settings.model_dir / "prompt.wav").as_uri())
+    for uri, rule in (
+        ("file:///etc/shadow", "is outside the folders this worker reads prompts from"),
+        ("s3://a/b", "prompt_audio: bucket: 3-63 lowercase letters"),
+        (["file:///x"], "prompt_audio: must be a file:// or s3:// URI string"),
+    ):
+        with pytest.raises(InvalidRequestError, match=re.escape(rule)):
+            check_readable_prompt(runtime, uri)
 
 
 def test_malformed_prompt_uris_are_rejections_not_storage_errors(runtime: WorkerRuntime) -> None:

@@ -25,7 +25,8 @@ import soundfile
 import torch
 
 from workers.engine.api import SynthesisInput
-from workers.engine.pipeline import EngineOptions, RequestState, SynthesisPipeline, build_engine
+from workers.engine.pipeline import EngineOptions, SynthesisPipeline, build_engine
+from workers.engine.requests import RequestState
 from workers.tools.bench import DEFAULT_TEXT
 from workers.tools.bench.precision import PrecisionReport, compare_precision
 

@@ -1,0 +1,292 @@
+"""The PyTorch pipeline's `BatchSession`: continuous batching on one model thread.
+
+Each admitted request is planned (front end) and its first piece joins the LLM's
+`BatchDecoder`; every loop turn is one batched decode step for all rows, after which the rows
+that finished go through flow and HiFT and their request either joins again with its next
+piece (pieces stay in order, one row per request, so the request's generator is drawn in
+exactly the order of the alone path) or completes its future. Newcomers are admitted at every
+step boundary, up to `max_batch` requests in flight.
+
+Rows that finish in the same step share one padded flow call (`ModuleFlow.mels`: each row its
+own prompt and noise slice, CFG doubling it to 2B rows); HiFT runs per piece on the request's
+own generator, so its source noise is drawn exactly as alone (HiFT is ~5% of the time).
+
+Failure isolation: a request whose front end, validation or alone-sized stage raises fails
+its own future. An exception inside a batched stage (a decode step, a batched flow call) drops
+the rows it touched and reruns each of their requests alone from the start (same seed, so the
+same answer as alone), so one poisoned input cannot fail its neighbours. A piece longer than a
+batch row holds runs its whole request alone at once.
+
+Stage seconds per request are its share of each batched call (call time / rows in it), so the
+requests' stage seconds add up to the session's busy time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from workers.engine.api import SynthesisInput, SynthesisOutput
+from workers.engine.requests import RequestPlan
+from workers.engine.stages import FlowStage
+from workers.model.llm import Qwen2LM
+from workers.model.llm_batch import BatchDecoder, FinishedRow, RowTooLong
+
+
+class PlannedPipeline(Protocol):
+    """What the session needs of `SynthesisPipeline` (which imports this module)."""
+
+    sample_rate: int
+    flow: FlowStage
+
+    @property
+    def forced_speech_tokens(self) -> int | None: ...
+
+    def begin(self, request: SynthesisInput) -> RequestPlan: ...
+
+    def piece_audio(
+        self, ids: np.ndarray, plan: RequestPlan, mel: np.ndarray | None = None
+    ) -> np.ndarray: ...
+
+    def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray: ...
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput: ...
+
+
+@dataclass(eq=False)  # identity: a job is the key of its LLM row
+class Job:
+    request: SynthesisInput
+    future: Future[SynthesisOutput]
+    plan: RequestPlan | None = None
+    audio: list[np.ndarray] = field(default_factory=list)
+    batch_size: int = 1
+
+
+class PipelineBatchSession:
+    """A BatchSession over a `SynthesisPipeline` whose LLM is a torch `Qwen2LM`."""
+
+    def __init__(
+        self, pipeline: PlannedPipeline, model: Qwen2LM, max_batch: int, positions: int
+    ) -> None:
+        self.pipeline = pipeline
+        self.max_batch = max_batch
+        self.decoder = BatchDecoder(model, max_batch, positions)
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._jobs: list[Job] = []  # admitted, each with exactly one row in the decoder
+        self._waiting: deque[Job] = deque()
+        self._closing = False
+        self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
+        self._thread = threading.Thread(target=self._run, name="cosyq-model", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
+        future: Future[SynthesisOutput] = Future()
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the batch session is closed")
+            self._pending += 1
+        self._queue.put(Job(request, future))
+        return future
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+        self._queue.put(None)
+        self._thread.join()
+
+    # --- the model thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # a bug in the loop itself: no future is left hanging
+            self.decoder.clear()
+            for job in [*self._jobs, *self._waiting, *self._drain_all()]:
+                self._done(job, error=e)
+            raise
+
+    def _loop(self) -> None:
+        closed = False
+        while True:
+            closed = self._take(block=not self._jobs and not self._waiting) or closed
+            start = time.perf_counter()
+            while self._waiting and len(self._jobs) < self.max_batch:
+                self._admit(self._waiting.popleft())
+            if self._jobs:
+                self._step()
+            self.busy_s += time.perf_counter() - start
+            if closed and not self._jobs and not self._waiting:
+                return
+
+    def _take(self, *, block: bool) -> bool:
+        """Move queued jobs to `_waiting`; True once the close marker was seen."""
+        try:
+            item = self._queue.get(block=block)
+            while True:
+                if item is None:
+                    return True
+                self._waiting.append(item)
+                item = self._queue.get_nowait()
+        except queue.Empty:
+            return False
+
+    def _drain_all(self) -> list[Job]:
+        jobs: list[Job] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return jobs
+            if item is not None:
+                jobs.append(item)
+
+    def _admit(self, job: Job) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            self._done(job)
+            return
+        try:
+            job.plan = self.pipeline.begin(job.request)
+        except BaseException as e:
+            self._done(job, error=e)
+            return
+        self._jobs.append(job)
+        self._join(job)
+
+    def _join(self, job: Job) -> None:
+        """Give the job's next piece a row (or finish the job alone / with its error)."""
+        plan = _plan(job)
+        piece = plan.pieces[len(job.audio)]
+        try:
+            self.decoder.add(
+                job,
+                piece.ids,
+                prompt_text=plan.prompt.text_ids,
+                prompt_speech=np.asarray(plan.prompt.speech_tokens, dtype=np.int64),
+                generator=plan.state.generator,
+                forced_length=self.pipeline.forced_speech_tokens,
+            )
+        except RowTooLong:
+            self._alone(job)
+        except BaseException as e:  # validation or this request's own prefill
+            self._done(job, error=e)
+
+    def _step(self) -> None:
+        rows = [row.key for row in self.decoder.rows]
+        start = time.perf_counter()
+        try:
+            finished = self.decoder.step()
+        except Exception:
+            self.decoder.clear()
+            for job in list(self._jobs):
+                self._alone(job)
+            return
+        share = (time.perf_counter() - start) / max(len(rows), 1)
+        for key in rows:
+            assert isinstance(key, Job)
+            _plan(key).state.clock.seconds["llm"] += share
+        self._pieces_done(finished)
+
+    def _pieces_done(self, rows: list[FinishedRow]) -> None:
+        """Flow for every row that finished this step in one padded batch (when the flow
+        stage can), then each piece's speed change and HiFT on its own generator."""
+        mels: list[np.ndarray | None] = [None] * len(rows)
+        batch = [i for i, row in enumerate(rows) if row.tokens]
+        flow = self.pipeline.flow
+        many = getattr(flow, "mels", None) if getattr(flow, "batches", False) else None
+        if len(batch) > 1 and many is not None:
+            start = time.perf_counter()
+            try:
+                made = many(
+                    [
+                        (np.asarray(rows[i].tokens, np.int32), _job(rows[i]).request.prompt)
+                        for i in batch
+                    ]
+                )
+            except Exception:  # rerun one by one: each piece's own flow call, as alone
+                made = [None] * len(batch)
+            share = (time.perf_counter() - start) / len(batch)
+            for i, mel in zip(batch, made, strict=True):
+                mels[i] = mel
+                if mel is not None:
+                    _plan(_job(rows[i])).state.clock.seconds["flow"] += share
+        for row, mel in zip(rows, mels, strict=True):
+            self._piece_done(row, mel)
+
+    def _piece_done(self, row: FinishedRow, mel: np.ndarray | None) -> None:
+        job = _job(row)
+        job.batch_size = max(job.batch_size, row.batch_size)
+        plan = _plan(job)
+        try:
+            ids = np.asarray(row.tokens, np.int32)
+            job.audio.append(self.pipeline.piece_audio(ids, plan, mel))
+            if len(job.audio) < len(plan.pieces):
+                self._join(job)
+                return
+            samples = self.pipeline.finish(job.audio, plan)
+        except BaseException as e:
+            self._done(job, error=e)
+            return
+        self._done(job, output=self._output(samples, job))
+
+    def _output(self, samples: np.ndarray, job: Job) -> SynthesisOutput:
+        state = _plan(job).state
+        return SynthesisOutput(
+            samples=samples,
+            sample_rate=self.pipeline.sample_rate,
+            stage_seconds=dict(state.clock.seconds),
+            speech_tokens=state.speech_tokens,
+            batch_size=job.batch_size,
+        )
+
+    def _alone(self, job: Job) -> None:
+        """Run the whole request on its own from the start, with the seed it was given."""
+        request = job.request
+        if job.plan is not None:
+            request = dataclasses.replace(request, seed=job.plan.state.seed)
+        try:
+            output = self.pipeline.synthesize(request)
+        except BaseException as e:
+            self._done(job, error=e)
+            return
+        self._done(job, output=output)
+
+    def _done(
+        self,
+        job: Job,
+        *,
+        output: SynthesisOutput | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        if job in self._jobs:
+            self._jobs.remove(job)
+        if not job.future.done():
+            if error is not None:
+                job.future.set_exception(error)
+            elif output is not None:
+                job.future.set_result(output)
+        with self._lock:
+            self._pending -= 1
+
+
+def _job(row: FinishedRow) -> Job:
+    assert isinstance(row.key, Job)
+    return row.key
+
+
+def _plan(job: Job) -> RequestPlan:
+    assert job.plan is not None
+    return job.plan

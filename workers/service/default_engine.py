@@ -1,0 +1,67 @@
+"""The product's engine factory: Settings -> backend and device choice -> a loaded engine.
+
+The one place the worker's settings reach the engine: `select_backend` picks torch or Core ML
+and the device, `engine_options` maps the settings onto the engine's plain options, and the
+engine itself never sees a Settings object.
+"""
+
+from __future__ import annotations
+
+from shared.errors import ModelLoadError
+from shared.settings import Settings
+from workers.engine.api import SynthesisEngine
+from workers.engine.assembly import JoinConfig
+from workers.engine.pipeline import EngineOptions, build_engine
+from workers.engine.text_split import SplitConfig
+from workers.service.backend import select_backend
+
+
+def engine_options(settings: Settings) -> EngineOptions:
+    """The engine's per-engine choices, from the worker's settings."""
+    return EngineOptions(
+        normalize_text=settings.normalize_text,
+        split=SplitConfig(max_piece_tokens=settings.max_piece_tokens),
+        join=JoinConfig(gap_s=settings.piece_gap_ms / 1000),
+        max_prompt_seconds=settings.max_prompt_seconds,
+        max_speech_seconds=settings.max_speech_seconds,
+        max_batch=settings.batch_size,
+        batch_max_positions=settings.batch_max_positions,
+    )
+
+
+def engine_from_settings(settings: Settings) -> SynthesisEngine:
+    """The default `COSYQ_ENGINE`: torch or Core ML, as `select_backend` decides."""
+    if settings.model_dir is None:
+        raise ModelLoadError(
+            "COSYQ_MODEL_DIR is not set: point it at a CosyVoice2-0.5B folder "
+            "(or write a test model with `cosyq-worker model init-tiny DIR`)"
+        )
+    choice = select_backend(settings, settings.model_dir)  # Linux + coreml: the one-line refusal
+    options = engine_options(settings)
+    if choice.backend == "coreml":  # macOS with a valid conversion; coremltools loads only here
+        from workers.coreml.engine import CoreMLPlacement, load_coreml_engine  # noqa: PLC0415
+
+        if choice.coreml_dir is None or choice.compute_units is None:
+            raise ModelLoadError(f"Core ML was chosen without a conversion: {choice.reason}")
+        placement = CoreMLPlacement(
+            torch_device=choice.torch_device,
+            reported_device=choice.device,
+            compute_units=choice.compute_units,
+            coreml_dir=choice.coreml_dir,
+        )
+        return load_coreml_engine(
+            settings.model_dir,
+            placement,
+            cache_dir=settings.coreml_cache_dir,
+            compile_timeout_s=settings.coreml_compile_timeout_s,
+            dtype=settings.dtype,
+            options=options,
+            hash_cache_dir=settings.hash_cache_dir,
+        )
+    return build_engine(
+        settings.model_dir,
+        device=choice.device,
+        dtype=settings.dtype,
+        options=options,
+        hash_cache_dir=settings.hash_cache_dir,
+    )
