@@ -25,6 +25,7 @@ from shared.errors import (
 )
 from shared.settings import Settings
 from shared.storage import open_storage
+from shared.submitted import record_submitted
 from shared.voices import (
     VoiceSummary,
     check_prompt_audio,
@@ -63,10 +64,12 @@ def enqueue_add_voice(
         upload_key(name, filename), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
     )
     queue = Queue(keys.QUEUE_HIGH, connection=connection, serializer=JSONSerializer)
+    job_id = uuid.uuid4().hex
+    record_submitted(connection, [job_id])  # first: an id with no job is simply forgotten
     job = queue.enqueue(
         function,
         kwargs={"name": name, "prompt_audio": stored.uri, "transcript": transcript},
-        job_id=uuid.uuid4().hex,
+        job_id=job_id,
         job_timeout=settings.job_timeout_s,
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.failure_ttl_s,

@@ -50,8 +50,13 @@ return out
 
 
 def batchable(job: Job) -> bool:
-    """Only synthesize jobs share the model; anything else (add_voice) runs alone."""
-    return job.func_name == keys.SYNTHESIZE_FUNCTION
+    """Only synthesize jobs share the model; anything else (add_voice) runs alone, and so does
+    a streamed synthesis (`stream: true`): its chunks go out as they are made, on its own path
+    beside the batch, after the window it was popped in."""
+    if job.func_name != keys.SYNTHESIZE_FUNCTION:
+        return False
+    request = job.kwargs.get("request") if isinstance(job.kwargs, dict) else None
+    return not (isinstance(request, dict) and request.get("stream") is True)
 
 
 def synthesis_payload(job: Job) -> Any:
@@ -97,6 +102,8 @@ class Unreadable:
     """A popped id whose hash would not decode: the worker refuses it (never runs it)."""
 
     error: Exception
+    job_id: str
+    queue: Queue
 
 
 @dataclass
@@ -138,9 +145,7 @@ class BatchDequeue:
                 except NoSuchJobError:
                     continue  # deleted after it was queued: RQ skips these too
                 except Exception as e:  # a hash that does not decode: refused, not run
-                    e.job_id = job_id  # type: ignore[attr-defined]
-                    e.queue = queue  # type: ignore[attr-defined]
-                    on_unreadable(Unreadable(e))
+                    on_unreadable(Unreadable(e, job_id, queue))
                     continue
                 into.held.append((job, queue))
                 added += 1

@@ -135,6 +135,7 @@ class BatchRunner:
         self.clock = BusyClock()
         self.abandoned = False  # a job timed out on the model thread: it may be stuck
         self._closing = False
+        self._queues_empty = False  # the last look at the queues found nothing to add
         self._checked_at = 0.0
 
     # -- the window ----------------------------------------------------------------------------
@@ -180,11 +181,14 @@ class BatchRunner:
 
     def _top_up(self) -> None:
         room = self._room()
+        self._queues_empty = room == 0 or not self._open()
         if room > 0:
             try:
-                self.dequeue.pop(room, self.popped, self._refuse_unreadable)
+                got = self.dequeue.pop(room, self.popped, self._refuse_unreadable)
             except REDIS_OUTAGE as e:
                 log.warning("batch_dequeue_failed", error=str(e))
+                got = 0
+            self._queues_empty = got == 0
 
     def _admit_popped(self, runtime: WorkerRuntime) -> int:
         """Start what was popped; give it back if the worker is stopping or retiring."""
@@ -220,7 +224,7 @@ class BatchRunner:
             worker._prepare_attempt(job)
         except REDIS_OUTAGE as e:
             log.warning("job_not_started", job_id=job.id, error=str(e))
-            worker._push_back(job, queue_)
+            worker.push_back(job.id, queue_)
             return
         entry = BatchJob(job, queue_, admitted_at=time.monotonic())
         self.jobs[job.id] = entry
@@ -288,14 +292,17 @@ class BatchRunner:
             self._record_failure(entry, event.value)
 
     def _flush_waiting(self) -> None:
-        """Submit prepared jobs: at once if the model is busy (they join at the next step),
-        else once the first has waited batch_wait_ms for company or no company can come."""
+        """Submit prepared jobs: at once if the model is busy (they join at the next step) or
+        no company is in sight (nothing left to pop, none of the admitted jobs still being
+        prepared), else once the first has waited batch_wait_ms for the others."""
         if not self.waiting or self.session is None:
             return
         busy = self.session.in_flight() > 0
+        preparing = sum(1 for e in self.jobs.values() if e.prepared is None and not e.done)
+        alone = preparing == 0 and self._queues_empty
+        full = len(self.waiting) >= self.batch_size
         first = min(entry.admitted_at for entry in self.waiting)
-        full = len(self.waiting) >= self.batch_size or self._room() == 0
-        if not (busy or full or time.monotonic() >= first + self.wait_s):
+        if not (busy or alone or full or time.monotonic() >= first + self.wait_s):
             return
         for entry in self.waiting:
             assert entry.prepared is not None
@@ -338,8 +345,7 @@ class BatchRunner:
         if self.worker._outcome is not None:  # set by RQ's success/failure handlers
             seconds = time.monotonic() - entry.admitted_at
             metrics.record_job(entry.queue.name, self.worker._outcome, seconds)
-        if self.worker.lifecycle is not None:
-            self.worker.lifecycle.housekeeper.end_job(entry.job.id)
+        self.worker.lifecycle.housekeeper.end_job(entry.job.id)
         self.worker._after_job(idle=not self.jobs)
 
     def _expire(self) -> None:
@@ -379,7 +385,7 @@ class BatchRunner:
             log.warning("worker_heartbeat_failed", error=str(e))
 
     def _refuse_unreadable(self, unreadable: Unreadable) -> None:
-        self.worker._refuse_unreadable(unreadable.error)
+        self.worker.refuse_unreadable_job(unreadable.job_id, unreadable.queue, unreadable.error)
 
     def _run_deferred(self) -> None:
         deferred, self.deferred = self.deferred, []
@@ -408,8 +414,8 @@ class BatchRunner:
         """Cold stop (second signal): every job this worker holds goes back now."""
         lifecycle = self.worker.lifecycle
         for entry in list(self.jobs.values()):
-            if lifecycle is not None and entry.execution is not None and not entry.done:
-                lifecycle.give_back(entry.job, entry.queue, entry.execution)
+            if entry.execution is not None and not entry.done:
+                lifecycle.give_back(entry.job.id, entry.execution.id, entry.queue.name)
         self.dequeue.give_back(self.popped.take() + self.deferred)
         self.deferred = []
 

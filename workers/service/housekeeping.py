@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
-from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
 
@@ -28,6 +28,7 @@ from shared import keys
 from shared.logs import get_logger
 from workers.service import metrics
 from workers.service.host import rss_mb
+from workers.service.orphans import OrphanSweep
 from workers.service.reaper import Reaper
 from workers.service.retries import promote_due_retries
 
@@ -53,6 +54,17 @@ def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+class WorkerState(StrEnum):
+    """A worker's state as `cosyq status` shows it."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    IDLE = "idle"
+    BUSY = "busy"
+    RETIRING = "retiring"
+    STOPPING = "stopping"
+
+
 @dataclass
 class WorkerStats:
     """What `cosyq status` shows for one worker (hash `cosyq:worker-stats:<name>`)."""
@@ -62,7 +74,7 @@ class WorkerStats:
     host: str
     queues: str
     slot: str = ""
-    state: str = "starting"  # starting, loading, idle, busy, retiring, stopping
+    state: WorkerState = WorkerState.STARTING
     current_job: str = ""
     jobs_done: int = 0
     backend: str = ""
@@ -92,10 +104,12 @@ class Housekeeper:
         ttl_s: float,
         wait_replicas: int = 0,
         wait_timeout_s: float = 1.0,
+        orphans: OrphanSweep | None = None,
     ) -> None:
         self.connection = connection
         self.stats = stats
         self.reaper = reaper
+        self.orphans = orphans
         self.queues = queues
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
@@ -125,7 +139,7 @@ class Housekeeper:
         with contextlib.suppress(redis.RedisError):
             self.connection.delete(self.stats_key)
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: WorkerState) -> None:
         self.stats.state = state
         self._guarded("publish_stats", self.publish_stats)
 
@@ -135,7 +149,7 @@ class Housekeeper:
         wait_replicas, the same round trip WAITs for them (NotReplicatedError if too few)."""
         with self._lock:
             self._job_ids[job_id] = None
-            self.stats.state, self.stats.current_job = "busy", ",".join(self._job_ids)
+            self.stats.state, self.stats.current_job = WorkerState.BUSY, ",".join(self._job_ids)
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
             pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
@@ -155,8 +169,8 @@ class Housekeeper:
             self._job_ids.pop(job_id, None)
             self.stats.jobs_done += 1
             self.stats.current_job = ",".join(self._job_ids)
-            if self.stats.state == "busy" and not self._job_ids:
-                self.stats.state = "idle"
+            if self.stats.state is WorkerState.BUSY and not self._job_ids:
+                self.stats.state = WorkerState.IDLE
         key = keys.job_heartbeat_key(job_id)
 
         def release() -> None:
@@ -183,9 +197,15 @@ class Housekeeper:
         healthy = self._guarded("publish_stats", self.publish_stats) and healthy
         if healthy and self._reaper_armed():
             self._guarded("reap", self.reaper.reap)
+            if self.orphans is not None:
+                self._guarded("orphan_sweep", self._sweep_orphans)
         self._guarded("promote_retries", lambda: promote_due_retries(self.connection, self.queues))
         for duty in self.extra_duties:
             self._guarded(getattr(duty, "__name__", "duty"), duty, uses_redis=False)
+
+    def _sweep_orphans(self) -> None:
+        assert self.orphans is not None
+        self.orphans.tick(self.interval_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -212,8 +232,6 @@ class Housekeeper:
     def _guarded(self, duty: str, action: Callable[[], object], *, uses_redis: bool = True) -> bool:
         try:
             action()
-        except StopRequested:
-            raise  # RQ's warm-stop signal, raised in the main thread: not ours to swallow
         except redis.RedisError as e:
             if not self._failing:
                 log.warning("housekeeping_redis_error", duty=duty, error=str(e), pid=os.getpid())

@@ -91,7 +91,7 @@ def test_missing_and_unreadable_hashes_are_not_held(
     dequeue, popped = BatchDequeue(connection, queues, ColdStopGuard()), PoppedJobs()
     assert dequeue.pop(4, popped, seen.append) == 2
     assert [job.id for job, _ in popped.take()] == [garbage, good]
-    assert [getattr(u.error, "job_id", None) for u in seen] == [broken]
+    assert [(u.job_id, u.queue.name) for u in seen] == [(broken, default.name)]
 
 
 def test_a_cold_stop_during_the_pop_waits_until_the_jobs_are_held(
@@ -155,5 +155,7 @@ def test_only_synthesize_jobs_batch_and_their_payload_binds(queues: list[Queue])
     _, default, _ = queues
     synth = default.enqueue("workers.tasks.synthesize", request={"text": "hi"})
     voice = default.enqueue("workers.tasks.add_voice", name="v", prompt_audio="file:///p.wav")
+    streamed = default.enqueue("workers.tasks.synthesize", request={"text": "hi", "stream": True})
     assert batchable(synth) and not batchable(voice)
+    assert not batchable(streamed)  # its chunks go out on its own path, beside the batch
     assert synthesis_payload(synth) == {"text": "hi"}
