@@ -1,8 +1,8 @@
-"""Relaying a job's audio stream (issue 11's Redis Stream `cosyq:audio:<job id>`) over HTTP.
+"""Relaying a job's audio stream (the Redis Stream `cosyq:audio:<job id>`) over HTTP.
 
 A streaming worker appends entries `seq`, `attempt`, `sample_rate`, `pcm` (mono int16
 little-endian) and `final` (0/1); an attempt's final entry holds the stored file's `uri`, or, for
-a failed attempt, `error_kind` and `error_message` (issue 11's entry format). The relay reads it
+a failed attempt, `error_kind` and `error_message` (shared/audio_stream.py). The relay reads it
 with blocking XREAD from the first entry, so it works whether it starts before, during or after
 the job runs, and re-reads the job's state at least every second, so a job whose worker died
 (no entry will come) ends the relay too.
@@ -31,15 +31,11 @@ from producer.http.context import WAKE_EVERY_S, FrontContext
 from producer.http.errors import SERVER_ERROR, ApiError
 from producer.http.outcomes import failure_error, job_location
 from producer.tracking import TERMINAL_STATES
-from shared.keys import PREFIX
+from shared import audio_stream
+from shared.keys import audio_stream_key
 from shared.results import JobFailure
 
-AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # issue 11: the stream key is cosyq:audio:<job id>
 STREAM_READ_COUNT = 64
-
-
-def audio_stream_key(job_id: str) -> str:
-    return AUDIO_STREAM_PREFIX + job_id
 
 
 @dataclass(frozen=True)
@@ -62,21 +58,22 @@ class StreamTimeout(Exception):
     pass
 
 
-def parse_entry(fields: dict[bytes, bytes]) -> StreamEntry:
-    """One stream entry; StreamFailed for the final entry of a failed attempt (`error_kind`,
-    `error_message`)."""
-    text = {k.decode(): v for k, v in fields.items()}
-    attempt = int(text.get("attempt", b"1"))
-    if "error_kind" in text:
-        kind = text["error_kind"].decode("utf-8", "replace")
-        message = text.get("error_message", b"failed").decode("utf-8", "replace")
-        raise StreamFailed(JobFailure(kind=kind, message=message), attempt)
+def parse_entry(entry_id: Any, fields: dict[bytes, bytes]) -> StreamEntry:
+    """One stream entry (shared.audio_stream's format); StreamFailed for the final entry of a
+    failed attempt or a malformed entry."""
+    ident = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    try:
+        parsed = audio_stream.parse_entry(ident, fields)
+    except ValueError as e:
+        raise StreamFailed(JobFailure(kind="internal", message=str(e))) from e
+    if isinstance(parsed, audio_stream.StreamError):
+        raise StreamFailed(JobFailure(kind=parsed.kind, message=parsed.message), parsed.attempt)
     return StreamEntry(
-        seq=int(text.get("seq", b"0")),
-        sample_rate=int(text.get("sample_rate", b"0")),
-        pcm=text.get("pcm", b""),
-        final=text.get("final", b"0") == b"1",
-        attempt=attempt,
+        seq=parsed.seq,
+        sample_rate=parsed.sample_rate,
+        pcm=parsed.pcm,
+        final=parsed.final,
+        attempt=parsed.attempt,
     )
 
 
@@ -108,7 +105,7 @@ async def entries(context: FrontContext, job_id: str, timeout: float) -> AsyncIt
             for entry_id, fields in items:
                 last_id = entry_id
                 try:
-                    entry = parse_entry(fields)
+                    entry = parse_entry(entry_id, fields)
                 except StreamFailed as failed:
                     if relayed_attempt is not None or await _job_ended(context, job_id):
                         raise
