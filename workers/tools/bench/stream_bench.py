@@ -30,7 +30,7 @@ from workers.engine.pipeline import EngineOptions, build_engine
 from workers.engine.requests import RequestState
 from workers.tools.bench.engine_bench import BenchOptions, forced_tokens, model_directory
 
-FORCED_ENV = "COSYQ_BENCH_FORCED_TOKENS"  # read by `forced_engine` in the bench's worker
+FORCED_ENV = "BENCH_STREAM_FORCED_TOKENS"  # read by `forced_engine` in the bench's worker
 FULL_RANDOM_STREAM_TOKENS = 250  # 10 s of audio: the issue's upstream comparison
 
 
@@ -87,7 +87,7 @@ class StreamBench:
 
 def forced_engine(settings: Any) -> Any:
     """COSYQ_ENGINE for the bench's worker: the product engine, every piece forced to
-    COSYQ_BENCH_FORCED_TOKENS speech tokens (random weights never stop on their own)."""
+    BENCH_STREAM_FORCED_TOKENS speech tokens (random weights never stop on their own)."""
     import dataclasses  # noqa: PLC0415
 
     from workers.service.default_engine import engine_options  # noqa: PLC0415
