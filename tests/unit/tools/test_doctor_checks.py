@@ -10,7 +10,7 @@ import pytest
 from shared.settings import Settings
 from workers.tools.doctor import host_checks
 from workers.tools.doctor.coreml_run import plan_row
-from workers.tools.doctor.measure import StageFigure
+from workers.tools.doctor.measure import StageFigure, prompt_audio
 from workers.tools.doctor.render import as_json
 from workers.tools.doctor.rows import Status, exit_status, fail, ok, skip
 from workers.tools.doctor.stack_checks import coreml_runtime_row, mps_row
@@ -101,3 +101,9 @@ def test_stage_figures_are_json_safe() -> None:
     same = StageFigure("flow", 0.1, 0.0, math.inf).as_dict()
     assert same["snr_db"] is None and same["max_abs_error"] == 0
     assert StageFigure("HiFT", 0.1, 0.01, 42.123).as_dict()["snr_db"] == 42.12
+
+
+def test_a_model_without_prompt_wav_gets_a_generated_prompt(tmp_path: Path) -> None:
+    samples, rate, transcript = prompt_audio(tmp_path)
+    assert rate == 16000 and samples.size == 3 * 16000 and transcript == ""
+    assert 0.05 < float(abs(samples).max()) < 1.0  # voiced, not silent, not clipped
