@@ -25,7 +25,9 @@ from shared.errors import (
 )
 from shared.settings import Settings
 from shared.storage import open_storage
+from shared.submitted import record_submitted
 from shared.voices import (
+    VOICE_UPLOAD_PREFIX,
     VoiceSummary,
     check_prompt_audio,
     check_transcript,
@@ -33,15 +35,14 @@ from shared.voices import (
     decode_prompt_audio,
 )
 
-UPLOAD_PREFIX = "voices"
 UPLOAD_CONTENT_TYPE = "application/octet-stream"  # any format soundfile reads
 
 
-def upload_key(name: str, filename: str) -> str:
+def new_upload_key(name: str, filename: str) -> str:
     """voices/<name>/<random>.<suffix>: a new object per upload, never an overwrite."""
     suffix = PurePath(filename).suffix.lstrip(".").lower()
     suffix = suffix if suffix.isalnum() else "audio"
-    return f"{UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{suffix or 'audio'}"
+    return f"{VOICE_UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{suffix or 'audio'}"
 
 
 def enqueue_add_voice(
@@ -60,13 +61,15 @@ def enqueue_add_voice(
     samples, rate = decode_prompt_audio(audio, where=filename)
     check_prompt_audio(samples, rate, settings.max_prompt_seconds)
     stored = open_storage(settings).put(
-        upload_key(name, filename), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
+        new_upload_key(name, filename), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
     )
     queue = Queue(keys.QUEUE_HIGH, connection=connection, serializer=JSONSerializer)
+    job_id = uuid.uuid4().hex
+    record_submitted(connection, [job_id])  # first: an id with no job is simply forgotten
     job = queue.enqueue(
         function,
         kwargs={"name": name, "prompt_audio": stored.uri, "transcript": transcript},
-        job_id=uuid.uuid4().hex,
+        job_id=job_id,
         job_timeout=settings.job_timeout_s,
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.failure_ttl_s,

@@ -26,9 +26,15 @@ IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(key) -> "<job id> <reserved at
 VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
+# The orphan sweep's index (workers/service/orphans.py): every submitted job id, scored by its
+# submit time, then by when the sweep last found it where it belongs.
+SUBMITTED_JOBS = PREFIX + "submitted"
+ORPHAN_SUSPECTS = PREFIX + "orphan-suspects"  # job id -> when first seen queued in no list
+ORPHAN_SWEEP_LOCK = PREFIX + "orphan-sweep-lock"  # one sweeper per housekeeping tick
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
 WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
+AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # + job id -> Redis Stream of a streamed job's audio chunks
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
 SYNTHESIZE_FUNCTION = "workers.tasks.synthesize"
@@ -62,6 +68,11 @@ def default_voice_key(checkpoint_hash: str, prompt_digest: str) -> str:
 
 def job_heartbeat_key(job_id: str) -> str:
     return JOB_HEARTBEAT_PREFIX + job_id
+
+
+def audio_stream_key(job_id: str) -> str:
+    """The Redis Stream a job with `stream: true` appends its audio chunks to."""
+    return AUDIO_STREAM_PREFIX + job_id
 
 
 def worker_stats_key(worker_name: str) -> str:

@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     Producer side: redis_*, storage_url, s3_*, max_*_chars/bytes, max_queue_depth, backpressure*,
     submit_chunk_size, job/result/failure TTLs, retries, idempotency_ttl_s, result polling.
     Worker side: model_dir, backend, device, dtype, compute_units, coreml_*, engine, recycling
-    limits (max_jobs*, max_rss_mb, max_lifetime_s), threads, pool_size, heartbeats.
+    limits (max_jobs*, max_rss_mb, max_lifetime_s), threads, pool_size, batch_*, heartbeats.
     """
 
     model_config = SettingsConfigDict(
@@ -235,6 +235,25 @@ class Settings(BaseSettings):
     wait_timeout_s: float = Field(
         3600.0, gt=0, description="default wait for results (result(), cosyq --wait, say)"
     )
+    stream_maxlen: int = Field(
+        2000,
+        gt=0,
+        description="most entries a job's audio stream keeps (XADD MAXLEN); chunks are 1-4 s",
+    )
+    stream_timeout_s: float = Field(
+        120.0, gt=0, description="default wait for a streamed job's chunks (stream(), --stream)"
+    )
+    stream_first_hop_tokens: int = Field(
+        25, gt=0, description="speech tokens in a stream's first chunk (upstream: 25 = 1 s)"
+    )
+    stream_max_hop_tokens: int = Field(
+        100,
+        gt=0,
+        description="most speech tokens per later chunk (hops double up to it; at least the first)",
+    )
+    stream_block_ms: int = Field(
+        1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
+    )
 
     # HTTP front (`cosyq serve`, extra cosyq[http])
     api_keys: SecretStr | None = Field(
@@ -266,6 +285,34 @@ class Settings(BaseSettings):
         None, gt=0, description="intra-op threads per worker (unset: cores // pool_size)"
     )
     pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
+    batch_size: int = Field(
+        1, ge=1, le=16, description="most jobs one worker runs together (1: one at a time)"
+    )
+    batch_wait_ms: float = Field(
+        20.0, ge=0, le=5000, description="how long a batch's first job waits for company"
+    )
+    batch_max_positions: int = Field(
+        2048,
+        ge=64,
+        le=32768,
+        description="LLM KV positions per batch row (prompt + text + speech); longer pieces "
+        "run alone. Memory: 24 KiB per position per row on the full model (fp32)",
+    )
+    batch_poll_ms: float = Field(
+        10.0, gt=0, le=1000, description="how often a batching worker looks for jobs to add"
+    )
+    batch_io_threads: int = Field(
+        2, ge=1, le=32, description="threads that validate, encode and store beside the model"
+    )
+    orphan_after_s: float = Field(
+        30.0, gt=0, description="a queued job in no queue or registry this long is put back"
+    )
+    orphan_sweep_batch: int = Field(
+        500, gt=0, description="submitted jobs the orphan sweep checks per housekeeping tick"
+    )
+    dequeue_poll_s: float = Field(
+        1.0, gt=0, le=60, description="longest blocking pop before a worker looks for a stop"
+    )
     heartbeat_interval_s: float = Field(2.0, gt=0, description="per-job heartbeat period")
     heartbeat_ttl_s: float = Field(
         10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"

@@ -2,21 +2,21 @@
 
 Usable as `rq worker -w workers.worker.CosyqWorker -S rq.serializers.JSONSerializer <queues>` and
 via `cosyq-worker run`. No fork: Core ML and Metal are not fork-safe, so jobs run in this
-process. Start-up reads top-down in `work()`: host checks, housekeeping (reaps what a dead
-predecessor left), engine load + warm-up, `worker_ready`, then RQ's loop. Per job: admission
-(allow-list, JSON only), heartbeat, RQ's execute, recycle check. Failures are classified once at
-the job boundary (`handle_exception`). Shutdown: the first SIGTERM/SIGINT finishes the current
-job, a second one gives the job back and exits at once.
+process. Start-up happens in RQ's `bootstrap()` hook (workers/lifecycle.py: host checks,
+housekeeping that reaps what a dead predecessor left, engine load + warm-up, `worker_ready`),
+then RQ's loop runs; `teardown()` stops the housekeeping. Per job: admission (allow-list, JSON
+only), heartbeat, RQ's execute, recycle check. Failures are classified once at the job boundary
+(`handle_exception`). Stops never lose a job (workers/service/dequeue.py): the first
+SIGTERM/SIGINT finishes the current job or gives back a popped one, a second one gives the job
+back and exits at once.
 """
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import json
-import math
 import os
 import random
-import signal
 import socket
 import threading
 import time
@@ -24,34 +24,28 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-import redis
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer, resolve_serializer
 from rq.utils import now
-from rq.worker import DequeueStrategy
 
 from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from workers.service import admission, control, host, metrics
+from workers.service import admission, control, host, metrics, outcomes
+from workers.service.batch_admission import batchable
+from workers.service.batch_runner import BatchRunner
+from workers.service.dequeue import StopSafeWorker
 from workers.service.failures import JobError, classify
-from workers.service.lifecycle import WorkerLifecycle
-from workers.service.outage import (
-    REDIS_OUTAGE,
-    OutageTolerantWorker,
-    until_reachable,
-    wait_for_redis,
-)
+from workers.service.housekeeping import WorkerState
+from workers.service.lifecycle import WorkerIdentity, WorkerLifecycle
+from workers.service.outage import REDIS_OUTAGE, wait_for_redis
 from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.service.retries import apply_default_retries
 
 log = get_logger(__name__)
-
-COLD_EXIT_CODE = 1  # second signal: the job was given back, the process stops at once
-DUPLICATE_SIGNAL_WINDOW_S = 1.0  # Ctrl+C reaches a pool's children twice: ignore the echo
 
 
 def default_worker_name() -> str:
@@ -66,7 +60,7 @@ def effective_timeout(job_timeout: int | float | None, limit_s: int) -> int:
     return int(min(job_timeout, limit_s))
 
 
-class CosyqWorker(OutageTolerantWorker):
+class CosyqWorker(StopSafeWorker):
     """RQ SimpleWorker subclass; RQ's constructor options pass through unchanged.
 
     Extra keyword options:
@@ -102,93 +96,110 @@ class CosyqWorker(OutageTolerantWorker):
         if kwargs.get("prepare_for_work", True):
             wait_for_redis(kwargs["connection"])  # RQ's constructor talks to Redis
         super().__init__(_queue_names(queues), *args, **kwargs)
+        self.dequeue_poll_s = self.settings.dequeue_poll_s
         self.slot = slot
         self.control = control.ControlChannel(control_fd) if control_fd is not None else None
         policy = RecyclePolicy.from_settings(self.settings)
         self.tracker = RecycleTracker(policy, job_budget=policy.job_budget(_rng()))
-        self.lifecycle: WorkerLifecycle | None = None
+        identity = WorkerIdentity(
+            name=self.name,
+            hostname=self.hostname or "",
+            queue_names=tuple(self.queue_names()),
+            slot=slot,
+        )
+        self.lifecycle = WorkerLifecycle(
+            self.settings,
+            identity,
+            self.connection,
+            channel=self.control,
+            job_budget=self.tracker.job_budget,
+        )
         self._failures: dict[str, JobError] = {}
         self._timed_out = False
         self._retire_lock = threading.Lock()
         self._retire_announced = False
         self._current: tuple[Job, Queue] | None = None
-        self._handling_job = False
         self._outcome: str | None = None  # set by RQ's success/failure handlers, per attempt
+        # COSYQ_BATCH_SIZE > 1: synthesize jobs run together (workers/service/batch_runner.py)
+        self._batch = BatchRunner(self) if self.settings.batch_size > 1 else None
+        self._rq_max_jobs: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def work(  # noqa: PLR0917 - RQ's signature, positional parameters included
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's loop unchanged; only `max_jobs` is noted (a batch counts each of its jobs)."""
+        bound = inspect.signature(super().work).bind(*args, **kwargs)
+        self._rq_max_jobs = bound.arguments.get("max_jobs")
+        return super().work(*args, **kwargs)
+
+    def bootstrap(
         self,
-        burst: bool = False,
-        logging_level: str | None = None,
+        logging_level: str | None = "INFO",
         date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
         log_format: str = DEFAULT_LOGGING_FORMAT,
-        max_jobs: int | None = None,
-        max_idle_time: int | None = None,
-        with_scheduler: bool = False,
-        dequeue_strategy: DequeueStrategy = DequeueStrategy.DEFAULT,
-    ) -> bool:
-        """Load the engine, then run RQ's loop (RQ's scheduler forks: never started here)."""
-        if with_scheduler:
-            log.warning("scheduler_not_started", why="RQ's scheduler forks; retries are promoted")
-        self.lifecycle = WorkerLifecycle(self)
-        try:
-            self.lifecycle.start()
-            requested = self._requested_serializer
-            if requested is not None and resolve_serializer(requested) is not JSONSerializer:
-                log.warning(
-                    "serializer_overridden",
-                    requested=str(self._requested_serializer),
-                    using="rq.serializers.JSONSerializer",
-                )
-            return super().work(
-                burst,
-                logging_level,
-                date_format,
-                log_format,
-                max_jobs,
-                max_idle_time,
-                False,
-                dequeue_strategy,
+    ) -> None:
+        """Load the engine and announce it, then RQ's own bootstrap (registration)."""
+        requested = self._requested_serializer
+        if requested is not None and resolve_serializer(requested) is not JSONSerializer:
+            log.warning(
+                "serializer_overridden",
+                requested=str(requested),
+                using="rq.serializers.JSONSerializer",
             )
-        finally:
-            self.lifecycle.stop()
-
-    def dequeue_job_and_maintain_ttl(
-        self, timeout: int | None, max_idle_time: int | None = None
-    ) -> tuple[Job, Queue] | None:
-        """RQ's dequeue, plus: wake up when the lifetime ends; fail unreadable job hashes."""
-        if self.control is None:
-            left = math.ceil(self.tracker.lifetime_left_s())
-            if left <= 0:
-                self._retire(RecycleReason.LIFETIME)
-                return None
-            max_idle_time = left if max_idle_time is None else min(max_idle_time, left)
-        dequeue = super().dequeue_job_and_maintain_ttl
-        while True:
-            try:
-                # RQ retries inside its blocking wait, not around it (state, heartbeat).
-                result = until_reachable(lambda: dequeue(timeout, max_idle_time), "dequeue_failed")
-            except Exception as e:
-                if getattr(e, "job_id", None) is None:
-                    raise
-                self._refuse_unreadable(e)
-                continue
-            if result is None and self.tracker.lifetime_expired():
-                self._retire(RecycleReason.LIFETIME)
-            return result
-
-    def execute_job(self, job: Job, queue: Queue) -> None:
-        self._handling_job = True  # a stop signal from here on waits for the bookkeeping
         try:
-            refusal = admission.screen(job)
-            if refusal is not None:
-                self._refuse(job, queue, refusal)
-            else:
-                self._run(job, queue)
-            self._after_job()
+            self.lifecycle.start(duties=[self.lifetime_duty])
+            if self._batch is not None:
+                self._batch.open()  # before the first job: a session that cannot open fails here
+            super().bootstrap(logging_level, date_format, log_format)
+        except BaseException:
+            self._close()
+            raise
+
+    def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
+        """RQ's scheduler forks: never started here (retries are promoted by housekeeping)."""
+        log.warning("scheduler_not_started", why="RQ's scheduler forks; retries are promoted")
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
         finally:
-            self._handling_job = False
+            self._close()
+
+    def _close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
+        self.lifecycle.stop()
+
+    def between_jobs(self) -> None:
+        """Alone: retire when the lifetime ends. Pooled: act on the pool's retirement grant."""
+        if self.control is None:
+            if self.tracker.lifetime_expired():
+                self._retire(RecycleReason.LIFETIME)
+            return
+        for message in self.control.receive():
+            if message.event == control.RETIRE and not self._stop_requested:
+                log.info("worker_retire_granted", jobs_done=self.tracker.jobs_done)
+                self._stop_requested = True
+                self.lifecycle.housekeeper.set_state(WorkerState.STOPPING)
+
+    def refuse_unreadable_job(self, job_id: str, queue: Queue, error: Exception) -> None:
+        reason = f"{type(error).__name__}: {error}"
+        log.warning("job_refused", job_id=job_id, queue=queue.name, reason=reason)
+        metrics.record_job(queue.name, "refused")
+        admission.refuse_unreadable(
+            self.connection, queue.name, job_id, reason, failure_ttl_s=self.settings.failure_ttl_s
+        )
+
+    def execute_popped(self, job: Job, queue: Queue) -> None:
+        refusal = admission.screen(job)
+        if refusal is None and self._batch is not None and batchable(job):
+            self._batch.run(job, queue)  # counts and records each job it admits
+            return
+        if refusal is not None:
+            self._refuse(job, queue, refusal)
+        else:
+            self._run(job, queue)
+        self._after_job()
 
     # -- one job -----------------------------------------------------------------------------
 
@@ -197,27 +208,22 @@ class CosyqWorker(OutageTolerantWorker):
             self._prepare_attempt(job)
         except REDIS_OUTAGE as e:
             log.warning("job_not_started", job_id=job.id, error=str(e))
-            self._push_back(job, queue)
+            self.push_back(job.id, queue)
             return
         self._current, self._outcome = (job, queue), None
         started = time.perf_counter()
         try:
-            super().execute_job(job, queue)
+            super().execute_popped(job, queue)
         except REDIS_OUTAGE as e:
-            # The outcome could not be recorded; the job's heartbeat stops with this attempt,
-            # so a reaper retries it once Redis is back. The worker itself carries on.
-            log.warning("job_outcome_unrecorded", job_id=job.id, error=str(e))
+            # A bookkeeping step outside the outcome writes failed (those wait for Redis
+            # themselves): release the job once Redis is back, labelled for what happened.
+            log.warning("job_bookkeeping_failed", job_id=job.id, error=str(e))
+            outcomes.release_unrecorded(self.connection, queue, job, self.name)
         finally:
             self._current = None
             if self._outcome is not None:
                 metrics.record_job(queue.name, self._outcome, time.perf_counter() - started)
-            if self.lifecycle is not None:
-                self.lifecycle.housekeeper.end_job(job.id)
-
-    def _push_back(self, job: Job, queue: Queue) -> None:
-        """Return a job we popped but could not start to the head of its queue."""
-        until_reachable(lambda: self.connection.lpush(queue.key, job.id), "job_push_back_failed")
-        log.info("job_pushed_back", job_id=job.id, queue=queue.name)
+            self.lifecycle.housekeeper.end_job(job.id)
 
     def _prepare_attempt(self, job: Job) -> None:
         """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat.
@@ -239,10 +245,7 @@ class CosyqWorker(OutageTolerantWorker):
             fields["retries_left"] = job.retries_left
         if job.retry_intervals is not None:
             fields["retry_intervals"] = json.dumps(job.retry_intervals)
-        if self.lifecycle is not None:
-            self.lifecycle.housekeeper.begin_job(job.id, fields)
-        else:
-            self.connection.hset(job.key, mapping=fields)  # type: ignore[arg-type]
+        self.lifecycle.housekeeper.begin_job(job.id, fields)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
         """Classify the failure once; log one line (a traceback only for internal errors)."""
@@ -263,11 +266,27 @@ class CosyqWorker(OutageTolerantWorker):
             if handler(job, *exc_info) is False:
                 break
 
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        record = super().handle_execution_ended
+        outcomes.when_reachable(
+            lambda: record(job, queue, heartbeat_ttl), job_id=job.id, step="ended"
+        )
+
     def handle_job_success(
         self, job: Job, queue: Queue, started_job_registry: Any, execution: Any
     ) -> None:
+        """Write the result; if Redis is away, keep it and write it once Redis is back."""
         self._outcome = "finished"
-        super().handle_job_success(job, queue, started_job_registry, execution)
+        record, tried = super().handle_job_success, False
+
+        def write() -> None:
+            nonlocal tried
+            if tried and outcomes.already_finished(job):
+                return  # the reply was lost, the write was not
+            tried = True
+            record(job, queue, started_job_registry, execution)
+
+        outcomes.when_reachable(write, job_id=job.id, step="success")
 
     def handle_job_failure(
         self,
@@ -284,10 +303,19 @@ class CosyqWorker(OutageTolerantWorker):
         if error is not None:
             meta_key = keys.LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY
             job.meta[meta_key] = error.as_meta()
-            job.save_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
-        super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+        record = super().handle_job_failure
+
+        def write() -> None:
+            # RQ logs and drops a failed write of its own: wait for Redis before it runs.
+            if error is not None:
+                job.save_meta()
+            else:
+                self.connection.ping()
+            record(job, queue, started_job_registry, exc_string, execution)
+
+        outcomes.when_reachable(write, job_id=job.id, step="failure")
 
     def _refuse(self, job: Job, queue: Queue, refusal: admission.Refusal) -> None:
         """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported."""
@@ -305,24 +333,26 @@ class CosyqWorker(OutageTolerantWorker):
             self.increment_failed_job_count(pipe)
             pipe.execute()
 
-    def _refuse_unreadable(self, error: Exception) -> None:
-        job_id = str(getattr(error, "job_id", ""))
-        queue = getattr(error, "queue", None)
-        queue_name = queue.name if isinstance(queue, Queue) else keys.QUEUE_DEFAULT
-        reason = f"{type(error).__name__}: {error}"
-        log.warning("job_refused", job_id=job_id, queue=queue_name, reason=reason)
-        metrics.record_job(queue_name, "refused")
-        admission.refuse_unreadable(
-            self.connection, queue_name, job_id, reason, failure_ttl_s=self.settings.failure_ttl_s
-        )
-
     # -- recycling ---------------------------------------------------------------------------
 
-    def _after_job(self) -> None:
-        if self.lifecycle is not None:
+    def admission_open(self) -> bool:
+        """False once the worker is stopping or retiring: a batch then takes no new job."""
+        return not self._stop_requested and not self._retire_announced
+
+    def jobs_left(self) -> int:
+        """Jobs this process may still take: its recycling budget, and `--max-jobs` if given."""
+        budget = self.tracker.job_budget
+        if self._rq_max_jobs is not None:
+            budget = min(budget, self._rq_max_jobs)
+        return budget - self.tracker.jobs_done
+
+    def _after_job(self, *, idle: bool = True) -> None:
+        if idle:  # not under other jobs still on the model
             host.release_accelerator_cache(self.lifecycle.device)
         reason = self.tracker.after_job(rss_mb=host.rss_mb(), timed_out=self._timed_out)
         self._timed_out = False
+        if self._batch is not None and self.jobs_left() <= 0 and self._rq_max_jobs is not None:
+            self._stop_requested = True  # RQ's own count sees one job per batch window
         if reason is not None:
             self._retire(reason)
 
@@ -352,8 +382,7 @@ class CosyqWorker(OutageTolerantWorker):
             rss_mb=round(host.rss_mb()),
             waiting_for_pool=waiting_for_pool,
         )
-        if self.lifecycle is not None:
-            self.lifecycle.housekeeper.set_state("retiring")
+        self.lifecycle.housekeeper.set_state(WorkerState.RETIRING)
 
     def lifetime_duty(self) -> None:
         """Housekeeping: a busy or idle worker past its lifetime asks the pool to replace it."""
@@ -363,40 +392,25 @@ class CosyqWorker(OutageTolerantWorker):
     # -- signals -----------------------------------------------------------------------------
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
-        """First signal: stop after the current job, including our bookkeeping after it.
+        super().request_stop(signum, frame)
+        self.lifecycle.housekeeper.stats.state = WorkerState.STOPPING  # published next tick
 
-        RQ raises StopRequested from the handler as soon as its own state says idle, which it
-        does before our post-job steps (heartbeat release, recycle check) have run; while a
-        job is being handled the stop is recorded instead, and the loop ends after it.
-        """
-        log.info("worker_stop_requested", signal=signal.Signals(signum).name, mode="warm")
-        if self.lifecycle is not None:
-            self.lifecycle.housekeeper.set_state("stopping")
-        if not self._handling_job:
-            super().request_stop(signum, frame)
-            return
-        self._shutdown_requested_date = now()
-        signal.signal(signal.SIGINT, self.request_force_stop)
-        signal.signal(signal.SIGTERM, self.request_force_stop)
-        self.handle_warm_shutdown_request()
-        self._stop_requested = True
+    def give_back_running(self) -> None:
+        """Cold stop mid-job: release the started entries now instead of waiting for a reaper;
+        a batch also pushes back what it popped and had not started."""
+        current, execution = self._current, next(iter(self.executions.values()), None)
+        if current is not None and execution is not None:
+            job, queue = current
+            self.lifecycle.give_back(job.id, execution.id, queue.name)
+        if self._batch is not None:
+            self._batch.give_back_all()
 
-    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
-        """Second signal: give the running job back to the queue and exit now."""
-        requested = self._shutdown_requested_date
-        if requested is not None and (now() - requested).total_seconds() < (
-            DUPLICATE_SIGNAL_WINDOW_S
-        ):
-            return
-        log.warning("worker_cold_shutdown", signal=signal.Signals(signum).name)
-        if self._current is not None and self.lifecycle is not None:
-            job, queue = self._current
-            self.lifecycle.give_back(job, queue)
-        if self.lifecycle is not None:
-            self.lifecycle.stop()
-        with contextlib.suppress(redis.RedisError):
-            self.register_death()
-        os._exit(COLD_EXIT_CODE)
+    def defer_cold_exit(self) -> bool:
+        """A batch job changing hands (popped -> registered): exit once it is in one place."""
+        return self._batch is not None and self._batch.guard.defer(self._cold_exit)
+
+    def before_cold_exit(self) -> None:
+        self.lifecycle.stop()
 
 
 def _queue_names(queues: Sequence[str | Queue] | str | Queue) -> list[str]:

@@ -24,6 +24,8 @@ async def read_json(request: Request) -> Any:
             f" (line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
         )
         raise ApiError(400, f"request: not valid JSON{where}", code="invalid_json") from e
+    except RecursionError as e:  # a hostile [[[[...]]]] is a bad request, not our failure
+        raise ApiError(400, "request: JSON nested too deeply", code="invalid_json") from e
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """GET /healthz (the process answers) and GET /readyz (it can do useful work); no key needed.
 
-Ready means: Redis answers PING, and at least one worker has loaded its model (its published
+Ready means: Redis answers PING, the storage can be read (`probe_storage` in read mode: the
+front reads results from it), and at least one worker has loaded its model (its published
 stats say idle or busy). A load balancer sends traffic only where /readyz is 200; the 503 body
 says which check failed, in the same error JSON as every other error.
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from producer.http.context import FrontContext, context_of
 from producer.http.errors import SERVER_ERROR, ApiError
 from shared import keys
+from shared.storage_probe import probe_storage
 
 router = APIRouter()
 
@@ -49,6 +52,11 @@ async def readyz(request: Request) -> JSONResponse:
             type_=SERVER_ERROR,
             code="redis_unreachable",
         ) from e
+    storage = await run_in_threadpool(probe_storage, context.storage, mode="read")
+    if not storage.ok:
+        raise ApiError(
+            503, f"not ready: {storage.line}", type_=SERVER_ERROR, code="storage_unusable"
+        )
     if workers == 0:
         raise ApiError(
             503,
@@ -56,4 +64,6 @@ async def readyz(request: Request) -> JSONResponse:
             type_=SERVER_ERROR,
             code="no_ready_worker",
         )
-    return JSONResponse({"status": "ready", "redis": "ok", "ready_workers": workers})
+    return JSONResponse(
+        {"status": "ready", "redis": "ok", "storage": "ok", "ready_workers": workers}
+    )

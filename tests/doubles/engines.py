@@ -11,14 +11,19 @@ short sine, so one worker can be made slow, leaky, transiently failing or dead p
     seconds:<s>      length of the returned audio (default 0.25 s)
 
 Factories: `fast` (loads instantly), `slow_load` (TESTENGINE_LOAD_S seconds to load, for the
-stagger test), `failing` (ModelLoadError), `broken` (a plain exception while loading).
+stagger test), `failing` (ModelLoadError), `broken` (a plain exception while loading),
+`batching` (a tone that depends on text and seed, and a session that batches across requests
+in steps of TESTENGINE_STEP_S seconds, like the engine's continuous decode loop).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+import zlib
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +124,124 @@ def failing(settings: Any) -> ScriptedEngine:
 
 def broken(settings: Any) -> ScriptedEngine:
     raise RuntimeError("test engine crashed while loading")
+
+
+class SteppedSession:
+    """A BatchSession double that batches like the real engine's decode loop: every active
+    request advances one step per `step_s` however many share it, newcomers join between steps,
+    and each output reports the most requests that shared a step with it. The samples are the
+    ones the request gets alone (ScriptedEngine's), so batching must not change them."""
+
+    def __init__(self, engine: BatchingScriptedEngine, max_batch: int) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._new: list[tuple[SynthesisInput, Future[SynthesisOutput]]] = []
+        self._lock = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="test-model", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
+        future: Future[SynthesisOutput] = Future()
+        with self._lock:
+            self._pending += 1
+            self._new.append((request, future))
+            self._lock.notify()
+        return future
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        active: list[list[Any]] = []  # [future, output, steps left, most sharing]
+        while True:
+            with self._lock:
+                while not self._new and not active and not self._closed:
+                    self._lock.wait()
+                if self._closed and not self._new and not active:
+                    return
+                joining, self._new = self._new, []
+            for request, future in joining:  # prefill: directives run, errors stay per row
+                if not future.set_running_or_notify_cancel():
+                    self._done(1)
+                    continue
+                try:
+                    output = self.engine.render(request)
+                except BaseException as e:
+                    future.set_exception(e)
+                    self._done(1)
+                    continue
+                active.append([future, output, decode_steps(output), 0])
+            if not active:
+                continue
+            time.sleep(self.engine.step_s)  # one batched step, whatever the row count
+            for row in active:
+                row[2] -= 1
+                row[3] = max(row[3], len(active))
+            finished = [row for row in active if row[2] <= 0]
+            active = [row for row in active if row[2] > 0]
+            for future, output, _, most in finished:
+                output.batch_size = most
+                future.set_result(output)
+            self._done(len(finished))
+
+    def _done(self, n: int) -> None:
+        with self._lock:
+            self._pending -= n
+
+
+def decode_steps(output: SynthesisOutput) -> int:
+    return max(1, output.speech_tokens // 4)
+
+
+class BatchingScriptedEngine(ScriptedEngine):
+    """ScriptedEngine whose tone depends on text and seed, with its own batched session."""
+
+    step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        """Alone: the same steps as in a batch, one after another."""
+        output = self.render(request)
+        decode_s = decode_steps(output) * self.step_s
+        time.sleep(decode_s)
+        output.stage_seconds["llm"] = output.stage_seconds.get("llm", 0.0) + decode_s
+        return output
+
+    def render(self, request: SynthesisInput) -> SynthesisOutput:
+        """The directives and the samples, without the decode time."""
+        output = super().synthesize(request)
+        hz = TONE_HZ + zlib.crc32(request.text.encode()) % 200 + (request.seed or 0) % 50
+        t = np.arange(output.samples.shape[0], dtype=np.float32) / SAMPLE_RATE
+        output.samples = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+        return output
+
+    def open_batch_session(self, max_batch: int) -> SteppedSession:
+        return SteppedSession(self, max_batch)
+
+
+def batching(settings: Any) -> BatchingScriptedEngine:
+    return BatchingScriptedEngine(name="test-batching")
+
+
+def tiny_forced(settings: Any) -> Any:
+    """The real torch engine from the worker's settings, every piece forced to
+    TESTENGINE_FORCED_TOKENS speech tokens (default 40): the random tiny LLM would otherwise
+    run to its cap of 20 tokens per text token, minutes on a busy test machine."""
+    import dataclasses  # noqa: PLC0415
+
+    from workers.engine.pipeline import build_engine  # noqa: PLC0415 (torch only when used)
+    from workers.service.default_engine import engine_options  # noqa: PLC0415
+
+    forced = int(os.environ.get("TESTENGINE_FORCED_TOKENS", "40"))
+    options = dataclasses.replace(engine_options(settings), forced_speech_tokens=forced)
+    return build_engine(
+        settings.model_dir, device="cpu", options=options, hash_cache_dir=settings.hash_cache_dir
+    )

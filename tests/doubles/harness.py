@@ -24,6 +24,8 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from shared.submitted import record_submitted
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_PARENT_COSYQ = {"COSYQ_REFERENCE_DIR", "COSYQ_REQUIRE_REFERENCE", "COSYQ_PYTHON"}
 
@@ -62,6 +64,7 @@ class Cluster:
             COSYQ_HEARTBEAT_TTL_S="2",
             COSYQ_RETRY_BACKOFF_S="0",
             COSYQ_MAX_JOBS_JITTER="0",
+            COSYQ_ORPHAN_AFTER_S="5",
             PYTHONUNBUFFERED="1",
         )
         env.update(self.overrides)
@@ -136,9 +139,11 @@ def enqueue(
     """Enqueue one synthesize job the way the producer does (dotted path, JSON)."""
     retry = options.pop("retry", None)
     request = {"text": text, **options}
-    return json_queue(connection, queue).enqueue(
+    job = json_queue(connection, queue).enqueue(
         "workers.tasks.synthesize", request=request, retry=retry
     )
+    record_submitted(connection, [job.id])  # as the producer does, for the orphan sweep
+    return job
 
 
 def statuses(connection: redis.Redis, jobs: list[Job]) -> list[str]:

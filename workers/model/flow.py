@@ -112,20 +112,21 @@ class ConditionalFlowMatching(nn.Module):
         """Integrate from `noise` with Euler steps; optionally append each step to `record`."""
         t_span = cosine_schedule(self.cfm.n_timesteps, like=mu)
         rate = self.cfm.inference_cfg_rate
-        # Row 0 is conditional; row 1 drops mu, speaker and prompt (zeros) for the CFG baseline.
+        # Rows :B are conditional; rows B: drop mu, speaker and prompt (zeros): the CFG baseline.
         mu_in = torch.cat([mu, torch.zeros_like(mu)])
         spks_in = torch.cat([spks, torch.zeros_like(spks)])
         cond_in = torch.cat([cond, torch.zeros_like(cond)])
         mask_in = torch.cat([mask, mask])
         x, t, dt = noise, t_span[0:1], t_span[1] - t_span[0]
+        rows = x.size(0)  # B requests -> 2B estimator rows (conditional, then baseline)
         for step in range(1, self.cfm.n_timesteps + 1):
-            x_in, t_in = torch.cat([x, x]), t.expand(2)
+            x_in, t_in = torch.cat([x, x]), t.expand(2 * rows)
             velocity = self.estimator(
                 x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=streaming
             )
             if record is not None:
                 record.append(EulerStep(x_in, mask_in, mu_in, t_in, spks_in, cond_in, velocity))
-            v_cond, v_uncond = velocity[:1], velocity[1:]
+            v_cond, v_uncond = velocity[:rows], velocity[rows:]
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             # Upstream accumulates t and takes dt to the next schedule point from it.
             t = t + dt

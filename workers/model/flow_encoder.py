@@ -78,7 +78,7 @@ class RelPositionSelfAttention(nn.Module):
         return x.view(x.size(0), -1, self.heads, self.head_dim)  # (B, T, H, dk)
 
     def forward(self, x: Tensor, pos: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, T, D), pos (1, 2T-1, D), mask (T, T) bool or None -> (B, T, D)."""
+        """x (B, T, D), pos (1, 2T-1, D), mask bool broadcastable to (B, H, T, T) or None."""
         q = self._heads(self.linear_q(x))
         k = self._heads(self.linear_k(x)).transpose(1, 2)  # (B, H, T, dk)
         v = self._heads(self.linear_v(x)).transpose(1, 2)
@@ -187,30 +187,51 @@ class UpsampleConformerEncoder(nn.Module):
             ConformerBlock(config) for _ in range(config.num_up_blocks)
         )
 
-    def _mask(self, x: Tensor, chunk: int, streaming: bool) -> Tensor | None:
-        if not streaming or chunk <= 0:
-            return None
-        return chunk_mask(x.size(1), chunk, device=x.device)
+    def _mask(
+        self, x: Tensor, chunk: int, streaming: bool, valid: Tensor | None = None
+    ) -> Tensor | None:
+        """None (full attention), (T, T) chunks, or with `valid` (B, T) keys (B, 1, 1|T, T)."""
+        mask = None
+        if streaming and chunk > 0:
+            mask = chunk_mask(x.size(1), chunk, device=x.device)
+        if valid is None:
+            return mask
+        keys = valid[:, None, None, :]  # padded keys off: each row sees only its own frames
+        return keys if mask is None else keys & mask
 
-    def forward(self, x: Tensor, context: Tensor | None = None, streaming: bool = False) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        streaming: bool = False,
+        lengths: Tensor | None = None,
+    ) -> Tensor:
         """x (B, T, D) token embeddings; context (B, L, D) look-ahead tokens -> (B, stride*T, D).
 
         `context` are tokens after the last one that only feed the look-ahead conv (a streamed
-        chunk that is not final); they produce no output frames.
+        chunk that is not final); they produce no output frames. `lengths` (B,) makes a padded
+        batch: row b's first lengths[b] tokens are real, and each row's frames come out as they
+        would alone (zeros past its end for the look-ahead, padded keys masked in attention).
         """
         cfg = self.config
         x = self.embed(x)
+        valid = None
+        if lengths is not None:
+            valid = torch.arange(x.size(1), device=x.device)[None, :] < lengths[:, None]
+            x = x * valid.unsqueeze(-1).to(x.dtype)
         if context is not None:
             context = self.embed(context)
         x = self.pre_lookahead_layer(x, context)
         pos = relative_positions(x.size(1), cfg.width, like=x)
-        mask = self._mask(x, cfg.static_chunk_size, streaming)
+        mask = self._mask(x, cfg.static_chunk_size, streaming, valid)
         for block in self.encoders:
             x = block(x, pos, mask)
         x = self.up_layer(x.transpose(1, 2)).transpose(1, 2)
         x = self.up_embed(x)
         pos = relative_positions(x.size(1), cfg.width, like=x)
-        mask = self._mask(x, cfg.static_chunk_size * cfg.upsample_stride, streaming)
+        if valid is not None:
+            valid = valid.repeat_interleave(cfg.upsample_stride, dim=1)
+        mask = self._mask(x, cfg.static_chunk_size * cfg.upsample_stride, streaming, valid)
         for block in self.up_encoders:
             x = block(x, pos, mask)
         return self.after_norm(x)

@@ -4,7 +4,9 @@ The main thread may sit in a long synthesis (or a blocking dequeue) for minutes,
 that must keep happening meanwhile lives here: refresh the running job's heartbeat key, publish
 the worker's stats hash for `cosyq status`, reap jobs of dead workers, promote due retries, and
 any extra checks the worker adds (lifetime, parent pool gone). Each duty survives Redis errors;
-after an outage the reaper waits one heartbeat TTL so live workers can refresh their keys first.
+an outage is logged once when a duty first fails and once when Redis answers again (an idle
+worker's heartbeat duty asks Redis nothing, so it never counts as a recovery); after it the
+reaper waits one heartbeat TTL so live workers can refresh their keys first.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
-from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
 
@@ -28,6 +30,7 @@ from shared import keys
 from shared.logs import get_logger
 from workers.service import metrics
 from workers.service.host import rss_mb
+from workers.service.orphans import OrphanSweep
 from workers.service.reaper import Reaper
 from workers.service.retries import promote_due_retries
 
@@ -53,6 +56,17 @@ def utc_now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+class WorkerState(StrEnum):
+    """A worker's state as `cosyq status` shows it."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    IDLE = "idle"
+    BUSY = "busy"
+    RETIRING = "retiring"
+    STOPPING = "stopping"
+
+
 @dataclass
 class WorkerStats:
     """What `cosyq status` shows for one worker (hash `cosyq:worker-stats:<name>`)."""
@@ -62,7 +76,7 @@ class WorkerStats:
     host: str
     queues: str
     slot: str = ""
-    state: str = "starting"  # starting, loading, idle, busy, retiring, stopping
+    state: WorkerState = WorkerState.STARTING
     current_job: str = ""
     jobs_done: int = 0
     backend: str = ""
@@ -79,7 +93,7 @@ class WorkerStats:
 
 
 class Housekeeper:
-    """Owns the heartbeat of the running job and the periodic duties (see module docstring)."""
+    """Owns the heartbeats of the running jobs and the periodic duties (see module docstring)."""
 
     def __init__(
         self,
@@ -92,17 +106,19 @@ class Housekeeper:
         ttl_s: float,
         wait_replicas: int = 0,
         wait_timeout_s: float = 1.0,
+        orphans: OrphanSweep | None = None,
     ) -> None:
         self.connection = connection
         self.stats = stats
         self.reaper = reaper
+        self.orphans = orphans
         self.queues = queues
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = max(1, int(wait_timeout_s * 1000))
         self.extra_duties: list[Callable[[], None]] = []
-        self._job_id: str | None = None
+        self._job_ids: dict[str, None] = {}  # running jobs, oldest first (several when batching)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cosyq-housekeeping", daemon=True)
@@ -125,7 +141,7 @@ class Housekeeper:
         with contextlib.suppress(redis.RedisError):
             self.connection.delete(self.stats_key)
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: WorkerState) -> None:
         self.stats.state = state
         self._guarded("publish_stats", self.publish_stats)
 
@@ -134,8 +150,8 @@ class Housekeeper:
         called before RQ marks the job started (see workers/reaper.py for why). With
         wait_replicas, the same round trip WAITs for them (NotReplicatedError if too few)."""
         with self._lock:
-            self._job_id = job_id
-            self.stats.state, self.stats.current_job = "busy", job_id
+            self._job_ids[job_id] = None
+            self.stats.state, self.stats.current_job = WorkerState.BUSY, ",".join(self._job_ids)
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
             pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
@@ -152,11 +168,11 @@ class Housekeeper:
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""
         with self._lock:
-            self._job_id = None
+            self._job_ids.pop(job_id, None)
             self.stats.jobs_done += 1
-            self.stats.current_job = ""
-            if self.stats.state == "busy":
-                self.stats.state = "idle"
+            self.stats.current_job = ",".join(self._job_ids)
+            if self.stats.state is WorkerState.BUSY and not self._job_ids:
+                self.stats.state = WorkerState.IDLE
         key = keys.job_heartbeat_key(job_id)
 
         def release() -> None:
@@ -183,20 +199,31 @@ class Housekeeper:
         healthy = self._guarded("publish_stats", self.publish_stats) and healthy
         if healthy and self._reaper_armed():
             self._guarded("reap", self.reaper.reap)
+            if self.orphans is not None:
+                self._guarded("orphan_sweep", self._sweep_orphans)
         self._guarded("promote_retries", lambda: promote_due_retries(self.connection, self.queues))
         for duty in self.extra_duties:
             self._guarded(getattr(duty, "__name__", "duty"), duty, uses_redis=False)
+
+    def _sweep_orphans(self) -> None:
+        assert self.orphans is not None
+        self.orphans.tick(self.interval_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.tick()
 
-    def _refresh_heartbeat(self) -> None:
+    def _refresh_heartbeat(self) -> bool:
+        """Refresh the running job's heartbeat; False when idle (Redis was not asked)."""
         with self._lock:
-            job_id = self._job_id
-        if job_id is not None:
-            key = keys.job_heartbeat_key(job_id)
-            self.connection.set(key, self.stats.name, px=self.ttl_ms)
+            job_ids = list(self._job_ids)
+        if not job_ids:
+            return False
+        with self.connection.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+            pipe.execute()
+        return True
 
     def _reaper_armed(self) -> bool:
         """False for one TTL after a Redis outage, so live workers re-claim their jobs first."""
@@ -209,9 +236,7 @@ class Housekeeper:
 
     def _guarded(self, duty: str, action: Callable[[], object], *, uses_redis: bool = True) -> bool:
         try:
-            action()
-        except StopRequested:
-            raise  # RQ's warm-stop signal, raised in the main thread: not ours to swallow
+            asked = action()
         except redis.RedisError as e:
             if not self._failing:
                 log.warning("housekeeping_redis_error", duty=duty, error=str(e), pid=os.getpid())
@@ -220,8 +245,8 @@ class Housekeeper:
         except Exception:
             log.exception("housekeeping_error", duty=duty)
             return False
-        if self._failing and uses_redis:
+        if self._failing and uses_redis and asked is not False:  # Redis answered: it is back
             self._failing = False
             self._recovered_at = time.monotonic()
-            log.info("housekeeping_redis_recovered", duty=duty)
+            log.info("housekeeping_redis_recovered", duty=duty, pid=os.getpid())
         return True

@@ -5,7 +5,8 @@ loads); housekeeping (its first tick reaps jobs a dead predecessor left); tell t
 loading; probe storage (write, read back, delete; before the model load, which takes minutes);
 load the engine and warm it up; install the job functions' runtime; log `worker_ready` and tell
 the pool. A failure before `worker_ready` is logged once, sent to the pool, recorded for
-`cosyq status` and raised, so the process exits non-zero without ever taking a job.
+`cosyq status` and raised, so the process exits non-zero without ever taking a job. Everything
+here takes plain values (settings, names, a connection, the pool channel), never the worker.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import redis
 from rq.queue import Queue
@@ -23,125 +25,117 @@ from shared.connection import follow_master, redis_connection
 from shared.errors import CosyqError, StorageError
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging, get_logger
+from shared.settings import Settings
 from shared.start_failures import NO_SLOT, clear_start_failure, record_start_failure
 from shared.storage import Storage, open_storage
 from shared.storage_probe import ProbeOutcome, wait_for_storage
 from shared.storage_retry import Backoff
 from shared.voices import VoiceRegistry
 from workers.service import control, host, metrics
+from workers.service.admission import CosyqJob
 from workers.service.engine_loading import LoadedEngine, load_engine
-from workers.service.housekeeping import Housekeeper, WorkerStats, utc_now_iso
+from workers.service.housekeeping import Housekeeper, WorkerState, WorkerStats, utc_now_iso
 from workers.service.job_runtime import WorkerRuntime, install_runtime
+from workers.service.orphans import OrphanSweep
 from workers.service.outage import wait_for_redis
 from workers.service.reaper import Reaper, release_job
 from workers.voices.book import VoiceBook
 
-if TYPE_CHECKING:
-    from rq.job import Job
-
-    from workers.worker import CosyqWorker
-
 log = get_logger(__name__)
 
 
-class WorkerLifecycle:
-    """Start-up and shutdown of one CosyqWorker process (see module docstring)."""
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """What names one worker process in logs, stats and the pool's messages."""
 
-    def __init__(self, worker: CosyqWorker) -> None:
-        self.worker = worker
-        self.settings = worker.settings
+    name: str
+    hostname: str
+    queue_names: tuple[str, ...]
+    slot: int | None = None
+
+
+class WorkerLifecycle:
+    """Start-up and shutdown of one worker process (see module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        identity: WorkerIdentity,
+        connection: redis.Redis,
+        *,
+        channel: control.ControlChannel | None,
+        job_budget: int,
+    ) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.connection = connection
+        self.channel = channel
+        self.job_budget = job_budget
         self.device = "cpu"
         self.threads = 1
-        self.housekeeper = self._build_housekeeper()
+        self.housekeeper = build_housekeeper(settings, identity)
         self._parent_pid = os.getppid()
         self._orphan_noted = False
 
-    def start(self) -> None:
+    def start(self, duties: Sequence[Callable[[], None]] = ()) -> None:
+        """Load and announce; `duties` run on every housekeeping tick from then on."""
         configure_logging(self.settings)  # again is harmless; `rq worker -w` never did it
         translated = host.is_translated()
         facts = host.host_facts(translated)
+        name = self.identity.name
         try:
             host.refuse_translated(translated, allow_rosetta=self.settings.allow_rosetta)
             self.threads = host.threads_per_worker(
                 self.settings.threads, self.settings.pool_size, facts.physical_cores
             )
             host.limit_threads_before_load(self.threads, self.settings.pool_size)
-            self.housekeeper.extra_duties.append(self.worker.lifetime_duty)
+            self.housekeeper.extra_duties.extend(duties)
             self.housekeeper.extra_duties.append(self._follow_master)
-            if self.worker.control is not None:
+            if self.channel is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)
-            self.housekeeper.stats.state = "loading"
+            self.housekeeper.stats.state = WorkerState.LOADING
             self.housekeeper.start()
-            self._send(control.LOADING, self.worker.name)
-            log.info("worker_loading", worker=self.worker.name, slot=self.worker.slot)
+            self._send(control.LOADING, name)
+            log.info("worker_loading", worker=name, slot=self.identity.slot)
             storage = self._probe_storage()
             loaded = load_engine(self.settings)
         except CosyqError as e:
-            log.error("worker_start_failed", worker=self.worker.name, error=str(e))
+            log.error("worker_start_failed", worker=name, error=str(e))
             self._send(control.FAILED, f"{type(e).__name__}: {e}")
             self._record_failure(f"{type(e).__name__}: {e}")
             raise
         host.limit_threads_after_load(self.threads)
         self._install(loaded, storage)
-        wait_for_redis(self.worker.connection)
+        wait_for_redis(self.connection)
         self._announce_ready(loaded, facts)
 
     def stop(self) -> None:
         self.housekeeper.stop()
         install_runtime(None)
-        if self.worker.control is not None:
-            self.worker.control.close()
+        if self.channel is not None:
+            self.channel.close()
 
-    def give_back(self, job: Job, queue: Queue) -> None:
-        """Cold shutdown: hand the running job back now instead of waiting for the reaper."""
-        execution = self.worker.execution
-        if execution is None:
-            return
-        entry = f"{job.id}:{execution.id}"
-        json_queue = Queue(
-            queue.name,
-            connection=self.housekeeper.connection,
-            job_class=self.worker.job_class,
-            serializer=JSONSerializer,
+    def give_back(self, job_id: str, execution_id: str, queue_name: str) -> None:
+        """Cold shutdown: hand the running job back now instead of waiting for the reaper.
+
+        A fresh connection: the signal handler may have interrupted a command on any other.
+        """
+        connection = redis_connection(self.settings)
+        queue = Queue(
+            queue_name, connection=connection, job_class=CosyqJob, serializer=JSONSerializer
         )
         try:
             release_job(
-                self.housekeeper.connection,
-                json_queue,
-                entry,
+                connection,
+                queue,
+                f"{job_id}:{execution_id}",
                 kind="worker_died",
                 message="worker died: stopped (second signal) while running this job",
             )
         except redis.RedisError as e:
-            log.warning("give_back_failed", job_id=job.id, error=str(e))
-
-    def _build_housekeeper(self) -> Housekeeper:
-        worker, settings = self.worker, self.settings
-        side = redis_connection(settings)  # its own pool: never stuck behind a blocking dequeue
-        quick = max(1.0, settings.heartbeat_ttl_s / 2)  # a stuck call must not outlive the TTL
-        side.connection_pool.connection_kwargs.update(socket_timeout=quick)
-        stats = WorkerStats(
-            name=worker.name,
-            pid=os.getpid(),
-            host=worker.hostname or "",
-            queues=",".join(worker.queue_names()),
-            slot="" if worker.slot is None else str(worker.slot),
-        )
-        queues = [
-            Queue(name, connection=side, job_class=worker.job_class, serializer=JSONSerializer)
-            for name in worker.queue_names()
-        ]
-        reaper = Reaper(side, worker.queue_names(), heartbeat_ttl_s=settings.heartbeat_ttl_s)
-        return Housekeeper(
-            side,
-            stats,
-            reaper,
-            queues,
-            interval_s=settings.heartbeat_interval_s,
-            ttl_s=settings.heartbeat_ttl_s,
-            wait_replicas=settings.redis_wait_replicas,
-            wait_timeout_s=settings.redis_wait_timeout_s,
-        )
+            log.warning("give_back_failed", job_id=job_id, error=str(e))
+        finally:
+            connection.close()
 
     def _probe_storage(self) -> Storage:
         """The storage jobs will write to, once a probe object went there and back."""
@@ -175,7 +169,7 @@ class WorkerLifecycle:
 
     def _place(self) -> dict[str, str]:
         """Where this worker runs, as `cosyq status` groups start-up failures."""
-        slot = self.worker.slot
+        slot = self.identity.slot
         return {"host": socket.gethostname(), "slot": NO_SLOT if slot is None else str(slot)}
 
     def _record_failure(self, reason: str) -> None:
@@ -183,10 +177,10 @@ class WorkerLifecycle:
             record_start_failure(
                 self.housekeeper.connection,
                 **self._place(),
-                worker=self.worker.name,
+                worker=self.identity.name,
                 reason=reason,
                 ttl_s=self.settings.start_failure_ttl_s,
-                count=self.worker.control is None,  # under a pool, the pool counts
+                count=self.channel is None,  # under a pool, the pool counts
             )
         except redis.RedisError as e:
             log.warning("start_failure_unrecorded", error=str(e))
@@ -197,7 +191,7 @@ class WorkerLifecycle:
             engine,
             storage,
             model_dir=settings.model_dir,
-            registry=VoiceRegistry(self.worker.connection),
+            registry=VoiceRegistry(self.connection),
             max_prompt_seconds=settings.max_prompt_seconds,
             cache_ttl_s=settings.default_voice_cache_ttl_s,
         )
@@ -209,7 +203,7 @@ class WorkerLifecycle:
                 storage=storage,
                 voices=voices,
                 limits=RequestLimits.from_settings(settings),
-                worker_name=self.worker.name,
+                worker_name=self.identity.name,
                 worker_pid=os.getpid(),
             )
         )
@@ -221,16 +215,16 @@ class WorkerLifecycle:
         stats.backend, stats.device, stats.model = identity.backend, identity.device, identity.name
         stats.threads, stats.ready_at = self.threads, utc_now_iso()
         metrics.record_model_load(loaded.load_s)
-        self.housekeeper.set_state("idle")
+        self.housekeeper.set_state(WorkerState.IDLE)
         try:
             clear_start_failure(self.housekeeper.connection, **self._place())
         except redis.RedisError as e:
             log.warning("start_failure_not_cleared", error=str(e))
         log.info(
             "worker_ready",
-            worker=self.worker.name,
+            worker=self.identity.name,
             pid=os.getpid(),
-            slot=self.worker.slot,
+            slot=self.identity.slot,
             load_s=round(loaded.load_s, 3),
             warm_up_s=round(loaded.warm_up_s, 3),
             platform=facts.platform,
@@ -241,20 +235,20 @@ class WorkerLifecycle:
             threads=self.threads,
             model=identity.name,
             checkpoint_hash=identity.checkpoint_hash,
-            job_budget=self.worker.tracker.job_budget,
-            queues=self.worker.queue_names(),
+            job_budget=self.job_budget,
+            queues=list(self.identity.queue_names),
         )
         self._send(control.READY)
 
     def _send(self, event: str, detail: str = "") -> None:
-        if self.worker.control is not None:
-            self.worker.control.send(event, detail)
+        if self.channel is not None:
+            self.channel.send(event, detail)
 
     def _follow_master(self) -> None:
         """Sentinel: move both clients to a new master within one housekeeping tick."""
-        for connection in (self.worker.connection, self.housekeeper.connection):
+        for connection in (self.connection, self.housekeeper.connection):
             if follow_master(connection):
-                log.warning("redis_master_changed", worker=self.worker.name)
+                log.warning("redis_master_changed", worker=self.identity.name)
 
     def _watch_parent(self) -> None:
         """A pool child whose pool died stops warmly instead of running on as an orphan."""
@@ -262,3 +256,39 @@ class WorkerLifecycle:
             self._orphan_noted = True
             log.warning("worker_orphaned", parent_pid=self._parent_pid)
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def build_housekeeper(settings: Settings, identity: WorkerIdentity) -> Housekeeper:
+    """The heartbeat thread's duties, on a Redis pool of its own (never stuck behind a pop)."""
+    side = redis_connection(settings)
+    quick = max(1.0, settings.heartbeat_ttl_s / 2)  # a stuck call must not outlive the TTL
+    side.connection_pool.connection_kwargs.update(socket_timeout=quick)
+    names = list(identity.queue_names)
+    stats = WorkerStats(
+        name=identity.name,
+        pid=os.getpid(),
+        host=identity.hostname,
+        queues=",".join(names),
+        slot="" if identity.slot is None else str(identity.slot),
+    )
+    queues = [
+        Queue(name, connection=side, job_class=CosyqJob, serializer=JSONSerializer)
+        for name in names
+    ]
+    reaper = Reaper(side, names, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+    return Housekeeper(
+        side,
+        stats,
+        reaper,
+        queues,
+        interval_s=settings.heartbeat_interval_s,
+        ttl_s=settings.heartbeat_ttl_s,
+        wait_replicas=settings.redis_wait_replicas,
+        wait_timeout_s=settings.redis_wait_timeout_s,
+        orphans=OrphanSweep(
+            side,
+            orphan_after_s=settings.orphan_after_s,
+            batch=settings.orphan_sweep_batch,
+            holder=identity.name,
+        ),
+    )

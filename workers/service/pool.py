@@ -4,10 +4,12 @@ Why not `rq worker-pool`: it forks (unsafe after Core ML/Metal) and has no max-j
 honcho alone: it stops everything when one process exits, and workers exit on purpose. So the
 pool is the Procfile's long-lived process, and it:
 - starts each worker with `python -m workers.cli run` (exec, never a fork of a torch process);
-- lets one slot load at a time (a slot loads until its worker says `ready` on its control pipe);
+- lets one slot load at a time (a slot loads until its worker says `ready` on its control
+  channel, a socket pair);
 - grants recycling one slot at a time: a worker that reached a soft limit says `retiring` and
-  keeps working until the pool, seeing every other slot ready, sends it SIGTERM (finish the job,
-  exit). So recycling never leaves fewer than K-1 ready workers;
+  keeps working until the pool, seeing every other slot ready, answers `retire` on the channel;
+  the worker reads it between jobs and exits. So recycling never leaves fewer than K-1 ready
+  workers, and a grant never lands in the middle of a dequeue;
 - restarts any worker that exits, whatever the code; one that dies before `ready` backs off
   exponentially (capped), with the reason it gave logged and kept for `cosyq status`;
 - when a worker dies unexpectedly, releases its running job at once (retry or "worker died");
@@ -17,6 +19,7 @@ pool is the Procfile's long-lived process, and it:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -28,6 +31,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import FrameType
 
 import redis
@@ -60,6 +64,13 @@ class PoolConfig:
         return float(min(self.backoff_max_s, self.backoff_initial_s * 2 ** max(0, failures - 1)))
 
 
+class SlotState(StrEnum):
+    WAITING = "waiting"  # no process: about to start, or backing off after a crash
+    LOADING = "loading"  # started, not yet ready (one slot at a time)
+    READY = "ready"
+    STOPPING = "stopping"  # told to retire, or the pool is stopping
+
+
 @dataclass
 class Slot:
     """One place for a worker; holds at most one process at a time."""
@@ -68,7 +79,7 @@ class Slot:
     process: subprocess.Popen[bytes] | None = None
     control_fd: int | None = None
     reader: control.LineReader = field(default_factory=control.LineReader)
-    state: str = "waiting"  # waiting, loading, ready, stopping
+    state: SlotState = SlotState.WAITING
     worker_name: str = ""
     started_at: float = 0.0
     failures: int = 0  # consecutive deaths before `ready`
@@ -156,15 +167,16 @@ class Pool:
 
     def _start_next_slot(self) -> None:
         """Start one waiting slot, unless another is loading (one load at a time)."""
-        if any(slot.state == "loading" for slot in self.slots):
+        if any(slot.state is SlotState.LOADING for slot in self.slots):
             return
         now = time.monotonic()
-        ready = [s for s in self.slots if s.state == "waiting" and s.not_before <= now]
+        ready = [s for s in self.slots if s.state is SlotState.WAITING and s.not_before <= now]
         if ready:
             self._spawn(min(ready, key=lambda s: s.not_before))
 
     def _spawn(self, slot: Slot) -> None:
-        read_fd, write_fd = os.pipe()
+        ours, theirs = socket.socketpair()  # both ways: events up, the retirement grant down
+        read_fd, write_fd = ours.detach(), theirs.detach()
         os.set_blocking(read_fd, False)
         command = [sys.executable, "-m", "workers.cli", "run", *self.config.queues]
         command += ["--slot", str(slot.index), "--control-fd", str(write_fd)]
@@ -179,9 +191,12 @@ class Pool:
         finally:
             os.close(write_fd)
         slot.control_fd, slot.reader = read_fd, control.LineReader()
-        slot.state, slot.worker_name, slot.retire_reason = "loading", "", ""
+        slot.state, slot.worker_name, slot.retire_reason = SlotState.LOADING, "", ""
         slot.started_at = time.monotonic()
         log.info("slot_started", slot=slot.index, pid=slot.pid, restarts_failed=slot.failures)
+        if self.stopping:  # the stop signal came while this slot was starting: it missed it
+            slot.state = SlotState.STOPPING
+            slot.process.send_signal(signal.SIGTERM)
 
     # -- messages from workers ---------------------------------------------------------------
 
@@ -204,6 +219,8 @@ class Pool:
             data = os.read(slot.control_fd, READ_CHUNK)
         except BlockingIOError:
             return
+        except OSError:  # reset by a worker that died
+            data = b""
         if not data:  # the worker closed its end (exiting); its exit is collected by poll()
             os.close(slot.control_fd)
             slot.control_fd = None
@@ -215,7 +232,7 @@ class Pool:
         if message.event == control.LOADING:
             slot.worker_name = message.detail
         elif message.event == control.READY:
-            slot.state, slot.failures = "ready", 0
+            slot.state, slot.failures = SlotState.READY, 0
             load_s = round(time.monotonic() - slot.started_at, 3)
             log.info(
                 "slot_ready",
@@ -235,16 +252,25 @@ class Pool:
     def _grant_retirement(self) -> None:
         """Let one retiring worker go, but only when every other slot is ready or crashed."""
         for slot in self.slots:
-            if slot.state in {"loading", "stopping"}:
+            if slot.state in {SlotState.LOADING, SlotState.STOPPING}:
                 return
-            if slot.state == "waiting" and slot.failures == 0:
+            if slot.state is SlotState.WAITING and slot.failures == 0:
                 return  # about to start: it will be loading
         for slot in self.slots:
-            if slot.retire_reason and slot.state == "ready" and slot.process is not None:
-                slot.state = "stopping"
-                slot.process.send_signal(signal.SIGTERM)
+            if slot.retire_reason and slot.state is SlotState.READY and slot.process is not None:
+                slot.state = SlotState.STOPPING
+                self._send_retire(slot)
                 log.info("slot_retire_granted", slot=slot.index, reason=slot.retire_reason)
                 return
+
+    def _send_retire(self, slot: Slot) -> None:
+        """The grant goes over the channel: the worker reads it between jobs, never mid-pop."""
+        if slot.control_fd is not None:
+            with contextlib.suppress(OSError):  # gone already: its exit is collected next
+                os.write(slot.control_fd, control.encode(control.RETIRE))
+                return
+        if slot.process is not None:  # no channel left: a stop signal is just as safe
+            slot.process.send_signal(signal.SIGTERM)
 
     # -- exits -------------------------------------------------------------------------------
 
@@ -253,8 +279,8 @@ class Pool:
             if slot.process is None or slot.process.poll() is None:
                 continue
             code = slot.process.returncode
-            was_loading = slot.state == "loading"
-            expected = self.stopping or (slot.state == "stopping" and code == 0)
+            was_loading = slot.state is SlotState.LOADING
+            expected = self.stopping or (slot.state is SlotState.STOPPING and code == 0)
             if slot.control_fd is not None:
                 self._drain(slot)
             self._log_exit(slot, code, was_loading)
@@ -262,7 +288,7 @@ class Pool:
                 metrics.fold_dead_process(self._metrics_dir, slot.process.pid, self._metrics_lock)
             if not expected:
                 self._release_jobs_of(slot)
-            slot.process, slot.state = None, "waiting"
+            slot.process, slot.state = None, SlotState.WAITING
 
     def _drain(self, slot: Slot) -> None:
         """Read the last messages (a `failed` reason) before closing the pipe."""
@@ -360,7 +386,7 @@ class Pool:
         for slot in self._live_slots():
             assert slot.process is not None
             slot.process.send_signal(signal.SIGTERM)
-            slot.state = "stopping"
+            slot.state = SlotState.STOPPING
 
     def _close_fds(self) -> None:
         signal.set_wakeup_fd(-1)

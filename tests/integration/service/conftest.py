@@ -11,9 +11,16 @@ import redis
 from tests.doubles.harness import Cluster
 
 
+@pytest.fixture(params=[1, 8], ids=["batch1", "batch8"])
+def worker_batch_size(request: pytest.FixtureRequest) -> int:
+    """Every worker test runs one job at a time and with COSYQ_BATCH_SIZE=8 (issue 10)."""
+    return int(request.param)
+
+
 @pytest.fixture
-def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(redis_url=redis_url, root=tmp_path)
+def cluster(redis_url: str, tmp_path: Path, worker_batch_size: int) -> Iterator[Cluster]:
+    overrides = {"COSYQ_BATCH_SIZE": str(worker_batch_size)}
+    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
     yield cluster
     cluster.stop_all()
 

@@ -46,8 +46,14 @@ def test_pool_metrics_sum_every_child_and_survive_recycling(
     wait_for(lambda: statuses(connection, jobs) == ["finished"] * len(jobs), 90, "jobs done")
     wait_for(lambda: statuses(connection, bad) == ["failed"] * 2, 30, "bad jobs failed")
     # Recycled children are gone; two fresh ones idle (their state is published each tick).
+    # An idle child told to retire leaves within COSYQ_DEQUEUE_POLL_S: wait for its exit too.
     result = scrape_when(
-        port, lambda s: s.value("cosyq_workers", state="idle") == 2, "two idle workers"
+        port,
+        lambda s: (
+            s.value("cosyq_workers", state="idle") == 2
+            and bool(named(cluster.events("pool.log"), "slot_exited"))
+        ),
+        "a recycled child gone and two idle workers",
     )
     queue = "cosyq-default"
     assert result.value("cosyq_jobs_total", queue=queue, outcome="finished") == 9

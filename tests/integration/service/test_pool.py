@@ -64,6 +64,9 @@ def test_twelve_jobs_on_two_recycling_slots_all_finish_loading_one_at_a_time(
             g["slot"] == exited["slot"] and g["timestamp"] <= exited["timestamp"] for g in granted
         )
     assert len(granted) - len(recycled) <= 1  # a grant just before the stop may exit after it
+    # The grant is a message on the control channel, read between jobs: no signal before the stop.
+    assert len(named(events, "worker_retire_granted")) >= len(recycled)
+    assert [e for e in named(events, "worker_stop_requested") if e["timestamp"] < stop] == []
     intervals = loading_intervals(events)
     assert len(intervals) >= 3  # two initial loads and at least one replacement
     for (_, ready, first), (start, _, second) in pairwise(intervals):

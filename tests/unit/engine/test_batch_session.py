@@ -72,10 +72,12 @@ def tokens(engine: SynthesisPipeline, monkeypatch: pytest.MonkeyPatch) -> Iterat
     seen: Tokens = {}
     original = SynthesisPipeline.piece_audio
 
-    def recording(self: SynthesisPipeline, ids: np.ndarray, plan: RequestPlan) -> np.ndarray:
+    def recording(
+        self: SynthesisPipeline, ids: np.ndarray, plan: RequestPlan, mel: np.ndarray | None = None
+    ) -> np.ndarray:
         r = plan.request
         seen.setdefault((r.text, r.seed, r.mode), []).append([int(i) for i in ids])
-        return original(self, ids, plan)
+        return original(self, ids, plan, mel)
 
     monkeypatch.setattr(SynthesisPipeline, "piece_audio", recording)
     yield seen
@@ -287,3 +289,49 @@ def test_a_cancelled_future_is_skipped_and_close_drains(
     assert session.in_flight() == 0
     with pytest.raises(RuntimeError, match="closed"):
         session.submit(requests[0])
+
+
+@pytest.fixture(scope="module")
+def forced_engine(tiny_model_dir: Path) -> SynthesisPipeline:
+    """Every piece exactly 30 tokens: rows finish together and share one padded flow call."""
+    options = EngineOptions(
+        split=SplitConfig(max_piece_tokens=12, min_tail_tokens=0), forced_speech_tokens=30
+    )
+    return build_engine(tiny_model_dir, device="cpu", options=options)
+
+
+def test_rows_finishing_together_share_one_flow_batch(
+    forced_engine: SynthesisPipeline,
+    voices: tuple[VoicePrompt, VoicePrompt],
+    tokens: Tokens,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    flow = forced_engine.flow
+    assert getattr(flow, "batches", False)
+    batches: list[int] = []
+    mels = flow.mels  # type: ignore[attr-defined]
+
+    def counting(pieces: list[Any]) -> list[np.ndarray]:
+        batches.append(len(pieces))
+        return mels(pieces)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(flow, "mels", counting)
+    requests = mixed_requests(voices)
+    outputs = run_all(forced_engine.open_batch_session(len(requests)), requests)
+    assert max(batches) >= 4  # first pieces of every request together (voices, speeds differ)
+    assert_same_as_alone(forced_engine, requests, outputs, tokens)
+
+
+def test_a_failing_flow_batch_reruns_each_piece_alone(
+    forced_engine: SynthesisPipeline,
+    voices: tuple[VoicePrompt, VoicePrompt],
+    tokens: Tokens,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(pieces: list[Any]) -> list[np.ndarray]:
+        raise RuntimeError("batched flow blew up")
+
+    monkeypatch.setattr(forced_engine.flow, "mels", broken)
+    requests = mixed_requests(voices)[:3]
+    outputs = run_all(forced_engine.open_batch_session(3), requests)
+    assert_same_as_alone(forced_engine, requests, outputs, tokens)

@@ -38,6 +38,7 @@ from workers.tools.bench.queue import BENCH_TEXT, tiny_model_dir, worker_env
 from workers.tools.local_redis import LocalRedis, free_port
 
 START_TIMEOUT_S = 120.0
+JOB_WAIT_S = 600.0  # one measured job may take this long (both paths)
 SPEECH = {"model": "cosyvoice2", "input": BENCH_TEXT, "voice": "default", "response_format": "wav"}
 
 
@@ -111,7 +112,9 @@ class Front:
 
     def connection(self) -> http.client.HTTPConnection:
         if not hasattr(self._local, "conn"):
-            self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            self._local.conn = http.client.HTTPConnection(
+                "127.0.0.1", self.port, timeout=JOB_WAIT_S + 30
+            )
         conn: http.client.HTTPConnection = self._local.conn
         return conn
 
@@ -209,8 +212,14 @@ def run(
         workdir = Path(temp)
         with LocalRedis(workdir / "redis") as server:
             prompt_dir = model_dir or tiny_model_dir(workdir / "model")
-            env = worker_env(server.url, engine, prompt_dir, workdir / "out", e2e_jobs + 10)
-            env.update(COSYQ_MAX_RETRIES="0", COSYQ_MAX_QUEUE_DEPTH=str(jobs * 4 + 100))
+            env = worker_env(
+                server.url, engine, prompt_dir, workdir / "out", 2 * e2e_jobs + 10
+            )  # no recycling
+            env.update(
+                COSYQ_MAX_RETRIES="0",
+                COSYQ_MAX_QUEUE_DEPTH=str(jobs * 4 + 100),
+                COSYQ_HTTP_WAIT_TIMEOUT_S=str(JOB_WAIT_S),  # a slow (shared) host: no 504
+            )
             env.pop("COSYQ_API_KEYS", None)  # loopback only
             settings = load_settings(env_file=None, **_settings_from(env))
             connection = redis.Redis.from_url(server.url)
@@ -265,7 +274,7 @@ def _end_to_end(
 
     def direct(_: int) -> None:
         job_id = client.submit({"text": BENCH_TEXT})
-        client.result(job_id, timeout=120)
+        client.result(job_id, timeout=JOB_WAIT_S)
         direct_ids.append(job_id)
 
     def speech(_: int) -> None:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +52,8 @@ class RunStats:
     span_s: float  # first job started -> last job ended (RQ's timestamps)
     synthesis_s: float  # mean per job, from the results' model stages (0 for no-op)
     encode_store_s: float  # mean per job, encoding + storage writes (part of the overhead)
+    batch_size: float = 1.0  # mean of the results' batch_size (jobs sharing a model step)
+    model_busy_s: float = 0.0  # time the model had work (COSYQ_BATCH_SIZE > 1: from the log)
 
     @property
     def jobs_per_s(self) -> float:
@@ -62,8 +64,21 @@ class RunStats:
         return 1000 * self.span_s / self.jobs
 
     @property
+    def model_ms(self) -> float:
+        """Model time per job: the log's busy time when batching (jobs overlap), else the
+        results' stage times."""
+        busy = self.model_busy_s or self.jobs * self.synthesis_s
+        return 1000 * busy / self.jobs
+
+    @property
     def overhead_ms(self) -> float:
-        return self.wall_ms - 1000 * self.synthesis_s
+        return self.wall_ms - self.model_ms
+
+    @property
+    def model_idle_share(self) -> float:
+        """Share of the span in which the model had nothing to do."""
+        busy = self.jobs * self.model_ms / 1000
+        return max(0.0, 1 - busy / self.span_s) if self.span_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -82,7 +97,7 @@ def tiny_model_dir(folder: Path) -> Path:
 
 
 def worker_env(
-    redis_url: str, engine: str, model_dir: Path, out_dir: Path, jobs: int
+    redis_url: str, engine: str, model_dir: Path, out_dir: Path, jobs: int, *, batch_size: int = 1
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -92,6 +107,7 @@ def worker_env(
         COSYQ_STORAGE_URL=out_dir.as_uri(),
         COSYQ_MAX_JOBS=str(jobs + 10),  # no recycling inside a measured run
         COSYQ_MAX_JOBS_JITTER="0",
+        COSYQ_BATCH_SIZE=str(batch_size),
         COSYQ_LOG_FORMAT="json",
         COSYQ_LOG_LEVEL="INFO",  # worker_ready is read back from the log
         PYTHONUNBUFFERED="1",
@@ -122,7 +138,9 @@ def run_burst(command: Sequence[str], env: dict[str, str], log_path: Path) -> No
         raise RuntimeError(f"{' '.join(command[:4])}... exited {done.returncode}:\n{tail}")
 
 
-def measure(connection: redis.Redis, job_ids: list[str], label: str) -> RunStats:
+def measure(
+    connection: redis.Redis, job_ids: list[str], label: str, log_path: Path | None = None
+) -> RunStats:
     jobs = [job for job in Job.fetch_many(job_ids, connection, JSONSerializer) if job]
     unfinished = [job.id for job in jobs if job.get_status(refresh=False) != "finished"]
     if unfinished or len(jobs) != len(job_ids):
@@ -133,7 +151,14 @@ def measure(connection: redis.Redis, job_ids: list[str], label: str) -> RunStats
     timings = [_timings(job) for job in jobs]
     synthesis = mean(_sum(t, "frontend_s", "llm_s", "flow_s", "hift_s") for t in timings)
     encode_store = mean(_sum(t, "encode_s", "store_s") for t in timings)
-    return RunStats(label, len(jobs), span, synthesis, encode_store)
+    sizes = [_batch_size(job) for job in jobs]
+    busy = sum(float(e["model_busy_s"]) for e in _events(log_path, "batch_window_closed"))
+    return RunStats(label, len(jobs), span, synthesis, encode_store, mean(sizes), busy)
+
+
+def _batch_size(job: Job) -> int:
+    result = job.return_value()
+    return int(result.get("batch_size", 1)) if isinstance(result, dict) else 1
 
 
 def _timings(job: Job) -> dict[str, float]:
@@ -162,16 +187,23 @@ def recycle_cost(env: dict[str, str], workdir: Path, repeats: int) -> RecycleSta
 
 
 def _first_event(log_path: Path, name: str) -> dict[str, Any]:
+    for event in _events(log_path, name):
+        return event
+    raise RuntimeError(f"no {name} in {log_path}")
+
+
+def _events(log_path: Path | None, name: str) -> Iterator[dict[str, Any]]:
+    if log_path is None:
+        return
     for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
         if line.startswith("{"):
             event = json.loads(line)
             if event.get("event") == name:
-                return dict(event)
-    raise RuntimeError(f"no {name} in {log_path}")
+                yield dict(event)
 
 
 def run(
-    engine: str, model_dir: Path | None, jobs: int, repeats: int
+    engine: str, model_dir: Path | None, jobs: int, repeats: int, batch_size: int = 1
 ) -> tuple[RunStats, RunStats, RecycleStats]:
     """The whole benchmark; returns (ours, bare RQ, recycle)."""
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-") as temp:
@@ -181,7 +213,8 @@ def run(
             connection = redis.Redis.from_url(url)
             if model_dir is None:
                 model_dir = tiny_model_dir(workdir / "model")
-            env = worker_env(url, engine, model_dir, workdir / "out", jobs)
+            out_dir = workdir / "out"
+            env = worker_env(url, engine, model_dir, out_dir, jobs, batch_size=batch_size)
             ours_ids = enqueue_many(
                 connection, "workers.tasks.synthesize", {"request": {"text": BENCH_TEXT}}, jobs
             )
@@ -190,7 +223,8 @@ def run(
                 env,
                 workdir / "cosyq.log",
             )
-            ours = measure(connection, ours_ids, "cosyq worker")
+            label = "cosyq worker" if batch_size == 1 else f"cosyq worker, batch {batch_size}"
+            ours = measure(connection, ours_ids, label, workdir / "cosyq.log")
             bare_ids = enqueue_many(connection, f"{__name__}.noop", {}, jobs)
             rq_command = [
                 sys.executable,
@@ -220,14 +254,15 @@ def format_table(engine: str, ours: RunStats, bare: RunStats, recycle: RecycleSt
     rows = [
         f"queue benchmark: {ours.jobs} jobs per run, private redis-server, engine {engine}, "
         f"audio under {tempfile.gettempdir()}",
-        f"{'':22} {'jobs/s':>7} {'wall ms/job':>12} {'synthesis ms':>13} {'overhead ms':>12}"
-        f" {'(encode+store ms)':>18}",
+        f"{'':30} {'jobs/s':>7} {'wall ms/job':>12} {'model ms/job':>13} {'overhead ms':>12}"
+        f" {'(encode+store ms)':>18} {'batch':>6} {'model idle':>10}",
     ]
     for stats in (ours, bare):
         rows.append(
-            f"{stats.label:22} {stats.jobs_per_s:7.1f} {stats.wall_ms:12.2f} "
-            f"{1000 * stats.synthesis_s:13.2f} {stats.overhead_ms:12.2f}"
-            f" {1000 * stats.encode_store_s:18.2f}"
+            f"{stats.label:30} {stats.jobs_per_s:7.1f} {stats.wall_ms:12.2f} "
+            f"{stats.model_ms:13.2f} {stats.overhead_ms:12.2f}"
+            f" {1000 * stats.encode_store_s:18.2f} {stats.batch_size:6.2f}"
+            f" {stats.model_idle_share:10.1%}"
         )
     ratio = _ratio(ours.overhead_ms, bare.overhead_ms)
     queue_only = _ratio(ours.overhead_ms - 1000 * ours.encode_store_s, bare.overhead_ms)

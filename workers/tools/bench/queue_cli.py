@@ -30,6 +30,11 @@ def register_bench(commands: Any) -> None:
         help="default COSYQ_MODEL_DIR, else the tiny model written to a temporary folder",
     )
     queue.add_argument(
+        "--batch-size",
+        type=int,
+        help="jobs in flight in the worker (COSYQ_BATCH_SIZE; default: the setting)",
+    )
+    queue.add_argument(
         "--via",
         choices=["rq", "http"],
         default="rq",
@@ -51,11 +56,14 @@ def run_queue_bench(args: argparse.Namespace) -> int:
     model_dir = args.model_dir or settings.model_dir
     if min(args.jobs, args.e2e_jobs, args.concurrency, args.repeats) < 1:
         raise SettingsError("--jobs, --e2e-jobs, --concurrency and --repeats must be >= 1")
+    if args.batch_size is not None and not 1 <= args.batch_size <= 16:
+        raise SettingsError("--batch-size must be between 1 and 16 (COSYQ_BATCH_SIZE's range)")
     if args.via == "http":
         return run_http_bench(args, engine, model_dir)
     from workers.tools.bench import queue  # noqa: PLC0415 (only when this benchmark runs)
 
-    ours, bare, recycle = queue.run(engine, model_dir, args.jobs, args.repeats)
+    batch_size = args.batch_size or settings.batch_size
+    ours, bare, recycle = queue.run(engine, model_dir, args.jobs, args.repeats, batch_size)
     print(queue.format_table(engine, ours, bare, recycle))
     return 0
 

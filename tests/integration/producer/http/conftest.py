@@ -70,15 +70,16 @@ def front_env(redis_url: str, storage: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_front(root: Path, redis_url: str, **extra: str) -> Front:
-    """`python -m producer.cli serve` on a free port; returns once /healthz answers."""
+def start_front(root: Path, redis_url: str, *args: str, **extra: str) -> Front:
+    """`python -m producer.cli serve ARGS` on a free port; returns once /healthz answers."""
     root.mkdir(parents=True, exist_ok=True)
     storage = root / "storage"
+    storage.mkdir(exist_ok=True)
     port = free_port()
     log = root / "front.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "producer.cli", "serve", "--port", str(port)],
+            [sys.executable, "-m", "producer.cli", "serve", "--port", str(port), *args],
             cwd=root,  # no stray .env
             env=front_env(redis_url, storage, **extra),
             stdout=out,

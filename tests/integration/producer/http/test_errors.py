@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
 from shared import keys
-from tests.integration.producer.http.conftest import Front
+from tests.integration.producer.http.conftest import Front, start_front
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +28,9 @@ def error_of(response: httpx.Response, status: int) -> dict:
 
 
 @pytest.fixture
-def http(live: Front) -> Iterator[httpx.Client]:
-    with live.http() as client:
+def http(stalled: Front) -> Iterator[httpx.Client]:
+    """Checks that refuse a request before it is queued need no worker (nor a key)."""
+    with stalled.http(key=None) as client:
         yield client
 
 
@@ -38,6 +40,11 @@ def test_400_names_the_field_and_rule(http: httpx.Client) -> None:
     error = error_of(http.post("/v1/jobs", json={"text": "hi", "colour": "red"}), 400)
     assert error["message"] == "colour: unknown field"
     error = error_of(http.post("/v1/jobs", content=b"{not json", headers=_json()), 400)
+    assert error["code"] == "invalid_json"
+    deep = b"[" * 200_000 + b"]" * 200_000
+    error = error_of(http.post("/v1/jobs", content=deep, headers=_json()), 400)
+    assert error["message"] == "request: JSON nested too deeply"
+    error = error_of(http.post("/v1/jobs", content=b"\xff\xfe{", headers=_json()), 400)
     assert error["code"] == "invalid_json"
     error = error_of(http.post("/v1/jobs", json=["a", "list"]), 400)
     assert "must be a JSON object" in error["message"]
@@ -60,9 +67,10 @@ def test_400_for_any_prompt_uri_over_http(http: httpx.Client) -> None:
     assert error["message"].startswith("requests[1]: prompt_audio:")
 
 
-def test_400_for_streaming_speech_until_workers_stream(http: httpx.Client) -> None:
-    error = error_of(http.post("/v1/audio/speech", json={**SPEECH, "stream_format": "audio"}), 400)
-    assert error["param"] == "stream_format"
+def test_400_for_streaming_what_cannot_stream(http: httpx.Client) -> None:
+    streamed = {**SPEECH, "stream_format": "audio", "speed": 1.5}
+    error = error_of(http.post("/v1/audio/speech", json=streamed), 400)
+    assert error["param"] == "speed" and "streaming needs speed 1.0" in error["message"]
     error = error_of(
         http.post(
             "/v1/audio/speech", json={**SPEECH, "stream_format": "sse", "response_format": "mp3"}
@@ -80,7 +88,13 @@ def test_401_without_a_valid_key_and_health_without_one(live: Front) -> None:
         assert response.headers["www-authenticate"] == "Bearer"
         assert anonymous.get("/healthz").json() == {"status": "ok"}
         ready = anonymous.get("/readyz")
-        assert ready.status_code == 200 and ready.json()["ready_workers"] == 1
+        assert ready.status_code == 200
+        assert ready.json() == {
+            "status": "ready",
+            "redis": "ok",
+            "storage": "ok",
+            "ready_workers": 1,
+        }
     with live.http(key="wrong") as wrong:
         assert error_of(wrong.get("/v1/audio/voices"), 401)["message"] == "invalid API key"
     basic = httpx.get(live.url + "/v1/audio/voices", headers={"Authorization": "Basic eDp5"})
@@ -149,6 +163,32 @@ def test_503_when_redis_is_unreachable(dead: Front) -> None:
         assert error_of(http.get("/v1/jobs/abc"), 503)["code"] == "unavailable"
         assert error_of(http.post("/v1/audio/speech", json=SPEECH), 503)["code"] == "unavailable"
         assert http.get("/healthz").status_code == 200
+
+
+def test_503_when_the_storage_cannot_be_read(redis_url: str, tmp_path: Path) -> None:
+    in_the_way = tmp_path / "not-a-folder"
+    in_the_way.write_text("a file where the storage folder should be")
+    front = start_front(tmp_path / "front", redis_url, COSYQ_STORAGE_URL=in_the_way.as_uri())
+    try:
+        with front.http(key=None) as http:
+            error = error_of(http.get("/readyz"), 503)
+    finally:
+        front.stop()
+    assert error["code"] == "storage_unusable" and "not-a-folder" in error["message"]
+
+
+def test_serve_with_two_processes_shares_the_queue(redis_url: str, tmp_path: Path) -> None:
+    front = start_front(tmp_path / "front", redis_url, "--workers", "2")
+    try:
+        with front.http(key=None) as http:
+            ids = {http.post("/v1/jobs", json={"text": f"job {n}"}).json()["id"] for n in range(6)}
+            states = {http.get(f"/v1/jobs/{job_id}").json()["state"] for job_id in ids}
+    finally:
+        front.stop()
+    assert len(ids) == 6 and states == {"queued"}
+    assert redis.Redis.from_url(redis_url).llen(f"rq:queue:{keys.QUEUE_DEFAULT}") == 6
+    started = {e["event"] for e in front.events() if "Started server process" in e["event"]}
+    assert len(started) == 2  # uvicorn names each server process's pid
 
 
 def _json() -> dict[str, str]:

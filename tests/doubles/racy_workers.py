@@ -1,0 +1,93 @@
+"""CosyqWorker subclasses that deliver a stop at the worst moment of a dequeue, on purpose.
+
+Run with the stock CLI (`rq worker -w tests.doubles.racy_workers:<Class>`), so each test also
+covers the path without a pool. Each hook fires once, on the first pop that returns a job
+(or, for `SignalWhileBlocked`, on the first blocking pop).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import redis
+from rq.queue import Queue
+
+from shared.connection import redis_connection
+from shared.keys import QUEUE_DEFAULT
+from workers.service.dequeue import DUPLICATE_SIGNAL_WINDOW_S
+from workers.worker import CosyqWorker
+
+RACE_JOB_ENV = "TESTRACE_JOB_ID"  # SignalWhileBlocked pushes this job id while the pop waits
+
+
+class SignalAfterPop(CosyqWorker):
+    """SIGTERM to itself the instant the pop returns a job, before anything else runs."""
+
+    fired = False
+
+    def _pop(self, wait: float | None) -> tuple[Queue, str] | None:
+        popped = super()._pop(wait)
+        if popped is not None and not self.fired:
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+        return popped
+
+
+class ColdAfterPop(CosyqWorker):
+    """A warm stop, then (past the duplicate window) a cold one, both right after the pop."""
+
+    fired = False
+
+    def _pop(self, wait: float | None) -> tuple[Queue, str] | None:
+        popped = super()._pop(wait)
+        if popped is not None and not self.fired:
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(DUPLICATE_SIGNAL_WINDOW_S + 0.2)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return popped
+
+
+class HiccupAfterPop(SignalAfterPop):
+    """As SignalAfterPop, and the give-back's first LPUSH fails as if Redis dropped away."""
+
+    def push_back(self, job_id: str, queue: Queue) -> None:
+        real = self.connection.lpush
+        calls = {"n": 0}
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise redis.ConnectionError("test: connection dropped during the give-back")
+            return real(*args, **kwargs)
+
+        self.connection.lpush = flaky  # type: ignore[method-assign]
+        try:
+            super().push_back(job_id, queue)
+        finally:
+            self.connection.lpush = real  # type: ignore[method-assign]
+
+
+class SignalWhileBlocked(CosyqWorker):
+    """While the first blocking pop waits: SIGTERM to the main thread, then the job arrives."""
+
+    fired = False
+
+    def _pop(self, wait: float | None) -> tuple[Queue, str] | None:
+        if wait is not None and not self.fired:
+            self.fired = True
+            threading.Thread(target=self._race, args=(threading.get_ident(),)).start()
+        return super()._pop(wait)
+
+    def _race(self, main_thread: int) -> None:
+        side = redis_connection(self.settings)
+        while not any(c.get("cmd") == "blpop" for c in side.client_list()):
+            time.sleep(0.01)
+        signal.pthread_kill(main_thread, signal.SIGTERM)  # interrupts the blocked read
+        time.sleep(0.05)
+        side.rpush(Queue(QUEUE_DEFAULT, connection=side).key, os.environ[RACE_JOB_ENV])
+        side.close()

@@ -1,0 +1,73 @@
+"""The padded flow batch against the alone flow call (tiny model, fp32, CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from shared.errors import InvalidRequestError
+from workers.model.flow import CausalMaskedDiffWithXvec
+from workers.model.flow_batch import FlowRow, batched_inference
+
+TOLERANCE = 1e-4  # max abs on the mel; the waveform bound is checked in the engine tests
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: shared, loaded cores make OpenMP's spinning threads very slow."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def flow(tiny_engine: Any) -> CausalMaskedDiffWithXvec:
+    model = tiny_engine.flow.model
+    assert isinstance(model, CausalMaskedDiffWithXvec)
+    return model
+
+
+def make_row(flow: CausalMaskedDiffWithXvec, seed: int, tokens: int, prompt: int) -> FlowRow:
+    g = torch.Generator().manual_seed(seed)
+    vocab, ratio = flow.config.vocab_size, flow.config.token_mel_ratio
+    return FlowRow(
+        token=torch.randint(0, vocab, (1, tokens), generator=g, dtype=torch.int32),
+        prompt_token=torch.randint(0, vocab, (1, prompt), generator=g, dtype=torch.int32),
+        prompt_feat=torch.randn(1, ratio * prompt, flow.config.mel_bins, generator=g) - 5,
+        embedding=torch.randn(1, flow.config.spk_embed_dim, generator=g),
+    )
+
+
+def alone(flow: CausalMaskedDiffWithXvec, row: FlowRow) -> torch.Tensor:
+    mel, _ = flow.inference(row.token, row.prompt_token, row.prompt_feat, row.embedding)
+    return mel[0]
+
+
+def test_rows_of_mixed_lengths_and_prompts_match_alone(flow: CausalMaskedDiffWithXvec) -> None:
+    rows = [
+        make_row(flow, 1, tokens=40, prompt=25),
+        make_row(flow, 2, tokens=7, prompt=0),
+        make_row(flow, 3, tokens=23, prompt=60),
+        make_row(flow, 4, tokens=1, prompt=3),
+    ]
+    batched = batched_inference(flow, rows)
+    for row, mel in zip(rows, batched, strict=True):
+        expected = alone(flow, row)
+        assert mel.shape == expected.shape == (80, 2 * row.token.size(1))
+        assert float((mel - expected).abs().max()) <= TOLERANCE
+
+
+def test_one_row_is_the_alone_call(flow: CausalMaskedDiffWithXvec) -> None:
+    row = make_row(flow, 5, tokens=30, prompt=10)
+    assert float((batched_inference(flow, [row])[0] - alone(flow, row)).abs().max()) <= 1e-6
+
+
+def test_a_bad_row_is_refused_before_any_compute(flow: CausalMaskedDiffWithXvec) -> None:
+    good = make_row(flow, 6, tokens=5, prompt=5)
+    bad = FlowRow(good.token, good.prompt_token, good.prompt_feat[:, :3], good.embedding)
+    with pytest.raises(InvalidRequestError, match="flow prompt_feat"):
+        batched_inference(flow, [good, bad])

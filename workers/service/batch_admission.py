@@ -1,0 +1,176 @@
+"""Which jobs may join a worker's batch, and taking them off the queues without losing one.
+
+RQ has no batch dequeue (rq#928) and its multi-queue pop is BLPOP: a popped job lives only in
+the worker's memory until it is registered as started. The batch runner therefore pops with
+one Lua script that takes up to `n` ids from the queues in priority order (high, default, low),
+non-blocking, inside a `ColdStopGuard`: a cold stop (second signal) that lands between the pop
+and the moment the ids are held in `PoppedJobs` waits for the guarded section to end, and
+whatever a stopping worker holds but has not started goes back to the head of its queue
+(`give_back`). (Blocking the signals instead would not do: the kernel hands a signal blocked in
+one thread to another, and Python runs the handler in the main thread at once anyway.)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+from rq.utils import as_text
+
+from shared import keys
+from shared.logs import get_logger
+from workers.service.admission import CosyqJob
+from workers.service.outage import until_reachable
+
+log = get_logger(__name__)
+
+# Pop up to ARGV[1] ids from KEYS in order; returns a flat list key, id, key, id, ...
+_POP_MANY = """
+local out = {}
+local want = tonumber(ARGV[1])
+for _, key in ipairs(KEYS) do
+  while #out < 2 * want do
+    local id = redis.call('LPOP', key)
+    if not id then break end
+    out[#out + 1] = key
+    out[#out + 1] = id
+  end
+  if #out >= 2 * want then break end
+end
+return out
+"""
+
+
+def batchable(job: Job) -> bool:
+    """Only synthesize jobs share the model; anything else (add_voice) runs alone, and so does
+    a streamed synthesis (`stream: true`): its chunks go out as they are made, on its own path
+    beside the batch, after the window it was popped in."""
+    if job.func_name != keys.SYNTHESIZE_FUNCTION:
+        return False
+    request = job.kwargs.get("request") if isinstance(job.kwargs, dict) else None
+    return not (isinstance(request, dict) and request.get("stream") is True)
+
+
+def synthesis_payload(job: Job) -> Any:
+    """The `request` argument of a synthesize job (admission has checked that it binds)."""
+    from workers import tasks  # noqa: PLC0415 - the job module imports the engine API
+
+    bound = inspect.signature(tasks.synthesize).bind(*job.args, **job.kwargs)
+    return bound.arguments["request"]
+
+
+class ColdStopGuard:
+    """While a section is held, a cold stop is only noted; it runs when the section ends.
+
+    Signal handlers run in the main thread between two bytecodes, so a held section in that
+    thread sees either no cold stop or one that has fully waited for it.
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending: Callable[[], None] | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0 and self._pending is not None:
+                action, self._pending = self._pending, None
+                action()
+
+    def defer(self, action: Callable[[], None]) -> bool:
+        """Keep `action` for the end of the held section; False when none is held."""
+        if self._depth == 0:
+            return False
+        self._pending = action
+        return True
+
+
+@dataclass
+class Unreadable:
+    """A popped id whose hash would not decode: the worker refuses it (never runs it)."""
+
+    error: Exception
+    job_id: str
+    queue: Queue
+
+
+@dataclass
+class PoppedJobs:
+    """Jobs taken off the queues and not yet started or given back."""
+
+    held: list[tuple[Job, Queue]] = field(default_factory=list)
+
+    def take(self) -> list[tuple[Job, Queue]]:
+        taken, self.held = self.held, []
+        return taken
+
+
+class BatchDequeue:
+    """Non-blocking, priority-ordered pops of up to n jobs in one round trip."""
+
+    def __init__(
+        self, connection: redis.Redis, queues: Sequence[Queue], guard: ColdStopGuard
+    ) -> None:
+        self.connection = connection
+        self.queues = {queue.key: queue for queue in queues}
+        self.guard = guard
+        self._pop_many = connection.register_script(_POP_MANY)
+
+    def pop(self, n: int, into: PoppedJobs, on_unreadable: Callable[[Unreadable], None]) -> int:
+        """Pop up to `n` jobs into `into.held` (a cold stop waits meanwhile); returns how many."""
+        if n <= 0:
+            return 0
+        with self.guard.held():
+            flat = cast(list[bytes], self._pop_many(keys=list(self.queues), args=[n]))
+            pairs = [(as_text(flat[i]), as_text(flat[i + 1])) for i in range(0, len(flat), 2)]
+            added = 0
+            for queue_key, job_id in pairs:
+                queue = self.queues[queue_key]
+                try:
+                    job = CosyqJob.fetch(
+                        job_id, connection=self.connection, serializer=JSONSerializer
+                    )
+                except NoSuchJobError:
+                    continue  # deleted after it was queued: RQ skips these too
+                except Exception as e:  # a hash that does not decode: refused, not run
+                    on_unreadable(Unreadable(e, job_id, queue))
+                    continue
+                into.held.append((job, queue))
+                added += 1
+        return added
+
+    def give_back(self, popped: Sequence[tuple[Job, Queue]]) -> None:
+        """Put popped, unstarted jobs back at the head of their queues, first one first."""
+        if not popped:
+            return
+
+        def push() -> None:
+            with self.connection.pipeline() as pipe:  # MULTI: a retry never pushes twice
+                for job, queue in reversed(popped):
+                    pipe.lpush(queue.key, job.id)
+                pipe.execute()
+
+        until_reachable(push, "job_push_back_failed")  # a popped job must not be dropped
+        for job, queue in popped:
+            log.info("job_pushed_back", job_id=job.id, queue=queue.name)
+
+
+def admission_room(*, batch_size: int, held: int, jobs_left: int, open_: bool) -> int:
+    """How many more jobs may join now: the batch size and the jobs this process may still
+    take (recycling budget) both count every job held, so a worker never takes a job it would
+    have to give back for recycling."""
+    if not open_:
+        return 0
+    return max(0, min(batch_size, jobs_left) - held)
