@@ -46,8 +46,9 @@ from shared.jobs import (
 )
 from shared.results import SynthesisResult
 from shared.settings import Settings
+from shared.storage import open_storage
 from shared.submitted import record_submitted
-from shared.voices import VoiceRegistry, VoiceSummary
+from shared.voices import VoiceRegistry, VoiceSummary, upload_key
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
 OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
@@ -322,8 +323,13 @@ class CosyqClient:
         return VoiceRegistry(self.connection).summaries()
 
     def remove_voice(self, name: str) -> None:
-        """Delete a voice; UnknownVoiceError when none has that name."""
-        VoiceRegistry(self.connection).remove(name)
+        """Delete a voice and its uploaded recording; UnknownVoiceError when none has that
+        name."""
+        removed = VoiceRegistry(self.connection).remove(name)
+        storage = open_storage(self.settings)
+        key = upload_key(storage.uri_for, name, removed.source_uri)
+        if key is not None:
+            storage.delete(key)
 
 
 def _interrupted(

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from rq import Worker
 
 from shared.settings import Settings
+from shared.start_failures import record_start_failure
 from tests.conftest import free_port
 from tests.doubles.redis_servers import secured_redis
 from workers.cli import main as worker_cli
@@ -105,6 +108,7 @@ def test_a_ready_linux_host_passes_with_every_row(host_env: Path, tiny_dir: Path
     failed = {name: row["detail"] for name, row in rows.items() if row["status"] == "fail"}
     assert status == 0, failed
     assert report["exit_status"] == 0
+    assert len(report["load_average"]) == 3 and report["cpus"] >= 1
     by_group: dict[str, list[str]] = {}
     for row in report["rows"]:
         by_group.setdefault(row["group"], []).append(row["name"])
@@ -231,3 +235,49 @@ def test_invalid_settings_fail_with_every_row_present(
         for name in EXPECTED_ROWS[group][1 if group == "host" else 0 :]:
             assert rows[name] == {**rows[name], "status": "skipped"}, name
     assert rows["torch"]["status"] == "ok"  # the stack needs no settings
+
+
+def test_workers_listening_and_slots_that_cannot_start_are_reported(
+    host_env: Path, tiny_dir: Path, redis_url: str
+) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    worker = Worker(["cosyq-default"], connection=connection, name="doctor-test-worker")
+    worker.register_birth()
+    try:
+        _, _, rows = doctor("--model-dir", str(tiny_dir), "--quick")
+        queues = rows["queues and workers"]
+        assert queues["status"] == "ok" and "1 worker(s) listening" in queues["detail"]
+        assert queues["figures"]["workers"] == ["doctor-test-worker"]
+        record_start_failure(
+            connection,
+            host="mac-a",
+            slot="1",
+            worker="w1",
+            reason="storage file:///x is not usable",
+            ttl_s=60,
+            count=True,
+        )
+        status, _, rows = doctor("--model-dir", str(tiny_dir), "--quick")
+    finally:
+        worker.register_death()
+        connection.close()
+    queues = rows["queues and workers"]
+    assert status == 0  # advice: the host itself is ready
+    assert queues["status"] == "fail" and not queues["required"]
+    assert "mac-a:1: storage file:///x is not usable" in queues["detail"]
+
+
+def test_an_evicting_redis_is_advice(host_env: Path, tiny_dir: Path, redis_url: str) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    previous = connection.config_get("maxmemory-policy")["maxmemory-policy"]
+    previous = previous.decode() if isinstance(previous, bytes) else str(previous)
+    connection.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        status, _, rows = doctor("--model-dir", str(tiny_dir), "--quick")
+    finally:
+        connection.config_set("maxmemory-policy", previous)
+        connection.close()
+    assert status == 0
+    assert rows["Redis"]["status"] == "fail" and not rows["Redis"]["required"]
+    assert "maxmemory-policy allkeys-lru" in rows["Redis"]["detail"]
+    assert "noeviction" in rows["Redis"]["hint"]

@@ -45,6 +45,7 @@ pytestmark = [
         "exist on Linux (conversion is tested by the other modules)",
     ),
 ]
+DOCTOR_MIN_SNR_DB = 10.0  # doctor's flow mel on the micro model: a loose floor, fp16 vs fp32
 FP16_MIN_SNR_DB = 20.0  # fp16 arithmetic on random weights; the Linux bench shows the spread
 
 
@@ -190,7 +191,9 @@ def test_doctor_runs_every_compute_unit_against_torch_cpu(
         assert row.status is Status.OK, row.detail
         assert row.figures is not None
         stages = {s["stage"]: s for s in row.figures["stages"]}
-        assert stages["flow"]["snr_db"] is not None and stages["flow"]["snr_db"] > FP16_MIN_SNR_DB
+        # fp16 packages against fp32 torch on identical inputs: close, never identical
+        assert stages["flow"]["snr_db"] is not None and stages["flow"]["snr_db"] > DOCTOR_MIN_SNR_DB
+        assert stages["flow"]["max_abs_error"] > 0
         assert stages["HiFT"]["max_abs_error"] is not None
     plan = by_name["Core ML compute plan (ops on ANE / GPU / CPU)"]
     if macos_version() >= (14, 4):

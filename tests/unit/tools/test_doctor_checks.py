@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pytest
 from shared.settings import Settings
 from workers.tools.doctor import host_checks
 from workers.tools.doctor.coreml_run import plan_row
-from workers.tools.doctor.measure import StageFigure
-from workers.tools.doctor.render import as_json
+from workers.tools.doctor.measure import BackendFigures, StageFigure, prompt_audio
+from workers.tools.doctor.render import as_json, print_table
 from workers.tools.doctor.rows import Status, exit_status, fail, ok, skip
 from workers.tools.doctor.stack_checks import coreml_runtime_row, mps_row
 
@@ -101,3 +102,27 @@ def test_stage_figures_are_json_safe() -> None:
     same = StageFigure("flow", 0.1, 0.0, math.inf).as_dict()
     assert same["snr_db"] is None and same["max_abs_error"] == 0
     assert StageFigure("HiFT", 0.1, 0.01, 42.123).as_dict()["snr_db"] == 42.12
+
+
+def test_a_model_without_prompt_wav_gets_a_generated_prompt(tmp_path: Path) -> None:
+    samples, rate, transcript = prompt_audio(tmp_path)
+    assert rate == 16000 and samples.size == 3 * 16000 and transcript == ""
+    assert 0.05 < float(abs(samples).max()) < 1.0  # voiced, not silent, not clipped
+
+
+def test_the_table_shows_fixes_and_the_seed_table() -> None:
+    figures = BackendFigures(
+        "Core ML ALL", 1.5, 0.8, 0.4, 1.2, (StageFigure("flow", 0.2, 0.003, 38.5),)
+    )
+    rows = [
+        ok("run", "Core ML ALL", figures.line(), **figures.as_dict()),
+        fail("services", "Redis", "cannot reach Redis at redis://h:6379/0", "start redis-server"),
+        skip("run", "torch-mps fp32", "MPS is Apple's GPU: macOS only"),
+    ]
+    out = io.StringIO()
+    print_table(rows, out)
+    text = out.getvalue()
+    assert "fix: start redis-server" in text
+    assert "skipped: MPS is Apple's GPU: macOS only" in text
+    assert "the seed's table" in text and "Core ML ALL" in text and "38.5" in text
+    assert "1 required check(s) failed: exit 1" in text

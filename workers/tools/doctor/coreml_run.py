@@ -9,6 +9,7 @@ is skipped with the reason: Core ML has no runtime off macOS.
 from __future__ import annotations
 
 import gc
+import shutil
 import sys
 import tempfile
 import time
@@ -60,6 +61,9 @@ def coreml_rows(
     folder = coreml_dir_for(settings, root)
     with tempfile.TemporaryDirectory(prefix="cosyq-doctor-") as scratch:
         cache = Path(scratch)
+        known = settings.coreml_cache_dir / "hashes"  # checkpoint hashes, not compiled models:
+        if known.is_dir():  # the cold compile should not time rehashing 2.5 GB of weights
+            shutil.copytree(known, cache / "hashes")
         compile_row = _compile_row(root, folder, cache)
         if compile_row.status.value != "ok":
             why = "the conversion did not compile and load"

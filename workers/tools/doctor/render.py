@@ -7,6 +7,7 @@ attached to an issue says as much as the table, and more.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from datetime import UTC, datetime
@@ -35,6 +36,8 @@ def as_json(rows: list[Row]) -> dict[str, Any]:
         "cosyq": _cosyq_version(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "platform": f"{sys.platform} {platform.machine()}",
+        "cpus": os.cpu_count(),
+        "load_average": [round(v, 2) for v in os.getloadavg()],  # timings are noisy when high
         "exit_status": exit_status(rows),
         "rows": [row.as_dict() for row in rows],
     }
@@ -92,7 +95,9 @@ def seed_rows(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def _seed_table(figures: list[dict[str, Any]]) -> Table:
-    table = Table(title="the seed's table, on this machine")
+    load = os.getloadavg()[0]
+    title = f"the seed's table, on this machine (load average {load:.2f}, {os.cpu_count()} CPUs)"
+    table = Table(title=title)
     for column in (
         "backend",
         "model load s",
