@@ -5,18 +5,24 @@ Depends only on `shared/`; never imports torch, onnxruntime or coremltools (a te
 
 from producer.client import CosyqClient
 from producer.tracking import JobOutcome, JobStatus
+from shared.audio_stream import AudioChunk
 from shared.errors import (
     InvalidRequestError,
     JobFailedError,
     JobNotFoundError,
     QueueFullError,
     ResultTimeoutError,
+    StreamExpiredError,
+    StreamFailedError,
+    StreamNotRequestedError,
+    StreamTimeoutError,
 )
 from shared.jobs import SynthesisRequest
 from shared.results import JobFailure, SynthesisResult
 from shared.settings import Settings, load_settings
 
 __all__ = [
+    "AudioChunk",
     "CosyqClient",
     "InvalidRequestError",
     "JobFailedError",
@@ -27,6 +33,10 @@ __all__ = [
     "QueueFullError",
     "ResultTimeoutError",
     "Settings",
+    "StreamExpiredError",
+    "StreamFailedError",
+    "StreamNotRequestedError",
+    "StreamTimeoutError",
     "SynthesisRequest",
     "SynthesisResult",
     "load_settings",

@@ -29,6 +29,7 @@ from shared.settings import Settings, load_settings
 COMMAND_MODULES: tuple[str, ...] = (
     "producer.commands.submit",  # submit FILE.jsonl, say "text"
     "producer.commands.inspect",  # status, failed, result
+    "producer.commands.stream",  # stream JOB_ID
     "producer.commands.voices",  # voices list|add|rm
     "producer.commands.serve",  # serve (the HTTP front; needs cosyq[http])
 )

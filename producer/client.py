@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -26,9 +26,11 @@ from rq.serializers import JSONSerializer
 
 from producer.idempotency import release as release_idempotency_key
 from producer.idempotency import reserve as reserve_idempotency_keys
+from producer.streaming import read_stream
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, wait_for_voice
 from shared import keys
+from shared.audio_stream import AudioChunk
 from shared.connection import follow_master, redis_connection
 from shared.errors import (
     InvalidRequestError,
@@ -44,8 +46,9 @@ from shared.jobs import (
 )
 from shared.results import SynthesisResult
 from shared.settings import Settings
+from shared.storage import open_storage
 from shared.submitted import record_submitted
-from shared.voices import VoiceRegistry, VoiceSummary
+from shared.voices import VoiceRegistry, VoiceSummary, upload_key
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
 OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
@@ -259,6 +262,21 @@ class CosyqClient:
         wait = self.settings.wait_timeout_s if timeout is None else timeout
         return self.tracker.result(job_id, wait)
 
+    def stream(self, job_id: str, *, timeout: float | None = None) -> Iterator[AudioChunk]:
+        """The audio chunks of a job submitted with `stream: true`, as they arrive (blocking
+        XREAD), up to and including the final one (which carries the stored file's URI).
+        Works before, during and after the job runs. `timeout` (default
+        settings.stream_timeout_s) bounds the whole wait. Raises JobNotFoundError,
+        StreamNotRequestedError, StreamExpiredError, StreamFailedError, StreamTimeoutError."""
+        wait = self.settings.stream_timeout_s if timeout is None else timeout
+        return read_stream(
+            self.connection,
+            self.tracker,
+            job_id,
+            timeout=wait,
+            block_ms=self.settings.stream_block_ms,
+        )
+
     def wait_many(
         self,
         job_ids: Sequence[str],
@@ -305,8 +323,13 @@ class CosyqClient:
         return VoiceRegistry(self.connection).summaries()
 
     def remove_voice(self, name: str) -> None:
-        """Delete a voice; UnknownVoiceError when none has that name."""
-        VoiceRegistry(self.connection).remove(name)
+        """Delete a voice and its uploaded recording; UnknownVoiceError when none has that
+        name."""
+        removed = VoiceRegistry(self.connection).remove(name)
+        storage = open_storage(self.settings)
+        key = upload_key(storage.uri_for, name, removed.source_uri)
+        if key is not None:
+            storage.delete(key)
 
 
 def _interrupted(

@@ -27,6 +27,7 @@ from shared.settings import Settings
 from shared.storage import open_storage
 from shared.submitted import record_submitted
 from shared.voices import (
+    VOICE_UPLOAD_PREFIX,
     VoiceSummary,
     check_prompt_audio,
     check_transcript,
@@ -34,15 +35,14 @@ from shared.voices import (
     decode_prompt_audio,
 )
 
-UPLOAD_PREFIX = "voices"
 UPLOAD_CONTENT_TYPE = "application/octet-stream"  # any format soundfile reads
 
 
-def upload_key(name: str, filename: str) -> str:
+def new_upload_key(name: str, filename: str) -> str:
     """voices/<name>/<random>.<suffix>: a new object per upload, never an overwrite."""
     suffix = PurePath(filename).suffix.lstrip(".").lower()
     suffix = suffix if suffix.isalnum() else "audio"
-    return f"{UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{suffix or 'audio'}"
+    return f"{VOICE_UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{suffix or 'audio'}"
 
 
 def enqueue_add_voice(
@@ -61,7 +61,7 @@ def enqueue_add_voice(
     samples, rate = decode_prompt_audio(audio, where=filename)
     check_prompt_audio(samples, rate, settings.max_prompt_seconds)
     stored = open_storage(settings).put(
-        upload_key(name, filename), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
+        new_upload_key(name, filename), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
     )
     queue = Queue(keys.QUEUE_HIGH, connection=connection, serializer=JSONSerializer)
     job_id = uuid.uuid4().hex

@@ -33,6 +33,13 @@ _CODECS: dict[tuple[str, str], tuple[str, str]] = {
     ("mp3", "pcm16"): ("MP3", "MPEG_LAYER_III"),  # libsndfile >= 1.1 (lame, mpg123)
     ("opus", "pcm16"): ("OGG", "OPUS"),
 }
+
+
+def soundfile_codecs() -> dict[tuple[str, str], tuple[str, str]]:
+    """(format, sample format) -> (soundfile format, subtype): what libsndfile must offer."""
+    return dict(_CODECS)
+
+
 RESAMPLE_QUALITY = "HQ"  # soxr's high quality: flat to 0.95 Nyquist, far below PCM16 noise
 
 

@@ -117,3 +117,19 @@ class PromptSilentError(PromptAudioError):
 
 class PromptSampleRateError(PromptAudioError):
     """Prompt audio recorded below 16 kHz (the prompt models work at 16 kHz, never upsampled)."""
+
+
+class StreamNotRequestedError(CosyqError):
+    """The job did not ask for an audio stream (submit it with `stream: true`)."""
+
+
+class StreamExpiredError(CosyqError):
+    """The job's audio stream is gone (kept as long as results, COSYQ_RESULT_TTL_S)."""
+
+
+class StreamTimeoutError(CosyqError, TimeoutError):
+    """A stream's final chunk did not arrive within the time the caller was willing to wait."""
+
+
+class StreamFailedError(JobFailedError):
+    """The streamed job failed: its stream ended with the worker's error kind and message."""

@@ -179,6 +179,7 @@ class SynthesisRequest(BaseModel):
     output_key: str | None = None
     idempotency_key: str | None = None
     priority: Priority = "default"
+    stream: bool = Field(False, strict=True)  # append audio chunks to cosyq:audio:<job id>
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
     @field_validator("text")
@@ -323,6 +324,8 @@ def _combination_problems(request: SynthesisRequest) -> list[str]:
     if request.format == "opus" and request.sample_rate not in OPUS_SAMPLE_RATES:
         rates = ", ".join(str(rate) for rate in OPUS_SAMPLE_RATES)
         problems.append(f"sample_rate: format opus takes {rates} Hz (got {request.sample_rate})")
+    if request.stream and request.speed != 1.0:
+        problems.append(f"speed: streaming needs speed 1.0 (got {request.speed:g})")
     if request.output_key is not None:
         suffix = request.output_key.rsplit("/", 1)[-1].rpartition(".")[2]
         if suffix in AUDIO_FORMATS and suffix != request.format:

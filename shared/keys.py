@@ -34,6 +34,7 @@ ORPHAN_SWEEP_LOCK = PREFIX + "orphan-sweep-lock"  # one sweeper per housekeeping
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
 WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
+AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # + job id -> Redis Stream of a streamed job's audio chunks
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
 SYNTHESIZE_FUNCTION = "workers.tasks.synthesize"
@@ -67,6 +68,11 @@ def default_voice_key(checkpoint_hash: str, prompt_digest: str) -> str:
 
 def job_heartbeat_key(job_id: str) -> str:
     return JOB_HEARTBEAT_PREFIX + job_id
+
+
+def audio_stream_key(job_id: str) -> str:
+    """The Redis Stream a job with `stream: true` appends its audio chunks to."""
+    return AUDIO_STREAM_PREFIX + job_id
 
 
 def worker_stats_key(worker_name: str) -> str:

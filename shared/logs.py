@@ -149,6 +149,6 @@ def log_synthesis_finished(
         sample_rate=result.sample_rate,
         bytes=result.bytes,
         uri=result.uri,
-        **{k: round(v, 4) for k, v in result.timings.model_dump().items()},
+        **{k: round(v, 4) for k, v in result.timings.model_dump().items() if v is not None},
         **(extra or {}),
     )

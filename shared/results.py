@@ -32,6 +32,7 @@ class StageTimings(BaseModel):
     encode_s: float = Field(0.0, ge=0)
     store_s: float = Field(0.0, ge=0)
     total_s: float = Field(0.0, ge=0)  # started -> result returned
+    first_chunk_s: float | None = Field(None, ge=0)  # started -> first streamed chunk (stream)
 
 
 class ModelInfo(BaseModel):
@@ -67,6 +68,7 @@ class SynthesisResult(BaseModel):
     speech_tokens: int = Field(0, ge=0)
     batch_size: int = Field(1, ge=1)  # the most jobs that shared an LLM step with this one
     idempotency_key: str | None = None
+    stream: str | None = None  # the Redis Stream key its chunks went to (requests with stream)
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
 

@@ -235,6 +235,25 @@ class Settings(BaseSettings):
     wait_timeout_s: float = Field(
         3600.0, gt=0, description="default wait for results (result(), cosyq --wait, say)"
     )
+    stream_maxlen: int = Field(
+        2000,
+        gt=0,
+        description="most entries a job's audio stream keeps (XADD MAXLEN); chunks are 1-4 s",
+    )
+    stream_timeout_s: float = Field(
+        120.0, gt=0, description="default wait for a streamed job's chunks (stream(), --stream)"
+    )
+    stream_first_hop_tokens: int = Field(
+        25, gt=0, description="speech tokens in a stream's first chunk (upstream: 25 = 1 s)"
+    )
+    stream_max_hop_tokens: int = Field(
+        100,
+        gt=0,
+        description="most speech tokens per later chunk (hops double up to it; at least the first)",
+    )
+    stream_block_ms: int = Field(
+        1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
+    )
 
     # HTTP front (`cosyq serve`, extra cosyq[http])
     api_keys: SecretStr | None = Field(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +46,22 @@ MIN_PROMPT_SAMPLE_RATE = 16000  # the prompt models work at 16 kHz; nothing is u
 MIN_PROMPT_SECONDS = 0.5  # shorter gives at most a dozen speech tokens: too little voice to copy
 PROMPT_SILENCE_DBFS = -60.0  # RMS below this (re full scale) counts as silence
 _ARRAY_DTYPES = {"float32": np.dtype("<f4"), "int32": np.dtype("<i4")}
+
+
+VOICE_UPLOAD_PREFIX = "voices"  # prompt recordings live at voices/<name>/<random>.<suffix>
+
+
+def upload_key(storage_uri_for: Callable[[str], str], name: str, uri: str | None) -> str | None:
+    """The storage key of `uri` when it is one of our uploads for voice `name` (what replacing
+    or removing the voice may delete); None for anything else (a URI the user gave)."""
+    if not uri:
+        return None
+    marker = "upload"
+    prefix = storage_uri_for(f"{VOICE_UPLOAD_PREFIX}/{name}/{marker}")[: -len(marker)]
+    rest = uri[len(prefix) :] if uri.startswith(prefix) else ""
+    if not rest or "/" in rest:
+        return None
+    return f"{VOICE_UPLOAD_PREFIX}/{name}/{rest}"
 
 
 def check_transcript(transcript: str, limit: int) -> str:
@@ -146,6 +162,7 @@ class VoiceSummary:
     created_at: str
     source_uri: str | None = None
     format: int = PROFILE_FORMAT
+    replaced: bool = False  # in the add-voice job's answer: the name had a voice before
 
     def to_dict(self) -> dict[str, Any]:
         return {field: getattr(self, field) for field in self.__dataclass_fields__}
@@ -242,14 +259,18 @@ class VoiceRegistry:
     def __init__(self, connection: redis.Redis) -> None:
         self.connection = connection
 
-    def save(self, profile: VoiceProfile) -> None:
+    def save(self, profile: VoiceProfile) -> VoiceSummary | None:
+        """Store (replacing) a profile; the summary of the one it replaced, read in the same
+        transaction (two concurrent adds of one name: the second sees the first)."""
         check_voice_name(profile.name)
         profile.check_shapes()
         pipe = self.connection.pipeline()  # MULTI: the hash and the set change together
         meta, arrays = _stored_fields(profile)
+        pipe.hget(keys.voice_key(profile.name), "meta")
         pipe.hset(keys.voice_key(profile.name), mapping={"meta": meta, "arrays": arrays})
         pipe.sadd(keys.VOICES_SET, profile.name)
-        pipe.execute()
+        previous = pipe.execute()[0]
+        return None if previous is None else _summary_or_unreadable(profile.name, previous)
 
     def cache(self, key: str, profile: VoiceProfile, ttl_s: int) -> None:
         """Keep an unlisted profile (the default voice) under `key` for `ttl_s` seconds."""
@@ -293,19 +314,25 @@ class VoiceRegistry:
         pipe = self.connection.pipeline(transaction=False)
         for name in names:
             pipe.hget(keys.voice_key(name), "meta")
-        found = []
-        for name, meta in zip(names, pipe.execute(), strict=True):
-            try:
-                found.append(VoiceSummary.from_dict(json.loads(meta)))
-            except (ValueError, TypeError):
-                found.append(_unreadable(name))
-        return found
+        return [
+            _summary_or_unreadable(name, meta)
+            for name, meta in zip(names, pipe.execute(), strict=True)
+        ]
 
-    def remove(self, name: str) -> None:
-        """Delete a voice; UnknownVoiceError when there was none."""
+    def remove(self, name: str) -> VoiceSummary:
+        """Delete a voice; its summary (for its upload); UnknownVoiceError when there was none."""
         pipe = self.connection.pipeline()
+        pipe.hget(keys.voice_key(name), "meta")
         pipe.delete(keys.voice_key(name))
         pipe.srem(keys.VOICES_SET, name)
-        deleted, unlisted = pipe.execute()
+        meta, deleted, unlisted = pipe.execute()
         if not deleted and not unlisted:
             raise UnknownVoiceError(f"voice: no voice named {name!r} is registered")
+        return _summary_or_unreadable(name, meta)
+
+
+def _summary_or_unreadable(name: str, meta: Any) -> VoiceSummary:
+    try:
+        return VoiceSummary.from_dict(json.loads(meta))
+    except (ValueError, TypeError):
+        return _unreadable(name)

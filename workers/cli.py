@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "workers.tools.model_cli",
     "workers.tools.deploy_cli",
     "workers.tools.bench.cli",
+    "workers.tools.doctor.cli",
     "workers.coreml.convert.cli",
 )
 

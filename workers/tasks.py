@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+import redis
 import structlog
 from rq import get_current_job
 from rq.job import Job
@@ -22,14 +24,28 @@ from rq.job import Job
 from shared import keys
 from shared.audio import EncodedAudio, encode_audio
 from shared.errors import InvalidRequestError
-from shared.jobs import SynthesisRequest, validate_request, voice_label
+from shared.jobs import (
+    NATIVE_SAMPLE_RATE,
+    SUPPORTED_SAMPLE_RATES,
+    SynthesisRequest,
+    validate_request,
+    voice_label,
+)
 from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.prompt_uris import PromptRoots, check_prompt_uri
 from shared.results import ModelInfo, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
-from workers.engine.api import SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.engine.api import (
+    StreamingEngine,
+    SynthesisEngine,
+    SynthesisInput,
+    SynthesisOutput,
+    VoicePrompt,
+)
 from workers.service import metrics
+from workers.service.audio_stream import AudioStreamWriter
+from workers.service.failures import classify
 from workers.service.job_runtime import WorkerRuntime, current_runtime
 from workers.voices import profiles as voice_profiles
 
@@ -45,6 +61,7 @@ class JobContext:
     attempt: int
     enqueued_at: datetime | None
     started_at: datetime
+    connection: redis.Redis | None = None  # the job's Redis: where a streamed job's chunks go
 
     @classmethod
     def from_job(cls, job: Job) -> JobContext:
@@ -55,6 +72,7 @@ class JobContext:
             attempt=attempt if isinstance(attempt, int) and attempt >= 1 else 1,
             enqueued_at=job.enqueued_at,
             started_at=job.started_at or datetime.now(UTC),
+            connection=job.connection,
         )
 
     @property
@@ -116,11 +134,60 @@ class PreparedSynthesis:
 def run_synthesis(
     runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
 ) -> SynthesisResult:
-    """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished."""
-    prepared = prepare_synthesis(runtime, payload, context)
-    with _logged(runtime, prepared.context, prepared.request):
-        output = runtime.engine.synthesize(prepared.engine_input)
-    return finish_synthesis(runtime, prepared, output, synthesized_at=time.perf_counter())
+    """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished.
+
+    A request with `stream: true` (never batched) also appends its chunks to its audio
+    stream; a failed attempt ends that stream with its error before the error propagates.
+    """
+    writer = _open_stream(runtime, payload, context)
+    try:
+        prepared = prepare_synthesis(runtime, payload, context)
+        with _logged(runtime, prepared.context, prepared.request):
+            output = _synthesize(runtime.engine, prepared.engine_input, writer)
+        return finish_synthesis(
+            runtime, prepared, output, synthesized_at=time.perf_counter(), stream=writer
+        )
+    except Exception as e:
+        if writer is not None:
+            failure = classify(e, timeout_s=runtime.settings.job_timeout_s)
+            writer.fail(failure.kind, failure.message)
+        raise
+
+
+def _open_stream(
+    runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
+) -> AudioStreamWriter | None:
+    """A writer when the payload asks for a stream (checked before validation, so an invalid
+    request's stream still ends with its error)."""
+    if not isinstance(payload, Mapping) or payload.get("stream") is not True:
+        return None
+    if context.connection is None:
+        raise RuntimeError("a streamed job needs its Redis connection (run it as an RQ job)")
+    rate = payload.get("sample_rate", NATIVE_SAMPLE_RATE)
+    if not isinstance(rate, int) or rate not in SUPPORTED_SAMPLE_RATES:
+        rate = NATIVE_SAMPLE_RATE  # the request is refused below; its error entry needs a rate
+    return AudioStreamWriter(
+        context.connection,
+        keys.audio_stream_key(context.job_id),
+        source_rate=runtime.engine.sample_rate,
+        target_rate=rate,
+        attempt=context.attempt,
+        maxlen=runtime.settings.stream_maxlen,
+        ttl_s=runtime.settings.result_ttl_s,
+    )
+
+
+def _synthesize(
+    engine: SynthesisEngine, data: SynthesisInput, writer: AudioStreamWriter | None
+) -> SynthesisOutput:
+    """The engine's output; streamed, each chunk goes to the writer as it is made."""
+    if writer is None:
+        return engine.synthesize(data)
+    if isinstance(engine, StreamingEngine):
+        return engine.synthesize_streaming(data, writer.write)
+    output = engine.synthesize(data)  # an engine that cannot stream: one chunk
+    writer.write(output.samples)
+    return output
 
 
 def prepare_synthesis(
@@ -149,20 +216,30 @@ def finish_synthesis(
     output: SynthesisOutput,
     *,
     synthesized_at: float,
+    stream: AudioStreamWriter | None = None,
 ) -> SynthesisResult:
-    """Encode, store, build the result and log the job's one synthesis_finished line."""
+    """Encode, store, build the result and log the job's one synthesis_finished line.
+
+    A streamed job's file is encoded from exactly the samples its stream carries (resampled
+    chunk by chunk to the request's rate), and its final entry goes out once it is stored."""
     request, context = prepared.request, prepared.context
     with _logged(runtime, context, request):
         synthesized = synthesized_at
+        samples: np.ndarray = output.samples
+        rate = output.sample_rate
+        if stream is not None:
+            samples, rate = stream.flush(), stream.target_rate
         encoded = encode_audio(
-            output.samples,
-            output.sample_rate,
+            samples,
+            rate,
             request.format,
             target_rate=request.sample_rate,
             sample_format=request.sample_format,
         )
         encoded_at = time.perf_counter()
         stored = _store(runtime, request, context, encoded)
+        if stream is not None:
+            stream.finish(stored.uri)
         finished = time.perf_counter()
         timings = StageTimings(
             queue_wait_s=context.queue_wait_s,
@@ -174,6 +251,7 @@ def finish_synthesis(
             encode_s=encoded_at - synthesized,
             store_s=finished - encoded_at,
             total_s=finished - prepared.started,
+            first_chunk_s=_first_chunk_s(stream, prepared.started),
         )
         result = _result(
             runtime,
@@ -183,9 +261,16 @@ def finish_synthesis(
             encoded=encoded,
             output=output,
             timings=timings,
+            stream=None if stream is None else stream.key,
         )
         _log_finished(request, result, synthesis_s=synthesized - prepared.started)
         return result
+
+
+def _first_chunk_s(writer: AudioStreamWriter | None, started: float) -> float | None:
+    if writer is None or writer.first_chunk_at is None:
+        return None
+    return max(0.0, writer.first_chunk_at - started)
 
 
 @contextmanager
@@ -266,6 +351,7 @@ def _result(
     encoded: EncodedAudio,
     output: SynthesisOutput,
     timings: StageTimings,
+    stream: str | None = None,
 ) -> SynthesisResult:
     identity = runtime.engine.identity
     synthesis_s = sum(
@@ -292,5 +378,6 @@ def _result(
         speech_tokens=output.speech_tokens,
         batch_size=max(1, output.batch_size),
         idempotency_key=request.idempotency_key,
+        stream=stream,
         metadata=dict(request.metadata),
     )

@@ -34,7 +34,7 @@ from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from workers.service import admission, control, host, metrics
+from workers.service import admission, control, host, metrics, outcomes
 from workers.service.batch_admission import batchable
 from workers.service.batch_runner import BatchRunner
 from workers.service.dequeue import StopSafeWorker
@@ -215,9 +215,10 @@ class CosyqWorker(StopSafeWorker):
         try:
             super().execute_popped(job, queue)
         except REDIS_OUTAGE as e:
-            # The outcome could not be recorded; the job's heartbeat stops with this attempt,
-            # so a reaper retries it once Redis is back. The worker itself carries on.
-            log.warning("job_outcome_unrecorded", job_id=job.id, error=str(e))
+            # A bookkeeping step outside the outcome writes failed (those wait for Redis
+            # themselves): release the job once Redis is back, labelled for what happened.
+            log.warning("job_bookkeeping_failed", job_id=job.id, error=str(e))
+            outcomes.release_unrecorded(self.connection, queue, job, self.name)
         finally:
             self._current = None
             if self._outcome is not None:
@@ -265,11 +266,27 @@ class CosyqWorker(StopSafeWorker):
             if handler(job, *exc_info) is False:
                 break
 
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        record = super().handle_execution_ended
+        outcomes.when_reachable(
+            lambda: record(job, queue, heartbeat_ttl), job_id=job.id, step="ended"
+        )
+
     def handle_job_success(
         self, job: Job, queue: Queue, started_job_registry: Any, execution: Any
     ) -> None:
+        """Write the result; if Redis is away, keep it and write it once Redis is back."""
         self._outcome = "finished"
-        super().handle_job_success(job, queue, started_job_registry, execution)
+        record, tried = super().handle_job_success, False
+
+        def write() -> None:
+            nonlocal tried
+            if tried and outcomes.already_finished(job):
+                return  # the reply was lost, the write was not
+            tried = True
+            record(job, queue, started_job_registry, execution)
+
+        outcomes.when_reachable(write, job_id=job.id, step="success")
 
     def handle_job_failure(
         self,
@@ -286,10 +303,19 @@ class CosyqWorker(StopSafeWorker):
         if error is not None:
             meta_key = keys.LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY
             job.meta[meta_key] = error.as_meta()
-            job.save_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
-        super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+        record = super().handle_job_failure
+
+        def write() -> None:
+            # RQ logs and drops a failed write of its own: wait for Redis before it runs.
+            if error is not None:
+                job.save_meta()
+            else:
+                self.connection.ping()
+            record(job, queue, started_job_registry, exc_string, execution)
+
+        outcomes.when_reachable(write, job_id=job.id, step="failure")
 
     def _refuse(self, job: Job, queue: Queue, refusal: admission.Refusal) -> None:
         """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from producer.commands.batch_report import ResultsFile, print_summary
+from producer.commands.stream import stream_to
 from producer.tracking import JobOutcome
 from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
 from shared.jobs import RequestLimits, SynthesisRequest, validate_request
@@ -53,7 +54,12 @@ def register(subparsers: Any) -> None:
     say = subparsers.add_parser("say", help="synthesize one text and fetch the audio")
     say.add_argument("text")
     say.add_argument("--voice", help="a registered voice (default: the model's 'default')")
-    say.add_argument("--out", type=Path, help="write the audio here (format from the suffix)")
+    say.add_argument(
+        "--out", help="write the audio here (format from the suffix); with --stream: .wav or -"
+    )
+    say.add_argument(
+        "--stream", action="store_true", help="write WAV as the chunks arrive (needs --out)"
+    )
     say.add_argument(
         "--format", choices=AUDIO_FORMATS, help="wav, flac, ogg, mp3 or opus (default wav)"
     )
@@ -189,8 +195,16 @@ def _wait_with_progress(
 def say_request(args: argparse.Namespace) -> dict[str, Any]:
     """The request `cosyq say` submits; the format follows --out's suffix when it has one."""
     fmt = args.format
-    if args.out is not None and args.out.suffix:
-        suffix = args.out.suffix.lstrip(".").lower()
+    out = None if args.out in (None, "-") else Path(args.out)
+    if getattr(args, "stream", False):
+        if args.out is None:
+            raise InvalidRequestError("--stream: give --out FILE.wav or --out - (stdout)")
+        if out is not None and out.suffix.lower() not in ("", ".wav"):
+            raise InvalidRequestError("--out: --stream writes WAV (.wav or -)")
+    elif args.out == "-":
+        raise InvalidRequestError("--out -: stdout takes only a stream (add --stream)")
+    if out is not None and out.suffix:
+        suffix = out.suffix.lstrip(".").lower()
         if suffix not in AUDIO_FORMATS:
             raise InvalidRequestError(f"--out: .{suffix} is not one of {', '.join(AUDIO_FORMATS)}")
         if fmt is not None and fmt != suffix:
@@ -207,6 +221,8 @@ def say_request(args: argparse.Namespace) -> dict[str, Any]:
     for field in ("voice", "instruction", "seed"):
         if getattr(args, field) is not None:
             request[field] = getattr(args, field)
+    if getattr(args, "stream", False):
+        request["stream"] = True
     return request
 
 
@@ -215,6 +231,8 @@ def run_say(args: argparse.Namespace, context: CliContext) -> int:
     timeout = args.timeout if args.timeout is not None else context.settings.wait_timeout_s
     with context.make_client(context.settings) as client:
         job_id = client.submit(request)
+        if request.get("stream"):
+            return stream_to(context, client, job_id, args.out, args.timeout)
         with context.err.status(f"synthesizing (job {job_id})"):
             result = client.result(job_id, timeout=timeout)
     line = f"{result.duration_s:.2f} s of audio at {result.sample_rate} Hz, RTF {result.rtf:.3f}"
@@ -222,7 +240,8 @@ def run_say(args: argparse.Namespace, context: CliContext) -> int:
         context.out.print(f"{result.uri}  ({line}, job {job_id})", markup=False)
         return 0
     data = open_storage(context.settings).get(result.uri)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(data)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
     context.out.print(f"wrote {args.out}: {line} (job {job_id})", markup=False)
     return 0

@@ -91,7 +91,8 @@ def run_add(args: argparse.Namespace, context: CliContext) -> int:
             return 0
         with context.err.status(f"computing voice {args.name} (job {job_id})"):
             summary = client.wait_for_voice(job_id, timeout=args.timeout)
-    context.out.print(_table([summary], f"added voice {summary.name} (job {job_id})"))
+    verb = "replaced" if summary.replaced else "added"  # another add of this name came first
+    context.out.print(_table([summary], f"{verb} voice {summary.name} (job {job_id})"))
     return 0
 
 

@@ -111,9 +111,13 @@ def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:
             code="queue_full",
             headers={"Retry-After": str(retry_after_s)},
         )
-    if isinstance(error, TransientError | redis.RedisError):
+    if isinstance(error, redis.RedisError):
         return ApiError(
-            503, f"the queue is unreachable: {error}", type_=SERVER_ERROR, code="unavailable"
+            503, f"Redis is unreachable: {error}", type_=SERVER_ERROR, code="unavailable"
+        )
+    if isinstance(error, TransientError):  # Redis or the storage, named in the message
+        return ApiError(
+            503, f"temporarily unavailable: {error}", type_=SERVER_ERROR, code="unavailable"
         )
     if isinstance(error, CosyqError):  # our messages name no secret and carry no text
         return ApiError(500, str(error), type_=SERVER_ERROR, code="internal")

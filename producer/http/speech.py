@@ -25,7 +25,7 @@ from producer.http.streaming import relay_response
 from shared import keys
 from shared.audio import CONTENT_TYPES
 from shared.errors import InvalidRequestError
-from shared.jobs import NATIVE_SAMPLE_RATE, SynthesisRequest, validate_request
+from shared.jobs import NATIVE_SAMPLE_RATE, validate_request
 
 router = APIRouter()
 
@@ -99,15 +99,7 @@ def job_payload(speech: SpeechRequest) -> dict[str, Any]:
     if speech.instructions is not None:
         payload.update(mode="instruct2", instruction=speech.instructions)
     if speech.stream_format is not None:
-        if "stream" not in SynthesisRequest.model_fields:
-            raise ApiError(
-                400,
-                "stream_format: these workers have no streaming synthesis yet "
-                "(omit stream_format to get the whole file)",
-                param="stream_format",
-                code="unsupported_value",
-            )
-        payload["stream"] = True
+        payload["stream"] = True  # the worker appends chunks to cosyq:audio:<job id>
     return payload
 
 

@@ -1,10 +1,11 @@
-"""Relaying a job's audio stream (issue 11's Redis Stream `cosyq:audio:<job id>`) over HTTP.
+"""Relaying a job's audio stream (the Redis Stream `cosyq:audio:<job id>`) over HTTP.
 
-A streaming worker appends entries `seq`, `sample_rate`, `pcm` (mono int16 little-endian) and
-`final` (0/1; the last one also holds the result's `uri`); a failed job appends an entry with
-its error kind and message. The relay reads it with blocking XREAD from the first entry, so it
-works whether it starts before, during or after the job runs, and re-reads the job's state at
-least every second, so a job whose worker died (no entry will come) ends the relay too.
+A streaming worker appends entries `seq`, `attempt`, `sample_rate`, `pcm` (mono int16
+little-endian) and `final` (0/1); an attempt's final entry holds the stored file's `uri`, or, for
+a failed attempt, `error_kind` and `error_message` (shared/audio_stream.py). The relay reads it
+with blocking XREAD from the first entry, so it works whether it starts before, during or after
+the job runs, and re-reads the job's state at least every second, so a job whose worker died
+(no entry will come) ends the relay too.
 
 Two shapes: raw audio with chunked transfer (PCM, or a WAV header with open-ended sizes and
 then PCM), or OpenAI's server-sent events (`speech.audio.delta` with base64 audio, then
@@ -30,15 +31,11 @@ from producer.http.context import WAKE_EVERY_S, FrontContext
 from producer.http.errors import SERVER_ERROR, ApiError
 from producer.http.outcomes import failure_error, job_location
 from producer.tracking import TERMINAL_STATES
-from shared.keys import PREFIX
+from shared import audio_stream
+from shared.keys import audio_stream_key
 from shared.results import JobFailure
 
-AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # issue 11: the stream key is cosyq:audio:<job id>
 STREAM_READ_COUNT = 64
-
-
-def audio_stream_key(job_id: str) -> str:
-    return AUDIO_STREAM_PREFIX + job_id
 
 
 @dataclass(frozen=True)
@@ -47,40 +44,52 @@ class StreamEntry:
     sample_rate: int
     pcm: bytes
     final: bool
+    attempt: int = 1
 
 
 class StreamFailed(Exception):
-    def __init__(self, failure: JobFailure) -> None:
+    def __init__(self, failure: JobFailure, attempt: int = 1) -> None:
         super().__init__(failure.message)
         self.failure = failure
+        self.attempt = attempt
 
 
 class StreamTimeout(Exception):
     pass
 
 
-def parse_entry(fields: dict[bytes, bytes]) -> StreamEntry:
-    """One stream entry; StreamFailed for the error entry a failed job appends."""
-    text = {k.decode(): v for k, v in fields.items()}
-    if "error" in text or ("message" in text and "pcm" not in text):
-        kind = (text.get("kind") or text.get("error_kind") or b"internal").decode()
-        message = (text.get("message") or text.get("error") or b"failed").decode()
-        raise StreamFailed(JobFailure(kind=kind, message=message))
+def parse_entry(entry_id: Any, fields: dict[bytes, bytes]) -> StreamEntry:
+    """One stream entry (shared.audio_stream's format); StreamFailed for the final entry of a
+    failed attempt or a malformed entry."""
+    ident = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    try:
+        parsed = audio_stream.parse_entry(ident, fields)
+    except ValueError as e:
+        raise StreamFailed(JobFailure(kind="internal", message=str(e))) from e
+    if isinstance(parsed, audio_stream.StreamError):
+        raise StreamFailed(JobFailure(kind=parsed.kind, message=parsed.message), parsed.attempt)
     return StreamEntry(
-        seq=int(text.get("seq", b"0")),
-        sample_rate=int(text.get("sample_rate", b"0")),
-        pcm=text.get("pcm", b""),
-        final=text.get("final", b"0") in (b"1", b"true"),
+        seq=parsed.seq,
+        sample_rate=parsed.sample_rate,
+        pcm=parsed.pcm,
+        final=parsed.final,
+        attempt=parsed.attempt,
     )
 
 
 async def entries(context: FrontContext, job_id: str, timeout: float) -> AsyncIterator[StreamEntry]:
-    """Every entry from the first to the final one; StreamTimeout when `timeout` seconds pass
-    with no new entry, StreamFailed for a failure (an error entry, or a job that ended without
-    its final entry)."""
+    """Every entry of one attempt, from the first to the final one.
+
+    A failed attempt before any audio was yielded is skipped while the job will be retried (its
+    state is not terminal), and reported once it is; after audio was yielded it ends the relay
+    (StreamFailed), as does a new attempt (its audio would repeat what was sent). StreamTimeout
+    when `timeout` seconds pass with no new entry.
+    """
     key = audio_stream_key(job_id)
     last_id: Any = b"0-0"
     quiet_since = time.monotonic()
+    relayed_attempt: int | None = None
+    pending: StreamFailed | None = None  # a failed attempt that may be retried
     while True:
         left = timeout - (time.monotonic() - quiet_since)
         if left <= 0:
@@ -90,24 +99,48 @@ async def entries(context: FrontContext, job_id: str, timeout: float) -> AsyncIt
             {key: last_id}, block=block_ms, count=STREAM_READ_COUNT
         )
         if not replies:
-            await _check_still_running(context, job_id)
+            await _check_still_running(context, job_id, pending)
             continue
         for _, items in replies:
             for entry_id, fields in items:
                 last_id = entry_id
-                entry = parse_entry(fields)
+                try:
+                    entry = parse_entry(entry_id, fields)
+                except StreamFailed as failed:
+                    if relayed_attempt is not None or await _job_ended(context, job_id):
+                        raise
+                    pending = failed
+                    continue
+                if relayed_attempt is not None and entry.attempt != relayed_attempt:
+                    message = f"attempt {relayed_attempt} was cut short; the job restarted"
+                    raise StreamFailed(JobFailure(kind="transient", message=message))
+                relayed_attempt, pending = entry.attempt, None
                 yield entry
                 if entry.final:
                     return
         quiet_since = time.monotonic()
 
 
-async def _check_still_running(context: FrontContext, job_id: str) -> None:
+async def _state(context: FrontContext, job_id: str) -> str | None:
     raw: Any = await context.aredis.hget(Job.key_for(job_id), "status")
     if raw is None:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+async def _job_ended(context: FrontContext, job_id: str) -> bool:
+    return (await _state(context, job_id)) in TERMINAL_STATES
+
+
+async def _check_still_running(
+    context: FrontContext, job_id: str, pending: StreamFailed | None
+) -> None:
+    state = await _state(context, job_id)
+    if state is None:
         raise StreamFailed(JobFailure(kind="not_found", message="the job expired"))
-    state = raw.decode() if isinstance(raw, bytes) else str(raw)
     if state in TERMINAL_STATES:
+        if pending is not None:  # its failed attempt was the last one
+            raise pending
         # Ended, yet no final entry after a full wake-up: the stream expired or was never made.
         if not await context.aredis.exists(audio_stream_key(job_id)):
             message = f"job is {state} and its audio stream is gone (expired)"

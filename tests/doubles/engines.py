@@ -229,3 +229,19 @@ class BatchingScriptedEngine(ScriptedEngine):
 
 def batching(settings: Any) -> BatchingScriptedEngine:
     return BatchingScriptedEngine(name="test-batching")
+
+
+def tiny_forced(settings: Any) -> Any:
+    """The real torch engine from the worker's settings, every piece forced to
+    TESTENGINE_FORCED_TOKENS speech tokens (default 40): the random tiny LLM would otherwise
+    run to its cap of 20 tokens per text token, minutes on a busy test machine."""
+    import dataclasses  # noqa: PLC0415
+
+    from workers.engine.pipeline import build_engine  # noqa: PLC0415 (torch only when used)
+    from workers.service.default_engine import engine_options  # noqa: PLC0415
+
+    forced = int(os.environ.get("TESTENGINE_FORCED_TOKENS", "40"))
+    options = dataclasses.replace(engine_options(settings), forced_speech_tokens=forced)
+    return build_engine(
+        settings.model_dir, device="cpu", options=options, hash_cache_dir=settings.hash_cache_dir
+    )

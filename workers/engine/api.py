@@ -8,8 +8,9 @@ on purpose) while the product always runs the real engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -61,6 +62,10 @@ class SynthesisOutput:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # frontend, llm, flow, hift, join
     speech_tokens: int = 0
     batch_size: int = 1  # the most requests that shared an LLM step with this one
+    chunk_samples: list[int] = field(default_factory=list)  # streamed: each chunk's length
+
+
+ChunkSink = Callable[[np.ndarray], None]  # one streamed chunk, 24 kHz float32 (N,)
 
 
 class SynthesisEngine(Protocol):
@@ -77,3 +82,13 @@ class SynthesisEngine(Protocol):
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
         """Prompt audio (any rate >= 16 kHz, mono float32) to reusable voice features."""
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """An engine that hands out audio while it synthesizes (CosyVoice 2's streaming mode)."""
+
+    def synthesize_streaming(self, request: SynthesisInput, on_chunk: ChunkSink) -> SynthesisOutput:
+        """Text to samples, calling `on_chunk` with each chunk as it is ready; the output's
+        samples are the chunks concatenated."""
+        ...

@@ -47,7 +47,7 @@ def change_speed(mel: np.ndarray, speed: float) -> np.ndarray:
     return stretched[0].numpy()
 
 
-def _ramp(length: int) -> np.ndarray:
+def fade_ramp(length: int) -> np.ndarray:
     """Raised-cosine fade-in of `length` samples, from 0 up to (not including) 1."""
     return (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / max(length, 1))).astype(np.float32)
 
@@ -72,7 +72,7 @@ def join_pieces(
         piece = np.array(samples, dtype=np.float32)  # a copy: faded in place
         n = min(fade, piece.shape[0] // 2)
         if n and len(pieces) > 1:
-            ramp = _ramp(n)
+            ramp = fade_ramp(n)
             if index > 0:
                 piece[:n] *= ramp
             if index < len(pieces) - 1:

@@ -15,15 +15,23 @@ source in a fixed order, so the same request and seed give the same samples.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
 from shared.text_markup import speech_limit_message, speech_seconds
-from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
+from workers.engine.api import (
+    ChunkSink,
+    ModelIdentity,
+    SynthesisInput,
+    SynthesisOutput,
+    VoicePrompt,
+)
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces
 from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, SequentialSession
@@ -39,6 +47,8 @@ from workers.engine.stages import (
     TorchSpeechTokens,
     VocoderStage,
 )
+from workers.engine.stream_join import StreamJoiner
+from workers.engine.streaming import PieceStream, StreamSchedule
 from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
@@ -66,6 +76,7 @@ class EngineOptions:
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
     max_batch: int = 16  # the most requests one batch session may hold (KV cache rows)
     batch_max_positions: int = 2048  # KV positions per batch row; longer pieces run alone
+    stream: StreamSchedule = field(default_factory=StreamSchedule)  # streamed requests' hops
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_max_positions < 1:
@@ -115,6 +126,100 @@ class SynthesisPipeline:
         forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
         audio = [self._piece(piece, plan, forced) for piece in plan.pieces]
         return self.finish(audio, plan), plan.state
+
+    def synthesize_streaming(self, request: SynthesisInput, on_chunk: ChunkSink) -> SynthesisOutput:
+        samples, state, chunks = self.run_streaming(request, on_chunk)
+        return SynthesisOutput(
+            samples=samples,
+            sample_rate=self.sample_rate,
+            stage_seconds=dict(state.clock.seconds),
+            speech_tokens=state.speech_tokens,
+            chunk_samples=chunks,
+        )
+
+    def run_streaming(
+        self,
+        request: SynthesisInput,
+        on_chunk: ChunkSink,
+        *,
+        forced_length: int | None = None,
+        state: RequestState | None = None,
+    ) -> tuple[np.ndarray, RequestState, list[int]]:
+        """The streaming path, beside the batched one (it shares the LLM loop and the flow):
+        each piece's chunks go to `on_chunk`, joined as `finish` joins whole pieces, as soon
+        as they exist. Returns the samples (the chunks concatenated), the request's state
+        (`state` when given: a bench reads its clock per chunk) and each chunk's length."""
+        if request.speed != 1.0:
+            raise InvalidRequestError(f"speed: streaming needs speed 1.0 (got {request.speed:g})")
+        plan = self.begin(request)
+        if state is not None:
+            state.clock.seconds["frontend"] += plan.state.clock.seconds["frontend"]
+            plan.state = state
+        forced = forced_length if forced_length is not None else self.options.forced_speech_tokens
+        chunks: list[int] = []
+
+        def emit(samples: np.ndarray) -> None:
+            chunks.append(int(samples.size))
+            on_chunk(samples)
+
+        pieces = plan.pieces
+        joiner = StreamJoiner(
+            len(pieces),
+            self.sample_rate,
+            self.options.join,
+            emit,
+            gaps=[piece.pause_before_s for piece in pieces[1:]],
+            lead_s=pieces[0].pause_before_s or 0.0,
+            tail_s=pieces[-1].pause_after_s,
+        )
+        for piece in pieces:
+            joiner.start_piece()
+            for audio in self._stream_piece(piece, plan, forced):
+                joiner.feed(audio)
+            joiner.end_piece()
+        with plan.state.clock.timed("join"):
+            samples = joiner.finish()
+        return samples, plan.state, chunks
+
+    def _stream_piece(
+        self, piece: TextPiece, plan: RequestPlan, forced_length: int | None
+    ) -> Iterator[np.ndarray]:
+        """One piece's chunks; a stage that cannot stream (Core ML) gives the whole piece."""
+        flow, vocoder, state = self.flow, self.vocoder, plan.state
+        if not (getattr(flow, "can_stream", False) and getattr(vocoder, "can_stream", False)):
+            yield self._piece(piece, plan, forced_length)
+            return
+        stream = PieceStream(
+            flow,  # type: ignore[arg-type]  # can_stream: a ModuleFlow on our torch flow
+            vocoder,  # type: ignore[arg-type]
+            plan.request.prompt,
+            state.generator,
+            schedule=self.options.stream,
+            timed=state.clock.timed,
+        )
+        kwargs: dict[str, Any] = {
+            "prompt_text": plan.prompt.text_ids,
+            "prompt_speech": plan.prompt.speech_tokens,
+            "generator": state.generator,
+            "forced_length": forced_length,
+        }
+        token_stream = getattr(self.llm, "stream", None)
+        if token_stream is None:  # an LLM runtime without a token stream: all tokens at once
+            with state.clock.timed("llm"):
+                tokens: Iterator[int] = iter(self.llm.generate(list(piece.ids), **kwargs).ids)
+        else:
+            tokens = token_stream(list(piece.ids), **kwargs)
+        state.pieces += 1
+        while True:
+            with state.clock.timed("llm"):
+                token = next(tokens, None)
+            if token is None:
+                break
+            state.speech_tokens += 1
+            chunk = stream.push(int(token))
+            if chunk is not None:
+                yield chunk
+        yield stream.finish()
 
     def begin(self, request: SynthesisInput) -> RequestPlan:
         """The front end of one request: checks, pieces, the mode's LLM prompt, its state."""

@@ -12,7 +12,7 @@ all per-request state (generator, KV cache, noise) is created per call.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ import torch
 from workers.engine.api import VoicePrompt
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_batch import FlowRow, batched_inference
+from workers.model.hift import HiFTGenerator
 from workers.model.hift_config import HiFTConfig
 from workers.model.hift_source import SourceNoise
 from workers.model.llm import SpeechLM, iter_speech_tokens
@@ -79,11 +80,10 @@ class TorchSpeechTokens:
         forced_length: int | None = None,
     ) -> SpeechTokens:
         start = time.perf_counter()
-        tokens = iter_speech_tokens(
-            self.model,
+        tokens = self.stream(
             text,
             prompt_text=prompt_text,
-            prompt_speech=torch.from_numpy(np.asarray(prompt_speech, dtype=np.int64)),
+            prompt_speech=prompt_speech,
             generator=generator,
             forced_length=forced_length,
         )
@@ -95,6 +95,25 @@ class TorchSpeechTokens:
             ids.append(token)
         total = time.perf_counter() - start
         return SpeechTokens(np.asarray(ids, dtype=np.int32), first_s or total)
+
+    def stream(
+        self,
+        text: list[int],
+        *,
+        prompt_text: list[int],
+        prompt_speech: np.ndarray,
+        generator: torch.Generator,
+        forced_length: int | None = None,
+    ) -> Iterator[int]:
+        """The same decode loop, one speech token at a time as it is sampled (streaming)."""
+        return iter_speech_tokens(
+            self.model,
+            text,
+            prompt_text=prompt_text,
+            prompt_speech=torch.from_numpy(np.asarray(prompt_speech, dtype=np.int64)),
+            generator=generator,
+            forced_length=forced_length,
+        )
 
 
 def module_device(module: Any) -> torch.device:
@@ -122,6 +141,38 @@ class ModuleFlow:
             torch.from_numpy(prompt.embedding)[None].to(device),
         )
         return mel[0].float().cpu().numpy()
+
+    @property
+    def can_stream(self) -> bool:
+        """Only our torch flow takes `streaming` / `finalize` (Core ML graphs are fixed)."""
+        return isinstance(self.model, CausalMaskedDiffWithXvec)
+
+    @property
+    def lookahead(self) -> int:
+        return int(self.model.config.encoder.pre_lookahead_len)
+
+    @property
+    def chunk_tokens(self) -> int:
+        return int(self.model.config.encoder.static_chunk_size)
+
+    @torch.inference_mode()
+    def mel_chunk(
+        self, tokens: np.ndarray, prompt: VoicePrompt, *, offset: int, finalize: bool
+    ) -> np.ndarray:
+        """One streamed chunk: chunk masks on, the mel after token `offset` (upstream re-runs
+        the flow over every token so far, as here: chunk masks make the earlier frames' values
+        independent of what follows, so only the new frames are kept)."""
+        device = self.device
+        mel, _ = self.model.inference(
+            torch.from_numpy(np.asarray(tokens, dtype=np.int32))[None].to(device),
+            torch.from_numpy(prompt.speech_tokens.astype(np.int32))[None].to(device),
+            torch.from_numpy(prompt.mel)[None].to(device),
+            torch.from_numpy(prompt.embedding)[None].to(device),
+            streaming=True,
+            finalize=finalize,
+        )
+        ratio = self.model.config.token_mel_ratio
+        return mel[0, :, ratio * offset :].float().cpu().numpy()
 
     @property
     def batches(self) -> bool:
@@ -174,3 +225,30 @@ class ModuleVocoder:
             noise=noise,
         )
         return out.wav[0].float().cpu().numpy()
+
+    @property
+    def can_stream(self) -> bool:
+        return isinstance(self.model, HiFTGenerator)
+
+    @property
+    def samples_per_frame(self) -> int:
+        return int(self.config.samples_per_frame)
+
+    @torch.inference_mode()
+    def waveform_chunk(
+        self, mel: np.ndarray, generator: torch.Generator, source_prefix: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One streamed chunk: (wav, source); the source starts with `source_prefix` (the
+        previous chunk's excitation of the frames both share)."""
+        samples = mel.shape[-1] * self.config.samples_per_frame
+        noise = source_noise(self.config.nb_harmonics + 1, samples, generator, self.device)
+        prefix = None
+        if source_prefix is not None:
+            prefix = torch.from_numpy(np.ascontiguousarray(source_prefix))[None, None]
+        out = self.model.inference(
+            torch.from_numpy(np.ascontiguousarray(mel, dtype=np.float32))[None].to(self.device),
+            noise=noise,
+            source_prefix=None if prefix is None else prefix.to(self.device),
+        )
+        wav = out.wav[0].float().cpu().numpy()
+        return wav, out.source[0, 0].float().cpu().numpy()

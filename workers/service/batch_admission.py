@@ -50,8 +50,13 @@ return out
 
 
 def batchable(job: Job) -> bool:
-    """Only synthesize jobs share the model; anything else (add_voice) runs alone."""
-    return job.func_name == keys.SYNTHESIZE_FUNCTION
+    """Only synthesize jobs share the model; anything else (add_voice) runs alone, and so does
+    a streamed synthesis (`stream: true`): its chunks go out as they are made, on its own path
+    beside the batch, after the window it was popped in."""
+    if job.func_name != keys.SYNTHESIZE_FUNCTION:
+        return False
+    request = job.kwargs.get("request") if isinstance(job.kwargs, dict) else None
+    return not (isinstance(request, dict) and request.get("stream") is True)
 
 
 def synthesis_payload(job: Job) -> Any:

@@ -135,6 +135,7 @@ class BatchRunner:
         self.clock = BusyClock()
         self.abandoned = False  # a job timed out on the model thread: it may be stuck
         self._closing = False
+        self._queues_empty = False  # the last look at the queues found nothing to add
         self._checked_at = 0.0
 
     # -- the window ----------------------------------------------------------------------------
@@ -180,11 +181,14 @@ class BatchRunner:
 
     def _top_up(self) -> None:
         room = self._room()
+        self._queues_empty = room == 0 or not self._open()
         if room > 0:
             try:
-                self.dequeue.pop(room, self.popped, self._refuse_unreadable)
+                got = self.dequeue.pop(room, self.popped, self._refuse_unreadable)
             except REDIS_OUTAGE as e:
                 log.warning("batch_dequeue_failed", error=str(e))
+                got = 0
+            self._queues_empty = got == 0
 
     def _admit_popped(self, runtime: WorkerRuntime) -> int:
         """Start what was popped; give it back if the worker is stopping or retiring."""
@@ -288,14 +292,17 @@ class BatchRunner:
             self._record_failure(entry, event.value)
 
     def _flush_waiting(self) -> None:
-        """Submit prepared jobs: at once if the model is busy (they join at the next step),
-        else once the first has waited batch_wait_ms for company or no company can come."""
+        """Submit prepared jobs: at once if the model is busy (they join at the next step) or
+        no company is in sight (nothing left to pop, none of the admitted jobs still being
+        prepared), else once the first has waited batch_wait_ms for the others."""
         if not self.waiting or self.session is None:
             return
         busy = self.session.in_flight() > 0
+        preparing = sum(1 for e in self.jobs.values() if e.prepared is None and not e.done)
+        alone = preparing == 0 and self._queues_empty
+        full = len(self.waiting) >= self.batch_size
         first = min(entry.admitted_at for entry in self.waiting)
-        full = len(self.waiting) >= self.batch_size or self._room() == 0
-        if not (busy or full or time.monotonic() >= first + self.wait_s):
+        if not (busy or alone or full or time.monotonic() >= first + self.wait_s):
             return
         for entry in self.waiting:
             assert entry.prepared is not None

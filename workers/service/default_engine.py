@@ -12,6 +12,7 @@ from shared.settings import Settings
 from workers.engine.api import SynthesisEngine
 from workers.engine.assembly import JoinConfig
 from workers.engine.pipeline import EngineOptions, build_engine
+from workers.engine.streaming import StreamSchedule
 from workers.engine.text_split import SplitConfig
 from workers.service.backend import select_backend
 
@@ -26,6 +27,10 @@ def engine_options(settings: Settings) -> EngineOptions:
         max_speech_seconds=settings.max_speech_seconds,
         max_batch=settings.batch_size,
         batch_max_positions=settings.batch_max_positions,
+        stream=StreamSchedule(
+            first_hop=settings.stream_first_hop_tokens,
+            max_hop=max(settings.stream_max_hop_tokens, settings.stream_first_hop_tokens),
+        ),
     )
 
 

@@ -4,7 +4,9 @@ The main thread may sit in a long synthesis (or a blocking dequeue) for minutes,
 that must keep happening meanwhile lives here: refresh the running job's heartbeat key, publish
 the worker's stats hash for `cosyq status`, reap jobs of dead workers, promote due retries, and
 any extra checks the worker adds (lifetime, parent pool gone). Each duty survives Redis errors;
-after an outage the reaper waits one heartbeat TTL so live workers can refresh their keys first.
+an outage is logged once when a duty first fails and once when Redis answers again (an idle
+worker's heartbeat duty asks Redis nothing, so it never counts as a recovery); after it the
+reaper waits one heartbeat TTL so live workers can refresh their keys first.
 """
 
 from __future__ import annotations
@@ -211,14 +213,17 @@ class Housekeeper:
         while not self._stop.wait(self.interval_s):
             self.tick()
 
-    def _refresh_heartbeat(self) -> None:
+    def _refresh_heartbeat(self) -> bool:
+        """Refresh the running job's heartbeat; False when idle (Redis was not asked)."""
         with self._lock:
             job_ids = list(self._job_ids)
-        if job_ids:
-            with self.connection.pipeline(transaction=False) as pipe:
-                for job_id in job_ids:
-                    pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
-                pipe.execute()
+        if not job_ids:
+            return False
+        with self.connection.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
+            pipe.execute()
+        return True
 
     def _reaper_armed(self) -> bool:
         """False for one TTL after a Redis outage, so live workers re-claim their jobs first."""
@@ -231,7 +236,7 @@ class Housekeeper:
 
     def _guarded(self, duty: str, action: Callable[[], object], *, uses_redis: bool = True) -> bool:
         try:
-            action()
+            asked = action()
         except redis.RedisError as e:
             if not self._failing:
                 log.warning("housekeeping_redis_error", duty=duty, error=str(e), pid=os.getpid())
@@ -240,8 +245,8 @@ class Housekeeper:
         except Exception:
             log.exception("housekeeping_error", duty=duty)
             return False
-        if self._failing and uses_redis:
+        if self._failing and uses_redis and asked is not False:  # Redis answered: it is back
             self._failing = False
             self._recovered_at = time.monotonic()
-            log.info("housekeeping_redis_recovered", duty=duty)
+            log.info("housekeeping_redis_recovered", duty=duty, pid=os.getpid())
         return True

@@ -15,11 +15,12 @@ safely: whoever removes the registry entry (ZREM returns 1) owns the job.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from redis import Redis
+from redis import Redis, RedisError
 from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
 from rq.job import Job, JobStatus
@@ -57,9 +58,31 @@ class Reaper:
             Queue(name, connection=connection, job_class=CosyqJob, serializer=JSONSerializer)
             for name in queue_names
         ]
+        self._outage_seen = False
+        self._quiet_until: float | None = None
 
     def reap(self, dead_worker: str | None = None) -> list[ReapedJob]:
-        """Release every started job whose heartbeat expired (or names `dead_worker`)."""
+        """Release every started job whose heartbeat expired (or names `dead_worker`).
+
+        After this reaper saw Redis fail, heartbeats are not trusted for one TTL once Redis
+        answers again: keys expired during the outage, and live workers (one still writing a
+        finished job's outcome, say) need that long to claim theirs again."""
+        try:
+            if dead_worker is None and self._quiet_after_outage():
+                return []
+            return self._release(dead_worker)
+        except RedisError:
+            self._outage_seen, self._quiet_until = True, None
+            raise
+
+    def _quiet_after_outage(self) -> bool:
+        if self._outage_seen:
+            self.connection.ping()
+            self._outage_seen = False
+            self._quiet_until = time.monotonic() + self.heartbeat_ttl_s
+        return self._quiet_until is not None and time.monotonic() < self._quiet_until
+
+    def _release(self, dead_worker: str | None) -> list[ReapedJob]:
         reaped = []
         for queue in self.queues:
             registry_key = StartedJobRegistry(queue=queue).key

@@ -21,7 +21,7 @@ from typing import Any
 from shared.errors import SettingsError
 from shared.settings import ENV_PREFIX, Settings
 
-DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"  # workers/tools/ -> the repo
 LAUNCHD_TEMPLATE = DEPLOY_DIR / "launchd" / "cosyq-worker.plist"
 SUPERVISORD_TEMPLATE = DEPLOY_DIR / "supervisord" / "cosyq-worker.conf"
 DEFAULT_LABEL = "com.cosyq.worker"

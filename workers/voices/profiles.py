@@ -9,11 +9,12 @@ features would not match this model) with a message that says how to fix it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
-from shared.errors import VoiceMismatchError
+from shared.errors import InvalidRequestError, VoiceMismatchError
 from shared.storage import Storage
 from shared.voices import (
     VoiceProfile,
@@ -22,6 +23,7 @@ from shared.voices import (
     check_transcript,
     check_voice_name,
     decode_prompt_audio,
+    upload_key,
     utc_now,
 )
 from workers.engine.api import ModelIdentity, SynthesisEngine, VoicePrompt
@@ -85,9 +87,15 @@ def add_voice(
 ) -> dict[str, Any]:
     """The add-voice job: check, read, extract, store; returns the profile's summary as JSON."""
     check_voice_name(name)
-    transcript = check_transcript(transcript, max_transcript_chars)
-    samples, rate = decode_prompt_audio(storage.get(prompt_audio), where=prompt_audio)
-    prompt = engine.extract_voice(samples, rate, transcript)
+    own_upload = upload_key(storage.uri_for, name, prompt_audio)
+    try:
+        transcript = check_transcript(transcript, max_transcript_chars)
+        samples, rate = decode_prompt_audio(storage.get(prompt_audio), where=prompt_audio)
+        prompt = engine.extract_voice(samples, rate, transcript)
+    except InvalidRequestError:
+        if own_upload is not None:  # refused for good: the recording is of no further use
+            storage.delete(own_upload)
+        raise
     profile = profile_from_prompt(
         name,
         prompt,
@@ -96,8 +104,12 @@ def add_voice(
         source_seconds=samples.shape[0] / rate,
         source_uri=prompt_audio,
     )
-    registry.save(profile)
-    return profile.summary.to_dict()
+    previous = registry.save(profile)
+    if previous is not None and previous.source_uri != prompt_audio:
+        replaced_upload = upload_key(storage.uri_for, name, previous.source_uri)
+        if replaced_upload is not None:  # keep exactly the current recording
+            storage.delete(replaced_upload)
+    return dataclasses.replace(profile.summary, replaced=previous is not None).to_dict()
 
 
 class RegisteredVoices:

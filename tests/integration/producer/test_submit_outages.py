@@ -118,9 +118,13 @@ def test_out_of_memory_names_the_chunk_and_prints_every_id_that_went_in(
 
 
 def test_wait_rides_out_a_restart_and_writes_results_as_they_come(
-    persistent_redis: LocalRedis, tmp_path: Path
+    persistent_redis: LocalRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = persistent_redis.url
+    for name, value in env_for(url, tmp_path).items():  # for the jobs run in this process
+        if name.startswith("COSYQ_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
     lines = [{"text": f"High {i}.", "priority": "high"} for i in range(3)]
     lines += [{"text": f"Low {i}.", "priority": "low"} for i in range(3)]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -48,7 +48,8 @@ def test_workers_reconnect_and_every_job_completes(
         stop = named(events, "pool_stopping")[0]["timestamp"]
         # The workers rode out the outage: none exited before the stop, none crashed.
         assert [e for e in named(events, "slot_exited") if e["timestamp"] < stop] == []
-        assert named(events, "dequeue_failed")  # they did notice Redis was gone
+        # they did notice Redis was gone (idle: at the dequeue; busy: writing an outcome)
+        assert named(events, "dequeue_failed") or named(events, "job_outcome_unrecorded")
         assert "Traceback" not in (tmp_path / "pool.log").read_text()
     finally:
         cluster.stop_all()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,3 +196,67 @@ def test_registry_rejects_corrupt_profiles(redis_url: str) -> None:
     registry.remove("gone")  # listed without a profile: removing it cleans the list
     assert registry.names() == []
     connection.close()
+
+
+def uploads(settings: Settings, name: str) -> list[str]:
+    folder = Path(settings.storage_url.removeprefix("file://")) / "voices" / name
+    return sorted(p.as_uri() for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_a_second_add_says_replaced_and_only_the_current_recording_is_kept(
+    client: CosyqClient,
+    settings: Settings,
+    prompt_bytes: bytes,
+    tiny_model_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = client.add_voice("alice", prompt_bytes, "One.", filename="a.wav")
+    second = client.add_voice("alice", prompt_bytes, "Two.", filename="b.wav")  # both queued
+    assert len(uploads(settings, "alice")) == 2
+    run_cosyq_burst(settings)
+    one, two = client.wait_for_voice(first, timeout=5), client.wait_for_voice(second, timeout=5)
+    assert (one.replaced, two.replaced) == (False, True)
+    current = VoiceRegistry(client.connection).load("alice").summary
+    assert current.transcript == "Two." and not current.replaced
+    assert uploads(settings, "alice") == [current.source_uri]  # the replaced one is gone
+
+    assert main(["voices", "add", "alice", str(tiny_model_dir / "prompt.wav"), "--no-wait"]) == 0
+    capsys.readouterr()
+    run_cosyq_burst(settings)
+    third = VoiceRegistry(client.connection).load("alice").summary
+    assert uploads(settings, "alice") == [third.source_uri] != [current.source_uri]
+    client.remove_voice("alice")
+    assert uploads(settings, "alice") == []  # rm deletes the recording too
+
+
+def test_cli_says_replaced(
+    settings: Settings, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading  # noqa: PLC0415
+
+    prompt = str(tiny_model_dir / "prompt.wav")
+    connection = redis.Redis.from_url(settings.redis_url)
+    queue = Queue(keys.QUEUE_HIGH, connection=connection, serializer=JSONSerializer)
+    argv = ["voices", "add", "frank", prompt, "--timeout", "60"]
+    for expected in ("added voice frank", "replaced voice frank"):
+        codes: list[int] = []
+        cli = threading.Thread(target=lambda out=codes: out.append(main(argv)))
+        cli.start()
+        deadline = time.monotonic() + 30
+        while queue.count == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run_cosyq_burst(settings)  # the worker, in this (main) thread
+        cli.join(60)
+        assert codes == [0]
+        assert expected in capsys.readouterr().out
+
+
+def test_a_refused_recording_is_not_kept(client: CosyqClient, settings: Settings) -> None:
+    t = np.arange(24000) / 24000
+    job_id = client.add_voice("gina", wav_bytes(0.3 * np.sin(2 * np.pi * 200 * t), 24000))
+    [uri] = uploads(settings, "gina")
+    Path(uri.removeprefix("file://")).write_bytes(wav_bytes(np.zeros(24000), 24000))
+    run_cosyq_burst(settings)
+    with pytest.raises(JobFailedError, match="silent"):
+        client.wait_for_voice(job_id, timeout=5)
+    assert uploads(settings, "gina") == []

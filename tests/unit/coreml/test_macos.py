@@ -1,4 +1,5 @@
-"""Core ML prediction, the compiled-model cache and compute units: macOS only.
+"""Core ML prediction, the compiled-model cache, compute units and doctor's Core ML rows:
+macOS only.
 
 Linux has no Core ML runtime (coremltools: "Model prediction is only supported on macOS"), so
 every test here is skipped elsewhere with that reason shown (`pytest -ra`).
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.settings import Settings
 from tests.unit.coreml.micro import MICRO_FLOW, Converted
 from workers.coreml.convert.build import (
     convert_model_dir,
@@ -28,6 +30,12 @@ from workers.model.loader import load_model
 from workers.model.qwen2 import KVCache
 from workers.tools.bench.coreml_quality import bench_request, snr_db, synthesize
 from workers.tools.bench.flow_stage import random_flow
+from workers.tools.doctor.host_checks import macos_version
+from workers.tools.doctor.measure import RunOptions
+from workers.tools.doctor.model_checks import cache_row, packages_row
+from workers.tools.doctor.rows import Status
+from workers.tools.doctor.run_checks import run_rows
+from workers.tools.doctor.stack_checks import coreml_runtime_row, mps_row
 
 pytestmark = [
     pytest.mark.macos,
@@ -37,6 +45,7 @@ pytestmark = [
         "exist on Linux (conversion is tested by the other modules)",
     ),
 ]
+DOCTOR_MIN_SNR_DB = 10.0  # doctor's flow mel on the micro model: a loose floor, fp16 vs fp32
 FP16_MIN_SNR_DB = 20.0  # fp16 arithmetic on random weights; the Linux bench shows the spread
 
 
@@ -130,3 +139,67 @@ def test_the_stateful_llm_decodes_what_pytorch_decodes(
         got = stages.llm.step_logp(step, ours)
         assert torch.isfinite(got).all()
         assert float((got.exp() - expected.exp()).abs().max()) < 0.02  # fp16 probabilities
+
+
+def doctor_settings(converted: Converted, tmp_path: Path) -> Settings:
+    return Settings(
+        model_dir=converted.model_dir,
+        coreml_dir=converted.out_dir,
+        coreml_cache_dir=tmp_path / "doctor-cache",
+        hash_cache_dir=tmp_path / "doctor-hashes",
+        threads=1,
+    )
+
+
+def test_doctor_finds_the_native_runtime_and_mps() -> None:
+    runtime = coreml_runtime_row(system="darwin")
+    assert runtime.status is Status.OK, runtime.detail
+    assert mps_row(system="darwin").status in (Status.OK, Status.FAIL)  # a real verdict, no skip
+
+
+def test_doctor_reports_the_compile_cache_misses_then_hits(
+    converted: Converted, tmp_path: Path
+) -> None:
+    settings = doctor_settings(converted, tmp_path)
+    before = cache_row(settings, converted.out_dir, system="darwin")
+    assert before.figures is not None and before.figures["misses"] == len(
+        converted.manifest.packages
+    )
+    load(converted, settings.coreml_cache_dir)
+    after = cache_row(settings, converted.out_dir, system="darwin")
+    assert after.status is Status.OK and after.figures is not None
+    assert after.figures["misses"] == 0 and after.figures["size_bytes"] > 0
+    assert packages_row(settings, converted.model_dir, converted.out_dir).status is Status.OK
+
+
+def test_doctor_runs_every_compute_unit_against_torch_cpu(
+    converted: Converted, tmp_path: Path
+) -> None:
+    settings = doctor_settings(converted, tmp_path)
+    rows = run_rows(
+        settings,
+        converted.model_dir,
+        quick=False,
+        model_loaded=True,
+        options=RunOptions(runs=1, tokens=10),
+        system="darwin",
+    )
+    by_name = {row.name: row for row in rows}
+    assert by_name["Core ML cold compile and warm load"].status is Status.OK
+    for units in ("ALL", "CPU_AND_GPU", "CPU_AND_NE"):
+        row = by_name[f"Core ML {units}"]
+        assert row.status is Status.OK, row.detail
+        assert row.figures is not None
+        stages = {s["stage"]: s for s in row.figures["stages"]}
+        # fp16 packages against fp32 torch on identical inputs: close, never identical
+        assert stages["flow"]["snr_db"] is not None and stages["flow"]["snr_db"] > DOCTOR_MIN_SNR_DB
+        assert stages["flow"]["max_abs_error"] > 0
+        assert stages["HiFT"]["max_abs_error"] is not None
+    plan = by_name["Core ML compute plan (ops on ANE / GPU / CPU)"]
+    if macos_version() >= (14, 4):
+        assert plan.status is Status.OK, plan.detail
+        assert plan.figures is not None and all(
+            sum(c.values()) > 0 for c in plan.figures["ops"].values()
+        )
+    else:
+        assert plan.status is Status.SKIP

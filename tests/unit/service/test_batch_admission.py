@@ -155,5 +155,7 @@ def test_only_synthesize_jobs_batch_and_their_payload_binds(queues: list[Queue])
     _, default, _ = queues
     synth = default.enqueue("workers.tasks.synthesize", request={"text": "hi"})
     voice = default.enqueue("workers.tasks.add_voice", name="v", prompt_audio="file:///p.wav")
+    streamed = default.enqueue("workers.tasks.synthesize", request={"text": "hi", "stream": True})
     assert batchable(synth) and not batchable(voice)
+    assert not batchable(streamed)  # its chunks go out on its own path, beside the batch
     assert synthesis_payload(synth) == {"text": "hi"}

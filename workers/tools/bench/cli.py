@@ -22,6 +22,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.queue_cli",
     "workers.tools.bench.soak_cli",
     "workers.tools.bench.quantization_cli",
+    "workers.tools.bench.batch_cli",
+    "workers.tools.bench.stream_cli",
 )
 
 

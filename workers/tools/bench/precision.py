@@ -55,7 +55,8 @@ class PrecisionReport:
 
 
 @torch.inference_mode()
-def _first_logp(engine: SynthesisPipeline, text: list[int], prompt: VoicePrompt) -> np.ndarray:
+def first_step_logp(engine: SynthesisPipeline, text: list[int], prompt: VoicePrompt) -> np.ndarray:
+    """The LLM's centred log-probs after prefilling `text` on `prompt`'s speech tokens."""
     llm = engine.llm
     if not isinstance(llm, TorchSpeechTokens):
         raise TypeError("the precision check needs the torch LLM stage")
@@ -127,7 +128,9 @@ def compare_precision(
     wav_ref = wav(reference, mel_ref)
     return PrecisionReport(
         dtype=dtype,
-        llm_logp_db=snr_db(_first_logp(reference, ids, voice), _first_logp(low, ids, voice)),
+        llm_logp_db=snr_db(
+            first_step_logp(reference, ids, voice), first_step_logp(low, ids, voice)
+        ),
         flow_mel_db=snr_db(mel_ref, mel_low),
         hift_wav_db=snr_db(wav_ref, wav(low, mel_ref)),
         hift_decoder_db=_decoder_snr(ref_vocoder, low_vocoder, mel_ref),

@@ -18,11 +18,13 @@ from workers.tools.reference.flow import check_flow, check_flow_full_keys
 from workers.tools.reference.hift import check_hift, check_hift_full_keys
 from workers.tools.reference.llm import check_llm, check_llm_full_keys
 from workers.tools.reference.parity import REFERENCE_ARRAY_FILES, ArrayCheck, ReferenceSet
+from workers.tools.reference.streaming import check_streaming
 
 REQUIRED_FILES = ("config.json", "llm.pt", "flow.pt", "hift.pt", *REFERENCE_ARRAY_FILES)
 STAGE_CHECKS: dict[str, Callable[[ReferenceSet, torch.device], list[ArrayCheck]]] = {
     "llm": check_llm,
     "flow": check_flow,
+    "stream": check_streaming,  # the engine's chunked streaming flow
     "hift": check_hift,
     "features": lambda ref, _device: check_features(ref),
 }

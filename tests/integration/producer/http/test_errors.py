@@ -67,9 +67,10 @@ def test_400_for_any_prompt_uri_over_http(http: httpx.Client) -> None:
     assert error["message"].startswith("requests[1]: prompt_audio:")
 
 
-def test_400_for_streaming_speech_until_workers_stream(http: httpx.Client) -> None:
-    error = error_of(http.post("/v1/audio/speech", json={**SPEECH, "stream_format": "audio"}), 400)
-    assert error["param"] == "stream_format"
+def test_400_for_streaming_what_cannot_stream(http: httpx.Client) -> None:
+    streamed = {**SPEECH, "stream_format": "audio", "speed": 1.5}
+    error = error_of(http.post("/v1/audio/speech", json=streamed), 400)
+    assert error["param"] == "speed" and "streaming needs speed 1.0" in error["message"]
     error = error_of(
         http.post(
             "/v1/audio/speech", json={**SPEECH, "stream_format": "sse", "response_format": "mp3"}

@@ -3,7 +3,9 @@ streaming-response API, instructions, and the errors the SDK turns into its exce
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -128,3 +130,45 @@ def test_an_unknown_voice_is_not_found(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT)
     assert caught.value.param == "voice" and caught.value.code == "voice_not_found"
+
+
+def test_streamed_speech_arrives_in_chunks_equal_to_the_stored_file(
+    live: Front, client: openai.OpenAI
+) -> None:
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1",
+        voice="default",
+        input="A longer sentence, so that the audio comes in more than one chunk.",
+        response_format="pcm",
+        extra_body={"stream_format": "audio"},
+    ) as response:
+        assert response.headers["content-type"] == "audio/pcm"
+        job_id = response.headers["x-cosyq-job-id"]
+        parts = list(response.iter_bytes())
+    pcm = b"".join(parts)
+    with live.http() as http:
+        result = http.get(f"/v1/jobs/{job_id}").json()["result"]
+        stored = http.get(f"/v1/jobs/{job_id}/audio").content
+    samples, rate = sf.read(io.BytesIO(stored), dtype="int16")
+    assert rate == 24000 and result["format"] == "wav"
+    assert np.array_equal(np.frombuffer(pcm, dtype="<i2"), samples)  # PCM16 WAV: exact
+
+
+def test_streamed_speech_as_server_sent_events(live: Front) -> None:
+    body = {
+        "model": "cosyvoice2",
+        "input": "Streamed as events.",
+        "voice": "default",
+        "response_format": "wav",
+        "stream_format": "sse",
+    }
+    with live.http() as http:
+        response = http.post("/v1/audio/speech", json=body)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")
+    ]
+    assert events[-1]["type"] == "speech.audio.done"
+    deltas = [base64.b64decode(e["audio"]) for e in events[:-1]]
+    assert all(e["type"] == "speech.audio.delta" for e in events[:-1]) and deltas
+    assert sum(len(d) for d in deltas) > 2400 * 2

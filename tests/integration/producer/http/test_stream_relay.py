@@ -2,9 +2,10 @@
 HTTP, read from a real server: before, during and after the entries arrive; raw PCM, WAV and
 server-sent events; and each way a stream can fail.
 
-No worker writes these streams yet (the streaming worker is issue 11): the test appends entries
-in the format that issue defines (seq, sample_rate, pcm int16 LE, final; a final entry carries
-the uri; a failed job appends its error kind and message), to a job enqueued but never run.
+No worker on main writes these streams yet (the streaming worker is issue 11): the test appends
+entries in that issue's format (seq, attempt, sample_rate, pcm int16 LE, final; an attempt's
+final entry carries the uri, or error_kind and error_message) to a job enqueued but never run,
+and sets the job's state the way its worker would.
 """
 
 from __future__ import annotations
@@ -48,20 +49,43 @@ def chunk(n: int, seq: int) -> bytes:
     return (np.arange(n, dtype=np.int16) * (seq + 1)).astype("<i2").tobytes()
 
 
-def append(connection: redis.Redis, job_id: str, seq: int, pcm: bytes, final: bool) -> None:
+def append(
+    connection: redis.Redis, job_id: str, seq: int, pcm: bytes, final: bool, *, attempt: int = 1
+) -> None:
     fields: dict[str, bytes | int | str] = {
         "seq": seq,
+        "attempt": attempt,
         "sample_rate": RATE,
         "pcm": pcm,
         "final": int(final),
     }
     if final:
-        fields["uri"] = "file:///tmp/out.wav"
+        fields.update(uri="file:///tmp/out.wav", samples=0)
     connection.xadd(f"cosyq:audio:{job_id}", fields)  # type: ignore[arg-type]
 
 
-def fail(connection: redis.Redis, job_id: str, kind: str, message: str) -> None:
-    connection.xadd(f"cosyq:audio:{job_id}", {"kind": kind, "error": message})
+def fail(
+    connection: redis.Redis,
+    job_id: str,
+    kind: str,
+    message: str,
+    *,
+    attempt: int = 1,
+    state: str = "failed",
+) -> None:
+    """A failed attempt's final entry, and the job's state after it (failed, or scheduled for
+    a retry)."""
+    fields = {
+        "seq": 0,
+        "attempt": attempt,
+        "sample_rate": RATE,
+        "pcm": b"",
+        "final": 1,
+        "error_kind": kind,
+        "error_message": message,
+    }
+    connection.xadd(f"cosyq:audio:{job_id}", fields)  # type: ignore[arg-type]
+    connection.hset(f"rq:job:{job_id}", "status", state)
 
 
 def test_relay_started_before_the_entries_gets_them_all_in_order(
@@ -130,6 +154,36 @@ def test_a_failure_after_audio_cuts_the_body_short(stalled: Front, connection: r
     fail(connection, job_id, "internal", "vocoder crashed")
     with pytest.raises(httpx.RemoteProtocolError):  # an incomplete chunked body, never a clean end
         httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
+
+
+def test_a_retried_attempt_is_relayed_after_a_failed_one(
+    stalled: Front, connection: redis.Redis
+) -> None:
+    job_id = streaming_job(connection)
+    fail(connection, job_id, "transient", "storage hiccup", state="scheduled")
+    pieces = [chunk(800, seq) for seq in range(2)]
+
+    def second_attempt() -> None:
+        time.sleep(0.5)
+        connection.hset(f"rq:job:{job_id}", "status", "started")
+        for seq, pcm in enumerate(pieces):
+            append(connection, job_id, seq, pcm, final=seq == 1, attempt=2)
+
+    writer = threading.Thread(target=second_attempt)
+    writer.start()
+    response = httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
+    writer.join(timeout=10)
+    assert response.status_code == 200 and response.content == b"".join(pieces)
+
+
+def test_a_last_failed_attempt_is_reported_once_the_job_ends(
+    stalled: Front, connection: redis.Redis
+) -> None:
+    job_id = streaming_job(connection)
+    fail(connection, job_id, "transient", "storage down", state="started")  # state not yet final
+    threading.Timer(0.3, connection.hset, (f"rq:job:{job_id}", "status", "failed")).start()
+    response = httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
+    assert response.status_code == 503 and "storage down" in response.json()["error"]["message"]
 
 
 def test_no_entry_within_the_wait_is_504(stalled: Front, connection: redis.Redis) -> None:

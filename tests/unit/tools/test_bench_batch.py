@@ -1,0 +1,47 @@
+"""`cosyq-worker bench batch` on the tiny model: the table, the JSON rows, argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workers.cli import main
+from workers.tools.bench.batch import JSON_KEYS
+from workers.tools.bench.batch_cli import parse_batch_sizes
+
+ARGS = ["bench", "batch", "--batch-sizes", "1,3", "--tokens", "5", "--threads", "1"]
+
+
+def test_json_prints_only_the_listed_keys_per_batch_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*ARGS, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc) == ["rows"]
+    assert [row["batch_size"] for row in doc["rows"]] == [1, 3]
+    for row in doc["rows"]:
+        assert tuple(row) == JSON_KEYS
+        assert row["jobs"] == row["batch_size"]
+        assert row["audio_s"] / row["jobs"] == pytest.approx(doc["rows"][0]["audio_s"])
+        assert row["audio_s"] >= row["jobs"] * 5 * 0.04  # 5 forced tokens per piece: 0.2 s
+        assert row["throughput"] == pytest.approx(row["audio_s"] / row["wall_s"], rel=1e-3)
+        assert 0 < row["p50_latency_s"] <= row["p95_latency_s"] <= row["wall_s"] + 1e-3
+        assert row["peak_rss_gb"] > 0.1
+
+
+def test_the_table_has_every_column_and_the_plain_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(ARGS) == 0
+    out = capsys.readouterr().out
+    assert "cosyq-worker bench batch: tiny" in out and "5 tokens per piece" in out
+    for column in ("audio s/s", "speed-up", "p50 s", "p95 s", "llm s/job", "flow s/job"):
+        assert column in out
+    assert "plain engine.run" in out and "B=1 / plain:" in out and "load average" in out
+    assert " 1.00x " in out  # B=1 against itself
+
+
+def test_batch_sizes_must_be_positive_integers() -> None:
+    assert parse_batch_sizes("1, 2,8") == [1, 2, 8]
+    for bad in ("", "0,2", "a,b"):
+        with pytest.raises(SystemExit, match="--batch-sizes"):
+            parse_batch_sizes(bad)

@@ -1,0 +1,37 @@
+"""`bench stream`'s arithmetic: playback stalls and the verdicts it prints against the targets."""
+
+from __future__ import annotations
+
+from workers.tools.bench.stream_bench import ChunkFigures, StreamBench, StreamRun
+from workers.tools.bench.stream_cli import format_table
+
+
+def run(arrivals: list[float], seconds: list[float], total: float) -> StreamRun:
+    chunks = [
+        ChunkFigures(arrival_s=a, samples=int(s * 24000), flow_s=0.1, hift_s=0.05)
+        for a, s in zip(arrivals, seconds, strict=True)
+    ]
+    return StreamRun(chunks=chunks, total_s=total, sample_rate=24000)
+
+
+def test_stalls_count_waits_after_playback_started_at_the_first_chunk() -> None:
+    assert run([1.0, 1.5, 2.9], [1.0, 1.0, 1.0], 3.0).stalls() == [0.0, 0.0, 0.0]
+    stalls = run([1.0, 2.5, 3.0], [1.0, 0.5, 1.0], 3.0).stalls()
+    assert stalls[0] == 0.0 and abs(stalls[1] - 0.5) < 1e-9 and stalls[2] == 0.0
+
+
+def test_table_says_met_and_missed_against_the_targets() -> None:
+    fast = run([0.5, 1.0], [1.0, 3.0], 5.0)
+    slow = run([4.0, 9.0], [1.0, 3.0], 9.0)
+    bench = StreamBench(
+        model="m", tokens=250, nonstream_s=5.0, runs=[fast, slow], load_average=(9.0, 10.0)
+    )
+    table = format_table(bench)
+    assert "load average 9.0 -> 10.0" in table
+    assert "target first chunk <= 3 s (every run): MISSED (worst 4.00 s)" in table
+    assert "target first chunk <= 15% of non-streaming: MISSED (worst 80.0%)" in table
+    assert "target total within 15% of non-streaming: MISSED (worst +80.0%)" in table
+    assert "stream stays ahead of playback: no" in table
+    bench.runs = [fast]
+    table = format_table(bench)
+    assert "(every run): met (worst 0.50 s)" in table and "ahead of playback: yes" in table

@@ -1,0 +1,214 @@
+"""`cosyq-worker bench stream`: the streaming path's latency, chunking and playback, in one run.
+
+In process, on one loaded engine (a long-lived worker's situation): one non-streaming run,
+then `jobs` streamed runs of the same request. For each streamed run: time to the first chunk
+from the job's start, the last chunk, every chunk's size, its flow and HiFT seconds (do they
+grow with the chunk's position?) and whether playback started at the first chunk would ever
+stall. Then, unless skipped, the same through the real queue: a private redis-server, one
+`cosyq-worker run` process, a producer submitting `stream: true` and reading with
+`CosyqClient.stream`: first chunk from submit, and `timings.first_chunk_s` from job start.
+The machine's load average is printed beside the figures: compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile
+import torch
+
+from workers.engine.api import SynthesisInput
+from workers.engine.pipeline import EngineOptions, build_engine
+from workers.engine.requests import RequestState
+from workers.tools.bench.engine_bench import BenchOptions, forced_tokens, model_directory
+
+FORCED_ENV = "BENCH_STREAM_FORCED_TOKENS"  # read by `forced_engine` in the bench's worker
+FULL_RANDOM_STREAM_TOKENS = 250  # 10 s of audio: the issue's upstream comparison
+
+
+@dataclass
+class ChunkFigures:
+    arrival_s: float  # since the run started
+    samples: int
+    flow_s: float  # flow and HiFT seconds spent since the previous chunk
+    hift_s: float
+
+
+@dataclass
+class StreamRun:
+    chunks: list[ChunkFigures] = field(default_factory=list)
+    total_s: float = 0.0
+    sample_rate: int = 24000
+
+    @property
+    def first_chunk_s(self) -> float:
+        return self.chunks[0].arrival_s if self.chunks else self.total_s
+
+    @property
+    def last_chunk_s(self) -> float:
+        return self.chunks[-1].arrival_s if self.chunks else self.total_s
+
+    def stalls(self) -> list[float]:
+        """Seconds playback would wait before each chunk, playing from the first arrival."""
+        waits, play_end = [], None
+        for chunk in self.chunks:
+            start = chunk.arrival_s if play_end is None else max(chunk.arrival_s, play_end)
+            waits.append(0.0 if play_end is None else start - play_end)
+            play_end = start + chunk.samples / self.sample_rate
+        return waits
+
+
+@dataclass
+class QueueFigures:
+    first_from_submit_s: float
+    first_from_start_s: float | None
+    last_from_submit_s: float
+    chunks: int
+    queue_wait_s: float
+
+
+@dataclass
+class StreamBench:
+    model: str
+    tokens: int | None
+    nonstream_s: float
+    runs: list[StreamRun]
+    load_average: tuple[float, float]
+    queue: QueueFigures | None = None
+
+
+def forced_engine(settings: Any) -> Any:
+    """COSYQ_ENGINE for the bench's worker: the product engine, every piece forced to
+    BENCH_STREAM_FORCED_TOKENS speech tokens (random weights never stop on their own)."""
+    import dataclasses  # noqa: PLC0415
+
+    from workers.service.default_engine import engine_options  # noqa: PLC0415
+
+    forced = int(os.environ[FORCED_ENV]) if os.environ.get(FORCED_ENV) else None
+    options = dataclasses.replace(engine_options(settings), forced_speech_tokens=forced)
+    return build_engine(
+        settings.model_dir, device="cpu", options=options, hash_cache_dir=settings.hash_cache_dir
+    )
+
+
+def _streamed(engine: Any, request: SynthesisInput) -> StreamRun:
+    run = StreamRun(sample_rate=engine.sample_rate)
+    state = RequestState.start(request.seed)
+    seen = {"flow": 0.0, "hift": 0.0}
+    start = time.perf_counter()
+
+    def on_chunk(samples: np.ndarray) -> None:
+        now = time.perf_counter() - start
+        clock = state.clock.seconds
+        run.chunks.append(
+            ChunkFigures(
+                now, int(samples.size), clock["flow"] - seen["flow"], clock["hift"] - seen["hift"]
+            )
+        )
+        seen.update(flow=clock["flow"], hift=clock["hift"])
+
+    engine.run_streaming(request, on_chunk, state=state)
+    run.total_s = time.perf_counter() - start
+    return run
+
+
+def run(options: BenchOptions, *, jobs: int, through_queue: bool) -> StreamBench:
+    torch.set_num_threads(options.threads)
+    load_before = os.getloadavg()[0]
+    tokens = options.tokens
+    if tokens is None and options.config == "full-random" and options.model_dir is None:
+        tokens = FULL_RANDOM_STREAM_TOKENS
+    options = BenchOptions(**{**options.__dict__, "tokens": tokens})
+    with tempfile.TemporaryDirectory(prefix="cosyq-bench-stream-") as workdir:
+        root = model_directory(options, Path(workdir))
+        engine = build_engine(
+            root,
+            device=options.device,
+            dtype=options.dtype,
+            options=EngineOptions(forced_speech_tokens=forced_tokens(options)),
+            hash_cache_dir=Path(workdir) / "hashes",
+        )
+        samples, rate = soundfile.read(root / "prompt.wav", dtype="float32")
+        voice = engine.extract_voice(samples, int(rate), (root / "prompt.txt").read_text())
+        request = SynthesisInput(text=options.text, prompt=voice, seed=options.seed)
+        engine.warm_up()
+        start = time.perf_counter()
+        engine.run(request)
+        nonstream_s = time.perf_counter() - start
+        runs = [_streamed(engine, request) for _ in range(jobs)]
+        del engine
+        queue = _through_queue(root, options, Path(workdir)) if through_queue else None
+    return StreamBench(
+        model=root.name,
+        tokens=forced_tokens(options),
+        nonstream_s=nonstream_s,
+        runs=runs,
+        load_average=(load_before, os.getloadavg()[0]),
+        queue=queue,
+    )
+
+
+def _through_queue(root: Path, options: BenchOptions, workdir: Path) -> QueueFigures:
+    """One streamed job through a real redis-server and a real `cosyq-worker run`."""
+    import redis  # noqa: PLC0415
+
+    from producer.client import CosyqClient  # noqa: PLC0415
+    from shared.settings import load_settings  # noqa: PLC0415
+    from workers.tools.bench.queue import worker_env  # noqa: PLC0415
+    from workers.tools.local_redis import LocalRedis  # noqa: PLC0415
+
+    with LocalRedis(workdir / "redis") as server:
+        env = worker_env(server.url, f"{__name__}:forced_engine", root, workdir / "out", 5)
+        env.update(
+            COSYQ_HASH_CACHE_DIR=str(workdir / "hashes"),
+            OMP_NUM_THREADS=str(options.threads),
+        )
+        if options.tokens is not None:
+            env[FORCED_ENV] = str(options.tokens)
+        log = (workdir / "worker.log").open("wb")
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "run"], env=env, stdout=log, stderr=log
+        )
+        try:
+            settings = load_settings(env_file=None).model_copy(
+                update={"redis_url": server.url, "storage_url": (workdir / "out").as_uri()}
+            )
+            with CosyqClient(settings, connection=redis.Redis.from_url(server.url)) as client:
+                _wait_ready(client, worker, workdir / "worker.log")
+                submitted = time.perf_counter()
+                job = client.submit({"text": options.text, "seed": options.seed, "stream": True})
+                arrivals = [
+                    time.perf_counter() - submitted for _ in client.stream(job, timeout=3600)
+                ]
+                result = client.result(job, timeout=600)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=60)
+            log.close()
+    return QueueFigures(
+        first_from_submit_s=arrivals[0],
+        first_from_start_s=result.timings.first_chunk_s,
+        last_from_submit_s=arrivals[-1],
+        chunks=len(arrivals),
+        queue_wait_s=result.timings.queue_wait_s,
+    )
+
+
+def _wait_ready(client: Any, worker: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the worker process has registered with RQ (its model loaded and warmed up)."""
+    from rq import Worker  # noqa: PLC0415
+
+    deadline = time.monotonic() + 3600
+    while not Worker.all(connection=client.connection):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise RuntimeError(f"the bench's worker did not start:\n{tail}")
+        time.sleep(0.5)

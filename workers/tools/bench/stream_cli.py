@@ -1,0 +1,116 @@
+"""`cosyq-worker bench stream`: registers the command and prints its table (or `--json`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+from workers.tools.bench.cli import set_omp_wait_policy
+
+FIRST_CHUNK_TARGET_S = 3.0
+FIRST_CHUNK_SHARE = 0.15  # of the non-streaming job's time
+TOTAL_SLACK = 0.15  # the stream's total within 15% of the non-streaming job
+
+
+def register_bench(commands: Any) -> None:
+    from workers.tools.bench.cli import add_engine_arguments  # noqa: PLC0415
+
+    stream = commands.add_parser(
+        "stream",
+        help="streaming: first chunk, chunk sizes, playback stalls, total vs non-streaming",
+        description="Run one non-streaming and --jobs streamed syntheses of the same request "
+        "on one loaded engine, then one streamed job through a real queue and worker; print "
+        "first-chunk latency, each chunk's size and flow/HiFT cost, playback stalls, totals.",
+    )
+    add_engine_arguments(stream)
+    stream.add_argument("--jobs", type=int, default=3, help="streamed runs (default 3)")
+    stream.add_argument("--no-queue", action="store_true", help="skip the real-queue run")
+    stream.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    stream.set_defaults(handler=run_stream_bench)
+
+
+def run_stream_bench(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise SystemExit("cosyq-worker bench stream: --jobs must be at least 1")
+    set_omp_wait_policy(args.omp_wait_policy)
+    from workers.tools.bench import stream_bench  # noqa: PLC0415 (torch only when it runs)
+    from workers.tools.bench.engine_bench import BenchOptions  # noqa: PLC0415
+
+    options = BenchOptions(
+        config=args.config,
+        model_dir=args.model_dir,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        text=args.text,
+        tokens=args.tokens,
+        seed=args.seed,
+    )
+    if args.cache_dir is not None:
+        options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
+    result = stream_bench.run(options, jobs=args.jobs, through_queue=not args.no_queue)
+    print(json.dumps(asdict(result)) if args.json else format_table(result))
+    return 0
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def format_table(result: Any) -> str:
+    base = result.nonstream_s
+    lines = [
+        f"bench stream: {result.model}, forced tokens {result.tokens}, "
+        f"load average {result.load_average[0]:.1f} -> {result.load_average[1]:.1f}",
+        f"non-streaming job: {base:.2f} s",
+        "",
+        "run  first chunk  (share)  last chunk  total (vs non-stream)  chunks  stalls",
+    ]
+    for index, run in enumerate(result.runs, 1):
+        stalls = run.stalls()
+        lines.append(
+            f"{index:>3}  {run.first_chunk_s:>9.2f} s  {run.first_chunk_s / base:>6.1%}  "
+            f"{run.last_chunk_s:>8.2f} s  {run.total_s:>7.2f} s ({run.total_s / base - 1:+.1%})"
+            f"  {len(run.chunks):>6}  {sum(stalls):.2f} s"
+        )
+    last = result.runs[-1]
+    lines += [
+        "",
+        f"chunks of run {len(result.runs)}: arrival, audio, flow, HiFT, (flow+HiFT)/audio s",
+    ]
+    audio_end = 0.0
+    for chunk, stall in zip(last.chunks, last.stalls(), strict=True):
+        seconds = chunk.samples / last.sample_rate
+        audio_end += seconds
+        cost = (chunk.flow_s + chunk.hift_s) / seconds if seconds else 0.0
+        lines.append(
+            f"  {chunk.arrival_s:>7.2f} s  {seconds:>5.2f} s (to {audio_end:>5.2f})  "
+            f"{chunk.flow_s:>6.2f} s  {chunk.hift_s:>5.2f} s  {cost:>5.2f}"
+            + (f"  stall {stall:.2f} s" if stall > 0 else "")
+        )
+    worst_first = max(run.first_chunk_s for run in result.runs)
+    worst_total = max(run.total_s for run in result.runs)
+    over = worst_total / base - 1
+    ahead = all(sum(run.stalls()) == 0 for run in result.runs)
+    lines += [
+        "",
+        f"target first chunk <= {FIRST_CHUNK_TARGET_S:g} s (every run): "
+        f"{_verdict(worst_first <= FIRST_CHUNK_TARGET_S)} (worst {worst_first:.2f} s)",
+        f"target first chunk <= {FIRST_CHUNK_SHARE:.0%} of non-streaming: "
+        f"{_verdict(worst_first <= FIRST_CHUNK_SHARE * base)} (worst {worst_first / base:.1%})",
+        f"target total within {TOTAL_SLACK:.0%} of non-streaming: "
+        f"{_verdict(over <= TOTAL_SLACK)} (worst {over:+.1%})",
+        f"stream stays ahead of playback: {'yes' if ahead else 'no'}",
+    ]
+    if result.queue is not None:
+        q = result.queue
+        start = "n/a" if q.first_from_start_s is None else f"{q.first_from_start_s:.2f} s"
+        lines += [
+            "",
+            f"through the queue: first chunk {q.first_from_submit_s:.2f} s after submit "
+            f"({start} after job start, queue wait {q.queue_wait_s:.2f} s), "
+            f"last {q.last_from_submit_s:.2f} s, {q.chunks} entries",
+        ]
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""Host rows: OS and architecture, Rosetta 2, macOS version, Python, threads, OMP_WAIT_POLICY.
+
+Everything the seed guide warns about on a host, checked with the same functions a worker uses
+at start-up (`workers.service.host`), so doctor and the worker cannot disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import Callable
+
+from shared.settings import Settings
+from workers.service.host import is_translated, physical_cores, threads_per_worker
+from workers.tools.doctor.rows import Row, fail, ok, skip
+
+GROUP = "host"
+MIN_PYTHON = (3, 11)
+MACOS_COREML = (14, 0)  # the conversion's lowest target: flow and HiFT on Core ML
+MACOS_STATEFUL = (15, 0)  # stateful Core ML: the LLM's KV cache as a Core ML state
+MACOS_COMPUTE_PLAN = (14, 4)  # MLComputePlan: where each op runs
+
+
+def macos_version(
+    mac_ver: Callable[[], tuple[str, object, str]] = platform.mac_ver,
+) -> tuple[int, ...]:
+    """(major, minor) of macOS, () elsewhere or when unknown."""
+    text = mac_ver()[0]
+    try:
+        return tuple(int(part) for part in text.split(".")[:2]) if text else ()
+    except ValueError:
+        return ()
+
+
+def host_rows(settings: Settings, *, system: str = sys.platform) -> list[Row]:
+    return [
+        os_row(),
+        rosetta_row(settings, system=system),
+        macos_row(settings, system=system),
+        python_row(),
+        threads_row(settings),
+        omp_row(settings),
+    ]
+
+
+def os_row() -> Row:
+    name = f"{platform.system()} {platform.release()}, {platform.machine()}"
+    return ok(GROUP, "OS and architecture", name, system=sys.platform, arch=platform.machine())
+
+
+def rosetta_row(
+    settings: Settings, *, system: str = sys.platform, translated: bool | None = None
+) -> Row:
+    if system != "darwin":
+        return ok(GROUP, "native or Rosetta 2", f"native {platform.machine()} (no Rosetta here)")
+    translated = is_translated(system) if translated is None else translated
+    if not translated:
+        return ok(GROUP, "native or Rosetta 2", f"native {platform.machine()}")
+    if settings.allow_rosetta:
+        return ok(
+            GROUP,
+            "native or Rosetta 2",
+            "translated (Rosetta 2), allowed by COSYQ_ALLOW_ROSETTA: measured 2-3x slower",
+        )
+    return fail(
+        GROUP,
+        "native or Rosetta 2",
+        "this Python runs under Rosetta 2 (x86_64 on Apple silicon), measured 2-3x slower",
+        "install an arm64 Python and recreate the virtualenv, or set COSYQ_ALLOW_ROSETTA=true",
+    )
+
+
+def macos_row(
+    settings: Settings, *, system: str = sys.platform, version: tuple[int, ...] | None = None
+) -> Row:
+    name = "macOS version"
+    if system != "darwin":
+        return skip(GROUP, name, "not macOS: the torch backend runs here, Core ML does not")
+    version = macos_version() if version is None else version
+    shown = ".".join(str(v) for v in version) or "unknown"
+    if version and version >= MACOS_STATEFUL:
+        return ok(
+            GROUP,
+            name,
+            f"macOS {shown}: Core ML flow and HiFT, and the stateful "
+            "Core ML LLM (KV cache as state)",
+        )
+    if version and version >= MACOS_COREML:
+        return ok(
+            GROUP,
+            name,
+            f"macOS {shown}: Core ML flow and HiFT; the LLM stays on "
+            "PyTorch (the stateful Core ML LLM needs macOS 15)",
+        )
+    return fail(
+        GROUP,
+        name,
+        f"macOS {shown}: too old for our Core ML conversions (macOS 14 or later)",
+        "upgrade to macOS 14+ (15 for the Core ML LLM), or set COSYQ_BACKEND=torch",
+        required=settings.backend == "coreml",
+    )
+
+
+def python_row() -> Row:
+    shown = platform.python_version()
+    detail = f"{platform.python_implementation()} {shown} at {sys.executable}"
+    if sys.version_info[:2] >= MIN_PYTHON:
+        return ok(GROUP, "Python", detail)
+    return fail(GROUP, "Python", detail, "cosyq needs Python 3.11 or later")
+
+
+def threads_row(settings: Settings, *, cores: int | None = None) -> Row:
+    cores = physical_cores() if cores is None else cores
+    threads = threads_per_worker(settings.threads, settings.pool_size, cores)
+    source = "COSYQ_THREADS" if settings.threads is not None else "cores ÷ pool size"
+    used = threads * settings.pool_size
+    detail = (
+        f"{threads} threads per worker ({source}) × pool of {settings.pool_size} = {used} "
+        f"of {cores} physical cores"
+    )
+    if used <= cores:
+        return ok(
+            GROUP,
+            "threads per worker",
+            detail,
+            threads=threads,
+            cores=cores,
+            pool_size=settings.pool_size,
+        )
+    return fail(
+        GROUP,
+        "threads per worker",
+        detail + ": oversubscribed, concurrent inference gets slower",
+        f"unset COSYQ_THREADS or set it to {max(1, cores // settings.pool_size)} "
+        "(cores ÷ COSYQ_POOL_SIZE)",
+        required=False,
+    )
+
+
+def omp_row(settings: Settings) -> Row:
+    value = os.environ.get("OMP_WAIT_POLICY")
+    name = "OMP_WAIT_POLICY"
+    if value is None:
+        how = "the pool sets PASSIVE" if settings.pool_size > 1 else "one worker: no matter"
+        return ok(GROUP, name, f"unset ({how})")
+    if value.upper() == "ACTIVE" and settings.pool_size > 1:
+        return fail(
+            GROUP,
+            name,
+            f"ACTIVE with a pool of {settings.pool_size}: spinning threads steal the other "
+            "workers' cores (measured RTF 3.6 passive vs 48 spinning)",
+            "unset OMP_WAIT_POLICY or set it to PASSIVE",
+            required=False,
+        )
+    return ok(GROUP, name, value)
