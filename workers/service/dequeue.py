@@ -33,7 +33,11 @@ from rq.utils import as_text, now
 from rq.worker import WorkerStatus
 
 from shared.logs import get_logger
-from workers.service.outage import OutageTolerantWorker, until_reachable
+from workers.service.outage import (
+    OutageTolerantWorker,
+    until_reachable,
+    until_reachable_or_stopped,
+)
 
 log = get_logger(__name__)
 
@@ -96,7 +100,9 @@ class StopSafeWorker(OutageTolerantWorker):
         self.custody = Custody.TAKING
         result: tuple[Job, Queue] | None = None
         try:
-            until_reachable(lambda: self.set_state(WorkerStatus.IDLE), "dequeue_failed")
+            until_reachable_or_stopped(
+                lambda: self.set_state(WorkerStatus.IDLE), "dequeue_failed", self._stopped
+            )
             self.procline("Listening on " + ",".join(self.queue_names()))
             result = self._dequeue(timeout, max_idle_time)
             return result
@@ -125,7 +131,9 @@ class StopSafeWorker(OutageTolerantWorker):
                 wait = min(self.dequeue_poll_s, timeout)
                 if max_idle_time is not None:
                     wait = max(0.01, min(wait, max_idle_time - waited))
-            popped = until_reachable(functools.partial(self._pop, wait), "dequeue_failed")
+            popped = until_reachable_or_stopped(
+                functools.partial(self._pop, wait), "dequeue_failed", self._stopped
+            )
             if popped is None:
                 if timeout is None:
                     return None  # burst: the queues are empty
@@ -203,6 +211,9 @@ class StopSafeWorker(OutageTolerantWorker):
         """RQ marks the job started; from here a cold stop releases it through the registry."""
         super().prepare_job_execution(job, remove_from_intermediate_queue)
         self._set_custody(Custody.RUNNING)
+
+    def _stopped(self) -> bool:
+        return bool(self._stop_requested)
 
     def _set_custody(self, custody: Custody) -> None:
         self.custody = custody

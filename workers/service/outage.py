@@ -23,6 +23,7 @@ log = get_logger(__name__)
 
 REDIS_RETRY_FIRST_S = 0.5
 REDIS_RETRY_MAX_S = 10.0  # longest wait between attempts to reach Redis again
+STOP_CHECK_S = 0.25  # while waiting out an outage, how often a stop is looked for
 
 REFUSED_EXIT_CODE = 2  # the settings must be fixed; restarting as-is cannot help
 
@@ -61,6 +62,26 @@ def until_reachable(action: Callable[[], T], event: str) -> T:
             refuse_or_wait(e)
             log.warning(event, error=str(e), retry_in_s=delay)
             time.sleep(delay)
+            delay = min(delay * 2, REDIS_RETRY_MAX_S)
+
+
+def until_reachable_or_stopped(
+    action: Callable[[], T], event: str, stopped: Callable[[], bool]
+) -> T | None:
+    """As `until_reachable`, but None once `stopped()` says so: for an action that holds
+    nothing yet (a pop), so a stop during an outage still lets the worker leave."""
+    delay = REDIS_RETRY_FIRST_S
+    while True:
+        try:
+            return action()
+        except redis.RedisError as e:
+            refuse_or_wait(e)
+            log.warning(event, error=str(e), retry_in_s=delay)
+            deadline = time.monotonic() + delay
+            while not stopped() and time.monotonic() < deadline:
+                time.sleep(min(STOP_CHECK_S, max(0.0, deadline - time.monotonic())))
+            if stopped():
+                return None
             delay = min(delay * 2, REDIS_RETRY_MAX_S)
 
 

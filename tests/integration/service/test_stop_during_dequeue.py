@@ -7,7 +7,10 @@ signal itself at the chosen moment, started by the stock `rq worker -w` CLI (no 
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
+from pathlib import Path
 
 import redis
 from rq.job import Job
@@ -15,6 +18,7 @@ from rq.job import Job
 from shared.keys import QUEUES_IN_PRIORITY_ORDER
 from tests.doubles.harness import Cluster, all_done, enqueue, named, wait_for
 from tests.doubles.racy_workers import RACE_JOB_ENV
+from workers.tools.local_redis import LocalRedis
 
 DEFAULT_QUEUE_KEY = "rq:queue:cosyq-default"
 
@@ -102,3 +106,28 @@ def test_redis_hiccup_while_giving_back_is_waited_out(
     events = cluster.events("w.log")
     assert len(named(events, "job_push_back_failed")) == 1
     assert [e["job_id"] for e in named(events, "job_pushed_back")] == [job.id]
+
+
+def test_sigterm_during_a_redis_outage_lets_an_idle_worker_leave(
+    worker_batch_size: int, tmp_path: Path
+) -> None:
+    """A pop that never got an answer holds nothing: a stop need not wait for Redis."""
+    server = LocalRedis(tmp_path / "redis")
+    server.start()
+    cluster = Cluster(
+        redis_url=server.url,
+        root=tmp_path,
+        overrides={"COSYQ_BATCH_SIZE": str(worker_batch_size)},
+    )
+    try:
+        worker = cluster.start("run", log_name="w.log")
+        wait_for(lambda: named(cluster.events("w.log"), "worker_ready"), 60, "ready")
+        server.stop()
+        wait_for(lambda: named(cluster.events("w.log"), "dequeue_failed"), 30, "the outage seen")
+        stopped_at = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+        assert time.monotonic() - stopped_at < 10  # not "until Redis is back"
+    finally:
+        cluster.stop_all()
+        server.stop()
