@@ -90,7 +90,7 @@ class CoreMLQwen2LM:
                 f"ML KV cache of {self.capacity}; shorten the text or convert with a larger "
                 "--llm-capacity"
             )
-        cache.reserve(count)
+        start = cache.reserve(count)
         state = getattr(cache, STATE_ATTRIBUTE, None)
         if state is None:
             state = self.decode.make_state()
@@ -98,8 +98,7 @@ class CoreMLQwen2LM:
         function = self.decode if count == 1 else self.prefill
         data = {
             "inputs_embeds": np.ascontiguousarray(inputs_embeds.detach().float().cpu().numpy()),
-            "causal_mask": causal_mask(cache.length, count).numpy(),
+            "causal_mask": causal_mask(start, count).numpy(),
         }
         logits = function.predict(data, state)["logits"]
-        cache.length += count
         return torch.from_numpy(np.array(logits[0], dtype=np.float32)).log_softmax(dim=-1)

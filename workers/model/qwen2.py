@@ -120,12 +120,16 @@ class KVCache:
         cache.length = 0
         return cache
 
-    def reserve(self, new_positions: int) -> None:
+    def reserve(self, new_positions: int) -> int:
+        """Claim the next `new_positions` positions: returns where they start, advances `length`."""
         if self.length + new_positions > self.capacity:
             raise InvalidRequestError(
                 f"KV cache full: {self.length} + {new_positions} positions > capacity "
                 f"{self.capacity}"
             )
+        start = self.length
+        self.length += new_positions
+        return start
 
 
 class RMSNorm(nn.Module):
@@ -187,14 +191,15 @@ class Qwen2Attention(nn.Module):
         cache: KVCache | None,
         layer: int,
     ) -> torch.Tensor:
-        """x: (B, T, hidden) at positions cache.length.. (0.. without cache) -> (B, T, hidden)."""
+        """x: (B, T, hidden), the T positions the cache just reserved (its last T; 0.. without
+        a cache) -> (B, T, hidden)."""
         c = self.config
         b, t, _ = x.shape
         groups = c.num_heads // c.num_kv_heads
         q = apply_rotary(self.q_proj(x).view(b, t, c.num_heads, c.head_dim), *rotary)
         k = apply_rotary(self.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim), *rotary)
         v = self.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim)
-        start = 0 if cache is None else cache.length
+        start = 0 if cache is None else cache.length - t
         if cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, kvh, T, hd)
         else:
@@ -265,16 +270,11 @@ class Qwen2Model(nn.Module):
         length advances by T.
         """
         t = inputs_embeds.shape[1]
-        start = 0
-        if cache is not None:
-            cache.reserve(t)
-            start = cache.length
+        start = 0 if cache is None else cache.reserve(t)
         rotary = rotary_cos_sin(self.config, start, t, inputs_embeds.device, inputs_embeds.dtype)
         x = inputs_embeds
         for index, layer in enumerate(self.layers):
             x = layer(x, rotary, cache, index)
-        if cache is not None:
-            cache.length += t
         return self.norm(x)
 
 
