@@ -44,6 +44,11 @@ FBANK_NOMEAN_MASK, FBANK_NOMEAN_ATOL = -5.0, 1e-4
 WAV_ATOL = 1e-6  # resampled signals (README, with the float32 phase offset reproduced)
 KERNEL_ATOL = 1e-7  # float32 taps <= 1: equal up to one float64 -> float32 rounding
 TABLE_ATOL = 1e-7  # filterbanks and windows
+# Kaldi's triangles are built from float32 mel values (up to ~2,840 mel, one ulp = 2.4e-4) over
+# bins ~35 mel wide, so one ulp of torch's float32 log moves a weight by ~7e-6; vectorised log
+# differs by that ulp between CPUs (seen: 41 of 20,560 weights at 7.1e-6), and the reference
+# README gives 1.4e-5 for a float64 build. The fbank features built from them stay gated below.
+KALDI_BANK_ATOL = 2e-5
 
 
 def check_features(ref: ReferenceSet) -> list[ArrayCheck]:
@@ -131,8 +136,15 @@ def _check_tables(arrays: dict[str, np.ndarray]) -> list[ArrayCheck]:
         f"kaldi_mel_banks_{KALDI_N_MELS}": kaldi_filterbank(),
         f"kaldi_povey_window_{KALDI_FRAME}": povey_window(KALDI_FRAME),
     }
+    kaldi_banks = f"kaldi_mel_banks_{KALDI_N_MELS}"
     return [
-        compare(f"{FRONTEND_FILE}:{key}", ours, arrays[key], TABLE_ATOL, detail="our own")
+        compare(
+            f"{FRONTEND_FILE}:{key}",
+            ours,
+            arrays[key],
+            KALDI_BANK_ATOL if key == kaldi_banks else TABLE_ATOL,
+            detail="our own",
+        )
         for key, ours in tables.items()
     ]
 
