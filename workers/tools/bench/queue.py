@@ -164,7 +164,7 @@ def _batch_size(job: Job) -> int:
 def _timings(job: Job) -> dict[str, float]:
     result = job.return_value()
     timings = result.get("timings", {}) if isinstance(result, dict) else {}
-    return {k: float(v) for k, v in timings.items()}
+    return {k: float(v) for k, v in timings.items() if v is not None}  # first_chunk_s may be None
 
 
 def _sum(timings: dict[str, float], *names: str) -> float:
