@@ -262,8 +262,10 @@ def plan_decode(
 ) -> DecodePlan:
     """Validate one piece's ids (InvalidRequestError naming the field) and fix its bounds.
 
-    Lengths: between 2x and 20x the TTS text tokens (sampling ratios); EOS alone is masked
-    before the minimum. `forced_length` (benchmarks) masks every stop id: exactly that many.
+    Lengths: between 2x and 20x the TTS text tokens (sampling ratios). Every stop id is
+    masked before the minimum: upstream masks EOS alone, so a fill token sampled first ends the
+    piece with no speech at all (seen on random weights). `forced_length` (benchmarks): exactly
+    that many.
     """
     config = model.config
     sampling = sampling or config.sampling
@@ -279,7 +281,9 @@ def plan_decode(
     _check_range(speech, "prompt_speech", config.speech_token_size)
     if forced_length is None:
         return DecodePlan(
-            (ids[0], ids[1], speech), sampling.length_bounds(ids[0].numel()), [config.eos_token]
+            (ids[0], ids[1], speech),
+            sampling.length_bounds(ids[0].numel()),
+            list(config.stop_tokens),
         )
     if forced_length < 0:
         raise InvalidRequestError("forced_length: must be >= 0")
