@@ -11,7 +11,7 @@ Stages, each callable on its own so they can be timed and converted separately:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,8 +108,12 @@ class ConditionalFlowMatching(nn.Module):
         *,
         streaming: bool = False,
         record: list[EulerStep] | None = None,
+        step_estimators: Sequence[Callable[..., Tensor]] | None = None,
     ) -> Tensor:
-        """Integrate from `noise` with Euler steps; optionally append each step to `record`."""
+        """Integrate from `noise` with Euler steps; optionally append each step to `record`.
+
+        `step_estimators` (one per step, called as the estimator is) replace the estimator:
+        the incremental streaming flow passes its per-step caches (`flow_stream`)."""
         t_span = cosine_schedule(self.cfm.n_timesteps, like=mu)
         rate = self.cfm.inference_cfg_rate
         # Rows :B are conditional; rows B: drop mu, speaker and prompt (zeros): the CFG baseline.
@@ -121,9 +125,8 @@ class ConditionalFlowMatching(nn.Module):
         rows = x.size(0)  # B requests -> 2B estimator rows (conditional, then baseline)
         for step in range(1, self.cfm.n_timesteps + 1):
             x_in, t_in = torch.cat([x, x]), t.expand(2 * rows)
-            velocity = self.estimator(
-                x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=streaming
-            )
+            estimator = self.estimator if step_estimators is None else step_estimators[step - 1]
+            velocity = estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=streaming)
             if record is not None:
                 record.append(EulerStep(x_in, mask_in, mu_in, t_in, spks_in, cond_in, velocity))
             v_cond, v_uncond = velocity[:rows], velocity[rows:]

@@ -27,12 +27,17 @@ def relative_positions(length: int, width: int, *, like: Tensor) -> Tensor:
     Returns (1, 2*length-1, width) with sin at even and cos at odd channels, the same values
     upstream's 5000-row table holds (each entry depends only on its own position).
     """
-    position = torch.arange(length - 1, -length, -1, device=like.device, dtype=torch.float32)
+    return relative_rows(length - 1, -(length - 1), width, like=like)
+
+
+def relative_rows(high: int, low: int, width: int, *, like: Tensor) -> Tensor:
+    """(1, high-low+1, width): the `relative_positions` rows for positions high down to low."""
+    position = torch.arange(high, low - 1, -1, device=like.device, dtype=torch.float32)
     inv_freq = torch.exp(
         torch.arange(0, width, 2, device=like.device, dtype=torch.float32)
         * -(math.log(10000.0) / width)
     )
-    angles = position.unsqueeze(1) * inv_freq  # (2L-1, width/2)
+    angles = position.unsqueeze(1) * inv_freq  # (rows, width/2)
     table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # interleave sin, cos
     return table.unsqueeze(0).to(like.dtype)
 
