@@ -1,0 +1,124 @@
+"""What one streamed flow pass leaves for the next: causal conv tails and attention keys/values.
+
+A pass computes the new positions `start..end` of one network (the encoder at token or frame
+rate, or the estimator at one Euler step) from what earlier passes kept. With static chunk masks
+a position's value depends only on positions before the end of its chunk, so what a pass may
+keep are the positions before a chunk edge (`Span.keep`); positions of a chunk that is not yet
+full are computed again by the next pass, which starts at that edge. Per module:
+- a causal conv keeps its last kernel-1 inputs (zeros before the first, as its padding was);
+- an attention keeps its keys and values, in buffers that grow by half when full (so a pass
+  copies no more than a bounded share of them, amortised).
+All of it is per-request state: the model's modules are only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+GROWTH = 1.5  # key/value buffer capacity factor when a pass needs more
+
+
+@dataclass(frozen=True)
+class Span:
+    """One pass at one rate: new positions start..end (absolute, from the prompt's start);
+    the first `keep` of them stay for later passes (they end on a chunk edge)."""
+
+    start: int
+    end: int
+    keep: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.keep <= self.end - self.start:
+            raise ValueError(f"span: keep {self.keep} outside 0..{self.end - self.start}")
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    def scaled(self, factor: int) -> Span:
+        """The same span at `factor` times the rate (tokens -> mel frames)."""
+        return Span(factor * self.start, factor * self.end, factor * self.keep)
+
+
+def visible_keys(span: Span, chunk: int, *, device: torch.device) -> Tensor | None:
+    """(n, end) bool: new query i sees keys < (i // chunk + 1) * chunk; None for chunk 0 (full
+    attention). The same rows `flow_encoder.chunk_mask` gives these queries, keys past `end`
+    left off (they are masked for every query here)."""
+    if chunk <= 0:
+        return None
+    query = torch.arange(span.start, span.end, device=device)
+    chunk_end = (torch.div(query, chunk, rounding_mode="floor") + 1) * chunk
+    return torch.arange(span.end, device=device).unsqueeze(0) < chunk_end.unsqueeze(1)
+
+
+class KeyValues:
+    """One attention's keys and values (B, H, T, d) for the positions kept so far."""
+
+    def __init__(self) -> None:
+        self.keys: Tensor | None = None  # (B, H, capacity, d); positions >= length unused
+        self.values: Tensor | None = None
+        self.length = 0
+
+    def extend(self, keys: Tensor, values: Tensor, keep: int) -> tuple[Tensor, Tensor]:
+        """New keys/values (B, H, n, d) -> every position's (B, H, length + n, d), as views;
+        the first `keep` new positions stay (the rest are overwritten by the next pass)."""
+        need = self.length + keys.size(2)
+        key_buffer, value_buffer = self._buffers(keys, values, need)
+        key_buffer[:, :, self.length : need] = keys
+        value_buffer[:, :, self.length : need] = values
+        self.length += keep
+        return key_buffer[:, :, :need], value_buffer[:, :, :need]
+
+    def _buffers(self, keys: Tensor, values: Tensor, need: int) -> tuple[Tensor, Tensor]:
+        """The buffers, reallocated (x GROWTH, kept positions copied) when `need` exceeds them."""
+        if self.keys is not None and self.values is not None and need <= self.keys.size(2):
+            return self.keys, self.values
+        capacity = need if self.keys is None else max(need, int(GROWTH * self.keys.size(2)))
+        batch, heads, _, dim = keys.shape
+        new_keys = keys.new_empty(batch, heads, capacity, dim)
+        new_values = values.new_empty(batch, heads, capacity, values.size(-1))
+        if self.keys is not None and self.values is not None:
+            new_keys[:, :, : self.length] = self.keys[:, :, : self.length]
+            new_values[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = new_keys, new_values
+        return new_keys, new_values
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is None or self.values is None:
+            return 0
+        return self.keys.nbytes + self.values.nbytes
+
+
+class LayerCache:
+    """Per module of one network: a causal conv's last inputs, an attention's keys/values."""
+
+    def __init__(self) -> None:
+        self._tails: dict[nn.Module, Tensor] = {}
+        self._attention: dict[nn.Module, KeyValues] = {}
+
+    def conv(self, conv: nn.Conv1d, x: Tensor, keep: int) -> Tensor:
+        """Causal `conv` (stride 1, no padding of its own, left context kernel-1) on new inputs
+        x (B, C_in, n) -> (B, C_out, n); keeps the kernel-1 inputs before position `keep`."""
+        width = conv.kernel_size[0] - 1
+        tail = self._tails.get(conv)
+        if tail is None:
+            tail = x.new_zeros(x.size(0), x.size(1), width)
+        full = torch.cat([tail, x], dim=2)  # (B, C_in, width + n): index j is position j-width
+        self._tails[conv] = full[:, :, keep : keep + width].clone()
+        return F.conv1d(full, conv.weight, conv.bias)
+
+    def keys_values(
+        self, attention: nn.Module, keys: Tensor, values: Tensor, keep: int
+    ) -> tuple[Tensor, Tensor]:
+        """`KeyValues.extend` of `attention`'s buffers."""
+        return self._attention.setdefault(attention, KeyValues()).extend(keys, values, keep)
+
+    @property
+    def nbytes(self) -> int:
+        tails = sum(tail.nbytes for tail in self._tails.values())
+        return tails + sum(kv.nbytes for kv in self._attention.values())
