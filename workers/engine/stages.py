@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from workers.engine.api import VoicePrompt
+from workers.engine.flow_chunks import CachedFlowChunks, RecomputedFlowChunks
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_batch import FlowRow, batched_inference
 from workers.model.hift import HiFTGenerator
@@ -124,12 +125,24 @@ def module_device(module: Any) -> torch.device:
 
 
 class ModuleFlow:
-    """Runs a flow object's `inference(token, prompt_token, prompt_feat, embedding)`."""
+    """Runs a flow object's `inference(token, prompt_token, prompt_feat, embedding)`.
 
-    def __init__(self, model: Any, *, name: str = "torch", device: torch.device | None = None):
+    `stream_cache` (default on): a streamed piece runs our torch flow incrementally
+    (`FlowStreamCache`); off, every hop re-runs the flow over the whole prefix (`mel_chunk`).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        name: str = "torch",
+        device: torch.device | None = None,
+        stream_cache: bool = True,
+    ):
         self.model = model
         self.name = name
         self.device = device or module_device(model)
+        self.stream_cache = stream_cache
 
     @torch.inference_mode()
     def mel(self, tokens: np.ndarray, prompt: VoicePrompt) -> np.ndarray:
@@ -155,13 +168,20 @@ class ModuleFlow:
     def chunk_tokens(self) -> int:
         return int(self.model.config.encoder.static_chunk_size)
 
+    def open_stream(self, prompt: VoicePrompt) -> CachedFlowChunks | RecomputedFlowChunks:
+        """One piece's flow stream (per piece state)."""
+        if self.stream_cache and isinstance(self.model, CausalMaskedDiffWithXvec):
+            return CachedFlowChunks(self.model, prompt, self.device)
+        return RecomputedFlowChunks(self, prompt)
+
     @torch.inference_mode()
     def mel_chunk(
         self, tokens: np.ndarray, prompt: VoicePrompt, *, offset: int, finalize: bool
     ) -> np.ndarray:
-        """One streamed chunk: chunk masks on, the mel after token `offset` (upstream re-runs
-        the flow over every token so far, as here: chunk masks make the earlier frames' values
-        independent of what follows, so only the new frames are kept)."""
+        """One streamed chunk recomputed from the start: chunk masks on, the mel after token
+        `offset` (as upstream does; chunk masks make the earlier frames' values independent of
+        what follows, so only the new frames are kept). The reference for `open_stream`'s
+        incremental flow."""
         device = self.device
         mel, _ = self.model.inference(
             torch.from_numpy(np.asarray(tokens, dtype=np.int32))[None].to(device),

@@ -4,8 +4,10 @@ As upstream schedules it: the first hop is 25 tokens (1 s of audio), lengthened 
 lines up with the flow's 25-token attention chunks counted from the start of the prompt; each
 later hop doubles, up to 100. A hop is run once its tokens and the flow's look-ahead tokens
 (3) exist: the flow runs with `streaming=True` (chunk masks) and `finalize=False` (the
-look-ahead tokens are context only) and the mel frames after the previous hop are kept. When
-the LLM ends, the rest runs with `finalize=True`.
+look-ahead tokens are context only) and gives the mel frames after the previous hop. When
+the LLM ends, the rest runs with `finalize=True`. The flow stream (`StreamingFlow.open_stream`,
+for our torch flow `workers.model.flow_stream.FlowStreamCache`) keeps what earlier hops
+computed, so a hop costs its own frames, not the whole prefix again.
 
 HiFT runs per chunk on the chunk's mel with the previous chunk's last 8 mel frames in front;
 the excitation of those frames is overwritten by the previous chunk's source (so the sine
@@ -59,9 +61,17 @@ class StreamSchedule:
             yield hop
 
 
+class FlowChunks(Protocol):
+    """One piece's streamed flow: each call gets the tokens after those of the calls before."""
+
+    def mel(self, tokens: np.ndarray, *, finalize: bool) -> np.ndarray:
+        """New tokens (n,) -> mel (80, frames) of the tokens not returned yet, the last
+        `lookahead` tokens given so far excluded unless finalize."""
+
+
 @runtime_checkable
 class StreamingFlow(Protocol):
-    """A flow stage that can run one streamed chunk."""
+    """A flow stage that can stream a piece chunk by chunk."""
 
     @property
     def lookahead(self) -> int:
@@ -71,11 +81,8 @@ class StreamingFlow(Protocol):
     def chunk_tokens(self) -> int:
         """The encoder's attention chunk, in tokens."""
 
-    def mel_chunk(
-        self, tokens: np.ndarray, prompt: VoicePrompt, *, offset: int, finalize: bool
-    ) -> np.ndarray:
-        """tokens (n,) so far -> mel (80, frames) for tokens offset.. (look-ahead excluded
-        unless finalize)."""
+    def open_stream(self, prompt: VoicePrompt) -> FlowChunks:
+        """A new piece's flow stream (its own state: one per piece)."""
 
 
 @runtime_checkable
@@ -114,8 +121,10 @@ class PieceStream:
         self.prompt = prompt
         self.generator = generator
         self.timed = timed
+        self.flow_chunks = flow.open_stream(prompt)
         self.tokens: list[int] = []
-        self.offset = 0
+        self.offset = 0  # tokens whose mel frames were emitted
+        self.given = 0  # tokens handed to the flow (the look-ahead ones too)
         self.hops = schedule.hops(int(prompt.speech_tokens.size), flow.chunk_tokens)
         self.hop = next(self.hops)
         self.cache_frames = schedule.mel_cache_frames
@@ -133,9 +142,10 @@ class PieceStream:
         if len(self.tokens) - self.offset < self.hop + self.flow.lookahead:
             return None
         end = self.offset + self.hop
-        ids = np.asarray(self.tokens[: end + self.flow.lookahead], dtype=np.int32)
+        ids = np.asarray(self.tokens[self.given : end + self.flow.lookahead], dtype=np.int32)
+        self.given = end + self.flow.lookahead
         with self.timed("flow"):
-            mel = self.flow.mel_chunk(ids, self.prompt, offset=self.offset, finalize=False)
+            mel = self.flow_chunks.mel(ids, finalize=False)
         self.chunk_tokens.append(self.hop)
         if self.mels is not None:
             self.mels.append(mel)
@@ -150,9 +160,10 @@ class PieceStream:
         rest = len(self.tokens) - self.offset
         mel = np.zeros((self._mel_bins(), 0), dtype=np.float32)
         if rest > 0:
-            ids = np.asarray(self.tokens, dtype=np.int32)
+            ids = np.asarray(self.tokens[self.given :], dtype=np.int32)
+            self.given = len(self.tokens)
             with self.timed("flow"):
-                mel = self.flow.mel_chunk(ids, self.prompt, offset=self.offset, finalize=True)
+                mel = self.flow_chunks.mel(ids, finalize=True)
         self.chunk_tokens.append(rest)
         if self.mels is not None:
             self.mels.append(mel)

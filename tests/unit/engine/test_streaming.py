@@ -13,6 +13,7 @@ import torch
 
 from workers.engine.api import SynthesisInput, VoicePrompt
 from workers.engine.assembly import JoinConfig, join_pieces
+from workers.engine.flow_chunks import RecomputedFlowChunks
 from workers.engine.stream_join import StreamJoiner
 from workers.engine.streaming import PieceStream, StreamSchedule, hamming
 
@@ -45,6 +46,9 @@ class LinearFlow:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, bool]] = []
+
+    def open_stream(self, prompt: VoicePrompt) -> RecomputedFlowChunks:
+        return RecomputedFlowChunks(self, prompt)
 
     def mel_chunk(
         self, tokens: np.ndarray, prompt: VoicePrompt, *, offset: int, finalize: bool

@@ -3,8 +3,9 @@
 The engine's own `PieceStream` runs the set's tiny flow on the reference tokens hop by hop, as
 a streamed job does (upstream's schedule: the first hop 25 tokens lengthened to the next flow
 chunk edge, `finalize=False` with the 3 look-ahead tokens held back, `finalize=True` on the
-last, partly full chunk). Its chunks' mels, concatenated, must equal `mel_stream_finalize`;
-the non-final chunks' mels must equal `mel_stream_nofinalize` as far as they reach.
+last, partly full chunk), with the incremental flow cache a streamed job uses. Its chunks'
+mels, concatenated, must equal `mel_stream_finalize`; the non-final chunks' mels must equal
+`mel_stream_nofinalize` as far as they reach.
 """
 
 from __future__ import annotations
@@ -43,9 +44,14 @@ def _untimed(_stage: str) -> Iterator[None]:
 
 
 def chunked_mels(
-    flow: CausalMaskedDiffWithXvec, arrays: dict[str, np.ndarray], schedule: StreamSchedule
+    flow: CausalMaskedDiffWithXvec,
+    arrays: dict[str, np.ndarray],
+    schedule: StreamSchedule,
+    *,
+    cached: bool = True,
 ) -> tuple[list[np.ndarray], list[int]]:
-    """Each streamed chunk's mel and token count, for the reference call's inputs."""
+    """Each streamed chunk's mel and token count, for the reference call's inputs; `cached`:
+    the engine's incremental flow (else every hop recomputes the prefix)."""
     prompt = VoicePrompt(
         speech_tokens=arrays["prompt_token"][0].astype(np.int32),
         mel=arrays["prompt_feat"][0],
@@ -53,7 +59,7 @@ def chunked_mels(
         transcript="",
     )
     stream = PieceStream(
-        ModuleFlow(flow),
+        ModuleFlow(flow, stream_cache=cached),
         _NoVocoder(),
         prompt,
         torch.Generator().manual_seed(0),
