@@ -1,0 +1,116 @@
+"""The incremental streaming flow (`FlowStreamCache`) equals the whole-prefix recompute.
+
+The reference set's tiny flow in float32, random tokens and prompts whose lengths are not
+multiples of the 25-token chunk: hop by hop through the engine's `PieceStream` (several hops,
+a partly full last chunk), and call by call against `inference(streaming=True)` over the tokens
+given so far, with hops off the chunk edges too (partly full chunks computed again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shared.errors import InvalidRequestError
+from workers.engine.streaming import StreamSchedule
+from workers.model.flow import CausalMaskedDiffWithXvec
+from workers.model.flow_stream import FlowStreamCache, keep_period
+from workers.tools.reference.flow import load_reference_flow
+from workers.tools.reference.parity import ReferenceSet
+from workers.tools.reference.streaming import chunked_mels
+
+TOLERANCE = 1e-5  # max abs, float32
+
+
+@pytest.fixture(scope="module")
+def flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # two OpenMP threads on a crowded 2-core machine: ~15x slower
+    yield load_reference_flow(ReferenceSet(reference_dir))
+    torch.set_num_threads(before)
+
+
+def piece(prompt_tokens: int, tokens: int, seed: int) -> dict[str, np.ndarray]:
+    """Random flow inputs shaped as the reference call's (batch 1)."""
+    rng = np.random.default_rng(seed)
+    return {
+        "token": rng.integers(0, 6561, (1, tokens)).astype(np.int32),
+        "prompt_token": rng.integers(0, 6561, (1, prompt_tokens)).astype(np.int32),
+        "prompt_feat": rng.standard_normal((1, 2 * prompt_tokens, 80)).astype(np.float32),
+        "embedding": rng.standard_normal((1, 192)).astype(np.float32),
+    }
+
+
+def test_keep_period_is_the_chunk_in_tokens(flow: CausalMaskedDiffWithXvec) -> None:
+    assert keep_period(flow) == 25
+
+
+@pytest.mark.parametrize(("prompt_tokens", "tokens"), [(13, 130), (7, 100), (31, 180)])
+def test_hop_by_hop_equals_the_recompute(
+    flow: CausalMaskedDiffWithXvec, prompt_tokens: int, tokens: int
+) -> None:
+    arrays = piece(prompt_tokens, tokens, seed=prompt_tokens)
+    with torch.inference_mode():
+        cached, hops = chunked_mels(flow, arrays, StreamSchedule())
+        recomputed, same_hops = chunked_mels(flow, arrays, StreamSchedule(), cached=False)
+    assert hops == same_hops and len(hops) >= 3  # several hops, then the final chunk
+    assert (prompt_tokens + hops[0]) % 25 == 0 and hops[-1] % 25 != 0
+    for mine, theirs in zip(cached, recomputed, strict=True):
+        assert mine.shape == theirs.shape
+        assert np.abs(mine - theirs).max() <= TOLERANCE
+    inputs = [torch.from_numpy(arrays[k]) for k in ("token", "prompt_token")]
+    with torch.inference_mode():
+        whole, _ = flow.inference(
+            *inputs,
+            torch.from_numpy(arrays["prompt_feat"]),
+            torch.from_numpy(arrays["embedding"]),
+            streaming=True,
+        )
+    assert np.abs(np.concatenate(cached, axis=1) - whole[0].numpy()).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("cuts", [[10, 23, 31, 60, 64], [40, 41, 90]])
+def test_calls_off_the_chunk_edges_equal_inference_over_the_tokens_so_far(
+    flow: CausalMaskedDiffWithXvec, cuts: list[int]
+) -> None:
+    """Each call's frames are what `inference(finalize=False)` gives them; a chunk left
+    partly full is recomputed, so the cache keeps only positions before a chunk edge."""
+    arrays = {k: torch.from_numpy(v) for k, v in piece(19, 100, seed=len(cuts)).items()}
+    token, prompt = arrays["token"], (arrays["prompt_token"], arrays["prompt_feat"])
+    emitted, start = 0, 0
+    with torch.inference_mode():
+        cache = FlowStreamCache(flow, *prompt, arrays["embedding"])
+        for end in [*cuts, token.size(1)]:
+            final = end == token.size(1)
+            mel = cache.advance(token[:, start:end], finalize=final)
+            expected, _ = flow.inference(
+                token[:, :end], *prompt, arrays["embedding"], streaming=True, finalize=final
+            )
+            assert mel.shape[-1] == expected.shape[-1] - emitted
+            assert (mel - expected[:, :, emitted:]).abs().max() <= TOLERANCE
+            emitted, start = expected.shape[-1], end
+            kept = cache.kept
+            assert kept % 25 == 0 and (final or kept <= 19 + end - 3)
+    assert cache.encoder.cache.nbytes > 0
+
+
+def test_the_cache_holds_kept_positions_and_refuses_a_call_after_the_final_one(
+    flow: CausalMaskedDiffWithXvec,
+) -> None:
+    arrays = {k: torch.from_numpy(v) for k, v in piece(13, 90, seed=3).items()}
+    with torch.inference_mode():
+        cache = FlowStreamCache(
+            flow, arrays["prompt_token"], arrays["prompt_feat"], arrays["embedding"]
+        )
+        assert cache.advance(arrays["token"][:, :2], finalize=False).shape == (1, 80, 0)
+        assert cache.advance(arrays["token"][:, 2:40], finalize=False).shape == (1, 80, 74)
+        assert cache.kept == 50  # 13 + 37 tokens: the first chunk edge after the prompt
+        layers = [kv.length for kv in cache.steps[0].cache._attention.values()]
+        assert layers and all(length == 100 for length in layers)  # frames of 50 tokens
+        cache.advance(arrays["token"][:, 40:], finalize=True)
+        with pytest.raises(InvalidRequestError, match="after the final one"):
+            cache.advance(arrays["token"][:, :1], finalize=True)
