@@ -17,6 +17,7 @@ position by position:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -34,6 +35,21 @@ from workers.model.flow_encoder import (
 from workers.model.flow_stream_layers import LayerCache, Span, visible_keys
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """What every attention layer of one rate shares in a pass: the span, its chunk mask
+    (n, end) and the relative-position rows (1, n+end-1, D) its query-key pairs have."""
+
+    span: Span
+    mask: Tensor | None
+    rows: Tensor
+
+    @classmethod
+    def of(cls, span: Span, chunk: int, *, like: Tensor) -> _Layout:
+        rows = relative_rows(span.end - 1, span.start - span.end + 1, like.size(-1), like=like)
+        return cls(span, visible_keys(span, chunk, device=like.device), rows)
+
+
 class EncoderStream:
     """The encoder with one piece's cache: each call computes one pass's new positions."""
 
@@ -49,14 +65,15 @@ class EncoderStream:
         if context is not None:
             context = self.net.embed(context)
         x = self._pre_lookahead(self.net.pre_lookahead_layer, x, context, span.keep)
+        layout = _Layout.of(span, cfg.static_chunk_size, like=x)
         for block in self.net.encoders:
-            x = self._block(cast(ConformerBlock, block), x, span, cfg.static_chunk_size)
+            x = self._block(cast(ConformerBlock, block), x, layout)
         frames = span.scaled(cfg.upsample_stride)
-        up_chunk = cfg.static_chunk_size * cfg.upsample_stride
         x = self._upsample(self.net.up_layer, x, frames.keep)
         x = self.net.up_embed(x)
+        layout = _Layout.of(frames, cfg.static_chunk_size * cfg.upsample_stride, like=x)
         for block in self.net.up_encoders:
-            x = self._block(cast(ConformerBlock, block), x, frames, up_chunk)
+            x = self._block(cast(ConformerBlock, block), x, layout)
         return self.net.after_norm(x)
 
     def _pre_lookahead(
@@ -77,27 +94,24 @@ class EncoderStream:
         h = F.interpolate(x.transpose(1, 2), scale_factor=float(layer.stride), mode="nearest")
         return self.cache.conv(layer.conv, h, keep).transpose(1, 2)
 
-    def _block(self, block: ConformerBlock, x: Tensor, span: Span, chunk: int) -> Tensor:
+    def _block(self, block: ConformerBlock, x: Tensor, layout: _Layout) -> Tensor:
         """x (1, n, D) -> (1, n, D)."""
-        x = x + self._attention(block.self_attn, block.norm_mha(x), span, chunk)
+        x = x + self._attention(block.self_attn, block.norm_mha(x), layout)
         return x + block.feed_forward(block.norm_ff(x))
 
-    def _attention(
-        self, attention: RelPositionSelfAttention, x: Tensor, span: Span, chunk: int
-    ) -> Tensor:
+    def _attention(self, attention: RelPositionSelfAttention, x: Tensor, layout: _Layout) -> Tensor:
         """Relative-position attention of the new queries x (1, n, D) -> (1, n, D)."""
+        span = layout.span
         q = attention._heads(attention.linear_q(x))  # (1, n, H, dk)
         k = attention._heads(attention.linear_k(x)).transpose(1, 2)  # (1, H, n, dk)
         v = attention._heads(attention.linear_v(x)).transpose(1, 2)
         keys, values = self.cache.keys_values(attention, k, v, span.keep)  # (1, H, end, dk)
-        rows = relative_rows(span.end - 1, span.start - span.end + 1, x.size(-1), like=x)
-        p = attention._heads(attention.linear_pos(rows)).transpose(1, 2)  # (1, H, n+end-1, dk)
+        p = attention._heads(attention.linear_pos(layout.rows)).transpose(1, 2)  # (1,H,n+end-1,dk)
         content = torch.matmul((q + attention.pos_bias_u).transpose(1, 2), keys.transpose(-2, -1))
         position = torch.matmul((q + attention.pos_bias_v).transpose(1, 2), p.transpose(-2, -1))
         scores = (content + _per_key(position, span)) / math.sqrt(attention.head_dim)
-        mask = visible_keys(span, chunk, device=x.device)
-        if mask is not None:  # every query keeps >= 1 key, so a finite fill equals -inf here
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        if layout.mask is not None:  # every query keeps >= 1 key: a finite fill equals -inf
+            scores = scores.masked_fill(~layout.mask, torch.finfo(scores.dtype).min)
         out = torch.matmul(torch.softmax(scores, dim=-1), values)  # (1, H, n, dk)
         return attention.linear_out(out.transpose(1, 2).flatten(2))
 

@@ -35,6 +35,7 @@ class EstimatorStream:
         self.net = net
         self.cache = LayerCache()
         self.span = Span(0, 0, 0)
+        self._mask: Tensor | None = None  # the span's chunk mask, made once per pass
 
     def __call__(  # noqa: PLR0917 - called as the estimator is (`ConditionalFlowMatching.solve`)
         self,
@@ -54,6 +55,7 @@ class EstimatorStream:
         if not streaming or x.size(-1) != self.span.length:
             raise ValueError(f"estimator stream: {x.size(-1)} frames for span {self.span}")
         net = self.net
+        self._mask = visible_keys(self.span, net.config.static_chunk_size, device=x.device)
         time_emb = net.time_mlp(timestep_embedding(t, net.config.in_channels))
         spks = spks.unsqueeze(-1).expand(-1, -1, x.size(-1))
         h = torch.cat([x, mu, spks, cond], dim=1)  # (B, 320, n)
@@ -97,6 +99,5 @@ class EstimatorStream:
 
         q, k, v = split(attention.to_q(x)), split(attention.to_k(x)), split(attention.to_v(x))
         keys, values = self.cache.keys_values(attention, k, v, self.span.keep)
-        mask = visible_keys(self.span, self.net.config.static_chunk_size, device=x.device)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, n, hd)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self._mask)  # (B, H, n, hd)
         return attention.to_out[0](out.transpose(1, 2).flatten(2))
