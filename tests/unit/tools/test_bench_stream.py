@@ -35,3 +35,18 @@ def test_table_says_met_and_missed_against_the_targets() -> None:
     bench.runs = [fast]
     table = format_table(bench)
     assert "(every run): met (worst 0.50 s)" in table and "ahead of playback: yes" in table
+
+
+def test_chunk_table_has_the_flow_seconds_per_audio_second_and_the_recompute_run() -> None:
+    bench = StreamBench(
+        model="m",
+        tokens=250,
+        nonstream_s=5.0,
+        runs=[run([0.5, 1.0], [1.0, 2.0], 5.0)],
+        load_average=(1.0, 1.0),
+    )
+    table = format_table(bench)
+    assert "flow s per audio s" in table and "without the flow cache" not in table
+    assert "0.10 s   0.05   0.05 s   0.08" in table  # 0.1 s of flow for 2 s of audio
+    bench.recompute = run([0.5, 1.2], [1.0, 2.0], 5.0)
+    assert "chunks without the flow cache (prefix re-run per hop)" in format_table(bench)

@@ -2,11 +2,13 @@
 
 In process, on one loaded engine (a long-lived worker's situation): one non-streaming run,
 then `jobs` streamed runs of the same request. For each streamed run: time to the first chunk
-from the job's start, the last chunk, every chunk's size, its flow and HiFT seconds (do they
-grow with the chunk's position?) and whether playback started at the first chunk would ever
-stall. Then, unless skipped, the same through the real queue: a private redis-server, one
-`cosyq-worker run` process, a producer submitting `stream: true` and reading with
-`CosyqClient.stream`: first chunk from submit, and `timings.first_chunk_s` from job start.
+from the job's start, the last chunk, every chunk's size, its flow and HiFT seconds and the
+flow's seconds per second of the chunk's audio (with the flow cache they do not grow with the
+chunk's position; `--compare-recompute` adds one run without it) and whether playback
+started at the first chunk would ever stall. Then, unless skipped, the same through the real
+queue: a private redis-server, one `cosyq-worker run` process, a producer submitting
+`stream: true` and reading with `CosyqClient.stream`: first chunk from submit, and
+`timings.first_chunk_s` from job start.
 The machine's load average is printed beside the figures: compare ratios within one run.
 """
 
@@ -83,6 +85,7 @@ class StreamBench:
     runs: list[StreamRun]
     load_average: tuple[float, float]
     queue: QueueFigures | None = None
+    recompute: StreamRun | None = None  # one run re-running the flow over the prefix per hop
 
 
 def forced_engine(settings: Any) -> Any:
@@ -120,7 +123,9 @@ def _streamed(engine: Any, request: SynthesisInput) -> StreamRun:
     return run
 
 
-def run(options: BenchOptions, *, jobs: int, through_queue: bool) -> StreamBench:
+def run(
+    options: BenchOptions, *, jobs: int, through_queue: bool, compare_recompute: bool = False
+) -> StreamBench:
     torch.set_num_threads(options.threads)
     load_before = os.getloadavg()[0]
     tokens = options.tokens
@@ -144,6 +149,7 @@ def run(options: BenchOptions, *, jobs: int, through_queue: bool) -> StreamBench
         engine.run(request)
         nonstream_s = time.perf_counter() - start
         runs = [_streamed(engine, request) for _ in range(jobs)]
+        recompute = _recomputed(engine, request) if compare_recompute else None
         del engine
         queue = _through_queue(root, options, Path(workdir)) if through_queue else None
     return StreamBench(
@@ -153,7 +159,18 @@ def run(options: BenchOptions, *, jobs: int, through_queue: bool) -> StreamBench
         runs=runs,
         load_average=(load_before, os.getloadavg()[0]),
         queue=queue,
+        recompute=recompute,
     )
+
+
+def _recomputed(engine: Any, request: SynthesisInput) -> StreamRun:
+    """One streamed run whose flow re-runs every hop over the whole prefix (upstream's way,
+    no flow cache): the per-chunk flow seconds it grows by, beside the cached runs'."""
+    engine.flow.stream_cache = False
+    try:
+        return _streamed(engine, request)
+    finally:
+        engine.flow.stream_cache = True
 
 
 def _through_queue(root: Path, options: BenchOptions, workdir: Path) -> QueueFigures:

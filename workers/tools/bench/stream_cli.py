@@ -27,6 +27,11 @@ def register_bench(commands: Any) -> None:
     add_engine_arguments(stream)
     stream.add_argument("--jobs", type=int, default=3, help="streamed runs (default 3)")
     stream.add_argument("--no-queue", action="store_true", help="skip the real-queue run")
+    stream.add_argument(
+        "--compare-recompute",
+        action="store_true",
+        help="one more streamed run without the flow cache (every hop re-runs the prefix)",
+    )
     stream.add_argument("--json", action="store_true", help="print JSON instead of the table")
     stream.set_defaults(handler=run_stream_bench)
 
@@ -50,13 +55,37 @@ def run_stream_bench(args: argparse.Namespace) -> int:
     )
     if args.cache_dir is not None:
         options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
-    result = stream_bench.run(options, jobs=args.jobs, through_queue=not args.no_queue)
+    result = stream_bench.run(
+        options,
+        jobs=args.jobs,
+        through_queue=not args.no_queue,
+        compare_recompute=args.compare_recompute,
+    )
     print(json.dumps(asdict(result)) if args.json else format_table(result))
     return 0
 
 
 def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
+
+
+CHUNK_COLUMNS = "arrival, audio, flow s, flow s per audio s, HiFT s, (flow+HiFT)/audio"
+
+
+def _chunk_lines(run: Any) -> list[str]:
+    """One line per chunk: its arrival, audio, flow and HiFT seconds and their cost ratios."""
+    lines, audio_end = [], 0.0
+    for chunk, stall in zip(run.chunks, run.stalls(), strict=True):
+        seconds = chunk.samples / run.sample_rate
+        audio_end += seconds
+        flow = chunk.flow_s / seconds if seconds else 0.0
+        cost = (chunk.flow_s + chunk.hift_s) / seconds if seconds else 0.0
+        lines.append(
+            f"  {chunk.arrival_s:>7.2f} s  {seconds:>5.2f} s (to {audio_end:>5.2f})  "
+            f"{chunk.flow_s:>6.2f} s  {flow:>5.2f}  {chunk.hift_s:>5.2f} s  {cost:>5.2f}"
+            + (f"  stall {stall:.2f} s" if stall > 0 else "")
+        )
+    return lines
 
 
 def format_table(result: Any) -> str:
@@ -75,21 +104,11 @@ def format_table(result: Any) -> str:
             f"{run.last_chunk_s:>8.2f} s  {run.total_s:>7.2f} s ({run.total_s / base - 1:+.1%})"
             f"  {len(run.chunks):>6}  {sum(stalls):.2f} s"
         )
-    last = result.runs[-1]
-    lines += [
-        "",
-        f"chunks of run {len(result.runs)}: arrival, audio, flow, HiFT, (flow+HiFT)/audio s",
-    ]
-    audio_end = 0.0
-    for chunk, stall in zip(last.chunks, last.stalls(), strict=True):
-        seconds = chunk.samples / last.sample_rate
-        audio_end += seconds
-        cost = (chunk.flow_s + chunk.hift_s) / seconds if seconds else 0.0
-        lines.append(
-            f"  {chunk.arrival_s:>7.2f} s  {seconds:>5.2f} s (to {audio_end:>5.2f})  "
-            f"{chunk.flow_s:>6.2f} s  {chunk.hift_s:>5.2f} s  {cost:>5.2f}"
-            + (f"  stall {stall:.2f} s" if stall > 0 else "")
-        )
+    lines += ["", f"chunks of run {len(result.runs)}: {CHUNK_COLUMNS}"]
+    lines += _chunk_lines(result.runs[-1])
+    if result.recompute is not None:
+        lines += ["", f"chunks without the flow cache (prefix re-run per hop): {CHUNK_COLUMNS}"]
+        lines += _chunk_lines(result.recompute)
     worst_first = max(run.first_chunk_s for run in result.runs)
     worst_total = max(run.total_s for run in result.runs)
     over = worst_total / base - 1
