@@ -13,12 +13,14 @@ So a pass over new tokens needs, from the passes before it, only:
 A pass keeps what it computed for positions before its last chunk edge; a chunk left partly
 full (the first hop when the prompt is not a multiple of 25 tokens is lengthened so it is not,
 but any hop works) is computed again by the next pass, which starts at that edge. Results
-equal the whole-prefix recompute up to float rounding (tests bound it).
+equal the whole-prefix recompute up to float rounding (tests bound it). A pass costs its own
+frames' convs, projections and feed-forwards; only its attention scores grow with the prefix
+(new queries x kept keys), a small share beside the rest for pieces of a few tens of seconds.
 
 Memory grows with the piece and nothing else: the estimator's keys/values are
 steps x 2 rows x 2 (k, v) x attention layers x heads*head_dim values per mel frame (full
 model: 10 x 2 x 2 x 56 x 512 fp32 = 4.6 MB per frame, 0.23 GB per second of prompt + speech;
-buffers grow by half, so up to 1.5x that), the encoder's a few KB per frame; a piece's length
+buffers grow by half, so up to 1.5x that), the encoder's ~30 KB per frame; a piece's length
 is bounded by its speech tokens (the LLM's maximum per piece) and the noise buffer (15000
 frames). The cache is per request (per piece), never on the shared model; drop it after the
 final pass.
