@@ -26,8 +26,9 @@ def register(subparsers: Any) -> None:
     check.add_argument("--device", default="cpu", help="torch device (cpu, mps, cuda)")
     check.add_argument(
         "--stages",
-        default="llm,flow,hift,features",
-        help="comma-separated subset of llm, flow, hift, features (default: all)",
+        default="llm,flow,stream,hift,features",
+        help="comma-separated subset of llm, flow, stream (the engine's chunked streaming "
+        "flow), hift, features (default: all)",
     )
     check.set_defaults(handler=_check_reference)
 

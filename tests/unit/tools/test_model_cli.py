@@ -22,6 +22,7 @@ def test_check_reference_passes_on_the_shared_set(
     out = capsys.readouterr().out
     assert "llm_reference:logits" in out and "flow_reference:mel_nonstream" in out
     assert "hift_reference.npz:infer_wav" in out and "whisper_logmel128_1" in out
+    assert "stream_chunks:mel_stream_finalize" in out  # the engine's streamed flow, by default
     for stage in ("llm", "flow", "hift"):
         assert f"ok   full-size keys {stage}: 0 differences" in out
     assert "FAIL" not in out
