@@ -64,7 +64,7 @@ class LLMConfig:
             special = common.get("llm_special_tokens", {})
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
-        made = cls._make(qwen, sizes, speech_tokens, sampling_doc, source)
+        made = build_llm_config(qwen, sizes, speech_tokens, sampling_doc, source)
         expected_stops = special.get("stop_token_ids", list(made.stop_tokens))
         if list(expected_stops) != list(made.stop_tokens):
             raise ModelLoadError(f"{source}: stop ids {expected_stops} != {made.stop_tokens}")
@@ -85,27 +85,32 @@ class LLMConfig:
             speech_tokens = int(llm["speech_token_size"])
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
-        return cls._make(qwen_config, sizes, speech_tokens, sampling_doc, source)
+        return build_llm_config(qwen_config, sizes, speech_tokens, sampling_doc, source)
 
-    @classmethod
-    def _make(
-        cls,
-        qwen: Mapping[str, Any],
-        sizes: tuple[Any, Any],
-        speech_tokens: int,
-        sampling_doc: Mapping[str, Any],
-        source: str,
-    ) -> LLMConfig:
-        backbone = Qwen2Config.from_hf_config(qwen, source=f"{source}: qwen2 config")
-        if any(int(s) != backbone.hidden_size for s in sizes):
-            raise ModelLoadError(
-                f"{source}: llm_input_size/llm_output_size {sizes} must equal the Qwen2 "
-                f"hidden_size {backbone.hidden_size} (embeddings feed the backbone directly)"
-            )
-        if speech_tokens < 1:
-            raise ModelLoadError(f"{source}: speech_token_size must be >= 1")
-        sampling = SamplingConfig.from_mapping(sampling_doc, source=f"{source}: sampling")
-        return cls(backbone=backbone, speech_token_size=speech_tokens, sampling=sampling)
+
+def build_llm_config(
+    qwen: Mapping[str, Any],
+    sizes: tuple[Any, Any],
+    speech_tokens: int,
+    sampling_doc: Mapping[str, Any],
+    source: str,
+) -> LLMConfig:
+    """Check an `LLMConfig`'s parts and build it.
+
+    `qwen`: Hugging Face Qwen2 keys; `sizes`: `(llm_input_size, llm_output_size)`, both the
+    backbone's width; `sampling_doc`: the sampling mapping. `source` names the section in a
+    `ModelLoadError`.
+    """
+    backbone = Qwen2Config.from_hf_config(qwen, source=f"{source}: qwen2 config")
+    if any(int(s) != backbone.hidden_size for s in sizes):
+        raise ModelLoadError(
+            f"{source}: llm_input_size/llm_output_size {sizes} must equal the Qwen2 "
+            f"hidden_size {backbone.hidden_size} (embeddings feed the backbone directly)"
+        )
+    if speech_tokens < 1:
+        raise ModelLoadError(f"{source}: speech_token_size must be >= 1")
+    sampling = SamplingConfig.from_mapping(sampling_doc, source=f"{source}: sampling")
+    return LLMConfig(backbone=backbone, speech_token_size=speech_tokens, sampling=sampling)
 
 
 class Qwen2Encoder(nn.Module):
