@@ -65,14 +65,6 @@ class MelConfig:
     center: bool
 
     @classmethod
-    def from_reference(cls, config: Mapping[str, Any]) -> MelConfig:
-        """From a reference set's config.json (`common.feat_extractor_mel`)."""
-        try:
-            return mel_config_from_fields(config["common"]["feat_extractor_mel"])
-        except KeyError as e:
-            raise ModelLoadError(f"config.json: feat_extractor_mel key missing: {e}") from e
-
-    @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any]) -> MelConfig:
         """From the plain-data `cosyvoice2.yaml` (`feat_extractor`)."""
         try:

@@ -1,17 +1,18 @@
 """Hyperparameters of CosyVoice 2's flow stage (`CausalMaskedDiffWithXvec`) as frozen dataclasses.
 
 Three configs, one per sub-stage: the upsampling conformer encoder, the causal U-Net estimator
-and the flow-matching solver; `FlowConfig` holds them plus the token/speaker sizes. Each is built
-either from a reference set's `config.json` (`from_reference`) or from an upstream-format
-`cosyvoice2.yaml` read as plain data (`from_model_yaml`). Values that upstream hard-codes in its
-classes rather than in the yaml (the 4 up-sampling blocks, 10 Euler steps, the noise buffer) are
-the defaults here.
+and the flow-matching solver; `FlowConfig` holds them plus the token/speaker sizes. The model
+directory's `cosyvoice2.yaml`, read as plain data, builds it (`from_model_yaml`); its section
+readers (`encoder_config`, `estimator_config`, `require`, `require_int`) are public so that
+tools reading sections of the same upstream layout share them. Values that upstream hard-codes
+in its classes rather than in the yaml (the 4 up-sampling blocks, 10 Euler steps, the noise
+buffer) are the defaults here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import ModelLoadError
@@ -130,38 +131,6 @@ class FlowConfig:
     @property
     def token_mel_ratio(self) -> int:
         return self.encoder.upsample_stride
-
-    @classmethod
-    def from_reference(cls, config: Mapping[str, Any], size: str) -> FlowConfig:
-        """Build from a reference set's `config.json` (sections `common` and `tiny`/`full`)."""
-        flow = require(require(config, size, "config.json"), "flow", f"config.json:{size}")
-        common = require(config, "common", "config.json")
-        fixed = common.get("flow_encoder_fixed", {})
-        cfm = common.get("cfm", {})
-        where = f"config.json:{size}.flow"
-        encoder = encoder_config(flow, require(flow, "encoder", where), f"{where}.encoder")
-        encoder = replace(
-            encoder,
-            num_up_blocks=int(fixed.get("num_up_blocks", encoder.num_up_blocks)),
-            layer_norm_eps=float(fixed.get("layernorm_eps", encoder.layer_norm_eps)),
-        )
-        decoder = require(flow, "decoder", where)
-        estimator = require(decoder, "estimator", f"{where}.decoder")
-        noise_shape = cfm.get("rand_noise_shape", [1, 80, NOISE_FRAMES])
-        return cls(
-            vocab_size=require_int(flow, "vocab_size", where),
-            mel_bins=require_int(flow, "output_size", where),
-            spk_embed_dim=require_int(flow, "spk_embed_dim", where),
-            encoder=encoder,
-            estimator=estimator_config(estimator, f"{where}.decoder.estimator"),
-            cfm=CfmConfig(
-                n_timesteps=int(cfm.get("n_timesteps", DEFAULT_EULER_STEPS)),
-                inference_cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
-                temperature=float(cfm.get("temperature", 1.0)),
-                noise_frames=int(noise_shape[-1]),
-                noise_seed=int(cfm.get("rand_noise_seed", NOISE_SEED)),
-            ),
-        )
 
     @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any]) -> FlowConfig:

@@ -1,8 +1,8 @@
 """Hyperparameters of the HiFT vocoder (HiFTGenerator + ConvRNNF0Predictor), read from files.
 
-Every size comes from a reference set's `config.json` or an upstream `cosyvoice2.yaml`; nothing
-here is a model size. Upstream picks its sine generator by sample rate: 22050 Hz selects the
-older audio-rate `SineGen` (CosyVoice 1), every other rate `SineGen2`, which is what we build.
+Every size comes from the model directory's upstream-format `cosyvoice2.yaml`; nothing here is a
+model size. Upstream picks its sine generator by sample rate: 22050 Hz selects the older
+audio-rate `SineGen` (CosyVoice 1), every other rate `SineGen2`, which is what we build.
 """
 
 from __future__ import annotations
@@ -71,23 +71,6 @@ class HiFTConfig:
         return self.istft_n_fft // 2 + 1
 
     @classmethod
-    def from_reference(cls, config: Mapping[str, Any], size: str) -> HiFTConfig:
-        """From a reference set's config.json: `common.hift_fixed` plus `<size>.hift`."""
-        try:
-            fixed = config["common"]["hift_fixed"]
-            sized = config[size]["hift"]
-            predictor = _parse_predictor_text(fixed.get("f0_predictor", ""))
-            return hift_config_from_fields(
-                fixed,
-                base_channels=sized["base_channels"],
-                f0_cond_channels=sized["f0_predictor_cond_channels"],
-                f0_in_channels=predictor.get("in_channels", fixed["in_channels"]),
-                f0_num_class=predictor.get("num_class", 1),
-            )
-        except KeyError as e:
-            raise ModelLoadError(f"config.json: hift key missing: {e}") from e
-
-    @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any]) -> HiFTConfig:
         """From the plain-data dict `load_plain_yaml()` returns for `cosyvoice2.yaml`."""
         try:
@@ -144,14 +127,3 @@ def hift_config_from_fields(
 
 def _nested(rows: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(v) for v in row) for row in rows)
-
-
-def _parse_predictor_text(text: str) -> dict[str, int]:
-    """`ConvRNNF0Predictor(num_class=1, in_channels=80)` -> {"num_class": 1, "in_channels": 80}."""
-    inside = text.partition("(")[2].rpartition(")")[0]
-    values: dict[str, int] = {}
-    for part in inside.split(","):
-        name, _, value = part.partition("=")
-        if value.strip().lstrip("-").isdigit():
-            values[name.strip()] = int(value)
-    return values

@@ -51,26 +51,6 @@ class LLMConfig:
         return self.speech_token_size + STOP_TOKEN_COUNT
 
     @classmethod
-    def from_reference(cls, config: Mapping[str, Any], size: str) -> LLMConfig:
-        """From a reference set's config.json (`common` + `tiny`/`full` sections)."""
-        source = f"config.json[{size}][llm]"
-        try:
-            section = config[size]["llm"]
-            common = config["common"]
-            qwen = section["qwen2_config"]
-            sizes = (section["llm_input_size"], section["llm_output_size"])
-            speech_tokens = int(section["speech_token_size"])
-            sampling_doc = common["llm_sampling"]
-            special = common.get("llm_special_tokens", {})
-        except KeyError as e:
-            raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
-        made = build_llm_config(qwen, sizes, speech_tokens, sampling_doc, source)
-        expected_stops = special.get("stop_token_ids", list(made.stop_tokens))
-        if list(expected_stops) != list(made.stop_tokens):
-            raise ModelLoadError(f"{source}: stop ids {expected_stops} != {made.stop_tokens}")
-        return made
-
-    @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any], qwen_config: Mapping[str, Any]) -> LLMConfig:
         """From `load_plain_yaml(cosyvoice2.yaml)` and `CosyVoice-BlankEN/config.json`."""
         source = "cosyvoice2.yaml[llm]"
