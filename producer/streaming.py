@@ -113,8 +113,8 @@ def _check_job(
     job = tracker.fetch(job_id)  # JobNotFoundError once the job itself expired
     raw_state = job.get_status(refresh=False)
     state = raw_state.value if raw_state is not None else "unknown"
-    if state not in TERMINAL_STATES or connection.exists(key):
-        return
+    if state not in TERMINAL_STATES or (state == "finished" and connection.exists(key)):
+        return  # still running, or finished with its final entry still to read
     if state == "finished":
         raise StreamExpiredError(
             f"stream of job {job_id} has expired (streams are kept COSYQ_RESULT_TTL_S); "

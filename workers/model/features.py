@@ -65,39 +65,35 @@ class MelConfig:
     center: bool
 
     @classmethod
-    def from_reference(cls, config: Mapping[str, Any]) -> MelConfig:
-        """From a reference set's config.json (`common.feat_extractor_mel`)."""
-        try:
-            return cls._from_fields(config["common"]["feat_extractor_mel"])
-        except KeyError as e:
-            raise ModelLoadError(f"config.json: feat_extractor_mel key missing: {e}") from e
-
-    @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any]) -> MelConfig:
         """From the plain-data `cosyvoice2.yaml` (`feat_extractor`)."""
         try:
-            return cls._from_fields(doc["feat_extractor"])
+            return mel_config_from_fields(doc["feat_extractor"])
         except (KeyError, TypeError) as e:
             raise ModelLoadError(f"cosyvoice2.yaml: feat_extractor key missing: {e}") from e
-
-    @classmethod
-    def _from_fields(cls, src: Mapping[str, Any]) -> MelConfig:
-        fmax = src["fmax"]
-        return cls(
-            n_fft=int(src["n_fft"]),
-            num_mels=int(src["num_mels"]),
-            sampling_rate=int(src["sampling_rate"]),
-            hop_size=int(src["hop_size"]),
-            win_size=int(src["win_size"]),
-            fmin=float(src["fmin"]),
-            fmax=None if fmax is None else float(fmax),
-            center=bool(src["center"]),
-        )
 
     @property
     def reflect_pad(self) -> int:
         """Samples reflected on each side before the STFT: (1920 − 480) / 2 = 720."""
         return (self.n_fft - self.hop_size) // 2
+
+
+def mel_config_from_fields(src: Mapping[str, Any]) -> MelConfig:
+    """A `MelConfig` from Matcha's `mel_spectrogram` keyword names (`n_fft`, ..., `center`).
+
+    A missing field raises `KeyError`; the caller names the section it read.
+    """
+    fmax = src["fmax"]
+    return MelConfig(
+        n_fft=int(src["n_fft"]),
+        num_mels=int(src["num_mels"]),
+        sampling_rate=int(src["sampling_rate"]),
+        hop_size=int(src["hop_size"]),
+        win_size=int(src["win_size"]),
+        fmin=float(src["fmin"]),
+        fmax=None if fmax is None else float(fmax),
+        center=bool(src["center"]),
+    )
 
 
 @lru_cache(maxsize=8)

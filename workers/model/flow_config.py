@@ -1,17 +1,18 @@
 """Hyperparameters of CosyVoice 2's flow stage (`CausalMaskedDiffWithXvec`) as frozen dataclasses.
 
 Three configs, one per sub-stage: the upsampling conformer encoder, the causal U-Net estimator
-and the flow-matching solver; `FlowConfig` holds them plus the token/speaker sizes. Each is built
-either from a reference set's `config.json` (`from_reference`) or from an upstream-format
-`cosyvoice2.yaml` read as plain data (`from_model_yaml`). Values that upstream hard-codes in its
-classes rather than in the yaml (the 4 up-sampling blocks, 10 Euler steps, the noise buffer) are
-the defaults here.
+and the flow-matching solver; `FlowConfig` holds them plus the token/speaker sizes. The model
+directory's `cosyvoice2.yaml`, read as plain data, builds it (`from_model_yaml`); its section
+readers (`encoder_config`, `estimator_config`, `require`, `require_int`) are public so that
+tools reading sections of the same upstream layout share them. Values that upstream hard-codes
+in its classes rather than in the yaml (the 4 up-sampling blocks, 10 Euler steps, the noise
+buffer) are the defaults here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.errors import ModelLoadError
@@ -23,7 +24,7 @@ NOISE_FRAMES = 50 * 300  # 15000
 NOISE_SEED = 0
 
 
-def _need(section: Mapping[str, Any], key: str, where: str) -> Any:
+def require(section: Mapping[str, Any], key: str, where: str) -> Any:
     """`section[key]`, or a `ModelLoadError` naming the missing key and where it was expected."""
     if not isinstance(section, Mapping):
         raise ModelLoadError(f"{where}: expected a mapping, found {type(section).__name__}")
@@ -32,8 +33,9 @@ def _need(section: Mapping[str, Any], key: str, where: str) -> Any:
     return section[key]
 
 
-def _int(section: Mapping[str, Any], key: str, where: str) -> int:
-    value = _need(section, key, where)
+def require_int(section: Mapping[str, Any], key: str, where: str) -> int:
+    """`section[key]` as an integer (booleans refused), or a `ModelLoadError` naming it."""
+    value = require(section, key, where)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ModelLoadError(f"{where}.{key}: expected an integer, found {value!r}")
     return value
@@ -131,66 +133,39 @@ class FlowConfig:
         return self.encoder.upsample_stride
 
     @classmethod
-    def from_reference(cls, config: Mapping[str, Any], size: str) -> FlowConfig:
-        """Build from a reference set's `config.json` (sections `common` and `tiny`/`full`)."""
-        flow = _need(_need(config, size, "config.json"), "flow", f"config.json:{size}")
-        common = _need(config, "common", "config.json")
-        fixed = common.get("flow_encoder_fixed", {})
-        cfm = common.get("cfm", {})
-        where = f"config.json:{size}.flow"
-        encoder = _encoder_config(flow, _need(flow, "encoder", where), f"{where}.encoder")
-        encoder = replace(
-            encoder,
-            num_up_blocks=int(fixed.get("num_up_blocks", encoder.num_up_blocks)),
-            layer_norm_eps=float(fixed.get("layernorm_eps", encoder.layer_norm_eps)),
-        )
-        decoder = _need(flow, "decoder", where)
-        estimator = _need(decoder, "estimator", f"{where}.decoder")
-        noise_shape = cfm.get("rand_noise_shape", [1, 80, NOISE_FRAMES])
-        return cls(
-            vocab_size=_int(flow, "vocab_size", where),
-            mel_bins=_int(flow, "output_size", where),
-            spk_embed_dim=_int(flow, "spk_embed_dim", where),
-            encoder=encoder,
-            estimator=_estimator_config(estimator, f"{where}.decoder.estimator"),
-            cfm=CfmConfig(
-                n_timesteps=int(cfm.get("n_timesteps", DEFAULT_EULER_STEPS)),
-                inference_cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
-                temperature=float(cfm.get("temperature", 1.0)),
-                noise_frames=int(noise_shape[-1]),
-                noise_seed=int(cfm.get("rand_noise_seed", NOISE_SEED)),
-            ),
-        )
-
-    @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any]) -> FlowConfig:
         """Build from `load_plain_yaml(cosyvoice2.yaml)`: the `flow` section and its children."""
-        flow = _need(doc, "flow", "cosyvoice2.yaml")
+        flow = require(doc, "flow", "cosyvoice2.yaml")
         where = "cosyvoice2.yaml:flow"
-        decoder = _need(flow, "decoder", where)
-        params = _need(decoder, "cfm_params", f"{where}.decoder")
+        decoder = require(flow, "decoder", where)
+        params = require(decoder, "cfm_params", f"{where}.decoder")
         params = params.get("content", params)  # !new:omegaconf.DictConfig {content: {...}}
         _expect(params, "t_scheduler", "cosine", f"{where}.decoder.cfm_params")
         _expect(params, "solver", "euler", f"{where}.decoder.cfm_params")
-        estimator = _need(decoder, "estimator", f"{where}.decoder")
+        estimator = require(decoder, "estimator", f"{where}.decoder")
         return cls(
-            vocab_size=_int(flow, "vocab_size", where),
-            mel_bins=_int(flow, "output_size", where),
-            spk_embed_dim=_int(flow, "spk_embed_dim", where),
-            encoder=_encoder_config(flow, _need(flow, "encoder", where), f"{where}.encoder"),
-            estimator=_estimator_config(estimator, f"{where}.decoder.estimator"),
+            vocab_size=require_int(flow, "vocab_size", where),
+            mel_bins=require_int(flow, "output_size", where),
+            spk_embed_dim=require_int(flow, "spk_embed_dim", where),
+            encoder=encoder_config(flow, require(flow, "encoder", where), f"{where}.encoder"),
+            estimator=estimator_config(estimator, f"{where}.decoder.estimator"),
             cfm=CfmConfig(
                 inference_cfg_rate=float(
-                    _need(params, "inference_cfg_rate", f"{where}.decoder.cfm_params")
+                    require(params, "inference_cfg_rate", f"{where}.decoder.cfm_params")
                 )
             ),
         )
 
 
-def _encoder_config(
+def encoder_config(
     flow: Mapping[str, Any], enc: Mapping[str, Any], where: str
 ) -> FlowEncoderConfig:
-    width = _int(enc, "output_size", where)
+    """The encoder's sizes from upstream's `flow` section and its `encoder` child.
+
+    Refuses a width that changes inside the encoder and any architecture switch other than
+    CosyVoice 2's; `where` names the `encoder` section in errors.
+    """
+    width = require_int(enc, "output_size", where)
     for section, key, place in ((enc, "input_size", where), (flow, "input_size", "flow")):
         if key in section and section[key] != width:
             raise ModelLoadError(
@@ -208,17 +183,18 @@ def _encoder_config(
         _expect(enc, key, allowed, where)
     return FlowEncoderConfig(
         width=width,
-        attention_heads=_int(enc, "attention_heads", where),
-        linear_units=_int(enc, "linear_units", where),
-        num_blocks=_int(enc, "num_blocks", where),
+        attention_heads=require_int(enc, "attention_heads", where),
+        linear_units=require_int(enc, "linear_units", where),
+        num_blocks=require_int(enc, "num_blocks", where),
         pre_lookahead_len=int(flow.get("pre_lookahead_len", 3)),
         upsample_stride=int(flow.get("token_mel_ratio", 2)),
         static_chunk_size=int(enc.get("static_chunk_size", 0)),  # upstream class default: 0
     )
 
 
-def _estimator_config(est: Mapping[str, Any], where: str) -> EstimatorConfig:
-    channels = _need(est, "channels", where)
+def estimator_config(est: Mapping[str, Any], where: str) -> EstimatorConfig:
+    """The U-Net's sizes from upstream's `decoder.estimator` section (one level, GELU only)."""
+    channels = require(est, "channels", where)
     if not isinstance(channels, list | tuple) or len(channels) != 1:
         raise ModelLoadError(
             f"{where}.channels: {channels!r} is not supported; the causal estimator has exactly "
@@ -226,12 +202,12 @@ def _estimator_config(est: Mapping[str, Any], where: str) -> EstimatorConfig:
         )
     _expect(est, "act_fn", "gelu", where)
     return EstimatorConfig(
-        in_channels=_int(est, "in_channels", where),
-        out_channels=_int(est, "out_channels", where),
+        in_channels=require_int(est, "in_channels", where),
+        out_channels=require_int(est, "out_channels", where),
         channels=int(channels[0]),
-        attention_head_dim=_int(est, "attention_head_dim", where),
-        num_heads=_int(est, "num_heads", where),
-        n_blocks=_int(est, "n_blocks", where),
-        num_mid_blocks=_int(est, "num_mid_blocks", where),
+        attention_head_dim=require_int(est, "attention_head_dim", where),
+        num_heads=require_int(est, "num_heads", where),
+        n_blocks=require_int(est, "n_blocks", where),
+        num_mid_blocks=require_int(est, "num_mid_blocks", where),
         static_chunk_size=int(est.get("static_chunk_size", 50)),
     )

@@ -1,8 +1,8 @@
 """Hyperparameters of the HiFT vocoder (HiFTGenerator + ConvRNNF0Predictor), read from files.
 
-Every size comes from a reference set's `config.json` or an upstream `cosyvoice2.yaml`; nothing
-here is a model size. Upstream picks its sine generator by sample rate: 22050 Hz selects the
-older audio-rate `SineGen` (CosyVoice 1), every other rate `SineGen2`, which is what we build.
+Every size comes from the model directory's upstream-format `cosyvoice2.yaml`; nothing here is a
+model size. Upstream picks its sine generator by sample rate: 22050 Hz selects the older
+audio-rate `SineGen` (CosyVoice 1), every other rate `SineGen2`, which is what we build.
 """
 
 from __future__ import annotations
@@ -71,29 +71,12 @@ class HiFTConfig:
         return self.istft_n_fft // 2 + 1
 
     @classmethod
-    def from_reference(cls, config: Mapping[str, Any], size: str) -> HiFTConfig:
-        """From a reference set's config.json: `common.hift_fixed` plus `<size>.hift`."""
-        try:
-            fixed = config["common"]["hift_fixed"]
-            sized = config[size]["hift"]
-            predictor = _parse_predictor_text(fixed.get("f0_predictor", ""))
-            return cls._from_fields(
-                fixed,
-                base_channels=sized["base_channels"],
-                f0_cond_channels=sized["f0_predictor_cond_channels"],
-                f0_in_channels=predictor.get("in_channels", fixed["in_channels"]),
-                f0_num_class=predictor.get("num_class", 1),
-            )
-        except KeyError as e:
-            raise ModelLoadError(f"config.json: hift key missing: {e}") from e
-
-    @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any]) -> HiFTConfig:
         """From the plain-data dict `load_plain_yaml()` returns for `cosyvoice2.yaml`."""
         try:
             hift = doc["hift"]
             predictor = hift["f0_predictor"]
-            return cls._from_fields(
+            return hift_config_from_fields(
                 hift,
                 base_channels=hift["base_channels"],
                 f0_cond_channels=predictor["cond_channels"],
@@ -103,39 +86,44 @@ class HiFTConfig:
         except (KeyError, TypeError) as e:
             raise ModelLoadError(f"cosyvoice2.yaml: hift key missing: {e}") from e
 
-    @classmethod
-    def _from_fields(cls, src: Mapping[str, Any], **extra: Any) -> HiFTConfig:
-        return cls(
-            in_channels=int(src["in_channels"]),
-            nb_harmonics=int(src["nb_harmonics"]),
-            sampling_rate=int(src["sampling_rate"]),
-            nsf_alpha=float(src["nsf_alpha"]),
-            nsf_sigma=float(src["nsf_sigma"]),
-            nsf_voiced_threshold=float(src["nsf_voiced_threshold"]),
-            upsample_rates=tuple(int(v) for v in src["upsample_rates"]),
-            upsample_kernel_sizes=tuple(int(v) for v in src["upsample_kernel_sizes"]),
-            istft_n_fft=int(src["istft_params"]["n_fft"]),
-            istft_hop=int(src["istft_params"]["hop_len"]),
-            resblock_kernel_sizes=tuple(int(v) for v in src["resblock_kernel_sizes"]),
-            resblock_dilation_sizes=_nested(src["resblock_dilation_sizes"]),
-            source_resblock_kernel_sizes=tuple(int(v) for v in src["source_resblock_kernel_sizes"]),
-            source_resblock_dilation_sizes=_nested(src["source_resblock_dilation_sizes"]),
-            lrelu_slope=float(src["lrelu_slope"]),
-            audio_limit=float(src["audio_limit"]),
-            **{k: int(v) for k, v in extra.items()},
-        )
+
+def hift_config_from_fields(
+    src: Mapping[str, Any],
+    *,
+    base_channels: int,
+    f0_in_channels: int,
+    f0_cond_channels: int,
+    f0_num_class: int = 1,
+) -> HiFTConfig:
+    """A `HiFTConfig` from upstream's `HiFTGenerator` keyword names plus the per-size values.
+
+    `src` holds the generator's keywords (`in_channels`, `upsample_rates`, `istft_params`, ...);
+    the keyword arguments carry what lies outside that section (the f0 predictor's sizes). A
+    missing field raises `KeyError`; the caller names the section it read.
+    """
+    return HiFTConfig(
+        in_channels=int(src["in_channels"]),
+        base_channels=int(base_channels),
+        nb_harmonics=int(src["nb_harmonics"]),
+        sampling_rate=int(src["sampling_rate"]),
+        nsf_alpha=float(src["nsf_alpha"]),
+        nsf_sigma=float(src["nsf_sigma"]),
+        nsf_voiced_threshold=float(src["nsf_voiced_threshold"]),
+        upsample_rates=tuple(int(v) for v in src["upsample_rates"]),
+        upsample_kernel_sizes=tuple(int(v) for v in src["upsample_kernel_sizes"]),
+        istft_n_fft=int(src["istft_params"]["n_fft"]),
+        istft_hop=int(src["istft_params"]["hop_len"]),
+        resblock_kernel_sizes=tuple(int(v) for v in src["resblock_kernel_sizes"]),
+        resblock_dilation_sizes=_nested(src["resblock_dilation_sizes"]),
+        source_resblock_kernel_sizes=tuple(int(v) for v in src["source_resblock_kernel_sizes"]),
+        source_resblock_dilation_sizes=_nested(src["source_resblock_dilation_sizes"]),
+        lrelu_slope=float(src["lrelu_slope"]),
+        audio_limit=float(src["audio_limit"]),
+        f0_in_channels=int(f0_in_channels),
+        f0_cond_channels=int(f0_cond_channels),
+        f0_num_class=int(f0_num_class),
+    )
 
 
 def _nested(rows: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(v) for v in row) for row in rows)
-
-
-def _parse_predictor_text(text: str) -> dict[str, int]:
-    """`ConvRNNF0Predictor(num_class=1, in_channels=80)` -> {"num_class": 1, "in_channels": 80}."""
-    inside = text.partition("(")[2].rpartition(")")[0]
-    values: dict[str, int] = {}
-    for part in inside.split(","):
-        name, _, value = part.partition("=")
-        if value.strip().lstrip("-").isdigit():
-            values[name.strip()] = int(value)
-    return values

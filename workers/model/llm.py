@@ -51,26 +51,6 @@ class LLMConfig:
         return self.speech_token_size + STOP_TOKEN_COUNT
 
     @classmethod
-    def from_reference(cls, config: Mapping[str, Any], size: str) -> LLMConfig:
-        """From a reference set's config.json (`common` + `tiny`/`full` sections)."""
-        source = f"config.json[{size}][llm]"
-        try:
-            section = config[size]["llm"]
-            common = config["common"]
-            qwen = section["qwen2_config"]
-            sizes = (section["llm_input_size"], section["llm_output_size"])
-            speech_tokens = int(section["speech_token_size"])
-            sampling_doc = common["llm_sampling"]
-            special = common.get("llm_special_tokens", {})
-        except KeyError as e:
-            raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
-        made = cls._make(qwen, sizes, speech_tokens, sampling_doc, source)
-        expected_stops = special.get("stop_token_ids", list(made.stop_tokens))
-        if list(expected_stops) != list(made.stop_tokens):
-            raise ModelLoadError(f"{source}: stop ids {expected_stops} != {made.stop_tokens}")
-        return made
-
-    @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any], qwen_config: Mapping[str, Any]) -> LLMConfig:
         """From `load_plain_yaml(cosyvoice2.yaml)` and `CosyVoice-BlankEN/config.json`."""
         source = "cosyvoice2.yaml[llm]"
@@ -85,27 +65,32 @@ class LLMConfig:
             speech_tokens = int(llm["speech_token_size"])
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
-        return cls._make(qwen_config, sizes, speech_tokens, sampling_doc, source)
+        return build_llm_config(qwen_config, sizes, speech_tokens, sampling_doc, source)
 
-    @classmethod
-    def _make(
-        cls,
-        qwen: Mapping[str, Any],
-        sizes: tuple[Any, Any],
-        speech_tokens: int,
-        sampling_doc: Mapping[str, Any],
-        source: str,
-    ) -> LLMConfig:
-        backbone = Qwen2Config.from_hf_config(qwen, source=f"{source}: qwen2 config")
-        if any(int(s) != backbone.hidden_size for s in sizes):
-            raise ModelLoadError(
-                f"{source}: llm_input_size/llm_output_size {sizes} must equal the Qwen2 "
-                f"hidden_size {backbone.hidden_size} (embeddings feed the backbone directly)"
-            )
-        if speech_tokens < 1:
-            raise ModelLoadError(f"{source}: speech_token_size must be >= 1")
-        sampling = SamplingConfig.from_mapping(sampling_doc, source=f"{source}: sampling")
-        return cls(backbone=backbone, speech_token_size=speech_tokens, sampling=sampling)
+
+def build_llm_config(
+    qwen: Mapping[str, Any],
+    sizes: tuple[Any, Any],
+    speech_tokens: int,
+    sampling_doc: Mapping[str, Any],
+    source: str,
+) -> LLMConfig:
+    """Check an `LLMConfig`'s parts and build it.
+
+    `qwen`: Hugging Face Qwen2 keys; `sizes`: `(llm_input_size, llm_output_size)`, both the
+    backbone's width; `sampling_doc`: the sampling mapping. `source` names the section in a
+    `ModelLoadError`.
+    """
+    backbone = Qwen2Config.from_hf_config(qwen, source=f"{source}: qwen2 config")
+    if any(int(s) != backbone.hidden_size for s in sizes):
+        raise ModelLoadError(
+            f"{source}: llm_input_size/llm_output_size {sizes} must equal the Qwen2 "
+            f"hidden_size {backbone.hidden_size} (embeddings feed the backbone directly)"
+        )
+    if speech_tokens < 1:
+        raise ModelLoadError(f"{source}: speech_token_size must be >= 1")
+    sampling = SamplingConfig.from_mapping(sampling_doc, source=f"{source}: sampling")
+    return LLMConfig(backbone=backbone, speech_token_size=speech_tokens, sampling=sampling)
 
 
 class Qwen2Encoder(nn.Module):

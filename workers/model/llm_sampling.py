@@ -57,7 +57,7 @@ class SamplingConfig:
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any], *, source: str) -> SamplingConfig:
-        """From `llm_sampling` (reference config.json) or the yaml's `sampling` entry."""
+        """From a mapping of upstream's sampling keys (the yaml's `sampling` entry)."""
         try:
             return cls(
                 top_p=float(doc["top_p"]),

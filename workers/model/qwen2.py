@@ -49,7 +49,7 @@ class Qwen2Config:
 
     @classmethod
     def from_hf_config(cls, doc: Mapping[str, Any], *, source: str) -> Qwen2Config:
-        """From HF Qwen2 keys (`CosyVoice-BlankEN/config.json` or the reference set's copy)."""
+        """From Hugging Face Qwen2 keys (the model directory's `CosyVoice-BlankEN/config.json`)."""
 
         def get(key: str) -> Any:
             if key not in doc:

@@ -9,6 +9,7 @@ from exactly those, so it equals the streamed audio. A retried attempt starts th
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import numpy as np
 import redis
@@ -16,9 +17,49 @@ import soxr
 
 from shared.audio import RESAMPLE_QUALITY
 from shared.audio_stream import chunk_fields, error_fields, final_fields, to_pcm16
+from shared.jobs import NATIVE_SAMPLE_RATE, SUPPORTED_SAMPLE_RATES
+from shared.keys import audio_stream_key
 from shared.logs import get_logger
 
 log = get_logger(__name__)
+RELEASED_STREAM_TTL_S = 86_400  # a died job's new stream when its job has no result TTL
+
+
+def end_released_stream(
+    connection: redis.Redis,
+    job_id: str,
+    request: object,
+    *,
+    kind: str,
+    message: str,
+    ttl_s: int | None,
+) -> bool:
+    """The reaper's half: a streamed job whose worker died ends its attempt's stream with the
+    error (a reader gets it at once instead of waiting for its timeout). Only when the stream
+    exists or the request asked for one; the entry continues the last entry's seq and attempt.
+    Kept as long as the stream already was, else `ttl_s` (the job's result TTL). Returns
+    whether an entry was written."""
+    if not isinstance(request, dict) or request.get("stream") is not True:
+        return False
+    key = audio_stream_key(job_id)
+    rate = request.get("sample_rate", NATIVE_SAMPLE_RATE)
+    if not isinstance(rate, int) or rate not in SUPPORTED_SAMPLE_RATES:
+        rate = NATIVE_SAMPLE_RATE
+    seq, attempt = 0, 1
+    last = cast(list, connection.xrevrange(key, count=1))
+    if last:
+        fields = last[0][1]
+        seq, attempt = int(fields[b"seq"]) + 1, int(fields.get(b"attempt", b"1"))
+        if fields.get(b"final") == b"1":
+            return False  # the attempt ended its stream itself
+    ttl = connection.ttl(key)
+    pipe = connection.pipeline(transaction=False)
+    pipe.xadd(key, error_fields(seq, attempt, rate, kind=kind, message=message))  # type: ignore[arg-type]
+    if not (isinstance(ttl, int) and ttl > 0):
+        ttl = ttl_s if ttl_s is not None and ttl_s > 0 else RELEASED_STREAM_TTL_S
+    pipe.expire(key, ttl)
+    pipe.execute()
+    return True
 
 
 class AudioStreamWriter:

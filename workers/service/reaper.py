@@ -34,6 +34,7 @@ from rq.worker import SimpleWorker
 from shared import keys
 from shared.logs import get_logger
 from workers.service.admission import CosyqJob
+from workers.service.audio_stream import end_released_stream
 
 log = get_logger(__name__)
 
@@ -135,6 +136,7 @@ def release_job(
             record_job_failure(job, message, pipe)
             pipe.hset(job.key, "meta", json.dumps(job.meta))
         pipe.execute()
+    _end_stream(connection, job, kind=kind, message=message, retry=retry)
     outcome: Outcome = "failed"
     if retry:
         # After the pipeline: RQ's enqueue WATCHes dependencies, so it cannot join one.
@@ -151,6 +153,20 @@ def release_job(
         reason=kind,
     )
     return ReapedJob(job_id=job_id, queue=queue.name, worker_name=worker_name, outcome=outcome)
+
+
+def _end_stream(connection: Redis, job: Job, *, kind: str, message: str, retry: bool) -> None:
+    """A streamed job's readers learn at once that this attempt ended (before any retry
+    restarts the stream); best effort: the job's own outcome is already recorded."""
+    request = job.kwargs.get("request") if isinstance(job.kwargs, dict) else None
+    if retry:
+        message += "; the job was requeued and its next attempt restarts the stream"
+    try:
+        end_released_stream(
+            connection, job.id, request, kind=kind, message=message, ttl_s=job.result_ttl
+        )
+    except (RedisError, ValueError, KeyError) as e:
+        log.warning("stream_error_entry_lost", job_id=job.id, error=str(e))
 
 
 def _still_claimed(connection: Redis, queue: Queue, job: Job) -> bool:

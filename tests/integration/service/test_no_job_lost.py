@@ -9,10 +9,16 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
 import redis
 from rq import Retry
 
+from producer import CosyqClient
+from shared import keys
+from shared.errors import StreamFailedError
+from shared.settings import load_settings
 from tests.doubles.harness import Cluster, enqueue, named, wait_for
+from workers.service.reaper import Reaper
 
 DEADLINE_S = 30  # the bound, from the kill to the job being done or failed
 
@@ -68,3 +74,39 @@ def test_native_crash_without_retries_left_fails_at_once_on_next_start(
     assert crashing.meta["cosyq_error"]["kind"] == "worker_died"
     released = named(cluster.events("b.log"), "job_released")
     assert [(e["job_id"], e["outcome"]) for e in released] == [(crashing.id, "failed")]
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_streamed_job_whose_worker_died_ends_its_stream_with_the_error(
+    cluster: Cluster,
+    connection: redis.Redis,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    retries: int,
+) -> None:
+    cluster.overrides["COSYQ_MAX_RETRIES"] = str(retries)
+    retry = Retry(max=retries) if retries else None
+    job = enqueue(connection, "exit:139 crash", stream=True, retry=retry)
+    assert cluster.start("run", log_name="a.log").wait(timeout=30) == 139
+    if retries:  # released here, so no worker takes the retry and restarts the stream first
+        holder = connection.get(keys.job_heartbeat_key(job.id))
+        assert holder is not None
+        reaper = Reaper(connection, ["cosyq-default"], heartbeat_ttl_s=DEADLINE_S)
+        assert [r.outcome for r in reaper.reap(dead_worker=holder.decode())] == ["retried"]
+    else:
+        cluster.start("run", log_name="b.log")  # reaps the dead attempt at start-up
+    monkeypatch.setenv("COSYQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("COSYQ_STREAM_BLOCK_MS", "200")
+    started = time.monotonic()
+    with (
+        CosyqClient(load_settings(env_file=None)) as client,
+        pytest.raises(StreamFailedError) as failed,
+    ):
+        list(client.stream(job.id, timeout=DEADLINE_S))
+    assert time.monotonic() - started < DEADLINE_S
+    assert failed.value.kind == "worker_died"
+    assert ("requeued" in str(failed.value)) == bool(retries)
+    key = keys.audio_stream_key(job.id)
+    entries = connection.xrange(key)
+    assert entries and entries[-1][1][b"error_kind"] == b"worker_died"
+    assert connection.ttl(key) > 0

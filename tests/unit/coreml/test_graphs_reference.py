@@ -20,7 +20,7 @@ from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE, stage_specs
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import build_flow
-from workers.model.flow_config import FlowConfig
+from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.flow import MEL_TOL
 from workers.tools.reference.hift import (
     SOURCE_ATOL,
@@ -65,7 +65,7 @@ def test_traced_hift_graphs_match_the_reference(ref: ReferenceSet) -> None:
 
 def test_traced_flow_graphs_match_the_reference(ref: ReferenceSet) -> None:
     flow = build_flow(
-        FlowConfig.from_reference(ref.config, "tiny"), read_state_dict(ref.checkpoint("flow"))
+        flow_config_from_reference(ref.config, "tiny"), read_state_dict(ref.checkpoint("flow"))
     )
     arrays = ref.arrays("flow_reference.npz")
     token, prompt_token, prompt_feat, embedding = (

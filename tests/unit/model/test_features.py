@@ -20,6 +20,7 @@ from workers.model.resample import (
     sinc_resample_kernel,
 )
 from workers.model.yaml_plain import load_plain_yaml
+from workers.tools.reference.configs import mel_config_from_reference
 from workers.tools.reference.features import check_features
 from workers.tools.reference.parity import ArrayCheck, ReferenceSet
 
@@ -31,7 +32,7 @@ def ref(reference_dir: Path) -> ReferenceSet:
 
 @pytest.fixture(scope="module")
 def mel_config(ref: ReferenceSet) -> MelConfig:
-    return MelConfig.from_reference(ref.config)
+    return mel_config_from_reference(ref.config)
 
 
 def copy_set(ref: ReferenceSet, target: Path, *, frontend: bool = True) -> ReferenceSet:

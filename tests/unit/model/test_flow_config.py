@@ -13,6 +13,7 @@ from shared.errors import ModelLoadError
 from workers.model.flow_config import EstimatorConfig, FlowConfig, FlowEncoderConfig
 from workers.model.yaml_plain import load_plain_yaml
 from workers.tools.bench.flow_stage import random_flow
+from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.parity import ReferenceSet
 
 # The flow section of an upstream-format cosyvoice2.yaml (the published model's values).
@@ -82,11 +83,11 @@ def flow_yaml(tmp_path: Path) -> dict[str, Any]:
 
 
 def test_full_reference_config_is_the_default(reference_dir: Path) -> None:
-    assert FlowConfig.from_reference(ReferenceSet(reference_dir).config, "full") == FlowConfig()
+    assert flow_config_from_reference(ReferenceSet(reference_dir).config, "full") == FlowConfig()
 
 
 def test_tiny_reference_config(reference_dir: Path) -> None:
-    config = FlowConfig.from_reference(ReferenceSet(reference_dir).config, "tiny")
+    config = flow_config_from_reference(ReferenceSet(reference_dir).config, "tiny")
     assert config.encoder == FlowEncoderConfig(linear_units=64, num_blocks=1)
     assert config.estimator == EstimatorConfig(
         channels=64, attention_head_dim=16, num_heads=4, n_blocks=2, num_mid_blocks=2
@@ -135,7 +136,7 @@ def test_another_tiny_configuration_builds_and_runs(reference_dir: Path) -> None
     flow["decoder"]["estimator"].update(
         channels=[32], attention_head_dim=8, num_heads=2, n_blocks=1, num_mid_blocks=3
     )
-    config = FlowConfig.from_reference(raw, "tiny")
+    config = flow_config_from_reference(raw, "tiny")
     model = random_flow(config, seed=1)
     keys = model.state_dict()
     assert keys["encoder.encoders.1.self_attn.pos_bias_u"].shape == (4, 24)

@@ -11,12 +11,13 @@ from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import build_flow
 from workers.model.flow_config import FlowConfig
+from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.parity import ReferenceSet
 
 
 @pytest.fixture(scope="module")
 def tiny_config(reference_dir: Path) -> FlowConfig:
-    return FlowConfig.from_reference(ReferenceSet(reference_dir).config, "tiny")
+    return flow_config_from_reference(ReferenceSet(reference_dir).config, "tiny")
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def test_wrong_shape_is_named_with_both_shapes(
 def test_config_of_another_size_does_not_load(
     reference_dir: Path, state: dict[str, torch.Tensor]
 ) -> None:
-    full = FlowConfig.from_reference(ReferenceSet(reference_dir).config, "full")
+    full = flow_config_from_reference(ReferenceSet(reference_dir).config, "full")
     with pytest.raises(ModelLoadError, match="does not match the model configuration"):
         build_flow(full, state, source="flow.pt")
 

@@ -19,6 +19,7 @@ from workers.model.hift_source import draw_source_noise, sine_waves_audio_rate
 from workers.model.istft import ConvISTFT, SourceSTFT, torch_istft
 from workers.model.yaml_plain import load_plain_yaml
 from workers.tools.bench.hift_stage import bench_hift
+from workers.tools.reference.configs import hift_config_from_reference
 from workers.tools.reference.hift import check_hift, check_hift_full_keys
 from workers.tools.reference.parity import ArrayCheck, ReferenceSet
 
@@ -32,7 +33,7 @@ def ref(reference_dir: Path) -> ReferenceSet:
 
 @pytest.fixture(scope="module")
 def tiny_config(ref: ReferenceSet) -> HiFTConfig:
-    return HiFTConfig.from_reference(ref.config, "tiny")
+    return hift_config_from_reference(ref.config, "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +232,7 @@ def test_config_from_model_yaml_equals_reference_full(ref: ReferenceSet, tmp_pat
     path = tmp_path / "cosyvoice2.yaml"
     path.write_text(HIFT_YAML)
     from_yaml = HiFTConfig.from_model_yaml(load_plain_yaml(path))
-    assert from_yaml == HiFTConfig.from_reference(ref.config, "full")
+    assert from_yaml == hift_config_from_reference(ref.config, "full")
 
 
 def test_config_missing_key_names_it(tmp_path: Path) -> None:
@@ -245,7 +246,7 @@ def test_sinegen1_rate_is_refused(ref: ReferenceSet) -> None:
     config = json.loads(json.dumps(ref.config))
     config["common"]["hift_fixed"]["sampling_rate"] = 22050
     with pytest.raises(ModelLoadError, match="22050"):
-        HiFTConfig.from_reference(config, "tiny")
+        hift_config_from_reference(config, "tiny")
 
 
 def test_other_tiny_configuration_builds_on_meta_and_runs(ref: ReferenceSet) -> None:
@@ -253,7 +254,7 @@ def test_other_tiny_configuration_builds_on_meta_and_runs(ref: ReferenceSet) -> 
     config["tiny"]["hift"] = {"base_channels": 24, "f0_predictor_cond_channels": 8}
     config["common"]["hift_fixed"]["upsample_rates"] = [4, 5, 3]
     config["common"]["hift_fixed"]["upsample_kernel_sizes"] = [8, 11, 7]
-    hift_config = HiFTConfig.from_reference(config, "tiny")
+    hift_config = hift_config_from_reference(config, "tiny")
     assert hift_config.samples_per_frame == 240
     with torch.device("meta"):
         state = HiFTGenerator(hift_config).state_dict()

@@ -12,6 +12,7 @@ from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
 from workers.model.cpu_linear import onednn_available
 from workers.model.llm import LLMConfig, Qwen2LM, build_llm
+from workers.tools.reference.configs import llm_config_from_reference
 from workers.tools.reference.llm import (
     ARRAYS,
     check_llm,
@@ -43,7 +44,7 @@ def state(ref: ReferenceSet) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def config(ref: ReferenceSet) -> LLMConfig:
-    return LLMConfig.from_reference(ref.config, "tiny")
+    return llm_config_from_reference(ref.config, "tiny")
 
 
 def _failed(checks: list) -> set[str]:
@@ -143,7 +144,7 @@ def test_corrupt_checkpoint_names_the_file(tmp_path: Path) -> None:
 
 def test_meta_construction_needs_no_memory(ref: ReferenceSet) -> None:
     with torch.device("meta"):
-        model = Qwen2LM(LLMConfig.from_reference(ref.config, "full"))
+        model = Qwen2LM(llm_config_from_reference(ref.config, "full"))
     assert all(p.is_meta for p in model.parameters())
     unique = sum(p.numel() for p in model.parameters())
     assert unique == ref.config["full"]["files"]["llm"]["total_unique_params"]

@@ -14,8 +14,6 @@ import pytest
 from workers.cli import main
 from workers.model.directory import QWEN_DIR, YAML_FILE, ModelDirectory
 from workers.model.flow_config import FlowConfig
-from workers.model.hift_config import HiFTConfig
-from workers.model.llm import LLMConfig
 from workers.model.loader import ModelConfigs, load_model
 from workers.tools.bench.cli import set_omp_wait_policy
 from workers.tools.bench.engine_bench import BenchOptions, BenchResult, RunFigures
@@ -23,6 +21,11 @@ from workers.tools.bench.precision import snr_db
 from workers.tools.bench.report import format_report, verdict
 from workers.tools.fixtures.full_random import FULL_SPEC, is_written, write_random_model
 from workers.tools.fixtures.tiny_config import TinySpec, qwen2_config, render_yaml
+from workers.tools.reference.configs import (
+    flow_config_from_reference,
+    hift_config_from_reference,
+    llm_config_from_reference,
+)
 from workers.tools.reference.parity import ReferenceSet
 
 
@@ -110,9 +113,9 @@ def test_full_spec_describes_the_real_model(tmp_path: Path, reference_dir: Path)
     (tmp_path / QWEN_DIR / "config.json").write_text(json.dumps(qwen2_config(FULL_SPEC)))
     configs = ModelConfigs.from_directory(ModelDirectory(tmp_path))
     reference = ReferenceSet(reference_dir).config
-    assert configs.llm == LLMConfig.from_reference(reference, "full")
-    assert configs.flow == FlowConfig.from_reference(reference, "full") == FlowConfig()
-    assert configs.hift == HiFTConfig.from_reference(reference, "full")
+    assert configs.llm == llm_config_from_reference(reference, "full")
+    assert configs.flow == flow_config_from_reference(reference, "full") == FlowConfig()
+    assert configs.hift == hift_config_from_reference(reference, "full")
 
 
 def test_snr() -> None:

@@ -17,6 +17,7 @@ import torch
 from workers.model.hift import HiFTGenerator
 from workers.model.hift_config import HiFTConfig
 from workers.model.hift_layers import fold_weight_norm
+from workers.tools.reference.configs import hift_config_from_reference
 from workers.tools.reference.parity import ReferenceSet
 
 UPSTREAM_SECONDS_200_FRAMES = 0.47  # upstream HiFT, full size, fp32, 2 threads (issue 4)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    config = HiFTConfig.from_reference(ReferenceSet(args.reference).config, "full")
+    config = hift_config_from_reference(ReferenceSet(args.reference).config, "full")
     result = bench_hift(config, frames=args.frames, runs=args.runs, threads=args.threads)
     print(format_table(result))
 

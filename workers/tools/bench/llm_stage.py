@@ -23,6 +23,7 @@ from workers.model.cpu_linear import default_linear_kernel, linear_kernel, set_l
 from workers.model.llm import LLMConfig, Qwen2LM, iter_speech_tokens
 from workers.model.llm_sampling import SamplingConfig
 from workers.model.qwen2 import KVCache, Qwen2Config, RMSNorm
+from workers.tools.reference.configs import llm_config_from_reference
 from workers.tools.reference.parity import ReferenceSet
 
 # CosyVoice2-0.5B's backbone (CosyVoice-BlankEN = Qwen2.5-0.5B shape; reference README).
@@ -49,7 +50,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def full_llm_config(reference: Path | None = None) -> LLMConfig:
     """The FULL LLM config: from a reference set's config.json if given, else the constants."""
     if reference is not None:
-        return LLMConfig.from_reference(ReferenceSet(reference).config, "full")
+        return llm_config_from_reference(ReferenceSet(reference).config, "full")
     return LLMConfig(
         backbone=Qwen2Config.from_hf_config(FULL_QWEN2_CONFIG, source="FULL_QWEN2_CONFIG"),
         speech_token_size=FULL_SPEECH_TOKENS,

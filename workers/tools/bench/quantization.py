@@ -47,9 +47,7 @@ from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
 from workers.model.features import MelConfig
 from workers.model.flow import CausalMaskedDiffWithXvec, build_flow
-from workers.model.flow_config import FlowConfig
 from workers.model.hift import HiFTGenerator, build_hift
-from workers.model.hift_config import HiFTConfig
 from workers.tools.bench.coreml_quality import (
     BenchRequest,
     Quality,
@@ -61,6 +59,11 @@ from workers.tools.bench.coreml_quality import (
 )
 from workers.tools.bench.flow_stage import random_flow
 from workers.tools.bench.hift_stage import random_full_hift
+from workers.tools.reference.configs import (
+    flow_config_from_reference,
+    hift_config_from_reference,
+    mel_config_from_reference,
+)
 from workers.tools.reference.parity import ReferenceSet
 
 RANDOM_F0_HZ = 150.0  # random f0 weights leave every frame unvoiced; bias them to voiced
@@ -95,8 +98,8 @@ def subject_from_reference(root: Path, size: str, seed: int = 0) -> Subject:
     """`tiny`: the reference checkpoints; `full`: the FULL architecture, random weights."""
     ref = ReferenceSet(root)
     flow_cfg, hift_cfg = (
-        FlowConfig.from_reference(ref.config, size),
-        HiFTConfig.from_reference(ref.config, size),
+        flow_config_from_reference(ref.config, size),
+        hift_config_from_reference(ref.config, size),
     )
     if size == "tiny":
         flow = build_flow(flow_cfg, read_state_dict(ref.checkpoint("flow")))
@@ -105,7 +108,7 @@ def subject_from_reference(root: Path, size: str, seed: int = 0) -> Subject:
         flow, hift = random_flow(flow_cfg, seed=seed), random_full_hift(hift_cfg, seed=seed)
         with torch.no_grad():
             hift.f0_predictor.classifier.bias.fill_(RANDOM_F0_HZ)
-    return Subject(f"{size} ({root.name})", flow, hift, MelConfig.from_reference(ref.config))
+    return Subject(f"{size} ({root.name})", flow, hift, mel_config_from_reference(ref.config))
 
 
 def _convert_all(subject: Subject, precision: str, target: str) -> dict[str, ConvertedStage]:

@@ -31,6 +31,7 @@ from workers.model.features import (
 from workers.model.mel_filters import hann_window, povey_window, slaney_mel_filterbank
 from workers.model.prompt_features import PROMPT_MODELS_SAMPLE_RATE, extract_prompt_features
 from workers.model.resample import resample, sinc_resample_kernel
+from workers.tools.reference.configs import mel_config_from_reference
 from workers.tools.reference.parity import ArrayCheck, ReferenceSet, compare
 
 MEL_FILE = "mel_reference.npz"
@@ -53,7 +54,7 @@ KALDI_BANK_ATOL = 2e-5
 
 def check_features(ref: ReferenceSet) -> list[ArrayCheck]:
     """Rows for mel_reference.npz, plus frontend_reference.npz when the set has it."""
-    config = MelConfig.from_reference(ref.config)
+    config = mel_config_from_reference(ref.config)
     checks = _check_mel_file(ref.arrays(MEL_FILE), config)
     if ref.has(FRONTEND_FILE):
         arrays = ref.arrays(FRONTEND_FILE)

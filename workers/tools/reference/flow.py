@@ -18,6 +18,7 @@ import torch
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import CausalMaskedDiffWithXvec, EulerStep, build_flow
 from workers.model.flow_config import FlowConfig
+from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.parity import (
     ArrayCheck,
     ReferenceSet,
@@ -93,7 +94,7 @@ def _streaming_checks(
 
 def load_reference_flow(ref: ReferenceSet, device: torch.device = CPU) -> CausalMaskedDiffWithXvec:
     """The set's tiny flow, built from `config.json` and loaded strictly from `flow.pt`."""
-    config = FlowConfig.from_reference(ref.config, "tiny")
+    config = flow_config_from_reference(ref.config, "tiny")
     path = ref.checkpoint("flow")
     return build_flow(config, read_state_dict(path), device=device, source=path)
 
@@ -143,5 +144,5 @@ def check_flow_full_keys(ref: ReferenceSet) -> list[str]:
     """
     config: dict[str, Any] = ref.config
     return flow_key_differences(
-        FlowConfig.from_reference(config, "full"), ref.root / FULL_KEYS_FILE
+        flow_config_from_reference(config, "full"), ref.root / FULL_KEYS_FILE
     )

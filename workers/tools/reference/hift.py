@@ -17,9 +17,9 @@ import torch
 
 from workers.model.checkpoint import read_state_dict
 from workers.model.hift import HiFTGenerator, build_hift, normalize_hift_key
-from workers.model.hift_config import HiFTConfig
 from workers.model.hift_source import SourceNoise, draw_source_noise, sine_waves_audio_rate
 from workers.model.istft import torch_istft
+from workers.tools.reference.configs import hift_config_from_reference
 from workers.tools.reference.parity import (
     ArrayCheck,
     ReferenceSet,
@@ -40,7 +40,7 @@ KEY_FILES = ("keys-hift.txt", "keys-hift-legacy-weightnorm.txt")
 
 def load_reference_hift(ref: ReferenceSet, device: torch.device) -> HiFTGenerator:
     """The reference set's tiny HiFT, loaded strictly through the production path."""
-    config = HiFTConfig.from_reference(ref.config, "tiny")
+    config = hift_config_from_reference(ref.config, "tiny")
     path = ref.checkpoint("hift")
     return build_hift(config, read_state_dict(path), device=device, source=path)
 
@@ -176,7 +176,7 @@ def check_hift_full_keys(ref: ReferenceSet) -> list[str]:
     The legacy listing is renamed by the loader's own `normalize_hift_key`; each listing is
     also checked with a `generator.` prefix on every key, as a training checkpoint has.
     """
-    config = HiFTConfig.from_reference(ref.config, "full")
+    config = hift_config_from_reference(ref.config, "full")
     with torch.device("meta"):
         state = HiFTGenerator(config).state_dict()
     ours = describe_state(state)

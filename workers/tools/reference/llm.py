@@ -15,12 +15,12 @@ import torch
 
 from workers.model.checkpoint import read_state_dict
 from workers.model.llm import (
-    LLMConfig,
     Qwen2LM,
     build_llm,
     iter_speech_tokens,
 )
 from workers.model.qwen2 import KVCache
+from workers.tools.reference.configs import llm_config_from_reference
 from workers.tools.reference.parity import (
     ArrayCheck,
     ReferenceSet,
@@ -39,7 +39,7 @@ def load_reference_llm(
     ref: ReferenceSet, device: torch.device, kernel: str | None = None
 ) -> Qwen2LM:
     """The tiny reference LLM, strictly loaded from the set's llm.pt."""
-    config = LLMConfig.from_reference(ref.config, "tiny")
+    config = llm_config_from_reference(ref.config, "tiny")
     path = ref.checkpoint("llm")
     return build_llm(config, read_state_dict(path), source=path, device=device, kernel=kernel)
 
@@ -143,7 +143,7 @@ def _sampled_tokens_check(model: Qwen2LM, arrays: dict[str, np.ndarray]) -> Arra
 
 def check_llm_full_keys(ref: ReferenceSet) -> list[str]:
     """FULL config built on meta vs keys-llm.txt (keys, order, shapes, dtypes); [] = equal."""
-    config = LLMConfig.from_reference(ref.config, "full")
+    config = llm_config_from_reference(ref.config, "full")
     with torch.device("meta"):
         model = Qwen2LM(config)
     return key_list_differences(

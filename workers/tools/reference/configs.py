@@ -1,0 +1,117 @@
+"""Each stage's model config from a reference set's `config.json` (`ReferenceSet.config`).
+
+The file holds a `common` section and one section per size (`tiny`, `full`); every function
+takes the parsed document and, where the stage has sizes, the size's name. A missing key or a
+value the model cannot take raises `ModelLoadError` naming it. The model layer builds the same
+configs from a model directory (`workers.model.loader.ModelConfigs.from_directory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from shared.errors import ModelLoadError
+from workers.model.features import MelConfig, mel_config_from_fields
+from workers.model.flow_config import (
+    DEFAULT_EULER_STEPS,
+    NOISE_FRAMES,
+    NOISE_SEED,
+    CfmConfig,
+    FlowConfig,
+    encoder_config,
+    estimator_config,
+    require,
+    require_int,
+)
+from workers.model.hift_config import HiFTConfig, hift_config_from_fields
+from workers.model.llm import LLMConfig, build_llm_config
+
+
+def llm_config_from_reference(config: Mapping[str, Any], size: str) -> LLMConfig:
+    """`<size>.llm` (with its `qwen2_config`) plus `common.llm_sampling`; checks the stop ids."""
+    source = f"config.json[{size}][llm]"
+    try:
+        section = config[size]["llm"]
+        common = config["common"]
+        qwen = section["qwen2_config"]
+        sizes = (section["llm_input_size"], section["llm_output_size"])
+        speech_tokens = int(section["speech_token_size"])
+        sampling_doc = common["llm_sampling"]
+        special = common.get("llm_special_tokens", {})
+    except KeyError as e:
+        raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
+    made = build_llm_config(qwen, sizes, speech_tokens, sampling_doc, source)
+    expected_stops = special.get("stop_token_ids", list(made.stop_tokens))
+    if list(expected_stops) != list(made.stop_tokens):
+        raise ModelLoadError(f"{source}: stop ids {expected_stops} != {made.stop_tokens}")
+    return made
+
+
+def flow_config_from_reference(config: Mapping[str, Any], size: str) -> FlowConfig:
+    """`<size>.flow` plus `common.flow_encoder_fixed` and `common.cfm` (upstream's constants)."""
+    flow = require(require(config, size, "config.json"), "flow", f"config.json:{size}")
+    common = require(config, "common", "config.json")
+    fixed = common.get("flow_encoder_fixed", {})
+    cfm = common.get("cfm", {})
+    where = f"config.json:{size}.flow"
+    encoder = encoder_config(flow, require(flow, "encoder", where), f"{where}.encoder")
+    encoder = replace(
+        encoder,
+        num_up_blocks=int(fixed.get("num_up_blocks", encoder.num_up_blocks)),
+        layer_norm_eps=float(fixed.get("layernorm_eps", encoder.layer_norm_eps)),
+    )
+    decoder = require(flow, "decoder", where)
+    estimator = require(decoder, "estimator", f"{where}.decoder")
+    noise_shape = cfm.get("rand_noise_shape", [1, 80, NOISE_FRAMES])
+    return FlowConfig(
+        vocab_size=require_int(flow, "vocab_size", where),
+        mel_bins=require_int(flow, "output_size", where),
+        spk_embed_dim=require_int(flow, "spk_embed_dim", where),
+        encoder=encoder,
+        estimator=estimator_config(estimator, f"{where}.decoder.estimator"),
+        cfm=CfmConfig(
+            n_timesteps=int(cfm.get("n_timesteps", DEFAULT_EULER_STEPS)),
+            inference_cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
+            temperature=float(cfm.get("temperature", 1.0)),
+            noise_frames=int(noise_shape[-1]),
+            noise_seed=int(cfm.get("rand_noise_seed", NOISE_SEED)),
+        ),
+    )
+
+
+def hift_config_from_reference(config: Mapping[str, Any], size: str) -> HiFTConfig:
+    """`common.hift_fixed` plus `<size>.hift`; `f0_predictor` is upstream's constructor as text."""
+    try:
+        fixed = config["common"]["hift_fixed"]
+        sized = config[size]["hift"]
+        predictor = _predictor_arguments(fixed.get("f0_predictor", ""))
+        return hift_config_from_fields(
+            fixed,
+            base_channels=sized["base_channels"],
+            f0_cond_channels=sized["f0_predictor_cond_channels"],
+            f0_in_channels=predictor.get("in_channels", fixed["in_channels"]),
+            f0_num_class=predictor.get("num_class", 1),
+        )
+    except KeyError as e:
+        raise ModelLoadError(f"config.json: hift key missing: {e}") from e
+
+
+def mel_config_from_reference(config: Mapping[str, Any]) -> MelConfig:
+    """`common.feat_extractor_mel`: the prompt mel is the same at every size."""
+    try:
+        return mel_config_from_fields(config["common"]["feat_extractor_mel"])
+    except KeyError as e:
+        raise ModelLoadError(f"config.json: feat_extractor_mel key missing: {e}") from e
+
+
+def _predictor_arguments(text: str) -> dict[str, int]:
+    """`ConvRNNF0Predictor(num_class=1, in_channels=80)` -> {"num_class": 1, "in_channels": 80}."""
+    inside = text.partition("(")[2].rpartition(")")[0]
+    values: dict[str, int] = {}
+    for part in inside.split(","):
+        name, _, value = part.partition("=")
+        if value.strip().lstrip("-").isdigit():
+            values[name.strip()] = int(value)
+    return values
