@@ -286,7 +286,12 @@ class Settings(BaseSettings):
     )
     pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
     batch_size: int = Field(
-        1, ge=1, le=16, description="most jobs one worker runs together (1: one at a time)"
+        1,
+        ge=1,
+        le=16,
+        description="most jobs one worker runs together (1: one at a time); under Core ML the "
+        "LLM then decodes batched on torch and the flow and HiFT calls take up to the "
+        "conversion's largest --batch-sizes",
     )
     batch_wait_ms: float = Field(
         20.0, ge=0, le=5000, description="how long a batch's first job waits for company"

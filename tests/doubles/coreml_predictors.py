@@ -7,6 +7,8 @@ would be) converted. They test the runtime's packing, padding, cropping and nois
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
@@ -75,3 +77,15 @@ class TorchStatefulPredictor:
         for name, buffer in self._buffers().items():
             state[name].copy_(buffer)
         return {"logits": logits.numpy()}
+
+
+class RecordingPredictor:
+    """Any predictor, with the input shapes of every call recorded (which batch size ran)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[dict[str, tuple[int, ...]]] = []
+
+    def predict(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls.append({name: tuple(value.shape) for name, value in data.items()})
+        return self.inner.predict(data)  # type: ignore[no-any-return]

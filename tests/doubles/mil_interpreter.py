@@ -44,12 +44,14 @@ def _ints(value: Any) -> list[int]:
 for _name, _fn in {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "real_div": torch.div,
     "maximum": torch.maximum, "pow": torch.pow, "equal": torch.eq, "greater": torch.gt,
-    "greater_equal": torch.ge, "less": torch.lt,
+    "greater_equal": torch.ge, "less": torch.lt, "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or,
 }.items():  # fmt: skip
     OPS[_name] = lambda a, _, f=_fn: f(torch.as_tensor(a["x"]), torch.as_tensor(a["y"]))
 for _name, _fn in {
     "abs": torch.abs, "cos": torch.cos, "sin": torch.sin, "exp": torch.exp, "floor": torch.floor,
     "tanh": torch.tanh, "silu": F.silu, "softplus": F.softplus, "sqrt": torch.sqrt,
+    "logical_not": torch.logical_not,
 }.items():  # fmt: skip
     OPS[_name] = lambda a, _, f=_fn: f(a["x"])
 

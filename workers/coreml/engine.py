@@ -6,6 +6,12 @@ module loads the Core ML stand-ins (`CoreMLFlow`, `CoreMLHiFT` run by the pipeli
 conversion has the stateful LLM) and hands them over. The torch parts left (front end, prompt
 models, the LLM without a conversion) run on `torch_device`. Plain values in: the service
 layer reads the settings.
+
+A worker that runs several jobs together (`batch_size` > 1, COSYQ_BATCH_SIZE) keeps the LLM on
+PyTorch even when the conversion has one: the Core ML LLM's KV cache is one fixed-shape state
+per request (batch 1), while the torch LLM decodes every row of the batch in one step
+(`BatchDecoder`, MPS on a Mac). The flow and HiFT stay on Core ML, batched when the conversion
+has batch sizes. See docs/coreml.md.
 """
 
 from __future__ import annotations
@@ -37,11 +43,17 @@ def coreml_engine(
     placement: CoreMLPlacement,
     stages: CoreMLStages,
     *,
+    batch_size: int = 1,
     dtype: str = "fp32",
     options: EngineOptions | None = None,
     hash_cache_dir: Path | None = None,
 ) -> SynthesisPipeline:
-    """Assemble the engine around loaded Core ML stages (no loading or warm-up here)."""
+    """Assemble the engine around loaded Core ML stages (no loading or warm-up here).
+
+    `batch_size`: jobs the worker runs together; above 1 the LLM is the torch one (batched
+    decoding) whether or not `stages` has a Core ML LLM.
+    """
+    coreml_llm = stages.llm if batch_size <= 1 else None
     return build_engine(
         model_dir,
         device=placement.torch_device,
@@ -50,7 +62,7 @@ def coreml_engine(
         hash_cache_dir=hash_cache_dir,
         flow=ModuleFlow(stages.flow, name="coreml", device=CPU),
         vocoder=ModuleVocoder(stages.hift, name="coreml", device=CPU),
-        llm=TorchSpeechTokens(stages.llm) if stages.llm is not None else None,
+        llm=TorchSpeechTokens(coreml_llm) if coreml_llm is not None else None,
         backend="coreml",
         reported_device=placement.reported_device,
     )
@@ -62,19 +74,28 @@ def load_coreml_engine(
     *,
     cache_dir: Path,
     compile_timeout_s: float,
+    batch_size: int = 1,
     dtype: str = "fp32",
     options: EngineOptions | None = None,
     hash_cache_dir: Path | None = None,
 ) -> SynthesisPipeline:
-    """macOS: load and warm the conversion, then assemble the engine."""
+    """macOS: load and warm the conversion, then assemble the engine (`batch_size` > 1: the
+    Core ML LLM is not even opened, see `coreml_engine`)."""
     stages = load_coreml_stages(
         model_dir,
         coreml_dir=placement.coreml_dir,
         cache_dir=cache_dir,
         compute_units=placement.compute_units,
         compile_timeout_s=compile_timeout_s,
+        llm=batch_size <= 1,
     )
-    stages.warm_up()  # every CFM bucket and the LLM; the engine's own warm-up runs one request
+    stages.warm_up()  # every CFM bucket, batch size and the LLM; then the engine's warm-up
     return coreml_engine(
-        model_dir, placement, stages, dtype=dtype, options=options, hash_cache_dir=hash_cache_dir
+        model_dir,
+        placement,
+        stages,
+        batch_size=batch_size,
+        dtype=dtype,
+        options=options,
+        hash_cache_dir=hash_cache_dir,
     )

@@ -3,7 +3,8 @@
 `load_coreml_stages` refuses a stale conversion (checkpoint hashes differ from the manifest's),
 a modified package (content hash), and a conversion missing a stage; then it compiles each
 package once per hash (`cache`) and opens the compiled model with the chosen compute units.
-The LLM is loaded when the conversion has one (macOS 15 target), else it stays on PyTorch.
+The LLM is loaded when the conversion has one (macOS 15 target) and the worker runs one job at
+a time (`llm=True`); else it stays on PyTorch, which batches it (see docs/coreml.md).
 coremltools is imported only here and only when this runs.
 """
 
@@ -73,9 +74,18 @@ class CoreMLStages:
         return COMPUTE_UNITS_DEVICE[self.compute_units]
 
     @torch.inference_mode()
+    def _warm_batches(self, mel: torch.Tensor, source: torch.Tensor) -> None:
+        """One call of every batch size above 1 (the shapes a Mac specialises on first use)."""
+        for size in self.flow.batch_sizes.sizes[1:]:
+            zeros = torch.zeros(size, mel.size(1), mel.size(-1))
+            self.flow.solve(zeros, zeros, torch.ones(size, 1, mel.size(-1)), zeros[:, :, 0], zeros)
+        for size in self.hift.batch_sizes.sizes[1:]:
+            mels = mel.expand(size, -1, -1)
+            self.hift.decode(mels, source.expand(size, -1, -1))
+
     def warm_up(self) -> None:
-        """A short synthesis through the flow and HiFT packages, every CFM shape bucket, and a
-        prefill plus two decode steps of the LLM."""
+        """A short synthesis through the flow and HiFT packages, every CFM shape bucket, every
+        batch size of a batched conversion, and a prefill plus two decode steps of the LLM."""
         mel_bins, ratio = self.flow.config.mel_bins, self.flow.config.token_mel_ratio
         tokens = WARM_UP_TOKENS
         if self.flow.buckets:  # stay within the largest bucket
@@ -87,7 +97,8 @@ class CoreMLStages:
             torch.zeros(1, ratio * prompt, mel_bins),
             torch.ones(1, self.flow.config.spk_embed_dim),
         )
-        self.hift.inference(mel, generator=torch.Generator().manual_seed(0))
+        source = self.hift.inference(mel, generator=torch.Generator().manual_seed(0)).source
+        self._warm_batches(mel, source)
         for frames in self.flow.buckets:
             zeros = torch.zeros(1, mel_bins, frames)
             self.flow.solve(zeros, zeros, torch.ones(1, 1, frames), zeros[:, :, 0], zeros)
@@ -106,11 +117,13 @@ def load_coreml_stages(
     cache_dir: Path,
     compute_units: str | None = None,
     compile_timeout_s: float = COMPILE_LOCK_TIMEOUT_S,
+    llm: bool = True,
 ) -> CoreMLStages:
     """Check and open `coreml_dir`'s packages for `model_dir` (macOS only).
 
     `compute_units` None means the default recorded at conversion (`--compute-units`);
-    `compile_timeout_s` bounds the wait for another process compiling the same package.
+    `compile_timeout_s` bounds the wait for another process compiling the same package;
+    `llm` False leaves a converted LLM unopened (a batching worker runs it on PyTorch).
     """
     require_macos()
     manifest = read_manifest(coreml_dir)
@@ -125,18 +138,41 @@ def load_coreml_stages(
         raise ModelLoadError(f"compute units {units!r}: choose one of {list(COMPUTE_UNITS_DEVICE)}")
     opener = _Opener(manifest, coreml_dir, cache_dir, compile_timeout_s)
     models = {stage: opener.open(stage, units) for stage in ALL_STAGES}
-    yaml = ModelDirectory(model_dir).yaml
+    flow, hift = runtime_stages(manifest, ModelDirectory(model_dir).yaml, models)
+    coreml_llm = None
+    if llm and LLM in manifest.packages:
+        coreml_llm = _open_llm(opener, model_dir, LLM_COMPUTE_UNITS[units])
+    return CoreMLStages(flow, hift, manifest, units, coreml_llm)
+
+
+def runtime_stages(
+    manifest: Manifest, yaml: dict[str, Any], models: dict[str, Any]
+) -> tuple[CoreMLFlow, CoreMLHiFT]:
+    """The flow and HiFT runtime stages over opened `models` (by stage), shaped as the
+    manifest says: the CFM's buckets and each stage's batch sizes (the same for both of a
+    stage's packages, else the manifest is refused)."""
+    packages = manifest.packages
+    for first, second in ((FLOW_ENCODER, FLOW_CFM), (HIFT_SOURCE, HIFT_DECODE)):
+        if packages[first].batch_sizes != packages[second].batch_sizes:
+            raise ModelLoadError(
+                f"{first} and {second} have different batch sizes "
+                f"({packages[first].batch_sizes} vs {packages[second].batch_sizes}); "
+                "convert again"
+            )
     flow = CoreMLFlow(
         FlowConfig.from_model_yaml(yaml),
         models[FLOW_ENCODER],
         models[FLOW_CFM],
-        buckets=manifest.packages[FLOW_CFM].buckets,
+        buckets=packages[FLOW_CFM].buckets,
+        batch_sizes=packages[FLOW_CFM].batch_sizes,
     )
-    hift = CoreMLHiFT(HiFTConfig.from_model_yaml(yaml), models[HIFT_SOURCE], models[HIFT_DECODE])
-    llm = None
-    if LLM in manifest.packages:
-        llm = _open_llm(opener, model_dir, LLM_COMPUTE_UNITS[units])
-    return CoreMLStages(flow, hift, manifest, units, llm)
+    hift = CoreMLHiFT(
+        HiFTConfig.from_model_yaml(yaml),
+        models[HIFT_SOURCE],
+        models[HIFT_DECODE],
+        batch_sizes=packages[HIFT_DECODE].batch_sizes,
+    )
+    return flow, hift
 
 
 def _open_llm(opener: _Opener, model_dir: Path, units: str) -> CoreMLQwen2LM:

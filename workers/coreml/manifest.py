@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import ModelLoadError
-from workers.coreml.stages import TensorSpec
+from workers.coreml.batch_sizes import BatchSizes, check_batch_sizes
+from workers.coreml.stages import BATCH, UNBATCHED, TensorSpec
 from workers.model.directory import ModelDirectory, file_sha256
 
 MANIFEST_FILE = "manifest.json"
@@ -50,6 +51,26 @@ class PackageEntry:
     functions: dict[str, tuple[TensorSpec, ...]] = field(default_factory=dict)  # inputs per
     # function of a multifunction package (the LLM's prefill and decode); empty: one "main"
     states: tuple[TensorSpec, ...] = ()  # Core ML states (the LLM's KV cache)
+    batch_sizes: tuple[int, ...] = UNBATCHED  # enumerated rows per call (axis B); (1,): no B
+
+    def __post_init__(self) -> None:
+        """ValueError for batch sizes that are not 1 < ... <= 16, or that disagree with the
+        inputs (a batched package's inputs start with axis B, an unbatched one's with 1)."""
+        try:
+            check_batch_sizes(self.batch_sizes)
+        except ValueError as e:
+            raise ValueError(f"{self.stage}: {e}") from e
+        first = BATCH if self.batch_sizes != UNBATCHED else 1
+        wrong = [t.name for t in self.inputs if not t.shape or t.shape[0] != first]
+        if wrong and not self.functions:  # the LLM's multifunction inputs are batch 1
+            raise ValueError(
+                f"{self.stage}: batch sizes {list(self.batch_sizes)} but input(s) "
+                f"{', '.join(wrong)} do not start with {first!r}"
+            )
+
+    @property
+    def batches(self) -> BatchSizes:
+        return BatchSizes(self.batch_sizes)
 
 
 @dataclass(frozen=True)
@@ -113,6 +134,7 @@ def _package(entry: dict[str, Any]) -> PackageEntry:
                 for name, inputs in entry.get("functions", {}).items()
             },
             "states": tuple(_tensor(t) for t in entry.get("states", ())),
+            "batch_sizes": tuple(entry.get("batch_sizes", UNBATCHED)),
         }
     )
 

@@ -9,7 +9,10 @@ step boundary, up to `max_batch` requests in flight.
 
 Rows that finish in the same step share one padded flow call (`ModuleFlow.mels`: each row its
 own prompt and noise slice, CFG doubling it to 2B rows); HiFT runs per piece on the request's
-own generator, so its source noise is drawn exactly as alone (HiFT is ~5% of the time).
+own generator, so its source noise is drawn exactly as alone (HiFT is ~5% of the time). A
+vocoder that batches (a batched Core ML conversion: `ModuleVocoder.batches`) gets those
+pieces in one `waveforms` call instead, each row's noise still drawn from its own generator
+first; if that call raises, each piece runs alone on the draws it already made.
 
 Failure isolation: a request whose front end, validation or alone-sized stage raises fails
 its own future. An exception inside a batched stage (a decode step, a batched flow call) drops
@@ -36,7 +39,7 @@ import numpy as np
 
 from workers.engine.api import SynthesisInput, SynthesisOutput
 from workers.engine.requests import RequestPlan
-from workers.engine.stages import FlowStage
+from workers.engine.stages import FlowStage, ModuleVocoder, VocoderStage
 from workers.model.llm import Qwen2LM
 from workers.model.llm_batch import BatchDecoder, FinishedRow, RowTooLong
 
@@ -46,6 +49,7 @@ class PlannedPipeline(Protocol):
 
     sample_rate: int
     flow: FlowStage
+    vocoder: VocoderStage
 
     @property
     def forced_speech_tokens(self) -> int | None: ...
@@ -55,6 +59,10 @@ class PlannedPipeline(Protocol):
     def piece_audio(
         self, ids: np.ndarray, plan: RequestPlan, mel: np.ndarray | None = None
     ) -> np.ndarray: ...
+
+    def piece_mel(
+        self, ids: np.ndarray, plan: RequestPlan, mel: np.ndarray | None = None
+    ) -> np.ndarray | None: ...
 
     def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray: ...
 
@@ -223,16 +231,69 @@ class PipelineBatchSession:
                 mels[i] = mel
                 if mel is not None:
                     _plan(_job(rows[i])).state.clock.seconds["flow"] += share
+        vocoder = self.pipeline.vocoder
+        if len(batch) > 1 and isinstance(vocoder, ModuleVocoder) and vocoder.batches:
+            self._vocode_together(vocoder, rows, mels)
+            return
         for row, mel in zip(rows, mels, strict=True):
             self._piece_done(row, mel)
 
+    def _vocode_together(
+        self, vocoder: ModuleVocoder, rows: list[FinishedRow], mels: list[np.ndarray | None]
+    ) -> None:
+        """Speed change per piece, then one `waveforms` call for every piece with speech."""
+        ready: list[tuple[FinishedRow, np.ndarray]] = []
+        for row, mel in zip(rows, mels, strict=True):
+            try:
+                speech = self.pipeline.piece_mel(
+                    np.asarray(row.tokens, np.int32), _plan(_job(row)), mel
+                )
+            except BaseException as e:
+                self._done(_job(row), error=e)
+                continue
+            if speech is None:
+                self._piece_audio(row, np.zeros(0, dtype=np.float32))
+            else:
+                ready.append((row, speech))
+        if not ready:
+            return
+        start = time.perf_counter()
+        noises = [vocoder.noise(mel, _plan(_job(row)).state.generator) for row, mel in ready]
+        try:
+            made: list[np.ndarray | None] = list(vocoder.waveforms([m for _, m in ready], noises))
+        except Exception:  # each piece alone, on the draws it already made
+            made = [None] * len(ready)
+        share = (time.perf_counter() - start) / len(ready)
+        for (row, mel), noise, wav in zip(ready, noises, made, strict=True):
+            clock = _plan(_job(row)).state.clock
+            if wav is not None:
+                clock.seconds["hift"] += share
+                self._piece_audio(row, wav)
+                continue
+            try:
+                with clock.timed("hift"):
+                    alone = vocoder.waveform_with(mel, noise)
+            except BaseException as e:
+                self._done(_job(row), error=e)
+                continue
+            self._piece_audio(row, alone)
+
     def _piece_done(self, row: FinishedRow, mel: np.ndarray | None) -> None:
+        try:
+            ids = np.asarray(row.tokens, np.int32)
+            audio = self.pipeline.piece_audio(ids, _plan(_job(row)), mel)
+        except BaseException as e:
+            self._done(_job(row), error=e)
+            return
+        self._piece_audio(row, audio)
+
+    def _piece_audio(self, row: FinishedRow, audio: np.ndarray) -> None:
+        """One piece's samples: the job's next piece joins, or the job completes."""
         job = _job(row)
         job.batch_size = max(job.batch_size, row.batch_size)
         plan = _plan(job)
         try:
-            ids = np.asarray(row.tokens, np.int32)
-            job.audio.append(self.pipeline.piece_audio(ids, plan, mel))
+            job.audio.append(audio)
             if len(job.audio) < len(plan.pieces):
                 self._join(job)
                 return

@@ -251,17 +251,26 @@ class SynthesisPipeline:
     ) -> np.ndarray:
         """One piece's speech tokens -> its samples (flow, speed change, HiFT); `mel` is the
         flow's output when a batched flow call already made it."""
+        speech = self.piece_mel(ids, plan, mel)
+        if speech is None:
+            return np.zeros(0, dtype=np.float32)
+        with plan.state.clock.timed("hift"):
+            return self.vocoder.waveform(speech, plan.state.generator)
+
+    def piece_mel(
+        self, ids: np.ndarray, plan: RequestPlan, mel: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """The piece counted, and its mel after the speed change (the vocoder's input); None
+        for a piece without speech tokens (no audio). `mel`: the flow's output, when made."""
         state = plan.state
         state.pieces += 1
         state.speech_tokens += int(ids.size)
         if ids.size == 0:
-            return np.zeros(0, dtype=np.float32)
+            return None
         with state.clock.timed("flow"):
             if mel is None:
                 mel = self.flow.mel(ids, plan.request.prompt)
-            mel = change_speed(mel, plan.request.speed)
-        with state.clock.timed("hift"):
-            return self.vocoder.waveform(mel, state.generator)
+            return change_speed(mel, plan.request.speed)
 
     def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray:
         """The pieces' samples joined into the request's utterance (with the text's pauses)."""

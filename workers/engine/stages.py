@@ -196,8 +196,11 @@ class ModuleFlow:
 
     @property
     def batches(self) -> bool:
-        """Whether `mels` can run many pieces at once (our torch flow module, not stand-ins)."""
-        return isinstance(self.model, CausalMaskedDiffWithXvec)
+        """Whether `mels` can run many pieces at once: our torch flow module, or a stand-in
+        with its own `batched_inference` (a batched Core ML conversion)."""
+        if isinstance(self.model, CausalMaskedDiffWithXvec):
+            return True
+        return bool(getattr(self.model, "batched", False))
 
     def mels(self, pieces: Sequence[tuple[np.ndarray, VoicePrompt]]) -> list[np.ndarray]:
         """Many (tokens, prompt) pieces in one padded batch -> each one's `mel`."""
@@ -210,7 +213,11 @@ class ModuleFlow:
             )
             for tokens, prompt in pieces
         ]
-        return [mel.cpu().numpy() for mel in batched_inference(self.model, rows)]
+        if isinstance(self.model, CausalMaskedDiffWithXvec):
+            mels = batched_inference(self.model, rows)
+        else:
+            mels = self.model.batched_inference(rows)
+        return [mel.cpu().numpy() for mel in mels]
 
 
 def source_noise(
@@ -238,13 +245,37 @@ class ModuleVocoder:
 
     @torch.inference_mode()
     def waveform(self, mel: np.ndarray, generator: torch.Generator) -> np.ndarray:
+        return self.waveform_with(mel, self.noise(mel, generator))
+
+    def noise(self, mel: np.ndarray, generator: torch.Generator) -> SourceNoise:
+        """The source's random draws for `mel` (80, T), from `generator` as `waveform` draws."""
         samples = mel.shape[-1] * self.config.samples_per_frame
-        noise = source_noise(self.config.nb_harmonics + 1, samples, generator, self.device)
-        out = self.model.inference(
-            torch.from_numpy(np.ascontiguousarray(mel, dtype=np.float32))[None].to(self.device),
-            noise=noise,
-        )
+        return source_noise(self.config.nb_harmonics + 1, samples, generator, self.device)
+
+    @torch.inference_mode()
+    def waveform_with(self, mel: np.ndarray, noise: SourceNoise) -> np.ndarray:
+        """`waveform` on draws already made (`noise`)."""
+        out = self.model.inference(self._mel(mel), noise=noise)
         return out.wav[0].float().cpu().numpy()
+
+    def _mel(self, mel: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(mel, dtype=np.float32))[None].to(self.device)
+
+    @property
+    def batches(self) -> bool:
+        """Whether `waveforms` runs many pieces per call (a batched Core ML conversion; the
+        torch vocoder runs per piece, ~5% of the time)."""
+        return bool(getattr(self.model, "batched", False))
+
+    @torch.inference_mode()
+    def waveforms(
+        self, mels: Sequence[np.ndarray], noises: Sequence[SourceNoise]
+    ) -> list[np.ndarray]:
+        """`waveform_with` for many pieces in as few calls as the model can (`batches`)."""
+        if not self.batches:
+            return [self.waveform_with(mel, noise) for mel, noise in zip(mels, noises, strict=True)]
+        wavs = self.model.batched_inference([self._mel(mel) for mel in mels], noises)
+        return [wav[0].float().cpu().numpy() for wav in wavs]
 
     @property
     def can_stream(self) -> bool:

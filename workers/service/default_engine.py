@@ -59,6 +59,7 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
             placement,
             cache_dir=settings.coreml_cache_dir,
             compile_timeout_s=settings.coreml_compile_timeout_s,
+            batch_size=settings.batch_size,  # > 1: the LLM decodes batched on torch (MPS)
             dtype=settings.dtype,
             options=options,
             hash_cache_dir=settings.hash_cache_dir,

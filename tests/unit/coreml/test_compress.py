@@ -143,12 +143,14 @@ def test_a_compressed_program_computes_what_its_weights_give_in_pytorch(
     path = tmp_path / "flow_encoder.mlpackage"
     variants[scheme][FLOW_ENCODER].save(str(path))
     flow, _ = load_flow_and_hift(converted.model_dir)
-    graph = flow_graphs(flow).encoder
+    graph = flow_graphs(flow, batched=True).encoder  # the session's conversion is batched
     load_into(graph, decompressed_weights(variants[scheme][FLOW_ENCODER]))
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 6561, (1, 40), generator=g, dtype=torch.int32)
+    lengths = torch.tensor([40], dtype=torch.int32)
     embedding = torch.randn(1, 192, generator=g)
     with torch.inference_mode():
-        mu, _ = graph(tokens, embedding)
-    out = MILPredictor(path).predict({"tokens": tokens.numpy(), "embedding": embedding.numpy()})
+        mu, _ = graph(tokens, lengths, embedding)
+    data = {"tokens": tokens.numpy(), "lengths": lengths.numpy(), "embedding": embedding.numpy()}
+    out = MILPredictor(path).predict(data)
     assert float(np.abs(out["mu"] - mu.numpy()).mean()) < 0.01 * float(mu.abs().mean())

@@ -19,7 +19,7 @@ from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.convert.graphs import pack_cfm_frames
 from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.convert.stages_convert import convert_cfm, trace
-from workers.coreml.manifest import MANIFEST_FILE, package_sha256, read_manifest
+from workers.coreml.manifest import MANIFEST_FILE, DimRange, package_sha256, read_manifest
 from workers.coreml.stages import ALL_STAGES, FLOW_CFM, HIFT_SOURCE, stage_specs
 from workers.model.directory import file_sha256
 from workers.tools.bench.flow_stage import random_flow
@@ -46,14 +46,15 @@ def describe(feature: Any) -> tuple[str, tuple[Any, ...]]:
 
 
 def test_packages_have_the_documented_inputs_outputs_and_lengths(converted: Converted) -> None:
-    specs = stage_specs(80, 192, harmonics=9)
-    n, t, samples = (1, 7500), (2, 15000), (960, 480 * 15000)
+    specs = stage_specs(80, 192, harmonics=9, batched=True)
+    b, n, t, samples = (1, 8), (1, 7500), (2, 15000), (960, 480 * 15000)  # B: --batch-sizes 1..8
     expected_inputs = {
-        "flow_encoder": {"tokens": ("INT32", (1, n)), "embedding": ("FLOAT32", (1, 192))},
-        "flow_cfm": {"frames": ("FLOAT32", (1, 241, t)), "spks": ("FLOAT32", (1, 80))},
-        "hift_source": {"mel": ("FLOAT32", (1, 80, t)), "noise": ("FLOAT32", (1, 9, samples))},
-        "hift_decode": {"mel": ("FLOAT32", (1, 80, t)), "source": ("FLOAT32", (1, 1, samples))},
-    }
+        "flow_encoder": {"tokens": ("INT32", (b, n)), "lengths": ("INT32", (b,)),
+                         "embedding": ("FLOAT32", (b, 192))},
+        "flow_cfm": {"frames": ("FLOAT32", (b, 241, t)), "spks": ("FLOAT32", (b, 80))},
+        "hift_source": {"mel": ("FLOAT32", (b, 80, t)), "noise": ("FLOAT32", (b, 9, samples))},
+        "hift_decode": {"mel": ("FLOAT32", (b, 80, t)), "source": ("FLOAT32", (b, 1, samples))},
+    }  # fmt: skip
     for stage in ALL_STAGES:
         spec = package_spec(converted.out_dir / specs[stage].package)
         inputs = {f.name: describe(f) for f in spec.description.input}
@@ -73,7 +74,7 @@ def test_manifest_is_complete_and_matches_the_files(converted: Converted) -> Non
     assert set(manifest.tools) == {"coremltools", "torch", "numpy", "python"}
     assert (manifest.precision, manifest.weights, manifest.target) == ("fp16", "none", "macOS14")
     assert manifest.compute_units == "ALL" and manifest.created_utc
-    specs = stage_specs(80, 192, harmonics=9)
+    specs = stage_specs(80, 192, harmonics=9, batched=True)
     for stage, entry in manifest.packages.items():
         path = converted.out_dir / entry.path
         assert entry.sha256 == package_sha256(path)
@@ -82,8 +83,13 @@ def test_manifest_is_complete_and_matches_the_files(converted: Converted) -> Non
         assert entry.precision == ("fp32" if stage == HIFT_SOURCE else "fp16")
         assert entry.compression == "none" and entry.buckets == ()
         assert set(entry.dims) == {s for t in entry.inputs for s in t.symbols}
+        assert entry.batch_sizes == (1, 2, 4, 8)  # the default --batch-sizes
     raw = json.loads((converted.out_dir / MANIFEST_FILE).read_text())
-    assert raw["packages"]["flow_encoder"]["dims"] == {"N": {"lower": 1, "upper": 7500}}
+    assert raw["packages"]["flow_encoder"]["dims"] == {
+        "B": {"lower": 1, "upper": 8},
+        "N": {"lower": 1, "upper": 7500},
+    }
+    assert raw["packages"]["flow_cfm"]["batch_sizes"] == [1, 2, 4, 8]
 
 
 def test_convert_command_lists_packages_and_says_running_needs_macos(
@@ -91,6 +97,7 @@ def test_convert_command_lists_packages_and_says_running_needs_macos(
 ) -> None:
     assert "flow_cfm.mlpackage" in converted.cli_output
     assert "T 2..15000" in converted.cli_output
+    assert "B in {1,2,4,8}" in converted.cli_output
     assert "Running these packages needs macOS" in converted.cli_output
     assert "LLM: not converted (stateful KV-cache models need --target macOS15)" in (
         converted.cli_output
@@ -103,6 +110,8 @@ def test_convert_command_rejects_bad_options_and_missing_models(
     out = str(tmp_path / "out")
     assert worker_cli(["convert", str(tmp_path), out, "--weights", "int8-block"]) == 2
     assert "needs --target macOS15" in capsys.readouterr().err
+    assert worker_cli(["convert", str(tmp_path), out, "--batch-sizes", "2,4"]) == 2
+    assert "--batch-sizes: batch sizes 2,4" in capsys.readouterr().err
     assert worker_cli(["convert", str(tmp_path / "nowhere"), out]) == 1
     assert "model directory not found" in capsys.readouterr().err
 
@@ -123,11 +132,14 @@ def test_cfm_buckets_become_enumerated_shapes_and_padding_keeps_the_frames(
     tmp_path: Path,
 ) -> None:
     flow = random_flow(MICRO_FLOW)
-    stage = convert_cfm(flow, ConvertOptions(flow_buckets=(16, 32, 64)))
-    frames = next(f for f in stage.model.get_spec().description.input if f.name == "frames")
-    shapes = [tuple(s.shape) for s in frames.type.multiArrayType.enumeratedShapes.shapes]
-    assert shapes == [(1, 241, 16), (1, 241, 32), (1, 241, 64)]
-    assert stage.spec.name == FLOW_CFM and stage.buckets == (16, 32, 64) and stage.dims == {}
+    stage = convert_cfm(flow, ConvertOptions(flow_buckets=(16, 32, 64), batch_sizes=(1, 2)))
+    inputs = {f.name: f for f in stage.model.get_spec().description.input}
+    enumerated = inputs["frames"].type.multiArrayType.enumeratedShapes.shapes
+    shapes = [tuple(s.shape) for s in enumerated]  # every batch size times every bucket
+    assert shapes == [(rows, 241, t) for rows in (1, 2) for t in (16, 32, 64)]
+    assert describe(inputs["spks"]) == ("FLOAT32", ((1, 2), 80))  # one enumerated input only
+    assert stage.spec.name == FLOW_CFM and stage.buckets == (16, 32, 64)
+    assert stage.dims == {"B": DimRange(1, 2)} and stage.batch_sizes == (1, 2)
     stage.model.save(str(tmp_path / "cfm.mlpackage"))
     g = torch.Generator().manual_seed(0)
     noise, mu, cond = (torch.randn(1, 80, 20, generator=g) for _ in range(3))
@@ -164,6 +176,9 @@ def test_a_trace_that_bakes_in_a_length_is_refused() -> None:
         ({"precision": "bf16"}, "--precision 'bf16'"),
         ({"flow_buckets": (512, 256)}, "strictly increasing"),
         ({"flow_buckets": (1,)}, "strictly increasing frame counts >= 2"),
+        ({"batch_sizes": (2, 4)}, "--batch-sizes: batch sizes 2,4: strictly increasing"),
+        ({"batch_sizes": (1, 4, 4)}, "--batch-sizes"),
+        ({"batch_sizes": (1, 32)}, "from 1 up to 16"),
     ],
 )
 def test_options_are_checked_up_front(options: dict[str, Any], message: str) -> None:

@@ -17,7 +17,10 @@ from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import Converted
 from workers.coreml.convert.build import load_flow_and_hift
 from workers.coreml.convert.compat import load_coremltools
+from workers.coreml.loader import runtime_stages
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
+from workers.coreml.stages import ALL_STAGES
+from workers.model.directory import ModelDirectory
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.hift import HiFTGenerator
 from workers.tools.bench.coreml_quality import bench_request, snr_db, synthesize
@@ -37,6 +40,13 @@ def package(converted: Converted, stage: str) -> MILPredictor:
     return MILPredictor(converted.out_dir / f"{stage}.mlpackage")
 
 
+def runtime(converted: Converted) -> tuple[CoreMLFlow, CoreMLHiFT]:
+    """The runtime stages over the interpreted packages, shaped by the manifest (batched)."""
+    models = {stage: package(converted, stage) for stage in ALL_STAGES}
+    yaml = ModelDirectory(converted.model_dir).yaml
+    return runtime_stages(converted.manifest, yaml, models)
+
+
 @torch.inference_mode()
 def test_the_converted_flow_computes_what_pytorch_computes(
     converted: Converted, modules: Modules
@@ -45,9 +55,7 @@ def test_the_converted_flow_computes_what_pytorch_computes(
     # 150 tokens = 300 mel frames: long enough that fp16 position angles would show
     request = bench_request(flow, hift, tokens=110, prompt_tokens=40, seed=1)
     mel_ref, _ = synthesize(flow, hift, request)
-    stage = CoreMLFlow(
-        flow.config, package(converted, "flow_encoder"), package(converted, "flow_cfm")
-    )
+    stage, _ = runtime(converted)
     mel, _ = stage.inference(
         request.token, request.prompt_token, request.prompt_feat, request.embedding
     )
@@ -62,9 +70,7 @@ def test_the_converted_vocoder_computes_what_pytorch_computes(
     flow, hift = modules
     request = bench_request(flow, hift, tokens=30, prompt_tokens=10, seed=2)
     mel_ref, wav_ref = synthesize(flow, hift, request)
-    stage = CoreMLHiFT(
-        hift.config, package(converted, "hift_source"), package(converted, "hift_decode")
-    )
+    _, stage = runtime(converted)
     out = stage.inference(mel_ref, noise=request.source_noise)
     expected = hift.inference(mel_ref, noise=request.source_noise)
     torch.testing.assert_close(out.f0, expected.f0, rtol=1e-4, atol=1e-3)  # float32 package

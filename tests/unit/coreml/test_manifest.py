@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,56 @@ def test_the_json_names_every_documented_field(converted: Converted) -> None:
                 "inputs", "outputs", "dims", "buckets"} <= set(entry)  # fmt: skip
         for tensor in entry["inputs"] + entry["outputs"]:
             assert set(tensor) == {"name", "dtype", "shape"}
+
+
+def batched_entry(sizes: tuple[int, ...] = (1, 2, 4, 8)) -> PackageEntry:
+    return dataclasses.replace(
+        small_manifest().packages["flow_cfm"],
+        inputs=(TensorSpec("frames", "float32", ("B", 241, "T")),),
+        outputs=(TensorSpec("mel", "float32", ("B", 80, "T")),),
+        dims={"B": DimRange(1, sizes[-1]), "T": DimRange(2, 15000)},
+        batch_sizes=sizes,
+    )
+
+
+def test_batch_sizes_round_trip_and_their_absence_means_batch_1(tmp_path: Path) -> None:
+    manifest = dataclasses.replace(small_manifest(), packages={"flow_cfm": batched_entry()})
+    manifest.write(tmp_path)
+    assert read_manifest(tmp_path) == manifest
+    assert read_manifest(tmp_path).packages["flow_cfm"].batches.largest == 8
+    old = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    old["packages"] = {"flow_cfm": asdict(small_manifest().packages["flow_cfm"])}
+    del old["packages"]["flow_cfm"]["batch_sizes"]  # written before batching existed
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(old))
+    entry = read_manifest(tmp_path).packages["flow_cfm"]
+    assert entry.batch_sizes == (1,) and not entry.batches.batched
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"batch_sizes": [2, 4]}, r"flow_cfm: batch sizes 2,4: strictly increasing"),
+        ({"batch_sizes": [1, 4, 2]}, r"flow_cfm: batch sizes 1,4,2"),
+        ({"batch_sizes": [1, 64]}, r"from 1 up to 16"),
+        ({"inputs": [{"name": "frames", "dtype": "float32", "shape": [1, 241, "T"]}]},
+         r"flow_cfm: batch sizes \[1, 2, 4, 8\] but input\(s\) frames do not start with 'B'"),
+    ],
+)  # fmt: skip
+def test_bad_batch_sizes_are_refused_when_loaded(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    dataclasses.replace(small_manifest(), packages={"flow_cfm": batched_entry()}).write(tmp_path)
+    raw = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    raw["packages"]["flow_cfm"].update(change)
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match=f"malformed manifest .*{message}"):
+        read_manifest(tmp_path)
+
+
+def test_asking_for_a_batch_size_the_package_lacks_names_the_sizes_it_has() -> None:
+    sizes = batched_entry((1, 2, 4)).batches
+    sizes.require(4, "flow_cfm")
+    with pytest.raises(ValueError, match=r"flow_cfm: no batch size 8 .*\(it has 1, 2, 4\)"):
+        sizes.require(8, "flow_cfm")
+    with pytest.raises(ValueError, match="no batch size 2"):
+        small_manifest().packages["flow_cfm"].batches.require(2, "flow_cfm")

@@ -114,7 +114,8 @@ def write_manifest(
     return manifest
 
 
-def _save(stage: ConvertedStage, out_dir: Path) -> PackageEntry:
+def save_package(stage: ConvertedStage, out_dir: Path) -> PackageEntry:
+    """Save one converted stage into `out_dir` (via a partial folder) and describe it."""
     final = out_dir / stage.spec.package
     partial = out_dir / f".partial-{stage.spec.package}"
     shutil.rmtree(partial, ignore_errors=True)
@@ -135,6 +136,7 @@ def _save(stage: ConvertedStage, out_dir: Path) -> PackageEntry:
         outputs=stage.spec.outputs,
         dims=stage.dims,
         buckets=stage.buckets,
+        batch_sizes=stage.batch_sizes,
     )
 
 
@@ -163,7 +165,7 @@ def convert_model_dir(
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # no manifest until every package is in
     sources = {name: file_sha256(directory.path(name)) for name in SOURCE_CHECKPOINTS}
     stages = convert_modules(flow, hift, options, progress)
-    entries = {name: _save(stage, out_dir) for name, stage in stages.items()}
+    entries = {name: save_package(stage, out_dir) for name, stage in stages.items()}
     if options.converts_llm:
         started = time.perf_counter()
         entries[LLM] = convert_llm_package(directory, out_dir, options)

@@ -22,6 +22,7 @@ from workers.coreml.convert.options import (
     TARGETS,
     WEIGHT_SCHEMES,
 )
+from workers.coreml.stages import DEFAULT_BATCH_SIZES
 
 RUN_NEEDS_MACOS = (
     "Running these packages needs macOS (Core ML); on this machine workers use "
@@ -68,6 +69,15 @@ def register(subparsers: Any) -> None:
         "default: any length",
     )
     parser.add_argument(
+        "--batch-sizes",
+        type=parse_buckets,
+        default=DEFAULT_BATCH_SIZES,
+        metavar="ROWS,...",
+        help="rows per call the flow and HiFT packages take (enumerated; a worker with "
+        "COSYQ_BATCH_SIZE > 1 pads its rows up to the next one and splits above the largest); "
+        f"1 for unbatched packages (default {','.join(map(str, DEFAULT_BATCH_SIZES))})",
+    )
+    parser.add_argument(
         "--llm-capacity",
         type=int,
         default=DEFAULT_LLM_CAPACITY,
@@ -93,6 +103,7 @@ def run_convert(args: argparse.Namespace) -> int:
             target=args.target,
             compute_units=args.compute_units,
             flow_buckets=args.flow_buckets,
+            batch_sizes=args.batch_sizes,
             llm=args.llm,
             llm_capacity=args.llm_capacity,
         )
@@ -131,6 +142,8 @@ def _summary(manifest: Any) -> str:
             lengths = ", ".join(f"{s} {r.lower}..{r.upper}" for s, r in entry.dims.items())
         if entry.functions:
             lengths += f" ({' + '.join(entry.functions)}, states {len(entry.states)})"
+        if entry.batch_sizes != (1,):
+            lengths += ", B in {" + ",".join(map(str, entry.batch_sizes)) + "}"
         size = f"{entry.size_bytes / 1e6:.1f}"
         rows.append((entry.path, size, entry.precision, entry.compression, lengths))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -6,6 +6,8 @@ back to our parameters by that rule. The graphs:
 
 - `FlowEncoderGraph`: prompt+target tokens (1, N) int32 and the speaker embedding (1, 192) ->
   mu (1, 80, 2N) and the projected speaker vector (1, 80). Non-streaming, finalize=True.
+  `BatchedFlowEncoderGraph` takes B right-padded rows and their token counts, as
+  `workers.model.flow_batch` runs the encoder: each row's frames as alone.
 - `CfmGraph`: the 10-step Euler loop with classifier-free guidance, unrolled in the graph. Its
   per-frame inputs are packed into ONE tensor `frames` (1, 241, T) = [noise | mu | cond | mask]
   because macOS 14 allows at most one input with enumerated shapes (`--flow-buckets`).
@@ -14,6 +16,8 @@ back to our parameters by that rule. The graphs:
 - `HiFTDecodeGraph`: mel and excitation -> waveform (1, 480·T) (DFT-basis iSTFT).
 Splitting HiFT at the excitation also lets the runtime overwrite its start (streaming's
 `source_prefix`) exactly as `HiFTGenerator.inference` does.
+The CFM and HiFT graphs take any number of rows as they are (the CFM's CFG makes 2B estimator
+rows; a row's mask 0 frames are padding); a batched conversion gives their first axis sizes.
 """
 
 from __future__ import annotations
@@ -45,6 +49,21 @@ class FlowEncoderGraph(nn.Module):
     def forward(self, tokens: Tensor, embedding: Tensor) -> tuple[Tensor, Tensor]:
         """tokens (1, N) int32, embedding (1, 192) -> mu (1, 80, 2N), spks (1, 80)."""
         _, mu = self.flow.encode(tokens)
+        return mu.transpose(1, 2), self.flow.project_speaker(embedding)
+
+
+class BatchedFlowEncoderGraph(nn.Module):
+    """B padded rows of tokens -> each row's (mu, speaker vector), as `batched_inference`."""
+
+    def __init__(self, flow: CausalMaskedDiffWithXvec) -> None:
+        super().__init__()
+        self.flow = flow
+
+    def forward(self, tokens: Tensor, lengths: Tensor, embedding: Tensor) -> tuple[Tensor, Tensor]:
+        """tokens (B, N) int32, lengths (B,) int32 real tokens per row, embedding (B, 192) ->
+        mu (B, 80, 2N) (a row's frames past 2·lengths are padding), spks (B, 80)."""
+        h = self.flow.embed_tokens(tokens, lengths)
+        mu = self.flow.encoder_proj(self.flow.encoder(h, None, False, lengths))
         return mu.transpose(1, 2), self.flow.project_speaker(embedding)
 
 
@@ -91,7 +110,7 @@ class HiFTDecodeGraph(nn.Module):
 
 @dataclass(frozen=True)
 class FlowGraphs:
-    encoder: FlowEncoderGraph
+    encoder: FlowEncoderGraph | BatchedFlowEncoderGraph
     cfm: CfmGraph
 
 
@@ -101,10 +120,12 @@ class HiFTGraphs:
     decode: HiFTDecodeGraph
 
 
-def flow_graphs(flow: CausalMaskedDiffWithXvec) -> FlowGraphs:
-    """The flow's two graphs, sharing `flow`'s parameters (eval mode, no grad)."""
+def flow_graphs(flow: CausalMaskedDiffWithXvec, *, batched: bool = False) -> FlowGraphs:
+    """The flow's two graphs, sharing `flow`'s parameters (eval mode, no grad); `batched`: the
+    encoder that takes padded rows and their lengths."""
     flow.eval().requires_grad_(False)
-    return FlowGraphs(FlowEncoderGraph(flow), CfmGraph(flow.decoder, flow.config.mel_bins))
+    encoder = BatchedFlowEncoderGraph(flow) if batched else FlowEncoderGraph(flow)
+    return FlowGraphs(encoder, CfmGraph(flow.decoder, flow.config.mel_bins))
 
 
 def hift_graphs(hift: HiFTGenerator) -> HiFTGraphs:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.coreml.stages import HIFT_SOURCE, MIN_FRAMES
+from workers.coreml.batch_sizes import check_batch_sizes
+from workers.coreml.stages import DEFAULT_BATCH_SIZES, HIFT_SOURCE, MIN_FRAMES, UNBATCHED
 
 PRECISIONS = ("fp16", "fp32")
 TARGETS = ("macOS14", "macOS15")
@@ -32,14 +33,17 @@ def check_scheme(scheme: str, target: str) -> None:
 class ConvertOptions:
     """precision: compute precision inside the packages (I/O stays float32); weights: weight
     compression; target: minimum macOS; compute_units: the runtime's default; flow_buckets:
-    enumerated CFM frame counts (empty: any length); llm: also convert the LLM (only with
-    target macOS15); llm_capacity: its KV-cache positions."""
+    enumerated CFM frame counts (empty: any length); batch_sizes: enumerated rows per call of
+    the flow and HiFT packages ((1,): no batch axis, the packages of earlier conversions); llm:
+    also convert the LLM (only with target macOS15; always batch 1); llm_capacity: its
+    KV-cache positions."""
 
     precision: str = "fp16"
     weights: str = "none"
     target: str = "macOS14"
     compute_units: str = "ALL"
     flow_buckets: tuple[int, ...] = ()
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
     llm: bool = True
     llm_capacity: int = DEFAULT_LLM_CAPACITY
 
@@ -58,8 +62,16 @@ class ConvertOptions:
                 f"--flow-buckets {','.join(map(str, buckets))}: strictly increasing frame "
                 f"counts >= {MIN_FRAMES}"
             )
+        try:
+            check_batch_sizes(self.batch_sizes)
+        except ValueError as e:
+            raise ValueError(f"--batch-sizes: {e}") from e
         if self.llm_capacity < MIN_LLM_CAPACITY:
             raise ValueError(f"--llm-capacity {self.llm_capacity}: at least {MIN_LLM_CAPACITY}")
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_sizes != UNBATCHED
 
     @property
     def converts_llm(self) -> bool:

@@ -9,6 +9,10 @@ because every convolution of the estimator is causal and the mask removes padded
 attention. The encoder (full attention, no padding mask) and HiFT (non-causal convolutions) would
 change near a padded end, so they stay flexible.
 
+With `batch_sizes` beyond (1,) every package gets a rows axis B (a RangeDim up to the largest
+size, or enumerated with the CFM's buckets; the manifest records the sizes the runtime may use)
+and the encoder takes each row's token count, so padded rows come out as they would alone.
+
 Input/output tensors stay float32 at the package boundary whatever the compute precision.
 Conversion needs no Mac; running the packages does.
 """
@@ -33,6 +37,7 @@ from workers.coreml.convert.graphs import flow_graphs, hift_graphs
 from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.manifest import DimRange
 from workers.coreml.stages import (
+    BATCH,
     FLOW_CFM,
     FLOW_ENCODER,
     HIFT_DECODE,
@@ -48,6 +53,7 @@ from workers.model.hift import HiFTGenerator
 
 TRACE_TOKENS = 20  # example length the graphs are traced at ...
 CHECK_TOKENS = 27  # ... and a second length the trace must reproduce (catches baked-in sizes)
+TRACE_ROWS = 2  # rows of a batched graph's example (checked at 1 row)
 
 
 @dataclass
@@ -60,6 +66,14 @@ class ConvertedStage:
     dims: dict[str, DimRange] = field(default_factory=dict)
     buckets: tuple[int, ...] = ()
     compression: str = "none"
+    batch_sizes: tuple[int, ...] = (1,)
+
+
+def _rows(options: ConvertOptions) -> tuple[dict[str, int], dict[str, int], dict[str, DimRange]]:
+    """Axis B's example and check sizes and its range (nothing for an unbatched conversion)."""
+    if not options.batched:
+        return {}, {}, {}
+    return {BATCH: TRACE_ROWS}, {BATCH: 1}, {BATCH: DimRange(1, options.batch_sizes[-1])}
 
 
 def convert_flow(
@@ -72,13 +86,15 @@ def convert_flow(
 def convert_encoder(flow: CausalMaskedDiffWithXvec, options: ConvertOptions) -> ConvertedStage:
     """Tokens (1, N) + speaker embedding -> mu, speaker vector; N from 1 to noise_frames / 2."""
     cfg = flow.config
-    spec = stage_specs(cfg.mel_bins, cfg.spk_embed_dim, harmonics=1)[FLOW_ENCODER]
+    batched = options.batched
+    spec = stage_specs(cfg.mel_bins, cfg.spk_embed_dim, harmonics=1, batched=batched)
+    traced, checked, rows = _rows(options)
     return _convert(
-        flow_graphs(flow).encoder,
-        spec,
-        example=_examples(spec, {"N": TRACE_TOKENS}, cfg.vocab_size),
-        check=_examples(spec, {"N": CHECK_TOKENS}, cfg.vocab_size),
-        dims={"N": DimRange(MIN_TOKENS, cfg.cfm.noise_frames // cfg.token_mel_ratio)},
+        flow_graphs(flow, batched=batched).encoder,
+        spec[FLOW_ENCODER],
+        example=_examples(spec[FLOW_ENCODER], {"N": TRACE_TOKENS, **traced}, cfg.vocab_size),
+        check=_examples(spec[FLOW_ENCODER], {"N": CHECK_TOKENS, **checked}, cfg.vocab_size),
+        dims={**rows, "N": DimRange(MIN_TOKENS, cfg.cfm.noise_frames // cfg.token_mel_ratio)},
         options=options,
     )
 
@@ -86,18 +102,22 @@ def convert_encoder(flow: CausalMaskedDiffWithXvec, options: ConvertOptions) -> 
 def convert_cfm(flow: CausalMaskedDiffWithXvec, options: ConvertOptions) -> ConvertedStage:
     """The Euler/CFG loop; T flexible up to the noise buffer, or `options.flow_buckets`."""
     cfg = flow.config
-    spec = stage_specs(cfg.mel_bins, cfg.spk_embed_dim, harmonics=1)[FLOW_CFM]
+    spec = stage_specs(cfg.mel_bins, cfg.spk_embed_dim, harmonics=1, batched=options.batched)
+    traced, _, rows = _rows(options)
     max_frames = cfg.cfm.noise_frames
     if options.flow_buckets and options.flow_buckets[-1] > max_frames:
         raise ValueError(
             f"--flow-buckets: {options.flow_buckets[-1]} frames > the noise buffer's {max_frames}"
         )
+    frames = {} if options.flow_buckets else {"T": DimRange(MIN_FRAMES, max_frames)}
     return _convert(
         flow_graphs(flow).cfm,
-        spec,
-        example=_cfm_examples(cfg.mel_bins, cfg.token_mel_ratio * TRACE_TOKENS),
-        check=_cfm_examples(cfg.mel_bins, cfg.token_mel_ratio * CHECK_TOKENS),
-        dims={} if options.flow_buckets else {"T": DimRange(MIN_FRAMES, max_frames)},
+        spec[FLOW_CFM],
+        example=_cfm_examples(
+            cfg.mel_bins, cfg.token_mel_ratio * TRACE_TOKENS, traced.get(BATCH, 1)
+        ),
+        check=_cfm_examples(cfg.mel_bins, cfg.token_mel_ratio * CHECK_TOKENS, 1),
+        dims={**rows, **frames},
         buckets=options.flow_buckets,
         options=options,
     )
@@ -111,15 +131,18 @@ def convert_hift(
     `max_frames` bounds T: the flow's noise buffer bounds an utterance (300 s of 50 Hz frames).
     """
     cfg = hift.config
-    specs = stage_specs(cfg.in_channels, 1, harmonics=hift.m_source.harmonics)
+    batched = options.batched
+    specs = stage_specs(cfg.in_channels, 1, harmonics=hift.m_source.harmonics, batched=batched)
     graphs = hift_graphs(hift)
     per_frame = cfg.samples_per_frame
+    traced, checked, rows = _rows(options)
     dims = {
+        **rows,
         "T": DimRange(MIN_FRAMES, max_frames),
         "L": DimRange(per_frame * MIN_FRAMES, per_frame * max_frames),
     }
-    sizes = {"T": 2 * TRACE_TOKENS, "L": 2 * TRACE_TOKENS * per_frame}
-    check = {"T": 2 * CHECK_TOKENS, "L": 2 * CHECK_TOKENS * per_frame}
+    sizes = {"T": 2 * TRACE_TOKENS, "L": 2 * TRACE_TOKENS * per_frame, **traced}
+    check = {"T": 2 * CHECK_TOKENS, "L": 2 * CHECK_TOKENS * per_frame, **checked}
     return {
         name: _convert(
             graph,
@@ -141,18 +164,21 @@ def _examples(
     tensors = []
     for tensor in spec.inputs:
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in tensor.shape)
-        if tensor.dtype == "int32":
+        if tensor.name == "lengths":  # real tokens per row: the first full, the others shorter
+            full = sizes["N"]
+            tensors.append(torch.tensor([max(full - 3 * b, 1) for b in range(shape[0])]).int())
+        elif tensor.dtype == "int32":
             tensors.append(torch.randint(0, vocab, shape, generator=generator, dtype=torch.int32))
         else:
             tensors.append(torch.randn(shape, generator=generator))
     return tuple(tensors)
 
 
-def _cfm_examples(mel_bins: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _cfm_examples(mel_bins: int, frames: int, rows: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    parts = torch.randn(1, 3 * mel_bins, frames, generator=generator)
-    packed = torch.cat([parts, torch.ones(1, 1, frames)], dim=1)
-    return packed, torch.randn(1, mel_bins, generator=generator)
+    parts = torch.randn(rows, 3 * mel_bins, frames, generator=generator)
+    packed = torch.cat([parts, torch.ones(rows, 1, frames)], dim=1)
+    return packed, torch.randn(rows, mel_bins, generator=generator)
 
 
 def trace(
@@ -199,17 +225,18 @@ def _convert(
 ) -> ConvertedStage:
     ct = _ct()
     precision = options.stage_precision(spec.name)
+    sizes = options.batch_sizes if options.batched else (1,)
     traced = trace(graph, example, check)
     with known_warnings_silenced(), float_remainder_fixed():
         model = ct.convert(
             traced,
-            inputs=_input_types(ct, spec, example, dims, buckets),
+            inputs=_input_types(ct, spec, example, dims, buckets, batch_sizes=sizes),
             outputs=[ct.TensorType(name=t.name, dtype=np.float32) for t in spec.outputs],
             convert_to="mlprogram",
             minimum_deployment_target=getattr(ct.target, options.target),
             compute_precision=fp16_precision(ct) if precision == "fp16" else ct.precision.FLOAT32,
         )
-    return ConvertedStage(spec, model, precision, dict(dims), buckets)
+    return ConvertedStage(spec, model, precision, dict(dims), buckets, batch_sizes=sizes)
 
 
 def _input_types(
@@ -218,15 +245,21 @@ def _input_types(
     example: tuple[torch.Tensor, ...],
     dims: Mapping[str, DimRange],
     buckets: tuple[int, ...],
+    *,
+    batch_sizes: tuple[int, ...] = (1,),
 ) -> list[Any]:
-    """ct.TensorType per input: RangeDim for flexible symbols, EnumeratedShapes for buckets.
+    """ct.TensorType per input: RangeDim for flexible symbols, EnumeratedShapes for buckets
+    (every batch size times every bucket for the input with T; macOS 14 allows one such input,
+    so a batched `spks` keeps a RangeDim B).
 
-    A RangeDim's default (the shape a Mac specialises for first) is the traced example's length.
+    A RangeDim's default (the shape a Mac specialises for first) is the traced example's
+    length, and one row for B.
     """
     traced = {
         d: int(x.shape[i]) for t, x in zip(spec.inputs, example, strict=True)
         for i, d in enumerate(t.shape) if isinstance(d, str)
     }  # fmt: skip
+    traced[BATCH] = batch_sizes[0]
     ranges = {
         symbol: ct.RangeDim(lower_bound=r.lower, upper_bound=r.upper, default=traced[symbol])
         for symbol, r in dims.items()
@@ -235,7 +268,12 @@ def _input_types(
     for tensor in spec.inputs:
         dtype = np.int32 if tensor.dtype == "int32" else np.float32
         if buckets and "T" in tensor.symbols:
-            shapes = [tuple(b if d == "T" else d for d in tensor.shape) for b in buckets]
+            shapes = [
+                tuple({"T": frames, BATCH: rows}.get(d, d) if isinstance(d, str) else d
+                      for d in tensor.shape)
+                for rows in (batch_sizes if BATCH in tensor.symbols else (1,))
+                for frames in buckets
+            ]  # fmt: skip
             shape: Any = ct.EnumeratedShapes(shapes=shapes, default=shapes[0])
         else:
             shape = tuple(ranges[d] if isinstance(d, str) else d for d in tensor.shape)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from workers.coreml.convert.compress import decompressed_weights, load_into
 from workers.coreml.convert.graphs import flow_graphs, hift_graphs
@@ -89,8 +89,8 @@ def variant_modules(
     """Copies of `flow` and `hift` carrying the packages' (decompressed) weights, + coverage."""
     flow_v, hift_v = copy.deepcopy(flow), copy.deepcopy(hift)
     fg, hg = flow_graphs(flow_v), hift_graphs(hift_v)
-    graphs = {FLOW_ENCODER: fg.encoder, FLOW_CFM: fg.cfm, HIFT_SOURCE: hg.source}
-    graphs[HIFT_DECODE] = hg.decode
+    graphs: dict[str, nn.Module] = {FLOW_ENCODER: fg.encoder, FLOW_CFM: fg.cfm}
+    graphs |= {HIFT_SOURCE: hg.source, HIFT_DECODE: hg.decode}
     loaded: set[int] = set()  # id() of every parameter a package supplied
     for stage, model in models.items():
         params = dict(graphs[stage].named_parameters())

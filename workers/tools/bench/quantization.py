@@ -112,7 +112,7 @@ def subject_from_reference(root: Path, size: str, seed: int = 0) -> Subject:
 
 
 def _convert_all(subject: Subject, precision: str, target: str) -> dict[str, ConvertedStage]:
-    options = ConvertOptions(precision=precision, target=target)
+    options = ConvertOptions(precision=precision, target=target, batch_sizes=(1,))  # batch 1
     flow_stages = convert_flow(subject.flow, options)
     max_frames = subject.flow.config.cfm.noise_frames
     return {**flow_stages, **convert_hift(subject.hift, options, max_frames=max_frames)}
