@@ -19,6 +19,17 @@ from tests.unit.coreml.micro import Converted, write_micro_model_dir
 from workers.cli import main as worker_cli
 from workers.coreml.manifest import read_manifest
 
+CONVERSION_TIMEOUT_S = 600  # the first test to use `converted` pays for the conversion
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The session conversion (~45 s alone, minutes beside a parallel suite) runs in the
+    setup of whichever test needs it first: that test gets the conversion's time limit."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(CONVERSION_TIMEOUT_S))
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread() -> Iterator[None]:
