@@ -251,6 +251,12 @@ class Settings(BaseSettings):
         gt=0,
         description="most speech tokens per later chunk (hops double up to it; at least the first)",
     )
+    stream_flow_cache_max_mb: float = Field(
+        2048.0,
+        gt=0,
+        description="flow cache per streamed piece (full model: ~4.6 MB per mel frame, 0.23 GB "
+        "per second of prompt + speech); past it the piece's later chunks recompute the prefix",
+    )
     stream_block_ms: int = Field(
         1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
     )

@@ -2,8 +2,11 @@
 
 `CachedFlowChunks` runs our torch flow's `FlowStreamCache` (each hop computes only its own
 frames); `RecomputedFlowChunks` re-runs a whole-prefix `mel_chunk` every hop, as upstream does
-(kept for parity checks of the cache, and for a flow object that has no cache). Both are
-created per piece, so nothing of a request stays on the shared flow.
+(kept for parity checks of the cache, and for a flow object that has no cache).
+`BoundedFlowChunks` runs the cache until it holds more than its byte limit, then drops it and
+recomputes the rest of the piece (the two agree within 1e-5, so the switch is inaudible; only
+the cost per hop changes). All are created per piece, so nothing of a request stays on the
+shared flow.
 """
 
 from __future__ import annotations
@@ -71,3 +74,34 @@ class CachedFlowChunks:
 def _tensor(array: Any, device: torch.device) -> torch.Tensor:
     """A numpy array as a (1, ...) tensor on `device`."""
     return torch.from_numpy(np.ascontiguousarray(array))[None].to(device)
+
+
+class BoundedFlowChunks:
+    """The cached stream while its cache holds at most `max_bytes`, then the recompute path
+    (the full model's cache takes ~4.6 MB per mel frame, so a long piece would otherwise hold
+    gigabytes); `switched_at` is the token count at the switch (None: never)."""
+
+    def __init__(self, cached: CachedFlowChunks, fallback: RecomputedFlowChunks, max_bytes: int):
+        self.cached: CachedFlowChunks | None = cached
+        self.fallback = fallback
+        self.max_bytes = max_bytes
+        self.switched_at: int | None = None
+        self._given: list[np.ndarray] = []
+
+    def mel(self, tokens: np.ndarray, *, finalize: bool) -> np.ndarray:
+        if self.cached is None:
+            return self.fallback.mel(tokens, finalize=finalize)
+        tokens = np.asarray(tokens, dtype=np.int32)
+        self._given.append(tokens)
+        mel = self.cached.mel(tokens, finalize=finalize)
+        if not finalize and self.cached.cache.nbytes > self.max_bytes:
+            self._switch()
+        return mel
+
+    def _switch(self) -> None:
+        """Hand the tokens so far to the recompute path, as if it had made these frames."""
+        given = np.concatenate(self._given)
+        self.fallback.tokens = given
+        self.fallback.offset = given.size - self.fallback.flow.lookahead
+        self.switched_at = int(given.size)
+        self.cached, self._given = None, []  # the cache's memory goes now

@@ -20,7 +20,11 @@ import numpy as np
 import torch
 
 from workers.engine.api import VoicePrompt
-from workers.engine.flow_chunks import CachedFlowChunks, RecomputedFlowChunks
+from workers.engine.flow_chunks import (
+    BoundedFlowChunks,
+    CachedFlowChunks,
+    RecomputedFlowChunks,
+)
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_batch import FlowRow, batched_inference
 from workers.model.hift import HiFTGenerator
@@ -168,11 +172,17 @@ class ModuleFlow:
     def chunk_tokens(self) -> int:
         return int(self.model.config.encoder.static_chunk_size)
 
-    def open_stream(self, prompt: VoicePrompt) -> CachedFlowChunks | RecomputedFlowChunks:
-        """One piece's flow stream (per piece state)."""
-        if self.stream_cache and isinstance(self.model, CausalMaskedDiffWithXvec):
-            return CachedFlowChunks(self.model, prompt, self.device)
-        return RecomputedFlowChunks(self, prompt)
+    def open_stream(
+        self, prompt: VoicePrompt, *, cache_max_bytes: int | None = None
+    ) -> BoundedFlowChunks | CachedFlowChunks | RecomputedFlowChunks:
+        """One piece's flow stream (per piece state); past `cache_max_bytes` of flow cache
+        the piece's later hops are recomputed instead."""
+        if not (self.stream_cache and isinstance(self.model, CausalMaskedDiffWithXvec)):
+            return RecomputedFlowChunks(self, prompt)
+        cached = CachedFlowChunks(self.model, prompt, self.device)
+        if cache_max_bytes is None:
+            return cached
+        return BoundedFlowChunks(cached, RecomputedFlowChunks(self, prompt), cache_max_bytes)
 
     @torch.inference_mode()
     def mel_chunk(

@@ -43,10 +43,13 @@ class StreamSchedule:
     max_hop: int = 100
     scale: int = 2
     mel_cache_frames: int = 8
+    flow_cache_max_mb: float = 2048.0  # per piece; past it later hops recompute the prefix
 
     def __post_init__(self) -> None:
         if self.first_hop < 1 or self.max_hop < self.first_hop or self.scale < 1:
             raise ValueError("stream schedule: need 1 <= first_hop <= max_hop and scale >= 1")
+        if not self.flow_cache_max_mb > 0:
+            raise ValueError("stream schedule: flow_cache_max_mb must be > 0")
 
     def hops(self, prompt_tokens: int, chunk_tokens: int) -> Iterator[int]:
         """Hop lengths in tokens; the first is padded by ceil(P/C)·C − P (P prompt tokens, C
@@ -81,8 +84,9 @@ class StreamingFlow(Protocol):
     def chunk_tokens(self) -> int:
         """The encoder's attention chunk, in tokens."""
 
-    def open_stream(self, prompt: VoicePrompt) -> FlowChunks:
-        """A new piece's flow stream (its own state: one per piece)."""
+    def open_stream(self, prompt: VoicePrompt, *, cache_max_bytes: int | None = None) -> FlowChunks:
+        """A new piece's flow stream (its own state: one per piece), holding at most
+        `cache_max_bytes` of cache where it keeps one."""
 
 
 @runtime_checkable
@@ -121,7 +125,9 @@ class PieceStream:
         self.prompt = prompt
         self.generator = generator
         self.timed = timed
-        self.flow_chunks = flow.open_stream(prompt)
+        self.flow_chunks = flow.open_stream(
+            prompt, cache_max_bytes=int(schedule.flow_cache_max_mb * 2**20)
+        )
         self.tokens: list[int] = []
         self.offset = 0  # tokens whose mel frames were emitted
         self.given = 0  # tokens handed to the flow (the look-ahead ones too)

@@ -30,6 +30,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         stream=StreamSchedule(
             first_hop=settings.stream_first_hop_tokens,
             max_hop=max(settings.stream_max_hop_tokens, settings.stream_first_hop_tokens),
+            flow_cache_max_mb=settings.stream_flow_cache_max_mb,
         ),
     )
 

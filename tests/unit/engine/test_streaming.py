@@ -47,7 +47,9 @@ class LinearFlow:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, bool]] = []
 
-    def open_stream(self, prompt: VoicePrompt) -> RecomputedFlowChunks:
+    def open_stream(
+        self, prompt: VoicePrompt, *, cache_max_bytes: int | None = None
+    ) -> RecomputedFlowChunks:
         return RecomputedFlowChunks(self, prompt)
 
     def mel_chunk(

@@ -16,6 +16,9 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
+from workers.engine.api import VoicePrompt
+from workers.engine.flow_chunks import BoundedFlowChunks, CachedFlowChunks
+from workers.engine.stages import ModuleFlow
 from workers.engine.streaming import StreamSchedule
 from workers.model.flow import CausalMaskedDiffWithXvec
 from workers.model.flow_stream import FlowStreamCache, keep_period
@@ -114,3 +117,31 @@ def test_the_cache_holds_kept_positions_and_refuses_a_call_after_the_final_one(
         cache.advance(arrays["token"][:, 40:], finalize=True)
         with pytest.raises(InvalidRequestError, match="after the final one"):
             cache.advance(arrays["token"][:, :1], finalize=True)
+
+
+def test_a_cache_over_its_limit_hands_the_piece_to_the_recompute(
+    flow: CausalMaskedDiffWithXvec,
+) -> None:
+    """COSYQ_STREAM_FLOW_CACHE_MAX_MB: past it a piece's later hops recompute the prefix; the
+    mel stays what the cache would have made."""
+    arrays = piece(13, 130, seed=3)
+    tiny_limit = StreamSchedule(flow_cache_max_mb=0.01)  # 10 KiB: over it after the first hop
+    with torch.inference_mode():
+        cached, hops = chunked_mels(flow, arrays, StreamSchedule())
+        bounded, same_hops = chunked_mels(flow, arrays, tiny_limit)
+    assert hops == same_hops
+    for mine, theirs in zip(bounded, cached, strict=True):
+        assert mine.shape == theirs.shape
+        assert np.abs(mine - theirs).max() <= TOLERANCE
+    prompt = VoicePrompt(
+        speech_tokens=arrays["prompt_token"][0],
+        mel=arrays["prompt_feat"][0],
+        embedding=arrays["embedding"][0],
+        transcript="",
+    )
+    chunks = ModuleFlow(flow).open_stream(prompt, cache_max_bytes=10 * 1024)
+    assert isinstance(chunks, BoundedFlowChunks)
+    with torch.inference_mode():
+        chunks.mel(arrays["token"][0, :40], finalize=False)
+    assert chunks.switched_at == 40 and chunks.cached is None
+    assert isinstance(ModuleFlow(flow).open_stream(prompt), CachedFlowChunks)
