@@ -146,17 +146,22 @@ class PreLookahead(nn.Module):
         self.conv1 = nn.Conv1d(width, width, kernel_size=lookahead + 1)
         self.conv2 = nn.Conv1d(width, width, kernel_size=3)
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
-        """x (B, T, D); context (B, <=lookahead, D) are the true next tokens -> (B, T, D).
-
-        Without context the look-ahead sees zeros past the end (the final chunk).
-        """
+    def look_ahead(self, x: Tensor, context: Tensor | None) -> Tensor:
+        """conv1 over x and its look-ahead: x (B, T, D), context (B, <=lookahead, D), zeros
+        for the rest -> (B, D, T) channels-first, activated."""
         h = x.transpose(1, 2)
         missing = self.lookahead
         if context is not None:
             h = torch.cat([h, context.transpose(1, 2)], dim=2)
             missing -= context.size(1)
-        h = F.leaky_relu(self.conv1(F.pad(h, (0, missing))), negative_slope=0.01)
+        return F.leaky_relu(self.conv1(F.pad(h, (0, missing))), negative_slope=0.01)
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        """x (B, T, D); context (B, <=lookahead, D) are the true next tokens -> (B, T, D).
+
+        Without context the look-ahead sees zeros past the end (the final chunk).
+        """
+        h = self.look_ahead(x, context)
         h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
         return h.transpose(1, 2) + x
 

@@ -80,13 +80,7 @@ class EncoderStream:
         self, layer: PreLookahead, x: Tensor, context: Tensor | None, keep: int
     ) -> Tensor:
         """x (1, n, D), context (1, L, D) -> (1, n, D)."""
-        h = x.transpose(1, 2)
-        missing = layer.lookahead
-        if context is not None:
-            h = torch.cat([h, context.transpose(1, 2)], dim=2)
-            missing -= context.size(1)
-        h = F.leaky_relu(layer.conv1(F.pad(h, (0, missing))), negative_slope=0.01)
-        h = self.cache.conv(layer.conv2, h, keep)
+        h = self.cache.conv(layer.conv2, layer.look_ahead(x, context), keep)
         return h.transpose(1, 2) + x
 
     def _upsample(self, layer: Upsample, x: Tensor, keep: int) -> Tensor:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from workers.coreml.manifest import Manifest
+from workers.model.flow_batch import FlowRow
 from workers.model.flow_config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
 from workers.tools.fixtures.tiny import write_tiny_model
 from workers.tools.fixtures.tiny_config import TinySpec
@@ -46,3 +49,14 @@ class Converted:
     out_dir: Path
     manifest: Manifest
     cli_output: str
+
+
+def flow_row(tokens: int, prompt: int, seed: int) -> FlowRow:
+    """One seeded flow request (batch 1) of `tokens` tokens after a `prompt`-token prompt."""
+    g = torch.Generator().manual_seed(seed)
+    return FlowRow(
+        torch.randint(0, 6561, (1, tokens), generator=g, dtype=torch.int32),
+        torch.randint(0, 6561, (1, prompt), generator=g, dtype=torch.int32),
+        torch.randn(1, 2 * prompt, 80, generator=g),
+        torch.randn(1, 192, generator=g),
+    )

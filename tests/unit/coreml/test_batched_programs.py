@@ -20,7 +20,7 @@ import torch
 from shared.errors import ModelLoadError
 from tests.doubles.coreml_predictors import RecordingPredictor
 from tests.doubles.mil_interpreter import MILPredictor
-from tests.unit.coreml.micro import MICRO_FLOW
+from tests.unit.coreml.micro import MICRO_FLOW, flow_row
 from workers.coreml.convert.build import (
     convert_modules,
     load_flow_and_hift,
@@ -35,7 +35,6 @@ from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import ALL_STAGES, FLOW_CFM, HIFT_DECODE
 from workers.model.directory import ModelDirectory
 from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_batch import FlowRow
 from workers.model.hift import HiFTGenerator
 from workers.model.hift_source import draw_source_noise
 from workers.tools.bench.flow_stage import random_flow
@@ -81,16 +80,6 @@ def batched(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     entries = {name: save_package(stage, out_dir) for name, stage in converted.items()}
     manifest = write_manifest(entries, out_dir, options=options, sources={}, model_name="micro")
     return Batched(flow, hift, out_dir, manifest)
-
-
-def flow_row(tokens: int, prompt: int, seed: int) -> FlowRow:
-    g = torch.Generator().manual_seed(seed)
-    return FlowRow(
-        torch.randint(0, 6561, (1, tokens), generator=g, dtype=torch.int32),
-        torch.randint(0, 6561, (1, prompt), generator=g, dtype=torch.int32),
-        torch.randn(1, 2 * prompt, 80, generator=g),
-        torch.randn(1, 192, generator=g),
-    )
 
 
 def rows_per_call(predictor: Any) -> list[int]:

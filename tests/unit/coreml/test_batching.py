@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.doubles.coreml_predictors import TorchPredictor, TorchStatefulPredictor
+from tests.unit.coreml.micro import flow_row
 from workers.coreml.batch_sizes import BatchSizes, Group
 from workers.coreml.convert.build import load_flow_and_hift
 from workers.coreml.convert.graphs import flow_graphs, hift_graphs
@@ -44,7 +45,6 @@ from workers.engine.stages import ModuleVocoder
 from workers.engine.text_split import SplitConfig
 from workers.model.checkpoint import read_state_dict
 from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_batch import FlowRow
 from workers.model.hift import HiFTGenerator
 from workers.model.hift_source import draw_source_noise
 from workers.model.llm import Qwen2LM
@@ -88,16 +88,6 @@ def calls(predictor: Any, name: str) -> list[int]:
     """The rows of each call a TorchPredictor received (input `name`'s first axis)."""
     assert isinstance(predictor, TorchPredictor)
     return [shape[name][0] for shape in predictor.calls]
-
-
-def flow_row(tokens: int, prompt: int, seed: int) -> FlowRow:
-    g = torch.Generator().manual_seed(seed)
-    return FlowRow(
-        torch.randint(0, 6561, (1, tokens), generator=g, dtype=torch.int32),
-        torch.randint(0, 6561, (1, prompt), generator=g, dtype=torch.int32),
-        torch.randn(1, 2 * prompt, 80, generator=g),
-        torch.randn(1, 192, generator=g),
-    )
 
 
 def test_rows_are_split_into_calls_of_the_largest_size_and_padded_up() -> None:

@@ -83,6 +83,7 @@ class BatchBench:
     plain_audio_s: float
     rows: tuple[BatchRow, ...]
     load_average: tuple[float, float]
+    omp_wait_policy: str = "(unset)"
 
     @property
     def plain_throughput(self) -> float:
@@ -183,6 +184,7 @@ def run(options: BenchOptions, batch_sizes: Sequence[int]) -> BatchBench:
         plain_audio_s=plain.shape[0] / engine.sample_rate,
         rows=rows,
         load_average=(load_before, os.getloadavg()[0]),
+        omp_wait_policy=options.omp_wait_policy,
     )
 
 
@@ -231,6 +233,6 @@ def format_table(result: BatchBench) -> str:
             f"plain engine.run (what `cosyq-worker bench` times): {result.plain_wall_s:.2f} s "
             f"for {result.plain_audio_s:.2f} s of audio = {plain:.3f} audio s/s; {lone}",
             f"load average (1 min) before/after: {result.load_average[0]:.2f} / "
-            f"{result.load_average[1]:.2f}",
+            f"{result.load_average[1]:.2f}; OMP_WAIT_POLICY={result.omp_wait_policy}",
         ]
     )

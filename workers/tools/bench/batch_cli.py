@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from workers.tools.bench.cli import set_omp_wait_policy
+
 DEFAULT_BATCH_SIZES = "1,2,4,8,16"
 
 
@@ -32,6 +34,13 @@ def register_bench(commands: Any) -> None:
     batch.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     batch.add_argument("--seed", type=int, default=0)
     batch.add_argument("--cache-dir", type=Path, help="where full-random writes its model")
+    batch.add_argument(
+        "--omp-wait-policy",
+        choices=["passive", "active", "inherit"],
+        default="passive",
+        help="OpenMP waiting (default passive, as a batching worker runs: the rows run on a "
+        "model thread, beside the main thread's idle OpenMP team); inherit: the environment's",
+    )
     batch.add_argument("--json", action="store_true", help="print only the rows as JSON")
     batch.set_defaults(handler=run_batch_bench)
 
@@ -49,6 +58,7 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 
 def run_batch_bench(args: argparse.Namespace) -> int:
+    policy = set_omp_wait_policy(args.omp_wait_policy)
     from workers.tools.bench import batch  # noqa: PLC0415 (torch only when this bench runs)
     from workers.tools.bench.engine_bench import BenchOptions  # noqa: PLC0415
 
@@ -61,6 +71,7 @@ def run_batch_bench(args: argparse.Namespace) -> int:
         threads=args.threads,
         tokens=args.tokens,
         seed=args.seed,
+        omp_wait_policy=policy,
     )
     if args.cache_dir is not None:
         options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
