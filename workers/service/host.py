@@ -51,19 +51,16 @@ def threads_per_worker(configured: int | None, pool_size: int, cores: int) -> in
     return max(1, cores // max(1, pool_size))
 
 
-def limit_threads_before_load(threads: int, pool_size: int = 1, batch_size: int = 1) -> None:
+def limit_threads_before_load(threads: int, pool_size: int = 1) -> None:
     """Set the runtime thread variables (unless the operator set them) before torch loads.
 
     With several workers on one host, OpenMP threads that spin while waiting steal the cores
     the other workers compute on (measured here: RTF 3.6 passive vs 48 spinning when two
-    processes share the cores), so a pool defaults to OMP_WAIT_POLICY=PASSIVE. So does a
-    batching worker (`batch_size` > 1): its model runs on a thread of its own, and the main
-    thread's OpenMP team (left from loading and warm-up) spinning beside it made the same job
-    20% slower, 70% with ACTIVE (docs/benchmarks.md).
+    processes share the cores), so a pool defaults to OMP_WAIT_POLICY=PASSIVE.
     """
     for name in THREAD_ENV_VARS:
         os.environ.setdefault(name, str(threads))
-    if pool_size > 1 or batch_size > 1:
+    if pool_size > 1:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

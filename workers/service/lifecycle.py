@@ -88,9 +88,7 @@ class WorkerLifecycle:
             self.threads = host.threads_per_worker(
                 self.settings.threads, self.settings.pool_size, facts.physical_cores
             )
-            host.limit_threads_before_load(
-                self.threads, self.settings.pool_size, self.settings.batch_size
-            )
+            host.limit_threads_before_load(self.threads, self.settings.pool_size)
             self.housekeeper.extra_duties.extend(duties)
             self.housekeeper.extra_duties.append(self._follow_master)
             if self.channel is not None:

@@ -94,18 +94,13 @@ def test_mps_cache_is_released_after_a_job_only_on_mps(monkeypatch: pytest.Monke
     assert emptied == [True]
 
 
-def test_pool_and_batching_workers_default_to_passive_openmp_waiting(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_pool_workers_default_to_passive_openmp_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (*host.THREAD_ENV_VARS, "OMP_WAIT_POLICY"):
         monkeypatch.delenv(name, raising=False)
     host.limit_threads_before_load(2, pool_size=1)
     assert "OMP_WAIT_POLICY" not in host.os.environ
     assert host.os.environ["OMP_NUM_THREADS"] == "2"
     host.limit_threads_before_load(1, pool_size=2)
-    assert host.os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.delenv("OMP_WAIT_POLICY")
-    host.limit_threads_before_load(2, pool_size=1, batch_size=8)  # a model thread of its own
     assert host.os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the operator's choice stands
     host.limit_threads_before_load(1, pool_size=2)

@@ -37,9 +37,10 @@ def register_bench(commands: Any) -> None:
     batch.add_argument(
         "--omp-wait-policy",
         choices=["passive", "active", "inherit"],
-        default="passive",
-        help="OpenMP waiting (default passive, as a batching worker runs: the rows run on a "
-        "model thread, beside the main thread's idle OpenMP team); inherit: the environment's",
+        default="inherit",
+        help="OpenMP waiting: passive (as a pool's workers run), active, or inherit (default: "
+        "as the environment has it); the rows run on a model thread, the plain run on the "
+        "main thread, and the policy changes how much that costs (docs/benchmarks.md)",
     )
     batch.add_argument("--json", action="store_true", help="print only the rows as JSON")
     batch.set_defaults(handler=run_batch_bench)

@@ -59,7 +59,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     settings = load_doctor_settings()
     if not isinstance(settings, SettingsError):  # measure with a worker's thread budget
         threads = threads_per_worker(settings.threads, settings.pool_size, physical_cores())
-        limit_threads_before_load(threads, settings.pool_size, settings.batch_size)
+        limit_threads_before_load(threads, settings.pool_size)
     from workers.tools.doctor.checks import all_rows  # noqa: PLC0415 (torch from here on)
     from workers.tools.doctor.measure import RunOptions  # noqa: PLC0415
     from workers.tools.doctor.render import print_json, print_table  # noqa: PLC0415
