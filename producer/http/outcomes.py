@@ -22,8 +22,8 @@ def failure_error(job_id: str, failure: JobFailure) -> ApiError:
     return failed_job(job_id, failure.kind, failure.message)
 
 
-async def finished_result(context: FrontContext, job_id: str, timeout: float) -> SynthesisResult:
-    """Wait for the job; its result, or the ApiError for its timeout or failure."""
+async def wait_done(context: FrontContext, job_id: str, timeout: float) -> None:
+    """Wait until the job ended; a 504 pointing at the job's URL when it takes longer."""
     try:
         await context.wait_until_done(job_id, timeout)
     except ResultTimeoutError as e:
@@ -35,6 +35,11 @@ async def finished_result(context: FrontContext, job_id: str, timeout: float) ->
             headers={"Location": job_location(job_id)},
             extra={"job_id": job_id},
         ) from e
+
+
+async def finished_result(context: FrontContext, job_id: str, timeout: float) -> SynthesisResult:
+    """Wait for the job; its result, or the ApiError for its timeout or failure."""
+    await wait_done(context, job_id, timeout)
     outcome = await run_in_threadpool(context.client.tracker.outcome, job_id)
     if isinstance(outcome, JobFailure):
         raise failure_error(job_id, outcome)

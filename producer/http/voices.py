@@ -16,11 +16,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from producer.http.context import context_of
-from producer.http.errors import SERVER_ERROR, ApiError
-from producer.http.outcomes import job_location
+from producer.http.errors import ApiError
+from producer.http.outcomes import wait_done
 from producer.http.speech import DEFAULT_VOICE
 from producer.voice_jobs import wait_for_voice
-from shared.errors import ResultTimeoutError
 
 router = APIRouter()
 
@@ -78,16 +77,6 @@ async def add_voice(request: Request) -> JSONResponse:
         lambda: context.client.add_voice(name, audio, _field(form, "transcript"), filename=filename)
     )
     request.state.job_id = job_id
-    try:
-        await context.wait_until_done(job_id, context.settings.http_wait_timeout_s)
-    except ResultTimeoutError as e:
-        raise ApiError(
-            504,
-            f"{e}; poll {job_location(job_id)}",
-            type_=SERVER_ERROR,
-            code="timeout",
-            headers={"Location": job_location(job_id)},
-            extra={"job_id": job_id},
-        ) from e
+    await wait_done(context, job_id, context.settings.http_wait_timeout_s)
     summary = await run_in_threadpool(wait_for_voice, context.client.tracker, job_id, 0.0)
     return JSONResponse({"voice": summary.to_dict(), "job_id": job_id}, status_code=201)

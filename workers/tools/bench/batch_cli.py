@@ -64,18 +64,7 @@ def run_batch_bench(args: argparse.Namespace) -> int:
     from workers.tools.bench.engine_bench import BenchOptions  # noqa: PLC0415
 
     sizes = parse_batch_sizes(args.batch_sizes)
-    options = BenchOptions(
-        config=args.config,
-        model_dir=args.model_dir,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-        tokens=args.tokens,
-        seed=args.seed,
-        omp_wait_policy=policy,
-    )
-    if args.cache_dir is not None:
-        options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
+    options = BenchOptions.from_args(args, omp_wait_policy=policy)
     result = batch.run(options, sizes)
     print(batch.format_json(result) if args.json else batch.format_table(result))
     return 0

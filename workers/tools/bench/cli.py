@@ -104,20 +104,8 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     from workers.tools.bench.engine_bench import BenchOptions, run_bench  # noqa: PLC0415 (after OMP)
     from workers.tools.bench.report import format_report  # noqa: PLC0415
 
-    options = BenchOptions(
-        config=args.config,
-        model_dir=args.model_dir,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-        runs=args.runs,
-        text=args.text,
-        tokens=args.tokens,
-        seed=args.seed,
-        compare_fp32=args.compare_fp32,
-        omp_wait_policy=policy,
+    options = BenchOptions.from_args(
+        args, runs=args.runs, compare_fp32=args.compare_fp32, omp_wait_policy=policy
     )
-    if args.cache_dir is not None:
-        options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
     print(format_report(run_bench(options)))
     return 0

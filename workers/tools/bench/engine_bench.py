@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -51,6 +52,26 @@ class BenchOptions:
     hash_cache_dir: Path = DEFAULT_HASH_CACHE
     compare_fp32: bool = False  # also load an fp32 engine and report per-stage SNR
     omp_wait_policy: str = "(unset)"  # as in force for this process (reported)
+
+    @classmethod
+    def from_args(cls, args: Any, **extra: Any) -> BenchOptions:
+        """The options the bench commands share, from their parsed arguments (those a command
+        has and gave), plus `extra`."""
+        given = {name: getattr(args, name, None) for name in SHARED_ARGUMENTS}
+        return cls(**{name: value for name, value in given.items() if value is not None}, **extra)
+
+
+SHARED_ARGUMENTS = (
+    "config",
+    "model_dir",
+    "device",
+    "dtype",
+    "threads",
+    "text",
+    "tokens",
+    "seed",
+    "cache_dir",
+)
 
 
 @dataclass(frozen=True)

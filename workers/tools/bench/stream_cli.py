@@ -43,18 +43,7 @@ def run_stream_bench(args: argparse.Namespace) -> int:
     from workers.tools.bench import stream_bench  # noqa: PLC0415 (torch only when it runs)
     from workers.tools.bench.engine_bench import BenchOptions  # noqa: PLC0415
 
-    options = BenchOptions(
-        config=args.config,
-        model_dir=args.model_dir,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-        text=args.text,
-        tokens=args.tokens,
-        seed=args.seed,
-    )
-    if args.cache_dir is not None:
-        options = BenchOptions(**{**options.__dict__, "cache_dir": args.cache_dir})
+    options = BenchOptions.from_args(args)
     result = stream_bench.run(
         options,
         jobs=args.jobs,
