@@ -9,19 +9,31 @@ the file and the offending keys instead of torch's generic message.
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from shared.errors import ModelLoadError
+from workers.model.checkpoint_dtype import convert_state_dict
 
 _MAX_NAMED_KEYS = 6
 
 
-def read_state_dict(path: Path, *, mmap: bool = True) -> dict[str, torch.Tensor]:
-    """Return the tensors stored in `path`, raising `ModelLoadError` that names the file."""
+def read_state_dict(
+    path: Path,
+    *,
+    mmap: bool = True,
+    dtype: torch.dtype | None = None,
+    keep: Collection[str] = (),
+) -> dict[str, torch.Tensor]:
+    """Return the tensors stored in `path`, raising `ModelLoadError` that names the file.
+
+    With `dtype`, floating-point tensors (but those named in `keep`) come converted, one at a
+    time, and a mapped file's pages are released as they are read: a bf16 model then never
+    holds its fp32 bytes resident (see `checkpoint_dtype`).
+    """
     if not path.is_file():
         raise ModelLoadError(f"{path}: file missing (expected a torch.save state_dict)")
     mmap = mmap and zipfile.is_zipfile(path)  # the legacy (non-zip) torch.save format cannot be
@@ -34,6 +46,8 @@ def read_state_dict(path: Path, *, mmap: bool = True) -> dict[str, torch.Tensor]
     bad = [k for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
     if bad:
         raise ModelLoadError(f"{path}: entries that are not named tensors: {_names(bad)}")
+    if dtype is not None:
+        return convert_state_dict(obj, dtype, mapped=mmap, keep=keep)
     return dict(obj)
 
 

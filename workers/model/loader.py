@@ -1,6 +1,8 @@
 """Load a whole CosyVoice 2 model directory: configs from the directory, strict checkpoints.
 
 `dims -> modules on meta -> strict load (assign, no second copy) -> device/dtype`, per stage.
+Below fp32, the LLM's and the flow's checkpoints are converted tensor by tensor as they are read
+from the mapped file (its fp32 pages released as they go), so fp32 never sits beside bf16.
 Hyperparameters come only from the directory (`cosyvoice2.yaml` read as plain data and
 `CosyVoice-BlankEN/config.json`); any missing or inconsistent file raises `ModelLoadError`
 naming it, before a worker takes a job.
@@ -16,11 +18,11 @@ import torch
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
 from workers.model.features import MelConfig
-from workers.model.flow import CausalMaskedDiffWithXvec, build_flow
-from workers.model.flow_config import FlowConfig
-from workers.model.hift import HiFTGenerator, build_hift
-from workers.model.hift_config import HiFTConfig
-from workers.model.llm import LLMConfig, Qwen2LM, build_llm
+from workers.model.flow.config import FlowConfig
+from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
+from workers.model.hift.config import HiFTConfig
+from workers.model.hift.model import HiFTGenerator, build_hift
+from workers.model.llm.model import TIED_HEAD_KEY, LLMConfig, Qwen2LM, build_llm
 
 
 @dataclass(frozen=True)
@@ -79,14 +81,15 @@ def load_model(
     configs = ModelConfigs.from_directory(directory)
     device = torch.device(device)
     llm_path, flow_path, hift_path = (directory.checkpoint(s) for s in ("llm", "flow", "hift"))
-    llm = build_llm(
-        configs.llm, read_state_dict(llm_path), source=llm_path, device=device, dtype=dtype
-    )
+    convert = None if dtype == torch.float32 else dtype  # fp32 keeps the mapped tensors
+    llm_state = read_state_dict(llm_path, dtype=convert, keep=(TIED_HEAD_KEY,))
+    llm = build_llm(configs.llm, llm_state, source=llm_path, device=device, dtype=dtype)
+    del llm_state  # the last reference to the mapped file: its mapping goes now
     flow = hift = None
     if "flow" in torch_stages:
-        flow = build_flow(
-            configs.flow, read_state_dict(flow_path), device=device, dtype=dtype, source=flow_path
-        )
+        flow_state = read_state_dict(flow_path, dtype=convert)
+        flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
+        del flow_state
     if "hift" in torch_stages:
         hift = build_hift(
             configs.hift, read_state_dict(hift_path), device=device, dtype=dtype, source=hift_path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -70,6 +71,15 @@ class TextTokenizer:
         if found is None:
             raise KeyError(token)
         return int(found)
+
+    @cached_property
+    def special_tokens(self) -> dict[int, str]:
+        """Every token the tokenizer adds to its vocabulary but the control tags user text may
+        carry (`<|endoftext|>`, `<|im_start|>`, `<|endofprompt|>` ...), by id: never from user
+        text."""
+        added = self.tokenizer.get_added_tokens_decoder()
+        allowed = set(CONTROL_TAGS)
+        return {int(i): t.content for i, t in added.items() if t.content not in allowed}
 
     @property
     def size(self) -> int:

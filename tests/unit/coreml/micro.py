@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from workers.coreml.manifest import Manifest
-from workers.model.flow_batch import FlowRow
-from workers.model.flow_config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
+from workers.model.flow.batch import FlowRow
+from workers.model.flow.config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
 from workers.tools.fixtures.tiny import write_tiny_model
 from workers.tools.fixtures.tiny_config import TinySpec
 

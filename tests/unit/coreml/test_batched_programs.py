@@ -34,10 +34,10 @@ from workers.coreml.manifest import Manifest, read_manifest
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import ALL_STAGES, FLOW_CFM, HIFT_DECODE
 from workers.model.directory import ModelDirectory
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.hift import HiFTGenerator
-from workers.model.hift_source import draw_source_noise
-from workers.tools.bench.flow_stage import random_flow
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.model import HiFTGenerator
+from workers.model.hift.source import draw_source_noise
+from workers.tools.fixtures.random_weights import random_flow
 
 pytestmark = pytest.mark.timeout(900)
 SIZES = (1, 2, 4)

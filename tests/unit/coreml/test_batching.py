@@ -44,10 +44,10 @@ from workers.engine.pipeline import EngineOptions
 from workers.engine.stages import ModuleVocoder
 from workers.engine.text_split import SplitConfig
 from workers.model.checkpoint import read_state_dict
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.hift import HiFTGenerator
-from workers.model.hift_source import draw_source_noise
-from workers.model.llm import Qwen2LM
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.model import HiFTGenerator
+from workers.model.hift.source import draw_source_noise
+from workers.model.llm.model import Qwen2LM
 from workers.model.loader import load_model
 
 pytestmark = pytest.mark.timeout(600)

@@ -22,7 +22,7 @@ from workers.coreml.convert.stages_convert import convert_cfm, trace
 from workers.coreml.manifest import MANIFEST_FILE, DimRange, package_sha256, read_manifest
 from workers.coreml.stages import ALL_STAGES, FLOW_CFM, HIFT_SOURCE, stage_specs
 from workers.model.directory import file_sha256
-from workers.tools.bench.flow_stage import random_flow
+from workers.tools.fixtures.random_weights import random_flow
 
 
 def package_spec(path: Path) -> Any:

@@ -21,8 +21,8 @@ from workers.coreml.loader import runtime_stages
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import ALL_STAGES
 from workers.model.directory import ModelDirectory
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.hift import HiFTGenerator
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.model import HiFTGenerator
 from workers.tools.bench.coreml_quality import bench_request, snr_db, synthesize
 
 Modules = tuple[CausalMaskedDiffWithXvec, HiFTGenerator]

@@ -19,7 +19,7 @@ from workers.coreml.convert.stages_convert import trace
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE, stage_specs
 from workers.model.checkpoint import read_state_dict
-from workers.model.flow import build_flow
+from workers.model.flow.model import build_flow
 from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.flow import MEL_TOL
 from workers.tools.reference.hift import (

@@ -25,9 +25,9 @@ from workers.coreml.manifest import package_sha256, read_manifest
 from workers.coreml.stages import LLM, LLM_DECODE, LLM_PREFILL, llm_specs
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
-from workers.model.llm import Qwen2LM, iter_speech_tokens
+from workers.model.llm.model import Qwen2LM, iter_speech_tokens
+from workers.model.llm.qwen2 import KVCache
 from workers.model.loader import load_model
-from workers.model.qwen2 import KVCache
 from workers.tools.reference.llm import LOGITS_TOLERANCE, load_reference_llm, step_logps
 from workers.tools.reference.parity import ReferenceSet
 

@@ -26,17 +26,17 @@ from workers.coreml.convert.graphs import pack_cfm_frames
 from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.convert.stages_convert import convert_cfm
 from workers.coreml.loader import load_coreml_stages
-from workers.model.flow_batch import FlowRow
+from workers.model.flow.batch import FlowRow
+from workers.model.llm.qwen2 import KVCache
 from workers.model.loader import load_model
-from workers.model.qwen2 import KVCache
 from workers.tools.bench.coreml_quality import bench_request, snr_db, synthesize
-from workers.tools.bench.flow_stage import random_flow
 from workers.tools.doctor.host_checks import macos_version
 from workers.tools.doctor.measure import RunOptions
 from workers.tools.doctor.model_checks import cache_row, packages_row
 from workers.tools.doctor.rows import Status
 from workers.tools.doctor.run_checks import run_rows
 from workers.tools.doctor.stack_checks import coreml_runtime_row, mps_row
+from workers.tools.fixtures.random_weights import random_flow
 
 pytestmark = [
     pytest.mark.macos,

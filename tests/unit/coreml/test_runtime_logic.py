@@ -36,9 +36,9 @@ from workers.coreml.stages import (
 from workers.engine.api import SynthesisInput, VoicePrompt
 from workers.engine.pipeline import build_engine
 from workers.model.checkpoint import read_state_dict
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.hift import HiFTGenerator
-from workers.model.hift_source import draw_source_noise
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.model import HiFTGenerator
+from workers.model.hift.source import draw_source_noise
 from workers.model.loader import load_model
 
 Modules = tuple[CausalMaskedDiffWithXvec, HiFTGenerator]

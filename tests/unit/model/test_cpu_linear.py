@@ -80,10 +80,10 @@ def test_kernel_choice_per_model(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_llm_and_flow_share_one_linear() -> None:
     """The LLM's and the flow's projections are the same class (one oneDNN implementation)."""
-    from workers.model.flow import CausalMaskedDiffWithXvec  # noqa: PLC0415
-    from workers.model.flow_config import FlowConfig  # noqa: PLC0415
-    from workers.model.llm import Qwen2LM  # noqa: PLC0415
-    from workers.tools.bench.llm_stage import full_llm_config  # noqa: PLC0415
+    from workers.model.flow.config import FlowConfig  # noqa: PLC0415
+    from workers.model.flow.model import CausalMaskedDiffWithXvec  # noqa: PLC0415
+    from workers.model.llm.model import Qwen2LM  # noqa: PLC0415
+    from workers.tools.fixtures.random_weights import full_llm_config  # noqa: PLC0415
 
     with torch.device("meta"):
         models = (CausalMaskedDiffWithXvec(FlowConfig()), Qwen2LM(full_llm_config()))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_batch import FlowRow, batched_inference
+from workers.model.flow.batch import FlowRow, batched_inference
+from workers.model.flow.model import CausalMaskedDiffWithXvec
 
 TOLERANCE = 1e-4  # max abs on the mel; the waveform bound is checked in the engine tests
 

@@ -10,76 +10,16 @@ import pytest
 import torch
 
 from shared.errors import ModelLoadError
-from workers.model.flow_config import EstimatorConfig, FlowConfig, FlowEncoderConfig
+from workers.model.flow.config import EstimatorConfig, FlowConfig, FlowEncoderConfig
 from workers.model.yaml_plain import load_plain_yaml
-from workers.tools.bench.flow_stage import random_flow
+from workers.tools.fixtures.random_weights import random_flow
 from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.parity import ReferenceSet
 
-# The flow section of an upstream-format cosyvoice2.yaml (the published model's values).
-FLOW_YAML = """\
-token_frame_rate: 25
-token_mel_ratio: 2
-chunk_size: 25
-spk_embed_dim: 192
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: 512
-    output_size: 80
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: 6561
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: 3
-    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
-        output_size: 512
-        attention_heads: 8
-        linear_units: 2048
-        num_blocks: 6
-        dropout_rate: 0.1
-        positional_dropout_rate: 0.1
-        attention_dropout_rate: 0.1
-        normalize_before: True
-        input_layer: 'linear'
-        pos_enc_layer_type: 'rel_pos_espnet'
-        selfattention_layer_type: 'rel_selfattn'
-        input_size: 512
-        use_cnn_module: False
-        macaron_style: False
-        static_chunk_size: !ref <chunk_size>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: 80
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: 0.7
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
-            in_channels: 320
-            out_channels: 80
-            channels: [256]
-            dropout: 0.0
-            attention_head_dim: 64
-            n_blocks: 4
-            num_mid_blocks: 12
-            num_heads: 8
-            act_fn: 'gelu'
-            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
-            num_decoding_left_chunks: -1
-"""
-
 
 @pytest.fixture
-def flow_yaml(tmp_path: Path) -> dict[str, Any]:
-    path = tmp_path / "cosyvoice2.yaml"
-    path.write_text(FLOW_YAML)
-    return load_plain_yaml(path)
+def flow_yaml(published_yaml: Path) -> dict[str, Any]:
+    return load_plain_yaml(published_yaml)
 
 
 def test_full_reference_config_is_the_default(reference_dir: Path) -> None:

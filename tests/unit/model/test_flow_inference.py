@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.flow import CausalMaskedDiffWithXvec, make_noise
-from workers.model.flow_config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
-from workers.tools.bench.flow_stage import random_flow
+from workers.model.flow.config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
+from workers.model.flow.model import CausalMaskedDiffWithXvec, make_noise
+from workers.tools.fixtures.random_weights import random_flow
 from workers.tools.reference.flow import load_reference_flow
 from workers.tools.reference.parity import ReferenceSet
 

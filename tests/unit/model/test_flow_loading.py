@@ -9,8 +9,8 @@ import torch
 
 from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
-from workers.model.flow import build_flow
-from workers.model.flow_config import FlowConfig
+from workers.model.flow.config import FlowConfig
+from workers.model.flow.model import build_flow
 from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.parity import ReferenceSet
 

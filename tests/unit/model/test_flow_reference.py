@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_config import FlowConfig
+from workers.model.flow.config import FlowConfig
+from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.flow import (
     check_flow,

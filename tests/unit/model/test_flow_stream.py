@@ -20,8 +20,8 @@ from workers.engine.api import VoicePrompt
 from workers.engine.flow_chunks import BoundedFlowChunks, CachedFlowChunks
 from workers.engine.stages import ModuleFlow
 from workers.engine.streaming import StreamSchedule
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_stream import FlowStreamCache, keep_period
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.flow.stream import FlowStreamCache, keep_period
 from workers.tools.reference.flow import load_reference_flow
 from workers.tools.reference.parity import ReferenceSet
 from workers.tools.reference.streaming import chunked_mels
@@ -125,7 +125,7 @@ def test_a_cache_over_its_limit_hands_the_piece_to_the_recompute(
     """COSYQ_STREAM_FLOW_CACHE_MAX_MB: past it a piece's later hops recompute the prefix; the
     mel stays what the cache would have made."""
     arrays = piece(13, 130, seed=3)
-    tiny_limit = StreamSchedule(flow_cache_max_mb=0.01)  # 10 KiB: over it after the first hop
+    tiny_limit = StreamSchedule(flow_cache_max_mb=0.01)  # 10 KiB: not even the first hop fits
     with torch.inference_mode():
         cached, hops = chunked_mels(flow, arrays, StreamSchedule())
         bounded, same_hops = chunked_mels(flow, arrays, tiny_limit)
@@ -133,15 +133,48 @@ def test_a_cache_over_its_limit_hands_the_piece_to_the_recompute(
     for mine, theirs in zip(bounded, cached, strict=True):
         assert mine.shape == theirs.shape
         assert np.abs(mine - theirs).max() <= TOLERANCE
-    prompt = VoicePrompt(
+    prompt = prompt_of(arrays)
+    chunks = ModuleFlow(flow).open_stream(prompt, cache_max_bytes=10 * 1024)
+    assert isinstance(chunks, BoundedFlowChunks)
+    with torch.inference_mode():
+        chunks.mel(arrays["token"][0, :40], finalize=False)
+    assert chunks.switched_at == 0 and chunks.cached is None
+    assert chunks.peak_bytes <= 10 * 1024
+    assert isinstance(ModuleFlow(flow).open_stream(prompt), CachedFlowChunks)
+
+
+def prompt_of(arrays: dict[str, np.ndarray]) -> VoicePrompt:
+    return VoicePrompt(
         speech_tokens=arrays["prompt_token"][0],
         mel=arrays["prompt_feat"][0],
         embedding=arrays["embedding"][0],
         transcript="",
     )
-    chunks = ModuleFlow(flow).open_stream(prompt, cache_max_bytes=10 * 1024)
-    assert isinstance(chunks, BoundedFlowChunks)
+
+
+def test_the_cache_never_holds_more_than_its_limit(flow: CausalMaskedDiffWithXvec) -> None:
+    """The limit is checked before a buffer grows: whatever the limit (between what the hops
+    need, or just under a growth by half), the cache's peak stays within it, the hop that does
+    not fit is recomputed, and the mel is the unbounded cache's."""
+    arrays = piece(13, 200, seed=5)
+    cuts = [37, 62, 87, 112, 137, 162]  # hops ending on chunk edges (13 + 37 = 50 tokens)
     with torch.inference_mode():
-        chunks.mel(arrays["token"][0, :40], finalize=False)
-    assert chunks.switched_at == 40 and chunks.cached is None
-    assert isinstance(ModuleFlow(flow).open_stream(prompt), CachedFlowChunks)
+        free = ModuleFlow(flow).open_stream(prompt_of(arrays))
+        assert isinstance(free, CachedFlowChunks)
+        reference, sizes = [], []
+        for start, end in zip([0, *cuts], [*cuts, 200], strict=True):
+            reference.append(free.mel(arrays["token"][0, start:end], finalize=end == 200))
+            sizes.append(free.cache.nbytes)
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-2]
+    for limit in [sizes[0], (sizes[1] + sizes[2]) // 2, sizes[3] - 1]:
+        with torch.inference_mode():
+            bounded = ModuleFlow(flow).open_stream(prompt_of(arrays), cache_max_bytes=limit)
+            assert isinstance(bounded, BoundedFlowChunks)
+            for (start, end), expected in zip(
+                zip([0, *cuts], [*cuts, 200], strict=True), reference, strict=True
+            ):
+                mel = bounded.mel(arrays["token"][0, start:end], finalize=end == 200)
+                assert mel.shape == expected.shape
+                assert np.abs(mel - expected).max() <= TOLERANCE
+        assert 0 < bounded.peak_bytes <= limit
+        assert bounded.switched_at is not None and bounded.switched_at >= cuts[0]

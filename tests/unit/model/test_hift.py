@@ -12,11 +12,11 @@ import torch
 
 from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
-from workers.model.hift import HiFTGenerator, build_hift, normalize_hift_keys
-from workers.model.hift_config import HiFTConfig
-from workers.model.hift_layers import fold_weight_norm
-from workers.model.hift_source import draw_source_noise, sine_waves_audio_rate
-from workers.model.istft import ConvISTFT, SourceSTFT, torch_istft
+from workers.model.hift.config import HiFTConfig
+from workers.model.hift.istft import ConvISTFT, SourceSTFT, torch_istft
+from workers.model.hift.layers import fold_weight_norm
+from workers.model.hift.model import HiFTGenerator, build_hift, normalize_hift_keys
+from workers.model.hift.source import draw_source_noise, sine_waves_audio_rate
 from workers.model.yaml_plain import load_plain_yaml
 from workers.tools.bench.hift_stage import bench_hift
 from workers.tools.reference.configs import hift_config_from_reference
@@ -228,18 +228,19 @@ def test_conv_istft_inverts_the_source_stft() -> None:
     assert float((rebuilt - signal).abs().max()) < 1e-5
 
 
-def test_config_from_model_yaml_equals_reference_full(ref: ReferenceSet, tmp_path: Path) -> None:
-    path = tmp_path / "cosyvoice2.yaml"
-    path.write_text(HIFT_YAML)
-    from_yaml = HiFTConfig.from_model_yaml(load_plain_yaml(path))
+def test_config_from_model_yaml_equals_reference_full(
+    ref: ReferenceSet, published_yaml: Path
+) -> None:
+    from_yaml = HiFTConfig.from_model_yaml(load_plain_yaml(published_yaml))
     assert from_yaml == hift_config_from_reference(ref.config, "full")
 
 
-def test_config_missing_key_names_it(tmp_path: Path) -> None:
-    path = tmp_path / "cosyvoice2.yaml"
-    path.write_text(HIFT_YAML.replace("    lrelu_slope: 0.1\n", ""))
+def test_config_missing_key_names_it(published_yaml: Path) -> None:
+    text = published_yaml.read_text()
+    assert text.count("    lrelu_slope: 0.1\n") == 1
+    published_yaml.write_text(text.replace("    lrelu_slope: 0.1\n", ""))
     with pytest.raises(ModelLoadError, match="lrelu_slope"):
-        HiFTConfig.from_model_yaml(load_plain_yaml(path))
+        HiFTConfig.from_model_yaml(load_plain_yaml(published_yaml))
 
 
 def test_sinegen1_rate_is_refused(ref: ReferenceSet) -> None:
@@ -271,6 +272,7 @@ def test_bfloat16_convolutions_keep_a_float32_source(
     model = build_hift(tiny_config, tiny_state, dtype=torch.bfloat16)
     assert model.conv_pre.weight.dtype == torch.bfloat16
     assert model.m_source.l_linear.weight.dtype == torch.float32
+    assert model.f0_predictor.classifier.weight.dtype == torch.float32
     assert model.istft.bases.dtype == torch.float32
     out = model.inference(torch.randn(1, 80, 5), generator=torch.Generator().manual_seed(0))
     assert out.wav.dtype == torch.float32 and torch.isfinite(out.wav).all()
@@ -284,31 +286,3 @@ def test_bench_function_runs_on_a_small_configuration(tiny_config: HiFTConfig) -
 def test_normalize_keys_strips_every_generator_substring() -> None:
     state = {"generator.conv_pre.generator.weight_g": torch.zeros(1)}
     assert list(normalize_hift_keys(state)) == ["conv_pre.parametrizations.weight.original0"]
-
-
-HIFT_YAML = """\
-sample_rate: 24000
-hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
-    in_channels: 80
-    base_channels: 512
-    nb_harmonics: 8
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: 0.1
-    nsf_sigma: 0.003
-    nsf_voiced_threshold: 10
-    upsample_rates: [8, 5, 3]
-    upsample_kernel_sizes: [16, 11, 7]
-    istft_params:
-        n_fft: 16
-        hop_len: 4
-    resblock_kernel_sizes: [3, 7, 11]
-    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    source_resblock_kernel_sizes: [7, 7, 11]
-    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
-    lrelu_slope: 0.1
-    audio_limit: 0.99
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
-        num_class: 1
-        in_channels: 80
-        cond_channels: 512
-"""

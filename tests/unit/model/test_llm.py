@@ -11,7 +11,7 @@ import torch
 from shared.errors import ModelLoadError
 from workers.model.checkpoint import read_state_dict
 from workers.model.cpu_linear import onednn_available
-from workers.model.llm import LLMConfig, Qwen2LM, build_llm
+from workers.model.llm.model import LLMConfig, Qwen2LM, build_llm
 from workers.tools.reference.configs import llm_config_from_reference
 from workers.tools.reference.llm import (
     ARRAYS,

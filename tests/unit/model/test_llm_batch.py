@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.llm import LLMConfig, Qwen2LM, iter_speech_tokens
-from workers.model.llm_batch import BatchDecoder, BatchKVCache, FinishedRow, RowTooLong
-from workers.model.llm_sampling import SamplingConfig
-from workers.model.qwen2 import Qwen2Config
-from workers.tools.bench.llm_stage import build_random_llm
+from workers.model.llm.batch import BatchDecoder, BatchKVCache, FinishedRow, RowTooLong
+from workers.model.llm.model import LLMConfig, Qwen2LM, iter_speech_tokens
+from workers.model.llm.qwen2 import Qwen2Config
+from workers.model.llm.sampling import SamplingConfig
+from workers.tools.fixtures.random_weights import build_random_llm
 
 QWEN = {
     "hidden_size": 32,

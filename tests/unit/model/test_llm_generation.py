@@ -9,15 +9,16 @@ import torch
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.cpu_linear import default_linear_kernel, set_linear_kernel
-from workers.model.llm import (
+from workers.model.llm.model import (
     LLMConfig,
     Qwen2LM,
     iter_speech_tokens,
 )
-from workers.model.llm_sampling import SamplingConfig, nucleus_size, ras_sampling
-from workers.model.qwen2 import KVCache, Qwen2Config
+from workers.model.llm.qwen2 import KVCache, Qwen2Config
+from workers.model.llm.sampling import SamplingConfig, nucleus_size, ras_sampling
 from workers.model.yaml_plain import load_plain_yaml
-from workers.tools.bench.llm_stage import bench_llm, build_random_llm, format_table
+from workers.tools.bench.llm_stage import bench_llm, format_table
+from workers.tools.fixtures.random_weights import build_random_llm
 
 QWEN = {
     "hidden_size": 32,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from workers.model.flow_config import EstimatorConfig, FlowConfig, FlowEncoderConfig
-from workers.tools.bench.flow_stage import random_flow, random_state_dict, time_flow
+from workers.model.flow.config import EstimatorConfig, FlowConfig, FlowEncoderConfig
+from workers.tools.bench.flow_stage import time_flow
+from workers.tools.fixtures.random_weights import random_flow, random_state_dict
 
 SMALL = FlowConfig(
     encoder=FlowEncoderConfig(width=64, attention_heads=2, linear_units=32, num_blocks=1),

@@ -36,11 +36,11 @@ from workers.coreml.manifest import MANIFEST_FILE, Manifest, PackageEntry, packa
 from workers.coreml.stages import LLM, LLM_CHECKPOINT, LLM_PREFILL, llm_specs
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory, file_sha256
-from workers.model.flow import CausalMaskedDiffWithXvec, build_flow
-from workers.model.flow_config import FlowConfig
-from workers.model.hift import HiFTGenerator, build_hift
-from workers.model.hift_config import HiFTConfig
-from workers.model.llm import LLMConfig, build_llm
+from workers.model.flow.config import FlowConfig
+from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
+from workers.model.hift.config import HiFTConfig
+from workers.model.hift.model import HiFTGenerator, build_hift
+from workers.model.llm.model import LLMConfig, build_llm
 
 SOURCE_CHECKPOINTS = ("flow.pt", "hift.pt")
 WEIGHTS_FILE = Path("Data/com.apple.CoreML/weights/weight.bin")

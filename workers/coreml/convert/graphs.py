@@ -7,7 +7,7 @@ back to our parameters by that rule. The graphs:
 - `FlowEncoderGraph`: prompt+target tokens (1, N) int32 and the speaker embedding (1, 192) ->
   mu (1, 80, 2N) and the projected speaker vector (1, 80). Non-streaming, finalize=True.
   `BatchedFlowEncoderGraph` takes B right-padded rows and their token counts, as
-  `workers.model.flow_batch` runs the encoder: each row's frames as alone.
+  `workers.model.flow.batch` runs the encoder: each row's frames as alone.
 - `CfmGraph`: the 10-step Euler loop with classifier-free guidance, unrolled in the graph. Its
   per-frame inputs are packed into ONE tensor `frames` (1, 241, T) = [noise | mu | cond | mask]
   because macOS 14 allows at most one input with enumerated shapes (`--flow-buckets`).
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from workers.model.flow import CausalMaskedDiffWithXvec, ConditionalFlowMatching
-from workers.model.hift import HiFTGenerator
+from workers.model.flow.model import CausalMaskedDiffWithXvec, ConditionalFlowMatching
+from workers.model.hift.model import HiFTGenerator
 
 # Channel layout of the CFM's packed `frames` input: (name, channels) in order.
 CFM_FRAME_PARTS = ("noise", "mu", "cond", "mask")

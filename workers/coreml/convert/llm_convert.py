@@ -31,7 +31,7 @@ from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.convert.stages_convert import trace
 from workers.coreml.manifest import DimRange
 from workers.coreml.stages import LLM_DECODE, LLM_STATES, TensorSpec, llm_specs
-from workers.model.llm import Qwen2LM
+from workers.model.llm.model import Qwen2LM
 
 TRACE_POSITIONS = 8  # traced as a prefill of 8 positions ...
 CHECK_START, CHECK_POSITIONS = 3, 5  # ... checked as 5 positions after 3 cached ones

@@ -17,8 +17,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from workers.model.llm import Qwen2LM
-from workers.model.qwen2 import Qwen2DecoderLayer, apply_rotary
+from workers.model.llm.model import Qwen2LM
+from workers.model.llm.qwen2 import Qwen2DecoderLayer, apply_rotary
 
 MASK_NEGATIVE = -3.0e4  # additive mask value: exp() underflows to 0, and fp16 can hold it
 

@@ -47,9 +47,9 @@ from workers.coreml.stages import (
     StageSpec,
     stage_specs,
 )
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_config import NOISE_FRAMES
-from workers.model.hift import HiFTGenerator
+from workers.model.flow.config import NOISE_FRAMES
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.model import HiFTGenerator
 
 TRACE_TOKENS = 20  # example length the graphs are traced at ...
 CHECK_TOKENS = 27  # ... and a second length the trace must reproduce (catches baked-in sizes)

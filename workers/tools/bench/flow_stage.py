@@ -1,66 +1,27 @@
-"""Speed of the flow stage at FULL size with random weights (issue 4 "Bench").
+"""Speed of the flow stage at FULL size with random weights.
 
-`random_flow(config)` builds the architecture through the production loader (`build_flow`) from
-a seeded random state dict (normal(0, 0.02) weights, zero biases, unit LayerNorms), so no real
-checkpoint is needed. `time_flow(flow)` runs the three stages the way `inference` chains them
+The flow comes from `workers.tools.fixtures.random_weights.random_flow` (no real checkpoint
+needed). `time_flow(flow)` runs the three stages the way `inference` chains them
 (speaker projection, encoder, CFM solve) and returns their times; `main()` prints a table.
 Timings on a shared machine are noisy: compare runs made back to back.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from workers.model.flow import CausalMaskedDiffWithXvec, build_flow
-from workers.model.flow_config import FlowConfig
+from workers.model.flow.model import CausalMaskedDiffWithXvec
 
-DEFAULT_TOKENS = 100  # issue 4: 100 generated tokens (4 s of audio) ...
+DEFAULT_TOKENS = 100  # 100 generated tokens (4 s of audio) ...
 DEFAULT_PROMPT_TOKENS = 50  # ... after 50 prompt tokens: 300 mel frames through the CFM
 DEFAULT_THREADS = 2
 DEFAULT_RUNS = 3
-INIT_STD = 0.02
-
-
-def random_state_dict(config: FlowConfig, seed: int = 0) -> dict[str, Tensor]:
-    """A state dict with the official keys and shapes and cheap, well-scaled random values."""
-    with torch.device("meta"):
-        shapes = CausalMaskedDiffWithXvec(config)
-    norms = {
-        f"{name}.{p}"
-        for name, module in shapes.named_modules()
-        if isinstance(module, nn.LayerNorm)
-        for p in ("weight", "bias")
-    }
-    generator = torch.Generator().manual_seed(seed)
-    state = {}
-    for key, meta in shapes.state_dict().items():
-        if key in norms:
-            fill = 1.0 if key.endswith("weight") else 0.0
-            state[key] = torch.full(meta.shape, fill)
-        elif key.endswith("bias"):
-            state[key] = torch.zeros(meta.shape)
-        else:
-            state[key] = torch.randn(meta.shape, generator=generator) * INIT_STD
-    return state
-
-
-def random_flow(
-    config: FlowConfig | None = None,
-    *,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> CausalMaskedDiffWithXvec:
-    """The flow (FULL size by default) with random weights, loaded like a real checkpoint."""
-    config = config or FlowConfig()
-    return build_flow(config, random_state_dict(config, seed), device=device, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -154,33 +115,14 @@ def time_flow(
     return FlowTiming(tokens, prompt_tokens, frames[0], threads, speaker, encoder, cfm, total)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Time the FULL-size flow with random weights")
-    parser.add_argument("--tokens", type=int, default=DEFAULT_TOKENS)
-    parser.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS)
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
-    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS)
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args(argv)
-    flow = random_flow(device=args.device)
-    timing = time_flow(
-        flow,
-        tokens=args.tokens,
-        prompt_tokens=args.prompt_tokens,
-        threads=args.threads,
-        runs=args.runs,
-    )
-    print(
-        f"flow, FULL size, random weights, fp32, device {args.device}, {timing.threads} threads, "
+def format_flow_table(timing: FlowTiming, *, device: str, dtype: str) -> str:
+    """`cosyq-worker bench flow`'s table: each stage's mean and best seconds."""
+    lines = [
+        f"flow, FULL size, random weights, {dtype}, device {device}, {timing.threads} threads, "
         f"{timing.tokens} tokens + {timing.prompt_tokens} prompt tokens = {timing.mel_frames} "
         f"mel frames, {timing.runs} timed runs"
-    )
+    ]
     width = max(len(name) for name, _, _ in timing.rows())
-    print(f"  {'stage':<{width}}  {'mean s':>8}  {'best s':>8}")
-    for name, mean, best in timing.rows():
-        print(f"  {name:<{width}}  {mean:>8}  {best:>8}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    lines.append(f"  {'stage':<{width}}  {'mean s':>8}  {'best s':>8}")
+    lines += [f"  {name:<{width}}  {mean:>8}  {best:>8}" for name, mean, best in timing.rows()]
+    return "\n".join(lines)

@@ -1,12 +1,11 @@
-"""Time the FULL-size HiFT vocoder with random weights (issue 4 target: 200 frames <= 0.45 s).
+"""Time the FULL-size HiFT vocoder with random weights (target: 200 frames <= 0.45 s).
 
-`python -m workers.tools.bench.hift_stage [--frames 200] [--runs 5] [--threads 2]` prints a table;
-the lead's `bench` command calls `bench_hift()` and formats the rows itself.
+`cosyq-worker bench hift [--frames 200] [--runs 5] [--threads 2]` prints its table; the engine
+bench calls `bench_hift()` and formats the rows itself.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -14,13 +13,10 @@ from pathlib import Path
 
 import torch
 
-from workers.model.hift import HiFTGenerator
-from workers.model.hift_config import HiFTConfig
-from workers.model.hift_layers import fold_weight_norm
-from workers.tools.reference.configs import hift_config_from_reference
-from workers.tools.reference.parity import ReferenceSet
+from workers.model.hift.config import HiFTConfig
+from workers.tools.fixtures.random_weights import random_full_hift
 
-UPSTREAM_SECONDS_200_FRAMES = 0.47  # upstream HiFT, full size, fp32, 2 threads (issue 4)
+UPSTREAM_SECONDS_200_FRAMES = 0.47  # upstream HiFT, full size, fp32, 2 threads, same machine
 TARGET_SECONDS_200_FRAMES = 0.45
 DEFAULT_REFERENCE_DIR = Path("../shared/cosyvoice2-reference")
 
@@ -45,17 +41,6 @@ class HiFTBench:
     @property
     def audio_s(self) -> float:
         return self.frames / 50.0  # 50 mel frames per second
-
-
-def random_full_hift(config: HiFTConfig, *, seed: int = 0) -> HiFTGenerator:
-    """FULL architecture on cpu with cheap random weights, weight norm folded, eval mode."""
-    torch.manual_seed(seed)
-    model = HiFTGenerator(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0.0, 0.02)
-    fold_weight_norm(model)
-    return model.eval()
 
 
 def bench_hift(
@@ -92,19 +77,3 @@ def format_table(result: HiFTBench) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reference", type=Path, default=DEFAULT_REFERENCE_DIR)
-    parser.add_argument("--frames", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    config = hift_config_from_reference(ReferenceSet(args.reference).config, "full")
-    result = bench_hift(config, frames=args.frames, runs=args.runs, threads=args.threads)
-    print(format_table(result))
-
-
-if __name__ == "__main__":
-    main()

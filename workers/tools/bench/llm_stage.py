@@ -1,88 +1,30 @@
 """Speed of the LLM stage at FULL size with random weights (no real checkpoint needed).
 
-Measures what issue 4's "Bench" table asks for: prefill of a 42-position prompt and the
+Measures what the engine bench table shows: prefill of a 42-position prompt and the
 per-token decode time of batch-1 generation with stop ids masked (a forced token count), on a
-chosen number of threads. Usage: `python -m workers.tools.bench.llm_stage [--threads 2] ...`.
+chosen number of threads. Usage: `cosyq-worker bench llm [--threads 2] ...`.
 Timings on a shared machine are noisy: take the best of a few runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import psutil
 import torch
 
-from workers.model.cpu_linear import default_linear_kernel, linear_kernel, set_linear_kernel
-from workers.model.llm import LLMConfig, Qwen2LM, iter_speech_tokens
-from workers.model.llm_sampling import SamplingConfig
-from workers.model.qwen2 import KVCache, Qwen2Config, RMSNorm
-from workers.tools.reference.configs import llm_config_from_reference
-from workers.tools.reference.parity import ReferenceSet
+from workers.model.cpu_linear import linear_kernel
+from workers.model.llm.model import LLMConfig, Qwen2LM, iter_speech_tokens
+from workers.model.llm.qwen2 import KVCache
+from workers.tools.fixtures.random_weights import build_random_llm, full_llm_config
 
-# CosyVoice2-0.5B's backbone (CosyVoice-BlankEN = Qwen2.5-0.5B shape; reference README).
-FULL_QWEN2_CONFIG: Mapping[str, Any] = {
-    "hidden_size": 896,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "intermediate_size": 4864,
-    "vocab_size": 151936,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1e6,
-    "max_position_embeddings": 32768,
-    "hidden_act": "silu",
-}
-FULL_SPEECH_TOKENS = 6561
-UPSTREAM_MS_PER_TOKEN = 122.7  # issue 4: upstream on this machine, fp32, 2 threads
+UPSTREAM_MS_PER_TOKEN = 122.7  # upstream on this kind of machine, fp32, 2 threads
 UPSTREAM_PREFILL_S = 0.41
 TARGET_MS_PER_TOKEN = 55.0
 TARGET_PREFILL_S = 0.3
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def full_llm_config(reference: Path | None = None) -> LLMConfig:
-    """The FULL LLM config: from a reference set's config.json if given, else the constants."""
-    if reference is not None:
-        return llm_config_from_reference(ReferenceSet(reference).config, "full")
-    return LLMConfig(
-        backbone=Qwen2Config.from_hf_config(FULL_QWEN2_CONFIG, source="FULL_QWEN2_CONFIG"),
-        speech_token_size=FULL_SPEECH_TOKENS,
-        sampling=SamplingConfig(),
-    )
-
-
-def build_random_llm(
-    config: LLMConfig,
-    *,
-    dtype: torch.dtype = torch.float32,
-    kernel: str | None = None,
-    seed: int = 0,
-) -> Qwen2LM:
-    """Materialise on CPU with N(0, 0.02) weights (norm weights 1), eval mode, tied head."""
-    with torch.device("meta"):
-        model = Qwen2LM(config)
-    model.to_empty(device="cpu")
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            for name, param in module.named_parameters(recurse=False):
-                if isinstance(module, RMSNorm):
-                    param.fill_(1.0)
-                elif name == "bias":
-                    param.zero_()
-                else:
-                    param.normal_(0.0, 0.02, generator=generator)
-    model.llm.model.tie_weights()
-    model.to(dtype=dtype).eval().requires_grad_(False)
-    set_linear_kernel(model, kernel or default_linear_kernel(torch.device("cpu"), dtype))
-    return model
 
 
 @dataclass(frozen=True)
@@ -215,29 +157,3 @@ def format_table(result: LLMBenchResult) -> str:
         f"build {r.build_s:.1f} s, RSS {r.rss_gb:.2f} GB",
     ]
     return "\n".join(rows)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--prefill", type=int, default=42, help="prefix positions")
-    parser.add_argument("--tokens", type=int, default=100, help="forced decode tokens")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    parser.add_argument("--kernel", choices=["torch", "onednn"], default=None)
-    parser.add_argument("--reference", type=Path, default=None, help="config.json source")
-    args = parser.parse_args(argv)
-    result = bench_llm(
-        config=full_llm_config(args.reference),
-        threads=args.threads,
-        prefill_positions=args.prefill,
-        decode_tokens=args.tokens,
-        runs=args.runs,
-        dtype=args.dtype,
-        kernel=args.kernel,
-    )
-    print(format_table(result))
-
-
-if __name__ == "__main__":
-    main()

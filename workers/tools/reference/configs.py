@@ -14,7 +14,7 @@ from typing import Any
 
 from shared.errors import ModelLoadError
 from workers.model.features import MelConfig, mel_config_from_fields
-from workers.model.flow_config import (
+from workers.model.flow.config import (
     DEFAULT_EULER_STEPS,
     NOISE_FRAMES,
     NOISE_SEED,
@@ -25,8 +25,8 @@ from workers.model.flow_config import (
     require,
     require_int,
 )
-from workers.model.hift_config import HiFTConfig, hift_config_from_fields
-from workers.model.llm import LLMConfig, build_llm_config
+from workers.model.hift.config import HiFTConfig, hift_config_from_fields
+from workers.model.llm.model import LLMConfig, build_llm_config
 
 
 def llm_config_from_reference(config: Mapping[str, Any], size: str) -> LLMConfig:

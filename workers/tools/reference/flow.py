@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from workers.model.checkpoint import read_state_dict
-from workers.model.flow import CausalMaskedDiffWithXvec, EulerStep, build_flow
-from workers.model.flow_config import FlowConfig
+from workers.model.flow.config import FlowConfig
+from workers.model.flow.model import CausalMaskedDiffWithXvec, EulerStep, build_flow
 from workers.tools.reference.configs import flow_config_from_reference
 from workers.tools.reference.parity import (
     ArrayCheck,

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 
 from workers.model.checkpoint import read_state_dict
-from workers.model.hift import HiFTGenerator, build_hift, normalize_hift_key
-from workers.model.hift_source import SourceNoise, draw_source_noise, sine_waves_audio_rate
-from workers.model.istft import torch_istft
+from workers.model.hift.istft import torch_istft
+from workers.model.hift.model import HiFTGenerator, build_hift, normalize_hift_key
+from workers.model.hift.source import SourceNoise, draw_source_noise, sine_waves_audio_rate
 from workers.tools.reference.configs import hift_config_from_reference
 from workers.tools.reference.parity import (
     ArrayCheck,

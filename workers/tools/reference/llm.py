@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from workers.model.checkpoint import read_state_dict
-from workers.model.llm import (
+from workers.model.llm.model import (
     Qwen2LM,
     build_llm,
     iter_speech_tokens,
 )
-from workers.model.qwen2 import KVCache
+from workers.model.llm.qwen2 import KVCache
 from workers.tools.reference.configs import llm_config_from_reference
 from workers.tools.reference.parity import (
     ArrayCheck,

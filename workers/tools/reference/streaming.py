@@ -19,7 +19,7 @@ import torch
 from workers.engine.api import VoicePrompt
 from workers.engine.stages import ModuleFlow
 from workers.engine.streaming import PieceStream, StreamSchedule
-from workers.model.flow import CausalMaskedDiffWithXvec
+from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.tools.reference.flow import MEL_TOL, REFERENCE_FILE, load_reference_flow
 from workers.tools.reference.parity import ArrayCheck, ReferenceSet, compare
 

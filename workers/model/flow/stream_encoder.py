@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workers.model.flow_encoder import (
+from workers.model.flow.encoder import (
     ConformerBlock,
     PreLookahead,
     RelPositionSelfAttention,
@@ -32,7 +32,7 @@ from workers.model.flow_encoder import (
     UpsampleConformerEncoder,
     relative_rows,
 )
-from workers.model.flow_stream_layers import LayerCache, Span, visible_keys
+from workers.model.flow.stream_layers import CacheBudget, LayerCache, Span, visible_keys
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,9 @@ class _Layout:
 class EncoderStream:
     """The encoder with one piece's cache: each call computes one pass's new positions."""
 
-    def __init__(self, net: UpsampleConformerEncoder) -> None:
+    def __init__(self, net: UpsampleConformerEncoder, budget: CacheBudget) -> None:
         self.net = net
-        self.cache = LayerCache()
+        self.cache = LayerCache(budget)
 
     def __call__(self, x: Tensor, context: Tensor | None, span: Span) -> Tensor:
         """Token embeddings x (1, n, D) of the span's tokens, context (1, L, D) the look-ahead

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -22,12 +22,31 @@ from torch import nn
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.checkpoint import load_strict
 from workers.model.cpu_linear import Linear, default_linear_kernel, set_linear_kernel
-from workers.model.llm_sampling import SamplingConfig, ras_sampling
-from workers.model.qwen2 import KVCache, Qwen2Config, Qwen2ForCausalLM, Qwen2Model
+from workers.model.llm.qwen2 import KVCache, Qwen2Config, Qwen2ForCausalLM, Qwen2Model
+from workers.model.llm.sampling import SamplingConfig, ras_sampling
 
 SOS_ROW = 0  # rows of llm_embedding
 TASK_ID_ROW = 1
+TIED_HEAD_KEY = "llm.model.lm_head.weight"  # the file's copy of embed_tokens: checked, not used
 STOP_TOKEN_COUNT = 3  # speech_token_size + 0 (EOS), + 1, + 2 (FILL) all end generation
+
+# How one piece's decoding ended: the model sampled a stop id, or it reached its length bound
+# (a runaway: babble until 20x the text), or a forced length (benchmarks, warm-up) ended it.
+StopKind = Literal["stop_token", "length_bound", "forced", "unknown"]
+
+
+@dataclass
+class DecodeOutcome:
+    """Filled in by the decode loop when it ends (plain data the engine hands upward)."""
+
+    stop: StopKind = "unknown"
+
+
+def stop_kind(*, sampled_stop: bool, forced: bool) -> StopKind:
+    """The one rule both decoders use to name how a piece ended."""
+    if sampled_stop:
+        return "stop_token"
+    return "forced" if forced else "length_bound"
 
 
 @dataclass(frozen=True)
@@ -196,6 +215,7 @@ def build_llm(
     with torch.device("meta"):
         model = Qwen2LM(config)
     load_strict(model, state, source=source, assign=True)
+    model.llm.model.tie_weights()  # before `to`: the file's own head copy is never converted
     model.to(device=device, dtype=dtype)
     model.llm.model.tie_weights()
     model.eval().requires_grad_(False)
@@ -229,6 +249,7 @@ class DecodePlan:
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # text, prompt_text, prompt_speech
     bounds: tuple[int, int]  # (min, max) generated tokens
     masked: list[int]  # ids set to -inf before the minimum length
+    forced: bool = False  # `forced_length` fixed the bounds (benchmarks, warm-up)
 
     def positions(self) -> int:
         """KV positions the piece needs: SOS, texts, TASK_ID, prompt speech, generated."""
@@ -273,7 +294,10 @@ def plan_decode(
     if forced_length < 0:
         raise InvalidRequestError("forced_length: must be >= 0")
     return DecodePlan(
-        (ids[0], ids[1], speech), (forced_length, forced_length), list(config.stop_tokens)
+        (ids[0], ids[1], speech),
+        (forced_length, forced_length),
+        list(config.stop_tokens),
+        forced=True,
     )
 
 
@@ -286,9 +310,11 @@ def iter_speech_tokens(
     generator: torch.Generator,
     sampling: SamplingConfig | None = None,
     forced_length: int | None = None,
+    outcome: DecodeOutcome | None = None,
 ) -> Iterator[int]:
     """Validate now (`plan_decode`), then yield speech tokens one by one (a stop id ends
-    generation, unyielded). `generator` (CPU) is the only source of randomness."""
+    generation, unyielded). `generator` (CPU) is the only source of randomness; `outcome`,
+    when given, says how the loop ended once the iterator is exhausted."""
     sampling = sampling or model.config.sampling
     plan = plan_decode(
         model,
@@ -300,11 +326,10 @@ def iter_speech_tokens(
     )
     return _decode(
         model,
-        inputs=plan.inputs,
-        bounds=plan.bounds,
-        masked=plan.masked,
+        plan=plan,
         sampling=sampling,
         generator=generator,
+        outcome=outcome if outcome is not None else DecodeOutcome(),
     )
 
 
@@ -312,17 +337,18 @@ def iter_speech_tokens(
 def _decode(
     model: SpeechLM,
     *,
-    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    bounds: tuple[int, int],
-    masked: list[int],
+    plan: DecodePlan,
     sampling: SamplingConfig,
     generator: torch.Generator,
+    outcome: DecodeOutcome,
 ) -> Iterator[int]:
-    """Prefill (text, prompt_text, prompt_speech), then sample; `masked` ids are -inf before
-    the minimum length."""
+    """Prefill (text, prompt_text, prompt_speech), then sample; the plan's `masked` ids are
+    -inf before the minimum length. `outcome.stop` is set when the loop ends."""
     config = model.config
-    prefix = model.prefix_embeddings(*inputs)
-    min_len, max_len = bounds
+    prefix = model.prefix_embeddings(*plan.inputs)
+    masked = plan.masked
+    min_len, max_len = plan.bounds
+    outcome.stop = stop_kind(sampled_stop=False, forced=plan.forced)
     cache = KVCache(
         config.backbone,
         prefix.shape[1] + max_len,
@@ -336,6 +362,7 @@ def _decode(
             logp[masked] = float("-inf")
         token = ras_sampling(logp, decoded, sampling, generator)
         if token in config.stop_tokens:
+            outcome.stop = stop_kind(sampled_stop=True, forced=plan.forced)
             return
         yield token
         decoded.append(token)

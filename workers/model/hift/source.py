@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.model.hift_config import HiFTConfig
-from workers.model.hift_layers import wn_conv1d
+from workers.model.hift.config import HiFTConfig
+from workers.model.hift.layers import wn_conv1d
 
 F0_PREDICTOR_LAYERS = 5  # ConvRNNF0Predictor: five conv k3 + ELU
 

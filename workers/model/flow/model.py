@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from shared.errors import InvalidRequestError
 from workers.model.checkpoint import load_strict
 from workers.model.cpu_linear import Linear
-from workers.model.flow_config import CfmConfig, FlowConfig
-from workers.model.flow_encoder import UpsampleConformerEncoder
-from workers.model.flow_estimator import CausalConditionalDecoder
+from workers.model.flow.config import CfmConfig, FlowConfig
+from workers.model.flow.encoder import UpsampleConformerEncoder
+from workers.model.flow.estimator import CausalConditionalDecoder
 
 
 def make_noise(config: CfmConfig, mel_bins: int) -> Tensor:

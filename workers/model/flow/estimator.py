@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.model.cpu_linear import Linear
-from workers.model.flow_config import EstimatorConfig
-from workers.model.flow_encoder import chunk_mask
+from workers.model.flow.config import EstimatorConfig
+from workers.model.flow.encoder import chunk_mask
 
 TIME_SCALE = 1000.0  # the flow time t in [0, 1] is scaled before the sinusoidal embedding
 

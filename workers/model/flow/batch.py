@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from workers.model.flow import CausalMaskedDiffWithXvec
+from workers.model.flow.model import CausalMaskedDiffWithXvec
 
 
 @dataclass(frozen=True)

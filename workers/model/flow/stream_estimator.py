@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model.flow_estimator import (
+from workers.model.flow.estimator import (
     CausalBlock1D,
     CausalConditionalDecoder,
     CausalResnetBlock1D,
@@ -25,15 +25,15 @@ from workers.model.flow_estimator import (
     UNetStage,
     timestep_embedding,
 )
-from workers.model.flow_stream_layers import LayerCache, Span, visible_keys
+from workers.model.flow.stream_layers import CacheBudget, LayerCache, Span, visible_keys
 
 
 class EstimatorStream:
     """One Euler step's estimator with its cache; `span` (mel frames) is set before each pass."""
 
-    def __init__(self, net: CausalConditionalDecoder) -> None:
+    def __init__(self, net: CausalConditionalDecoder, budget: CacheBudget) -> None:
         self.net = net
-        self.cache = LayerCache()
+        self.cache = LayerCache(budget)
         self.span = Span(0, 0, 0)
         self._mask: Tensor | None = None  # the span's chunk mask, made once per pass
 

@@ -7,7 +7,8 @@ names, so official checkpoints load strictly. Differences on purpose:
   incremental decoding relies on; see the reference README's "Incremental decoding" pitfall);
 - the KV cache is a preallocated per-request object passed to `forward`, never module state;
 - batch-1 CPU matmuls can run through oneDNN (`cpu_linear.Linear`), which uses both cores
-  where torch's MKL gemv path uses one (measured: ~2x faster decoding, see `bench_llm.py`).
+  where torch's MKL gemv path uses one (measured ~2x faster
+  decoding: `cosyq-worker bench`'s LLM rows).
 """
 
 from __future__ import annotations

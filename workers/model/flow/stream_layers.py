@@ -8,6 +8,8 @@ full are computed again by the next pass, which starts at that edge. Per module:
 - a causal conv keeps its last kernel-1 inputs (zeros before the first, as its padding was);
 - an attention keeps its keys and values, in buffers that grow by half when full (so a pass
   copies no more than a bounded share of them, amortised).
+Every allocation asks the piece's `CacheBudget` first: a buffer that would take the cache past
+its byte limit is not allocated (`CacheFull`), so the cache never holds more than the limit.
 All of it is per-request state: the model's modules are only read.
 """
 
@@ -20,6 +22,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 GROWTH = 1.5  # key/value buffer capacity factor when a pass needs more
+
+
+class CacheFull(Exception):
+    """An allocation would take a piece's flow cache past its byte limit (nothing allocated)."""
+
+
+class CacheBudget:
+    """The bytes one piece's flow cache holds, checked against `max_bytes` (None: no limit)
+    before any buffer is allocated; `peak` is the most it ever held."""
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        self.peak = 0
+
+    def replace(self, old_bytes: int, new_bytes: int) -> None:
+        """Account a buffer of `old_bytes` replaced by one of `new_bytes`; CacheFull (and
+        nothing changed) when the new total would pass the limit."""
+        total = self.held - old_bytes + new_bytes
+        if self.max_bytes is not None and total > self.max_bytes:
+            raise CacheFull(f"flow cache: {total} bytes would pass its {self.max_bytes} limit")
+        self.held = total
+        self.peak = max(self.peak, total)
 
 
 @dataclass(frozen=True)
@@ -58,7 +83,8 @@ def visible_keys(span: Span, chunk: int, *, device: torch.device) -> Tensor | No
 class KeyValues:
     """One attention's keys and values (B, H, T, d) for the positions kept so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: CacheBudget) -> None:
+        self.budget = budget
         self.keys: Tensor | None = None  # (B, H, capacity, d); positions >= length unused
         self.values: Tensor | None = None
         self.length = 0
@@ -74,11 +100,18 @@ class KeyValues:
         return key_buffer[:, :, :need], value_buffer[:, :, :need]
 
     def _buffers(self, keys: Tensor, values: Tensor, need: int) -> tuple[Tensor, Tensor]:
-        """The buffers, reallocated (x GROWTH, kept positions copied) when `need` exceeds them."""
+        """The buffers, reallocated (x GROWTH, kept positions copied) when `need` exceeds them;
+        just `need` when the growth would pass the budget, CacheFull when even that would."""
         if self.keys is not None and self.values is not None and need <= self.keys.size(2):
             return self.keys, self.values
         capacity = need if self.keys is None else max(need, int(GROWTH * self.keys.size(2)))
         batch, heads, _, dim = keys.shape
+        per_position = batch * heads * (dim + values.size(-1)) * keys.element_size()
+        try:
+            self.budget.replace(self.nbytes, per_position * capacity)
+        except CacheFull:
+            capacity = need
+            self.budget.replace(self.nbytes, per_position * capacity)
         new_keys = keys.new_empty(batch, heads, capacity, dim)
         new_values = values.new_empty(batch, heads, capacity, values.size(-1))
         if self.keys is not None and self.values is not None:
@@ -97,7 +130,8 @@ class KeyValues:
 class LayerCache:
     """Per module of one network: a causal conv's last inputs, an attention's keys/values."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: CacheBudget) -> None:
+        self.budget = budget
         self._tails: dict[nn.Module, Tensor] = {}
         self._attention: dict[nn.Module, KeyValues] = {}
 
@@ -108,6 +142,7 @@ class LayerCache:
         tail = self._tails.get(conv)
         if tail is None:
             tail = x.new_zeros(x.size(0), x.size(1), width)
+            self.budget.replace(0, tail.nbytes)
         full = torch.cat([tail, x], dim=2)  # (B, C_in, width + n): index j is position j-width
         self._tails[conv] = full[:, :, keep : keep + width].clone()
         return F.conv1d(full, conv.weight, conv.bias)
@@ -116,7 +151,10 @@ class LayerCache:
         self, attention: nn.Module, keys: Tensor, values: Tensor, keep: int
     ) -> tuple[Tensor, Tensor]:
         """`KeyValues.extend` of `attention`'s buffers."""
-        return self._attention.setdefault(attention, KeyValues()).extend(keys, values, keep)
+        cache = self._attention.get(attention)
+        if cache is None:
+            cache = self._attention[attention] = KeyValues(self.budget)
+        return cache.extend(keys, values, keep)
 
     @property
     def nbytes(self) -> int:

@@ -25,15 +25,15 @@ import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.llm import DecodePlan, Qwen2LM, plan_decode
-from workers.model.llm_sampling import SamplingConfig, ras_sampling
-from workers.model.qwen2 import (
+from workers.model.llm.model import DecodePlan, Qwen2LM, StopKind, plan_decode, stop_kind
+from workers.model.llm.qwen2 import (
     KVCache,
     Qwen2Attention,
     Qwen2Config,
     Qwen2DecoderLayer,
     rotary_at,
 )
+from workers.model.llm.sampling import SamplingConfig, ras_sampling
 
 
 class RowTooLong(Exception):
@@ -103,6 +103,7 @@ class FinishedRow:
     key: Hashable
     tokens: list[int]  # speech ids, stop id excluded
     batch_size: int  # the most rows that shared a forward with this one
+    stop: StopKind = "unknown"  # how decoding ended (a sampled stop id, the length bound)
 
 
 class BatchDecoder:
@@ -176,7 +177,7 @@ class BatchDecoder:
         row = DecodeRow(key, plan, generator, logp)
         self.rows.append(row)
         if plan.bounds[1] == 0:  # nothing to generate: leaves at the next step untouched
-            self._retire(slot)
+            self._retire(slot, sampled_stop=False)
 
     @torch.inference_mode()
     def step(self) -> list[FinishedRow]:
@@ -188,19 +189,30 @@ class BatchDecoder:
                 row.logp[row.plan.masked] = float("-inf")
             token = ras_sampling(row.logp, row.tokens, self.sampling, row.generator)
             if token in config.stop_tokens:
-                self._retire(slot)
+                self._retire(slot, sampled_stop=True)
                 continue
             row.tokens.append(token)
             if row.done:
-                self._retire(slot)
+                self._retire(slot, sampled_stop=False)
         if self.rows:
             self._forward()
         finished, self._finished = self._finished, []
         return finished
 
-    def _retire(self, slot: int) -> None:
+    def drop(self, key: Hashable) -> bool:
+        """Remove `key`'s row between steps without finishing it (its owner was canceled):
+        the slot is free at once and the other rows go on untouched."""
+        for slot, row in enumerate(self.rows):
+            if row.key is key:
+                self._retire(slot, sampled_stop=False)
+                self._finished.pop()  # the FinishedRow `_retire` just noted: never reported
+                return True
+        return False
+
+    def _retire(self, slot: int, *, sampled_stop: bool) -> None:
         row = self.rows[slot]
-        self._finished.append(FinishedRow(row.key, row.tokens, row.steps_shared))
+        stop = stop_kind(sampled_stop=sampled_stop, forced=row.plan.forced)
+        self._finished.append(FinishedRow(row.key, row.tokens, row.steps_shared, stop))
         last = len(self.rows) - 1
         if slot != last:
             self.cache.move(last, slot)

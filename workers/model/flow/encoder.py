@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.model.cpu_linear import Linear
-from workers.model.flow_config import FlowEncoderConfig
+from workers.model.flow.config import FlowEncoderConfig
 
 
 def relative_positions(length: int, width: int, *, like: Tensor) -> Tensor:

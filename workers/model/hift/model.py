@@ -22,15 +22,17 @@ from torch import nn
 
 from shared.errors import ModelLoadError
 from workers.model.checkpoint import load_strict
-from workers.model.hift_config import HiFTConfig
-from workers.model.hift_layers import ResBlock, fold_weight_norm, wn_conv1d, wn_conv_transpose1d
-from workers.model.hift_source import F0Predictor, SourceModule, SourceNoise, draw_source_noise
-from workers.model.istft import ConvISTFT, SourceSTFT
+from workers.model.hift.config import HiFTConfig
+from workers.model.hift.istft import ConvISTFT, SourceSTFT
+from workers.model.hift.layers import ResBlock, fold_weight_norm, wn_conv1d, wn_conv_transpose1d
+from workers.model.hift.source import F0Predictor, SourceModule, SourceNoise, draw_source_noise
 
 MAGNITUDE_LIMIT = 100.0  # upstream clips exp(log-magnitude) at 1e2 before the inverse STFT
 FINAL_LRELU_SLOPE = 0.01  # the last leaky ReLU uses torch's default slope, not lrelu_slope
-# The source (phase up to ~4e3 rad) and both transforms stay float32 whatever `dtype` is.
-_FLOAT32_CHILDREN = ("m_source", "stft", "istft")
+# The source (phase up to ~4e3 rad) and both transforms stay float32 whatever `dtype` is; so
+# does the (small) F0 predictor: in bf16 its f0 moved enough for the sine source's phase to
+# drift (waveform SNR ~9 dB on the tiny model while the decoder alone kept 35 dB).
+_FLOAT32_CHILDREN = ("m_source", "stft", "istft", "f0_predictor")
 _LEGACY_SUFFIXES = {
     ".weight_g": ".parametrizations.weight.original0",
     ".weight_v": ".parametrizations.weight.original1",
@@ -94,8 +96,12 @@ class HiFTGenerator(nn.Module):
 
         The traceable whole-vocoder graph (the Core ML conversion's entry point).
         """
-        f0 = self.f0_predictor(mel)
+        f0 = self.predict_f0(mel)
         return self.decode(mel, self.m_source(f0, noise))
+
+    def predict_f0(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel (B, 80, T) -> f0 (B, T), in the predictor's own dtype (float32)."""
+        return self.f0_predictor(mel.to(self.f0_predictor.classifier.weight.dtype))
 
     def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         """mel: (B, 80, T), source: (B, 1, 480·T) -> wav (B, 480·T), float32."""
@@ -107,6 +113,7 @@ class HiFTGenerator(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """mel: (B, 80, T), source: (B, 1, 480·T) -> output spectrum (real, imag), each
         (B, bins, 120·T + 1) float32, before the inverse STFT."""
+        mel = mel.to(self.conv_pre.weight.dtype)
         spec = self.stft(source[:, 0, :].float()).to(mel.dtype)  # (B, 2·bins, 120·T + 1)
         x = self.conv_pre(mel)
         per_stage = len(self.config.resblock_kernel_sizes)
@@ -141,7 +148,6 @@ class HiFTGenerator(nn.Module):
         `source_prefix` (B, 1, P) overwrites the start of the excitation (upstream's streaming
         `cache_source`, which avoids glitches between chunks).
         """
-        mel = mel.to(self.f0_predictor.classifier.weight.dtype)
         if noise is None:
             samples = mel.shape[-1] * self.config.samples_per_frame
             noise = draw_source_noise(
@@ -151,7 +157,7 @@ class HiFTGenerator(nn.Module):
                 generator=generator,
                 device=mel.device,
             )
-        f0 = self.f0_predictor(mel)
+        f0 = self.predict_f0(mel)
         source = self.m_source(f0, noise.normal.to(mel.device))
         if source_prefix is not None and source_prefix.shape[-1] > 0:
             source = source.clone()

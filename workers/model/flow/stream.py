@@ -20,7 +20,8 @@ frames' convs, projections and feed-forwards; only its attention scores grow wit
 Memory grows with the piece and nothing else: the estimator's keys/values are
 steps x 2 rows x 2 (k, v) x attention layers x heads*head_dim values per mel frame (full
 model: 10 x 2 x 2 x 56 x 512 fp32 = 4.6 MB per frame, 0.23 GB per second of prompt + speech;
-buffers grow by half, so up to 1.5x that), the encoder's ~30 KB per frame; a piece's length
+buffers grow by half, so up to 1.5x that, never past `max_bytes`: an allocation that would
+raises `CacheFull` before it is made), the encoder's ~30 KB per frame; a piece's length
 is bounded by its speech tokens (the LLM's maximum per piece) and the noise buffer (15000
 frames). The cache is per request (per piece), never on the shared model; drop it after the
 final pass.
@@ -34,10 +35,10 @@ import torch
 from torch import Tensor
 
 from shared.errors import InvalidRequestError
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_stream_encoder import EncoderStream
-from workers.model.flow_stream_estimator import EstimatorStream
-from workers.model.flow_stream_layers import Span
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.flow.stream_encoder import EncoderStream
+from workers.model.flow.stream_estimator import EstimatorStream
+from workers.model.flow.stream_layers import CacheBudget, Span
 
 
 def keep_period(flow: CausalMaskedDiffWithXvec) -> int:
@@ -60,7 +61,9 @@ class FlowStreamCache:
     the frames of every token left. The mel of all calls, concatenated, is
     `inference(all tokens, streaming=True)` when each non-final call ends on a chunk edge (as
     `PieceStream`'s hops do), and otherwise each call's frames are what `inference` over the
-    tokens given so far (streaming=True, finalize=False) gives for them.
+    tokens given so far (streaming=True, finalize=False) gives for them. With `max_bytes` the
+    cache never holds more: a pass that would need more raises `CacheFull` (the cache is then
+    unusable; drop it).
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class FlowStreamCache:
         prompt_token: Tensor,
         prompt_feat: Tensor,
         embedding: Tensor,
+        *,
+        max_bytes: int | None = None,
     ) -> None:
         self.flow = flow
         self.ratio = flow.config.token_mel_ratio
@@ -79,9 +84,11 @@ class FlowStreamCache:
         self.pending = prompt_token  # (1, m): tokens from `kept` on, not all final yet
         self.kept = 0  # tokens (prompt + target) whose states later passes reuse
         self.emitted = self.ratio * prompt_token.size(1)  # mel frames returned (prompt's too)
-        self.encoder = EncoderStream(flow.encoder)
+        self.budget = CacheBudget(max_bytes)
+        self.encoder = EncoderStream(flow.encoder, self.budget)
         self.steps = [
-            EstimatorStream(flow.decoder.estimator) for _ in range(flow.config.cfm.n_timesteps)
+            EstimatorStream(flow.decoder.estimator, self.budget)
+            for _ in range(flow.config.cfm.n_timesteps)
         ]
         self.finished = False
 

@@ -1,0 +1,1 @@
+"""The flow: conformer encoder, flow-matching estimator, batched and incremental streaming forms."""

@@ -1,0 +1,106 @@
+"""`cosyq-worker bench llm|flow|hift`: one FULL-size stage with random weights, on its own.
+
+The three share their arguments (`--threads`, `--runs`, `--dtype`, `--device`, `--reference`,
+`--omp-wait-policy`) and print one table each; nothing heavy is imported until one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from workers.tools.bench.cli import set_omp_wait_policy
+
+DEFAULT_REFERENCE_DIR = Path("../shared/cosyvoice2-reference")
+
+
+def register_bench(commands: Any) -> None:
+    llm = _stage(
+        commands,
+        "llm",
+        "prefill and per-token decode of the FULL LLM, stop ids masked",
+        ("fp32", "fp16", "bf16"),
+    )
+    llm.add_argument("--prefill", type=int, default=42, help="prefix positions (default 42)")
+    llm.add_argument("--tokens", type=int, default=100, help="forced decode tokens (default 100)")
+    llm.add_argument("--kernel", choices=["torch", "onednn"], default=None)
+    llm.set_defaults(handler=run_llm, runs=3)
+    flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
+    flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
+    flow.add_argument("--prompt-tokens", type=int, default=50, help="prompt tokens (default 50)")
+    flow.set_defaults(handler=run_flow, runs=3)
+    hift = _stage(commands, "hift", "the FULL HiFT vocoder on a run of mel frames")
+    hift.add_argument("--frames", type=int, default=200, help="mel frames (default 200)")
+    hift.set_defaults(handler=run_hift, runs=5)
+
+
+def _stage(
+    commands: Any, name: str, what: str, dtypes: tuple[str, ...] = ("fp32",)
+) -> argparse.ArgumentParser:
+    """A stage's parser with the shared arguments (`cosyq-worker bench` times the other dtypes
+    of the flow and HiFT, with their SNR against fp32)."""
+    parser = commands.add_parser(name, help=f"{what} (random weights)", description=what)
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--runs", type=int, help="timed runs after the warm-up")
+    parser.add_argument("--dtype", choices=dtypes, default="fp32")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="read the FULL config from this reference set's config.json (hift: default "
+        f"{DEFAULT_REFERENCE_DIR})",
+    )
+    parser.add_argument(
+        "--omp-wait-policy", choices=["passive", "active", "inherit"], default="inherit"
+    )
+    return parser
+
+
+def run_llm(args: argparse.Namespace) -> int:
+    set_omp_wait_policy(args.omp_wait_policy)
+    from workers.tools.bench.llm_stage import bench_llm, format_table  # noqa: PLC0415
+    from workers.tools.fixtures.random_weights import full_llm_config  # noqa: PLC0415
+
+    result = bench_llm(
+        config=full_llm_config(args.reference),
+        threads=args.threads,
+        prefill_positions=args.prefill,
+        decode_tokens=args.tokens,
+        runs=args.runs,
+        dtype=args.dtype,
+        kernel=args.kernel,
+    )
+    print(format_table(result))
+    return 0
+
+
+def run_flow(args: argparse.Namespace) -> int:
+    set_omp_wait_policy(args.omp_wait_policy)
+    from workers.tools.bench.flow_stage import format_flow_table, time_flow  # noqa: PLC0415
+    from workers.tools.fixtures.random_weights import random_flow  # noqa: PLC0415
+
+    flow = random_flow(device=args.device)
+    timing = time_flow(
+        flow,
+        tokens=args.tokens,
+        prompt_tokens=args.prompt_tokens,
+        threads=args.threads,
+        runs=args.runs,
+    )
+    print(format_flow_table(timing, device=args.device, dtype="fp32"))
+    return 0
+
+
+def run_hift(args: argparse.Namespace) -> int:
+    set_omp_wait_policy(args.omp_wait_policy)
+    from workers.tools.bench.hift_stage import bench_hift, format_table  # noqa: PLC0415
+    from workers.tools.reference.configs import hift_config_from_reference  # noqa: PLC0415
+    from workers.tools.reference.parity import ReferenceSet  # noqa: PLC0415
+
+    reference = args.reference or DEFAULT_REFERENCE_DIR
+    config = hift_config_from_reference(ReferenceSet(reference).config, "full")
+    result = bench_hift(config, frames=args.frames, runs=args.runs, threads=args.threads)
+    print(format_table(result))
+    return 0
