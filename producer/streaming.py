@@ -5,6 +5,12 @@ blocks on a key that does not exist yet), while it runs, or after it finished (u
 stream expires with the result). Between blocking reads the job is looked at again, so a job
 that ended without finishing its stream (its worker died) or whose stream expired gives a
 clear error, never an endless wait.
+
+A failed attempt's error entry ends the read only when the job has ended (failed for good):
+while it will be retried (queued, scheduled or started again) the reader waits for the next
+attempt's chunks and reads them from its first, so one transient failure costs a reader
+nothing. A reader that already had chunks of the failed attempt is told that the stream
+restarted (its audio would repeat) when the retry's first chunk comes.
 """
 
 from __future__ import annotations
@@ -78,13 +84,27 @@ def read_stream(
             last_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
             entry = parse_entry(last_id, fields)
             if isinstance(entry, StreamError):
-                raise StreamFailedError(job_id, entry.kind, entry.message)
+                _check_failed_attempt(tracker, job_id, entry, seen)
+                continue  # a retry's chunks follow, or the job's end shows at the next wake-up
             _check_order(job_id, entry, seen)
             seen.chunks += 1
             seen.seconds += entry.duration_s
             yield entry
             if entry.final:
                 return
+
+
+def _check_failed_attempt(
+    tracker: JobTracker, job_id: str, entry: StreamError, seen: _Seen
+) -> None:
+    """A failed attempt's error entry: StreamFailedError when the job has ended (no retry
+    follows); otherwise nothing, and the reader waits for the retry (or, for a finished job,
+    the final entry of the attempt that finished)."""
+    job = tracker.fetch(job_id)
+    raw_state = job.get_status(refresh=False)
+    state = raw_state.value if raw_state is not None else "unknown"
+    if state in TERMINAL_STATES and state != "finished":
+        raise StreamFailedError(job_id, entry.kind, f"{entry.message} ({seen.describe()})")
 
 
 def _check_order(job_id: str, chunk: AudioChunk, seen: _Seen) -> None:

@@ -2,11 +2,14 @@
 
 Usable as `rq worker -w workers.worker.CosyqWorker -S rq.serializers.JSONSerializer <queues>` and
 via `cosyq-worker run`. No fork: Core ML and Metal are not fork-safe, so jobs run in this
-process. Start-up happens in RQ's `bootstrap()` hook (workers/lifecycle.py: host checks,
+process. Start-up happens in RQ's `bootstrap()` hook (workers/service/lifecycle.py: host checks,
 housekeeping that reaps what a dead predecessor left, engine load + warm-up, `worker_ready`),
 then RQ's loop runs; `teardown()` stops the housekeeping. Per job: admission (allow-list, JSON
-only), heartbeat, RQ's execute, recycle check. Failures are classified once at the job boundary
-(`handle_exception`). Stops never lose a job (workers/service/dequeue.py): the first
+only), then one attempt's books (workers/service/attempts.py: begin, RQ's execute, end), the
+same books a batch window keeps for each of its jobs. Failures are classified once at the job
+boundary (`handle_exception`); after a `storage` one, storage is probed again before the next
+job, and a worker whose storage fails it leaves as at start (workers/service/storage_check.py).
+Stops never lose a job (workers/service/dequeue.py): the first
 SIGTERM/SIGINT finishes the current job or gives back a popped one, a second one gives the job
 back and exits at once.
 """
@@ -14,12 +17,10 @@ back and exits at once.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import random
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -28,22 +29,24 @@ from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer, resolve_serializer
-from rq.utils import now
+from rq.suspension import is_suspended
 
 from shared import keys
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from workers.service import admission, control, host, metrics, outcomes
+from shared.webhooks import allowed_prefixes
+from workers.service import admission, cancels, control, host, metrics, outcomes, webhook_events
+from workers.service.attempts import AttemptBooks
 from workers.service.batch_admission import batchable
 from workers.service.batch_runner import BatchRunner
 from workers.service.dequeue import StopSafeWorker
-from workers.service.failures import JobError, classify
+from workers.service.failures import CANCELED_KIND, JobError, classify
 from workers.service.housekeeping import WorkerState
 from workers.service.lifecycle import WorkerIdentity, WorkerLifecycle
 from workers.service.outage import REDIS_OUTAGE, wait_for_redis
 from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
-from workers.service.retries import apply_default_retries
+from workers.service.storage_check import StorageCheck
 
 log = get_logger(__name__)
 
@@ -51,13 +54,6 @@ log = get_logger(__name__)
 def default_worker_name() -> str:
     """host.pid.random: readable in `cosyq status`, unique even when a pid is reused."""
     return f"{socket.gethostname().split('.')[0]}.{os.getpid()}.{os.urandom(2).hex()}"
-
-
-def effective_timeout(job_timeout: int | float | None, limit_s: int) -> int:
-    """A job's own timeout, capped at the configured one (a job cannot ask for forever)."""
-    if job_timeout is None or job_timeout <= 0:
-        return limit_s
-    return int(min(job_timeout, limit_s))
 
 
 class CosyqWorker(StopSafeWorker):
@@ -115,22 +111,37 @@ class CosyqWorker(StopSafeWorker):
             job_budget=self.tracker.job_budget,
         )
         self._failures: dict[str, JobError] = {}
+        self.storage_check = StorageCheck(
+            self.lifecycle.recheck_storage, self.lifecycle.storage_lost
+        )
+        self._webhook_urls = allowed_prefixes(self.settings.webhook_allowed_urls)
         self._timed_out = False
         self._retire_lock = threading.Lock()
         self._retire_announced = False
-        self._current: tuple[Job, Queue] | None = None
-        self._outcome: str | None = None  # set by RQ's success/failure handlers, per attempt
+        self._current: tuple[Job, Queue] | None = None  # a lone job registered as started
+        self.books = AttemptBooks(
+            self, self.lifecycle.housekeeper, self.settings, on_end=self._after_job
+        )
         # COSYQ_BATCH_SIZE > 1: synthesize jobs run together (workers/service/batch_runner.py)
-        self._batch = BatchRunner(self) if self.settings.batch_size > 1 else None
+        self._batch = (
+            BatchRunner(self.settings, self.connection, self.queues, books=self.books, gate=self)
+            if self.settings.batch_size > 1
+            else None
+        )
         self._rq_max_jobs: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
-        """RQ's loop unchanged; only `max_jobs` is noted (a batch counts each of its jobs)."""
+        """RQ's loop unchanged; only `max_jobs` is noted (a batch counts each of its jobs).
+
+        Raises StorageError once storage failed its probe mid-run, as a start-up probe does."""
         bound = inspect.signature(super().work).bind(*args, **kwargs)
         self._rq_max_jobs = bound.arguments.get("max_jobs")
-        return super().work(*args, **kwargs)
+        worked = super().work(*args, **kwargs)
+        if self.storage_check.lost is not None:
+            raise self.storage_check.lost
+        return worked
 
     def bootstrap(
         self,
@@ -149,7 +160,8 @@ class CosyqWorker(StopSafeWorker):
         try:
             self.lifecycle.start(duties=[self.lifetime_duty])
             if self._batch is not None:
-                self._batch.open()  # before the first job: a session that cannot open fails here
+                # before the first job: a session that cannot open fails here
+                self._batch.start_session()
             super().bootstrap(logging_level, date_format, log_format)
         except BaseException:
             self._close()
@@ -171,7 +183,12 @@ class CosyqWorker(StopSafeWorker):
         self.lifecycle.stop()
 
     def between_jobs(self) -> None:
-        """Alone: retire when the lifetime ends. Pooled: act on the pool's retirement grant."""
+        """Storage in doubt: probe it before the next pop. Alone: retire when the lifetime
+        ends. Pooled: act on the pool's retirement grant."""
+        if not self._stop_requested and self.storage_check.recheck() is not None:
+            self._stop_requested = True  # storage lost: no more jobs, leave as at start
+            self.lifecycle.housekeeper.set_state(WorkerState.STOPPING)
+            return
         if self.control is None:
             if self.tracker.lifetime_expired():
                 self._retire(RecycleReason.LIFETIME)
@@ -183,74 +200,32 @@ class CosyqWorker(StopSafeWorker):
                 self.lifecycle.housekeeper.set_state(WorkerState.STOPPING)
 
     def refuse_unreadable_job(self, job_id: str, queue: Queue, error: Exception) -> None:
-        reason = f"{type(error).__name__}: {error}"
-        log.warning("job_refused", job_id=job_id, queue=queue.name, reason=reason)
-        metrics.record_job(queue.name, "refused")
-        admission.refuse_unreadable(
-            self.connection, queue.name, job_id, reason, failure_ttl_s=self.settings.failure_ttl_s
-        )
+        self.books.refuse_unreadable(job_id, queue, error)
 
     def execute_popped(self, job: Job, queue: Queue) -> None:
         refusal = admission.screen(job)
-        if refusal is None and self._batch is not None and batchable(job):
-            self._batch.run(job, queue)  # counts and records each job it admits
-            return
         if refusal is not None:
-            self._refuse(job, queue, refusal)
+            self.books.refuse(job, queue, refusal)
+        elif cancels.canceled_before_start(self.connection, job):
+            cancels.record_canceled(self.connection, job, queue, webhook_urls=self._webhook_urls)
+        elif self._batch is not None and batchable(job):
+            self._batch.run(job, queue)  # its books end each job it admits
         else:
-            self._run(job, queue)
-        self._after_job()
+            self.books.run_alone(job, queue, self._execute_alone)
 
-    # -- one job -----------------------------------------------------------------------------
-
-    def _run(self, job: Job, queue: Queue) -> None:
-        try:
-            self._prepare_attempt(job)
-        except REDIS_OUTAGE as e:
-            log.warning("job_not_started", job_id=job.id, error=str(e))
-            self.push_back(job.id, queue)
-            return
-        self._current, self._outcome = (job, queue), None
-        started = time.perf_counter()
+    def _execute_alone(self, job: Job, queue: Queue) -> None:
+        """RQ's SimpleWorker execute, the started job noted for a cold stop meanwhile."""
+        self._current = (job, queue)
         try:
             super().execute_popped(job, queue)
-        except REDIS_OUTAGE as e:
-            # A bookkeeping step outside the outcome writes failed (those wait for Redis
-            # themselves): release the job once Redis is back, labelled for what happened.
-            log.warning("job_bookkeeping_failed", job_id=job.id, error=str(e))
-            outcomes.release_unrecorded(self.connection, queue, job, self.name)
         finally:
             self._current = None
-            if self._outcome is not None:
-                metrics.record_job(queue.name, self._outcome, time.perf_counter() - started)
-            self.lifecycle.housekeeper.end_job(job.id)
-
-    def _prepare_attempt(self, job: Job) -> None:
-        """Cap the timeout, count the attempt, give the default retry policy, claim heartbeat.
-
-        A job requeued by hand (`rq requeue`, rq-dashboard, `cosyq failed --requeue`) keeps its
-        meta: its old failure is cleared here, and the attempt count goes on from where it was.
-        """
-        job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
-        previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
-        job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
-        job.meta.pop(keys.ERROR_META_KEY, None)
-        apply_default_retries(
-            job,
-            max_retries=self.settings.max_retries,
-            backoff_base_s=self.settings.retry_backoff_s,
-        )
-        fields: dict[str, str | int] = {"meta": json.dumps(job.meta)}
-        if job.retries_left is not None:
-            fields["retries_left"] = job.retries_left
-        if job.retry_intervals is not None:
-            fields["retry_intervals"] = json.dumps(job.retry_intervals)
-        self.lifecycle.housekeeper.begin_job(job.id, fields)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
         """Classify the failure once; log one line (a traceback only for internal errors)."""
         error = classify(exc_info[1], timeout_s=job.timeout)
         self._failures[job.id] = error
+        self.storage_check.note_failure(job.id, error.kind)  # no new job until it is probed
         self._timed_out = self._timed_out or error.timed_out
         if not error.retryable:
             job.retries_left = 0  # permanent or internal: RQ must not retry it
@@ -276,7 +251,7 @@ class CosyqWorker(StopSafeWorker):
         self, job: Job, queue: Queue, started_job_registry: Any, execution: Any
     ) -> None:
         """Write the result; if Redis is away, keep it and write it once Redis is back."""
-        self._outcome = "finished"
+        self.books.note_outcome(job, "finished")
         record, tried = super().handle_job_success, False
 
         def write() -> None:
@@ -284,6 +259,7 @@ class CosyqWorker(StopSafeWorker):
             if tried and outcomes.already_finished(job):
                 return  # the reply was lost, the write was not
             tried = True
+            webhook_events.job_ended(self.connection, job, "job.finished", self._webhook_urls)
             record(job, queue, started_job_registry, execution)
 
         outcomes.when_reachable(write, job_id=job.id, step="success")
@@ -298,8 +274,15 @@ class CosyqWorker(StopSafeWorker):
     ) -> None:
         """Store the short reason in job.meta and as RQ's exc_info (no traceback soup)."""
         error = self._failures.pop(job.id, None)
+        if error is not None and error.kind == CANCELED_KIND:  # canceled, never failed
+            self.books.note_outcome(job, "canceled")
+            urls = self._webhook_urls
+            cancels.record_canceled(
+                self.connection, job, queue, execution=execution, webhook_urls=urls
+            )
+            return
         retrying = job.should_retry and self._stopped_job_id != job.id
-        self._outcome = "retried" if retrying else "failed"
+        self.books.note_outcome(job, "retried" if retrying else "failed")
         if error is not None:
             meta_key = keys.LAST_ERROR_META_KEY if retrying else keys.ERROR_META_KEY
             job.meta[meta_key] = error.as_meta()
@@ -313,30 +296,19 @@ class CosyqWorker(StopSafeWorker):
                 job.save_meta()
             else:
                 self.connection.ping()
+            if not retrying:
+                webhook_events.job_ended(self.connection, job, "job.failed", self._webhook_urls)
             record(job, queue, started_job_registry, exc_string, execution)
 
         outcomes.when_reachable(write, job_id=job.id, step="failure")
 
-    def _refuse(self, job: Job, queue: Queue, refusal: admission.Refusal) -> None:
-        """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported."""
-        log.warning("job_refused", job_id=job.id, queue=queue.name, reason=refusal.message)
-        metrics.record_job(queue.name, "refused")
-        job.meta = {keys.ERROR_META_KEY: {"kind": refusal.kind, "message": refusal.message}}
-        job.retries_left = 0
-        job.webhooks = []
-        job._success_callback_name = job._failure_callback_name = None
-        job._stopped_callback_name = None
-        job.ended_at = now()
-        with self.connection.pipeline() as pipe:
-            admission.record_refusal(job, f"{refusal.kind}: {refusal.message}", pipe)
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            self.increment_failed_job_count(pipe)
-            pipe.execute()
-
     # -- recycling ---------------------------------------------------------------------------
 
     def admission_open(self) -> bool:
-        """False once the worker is stopping or retiring: a batch then takes no new job."""
+        """False once the worker is stopping or retiring, or its storage is in doubt: a batch
+        then takes no new job."""
+        if self.storage_check.in_doubt:
+            return False
         return not self._stop_requested and not self._retire_announced
 
     def jobs_left(self) -> int:
@@ -346,8 +318,19 @@ class CosyqWorker(StopSafeWorker):
             budget = min(budget, self._rq_max_jobs)
         return budget - self.tracker.jobs_done
 
-    def _after_job(self, *, idle: bool = True) -> None:
-        if idle:  # not under other jobs still on the model
+    def window_heartbeat(self) -> bool:
+        """A long batch window's stand-in for RQ's loop: the worker key, `rq suspend`."""
+        self.heartbeat()  # an outage is logged, never raised
+        try:
+            return bool(is_suspended(self.connection, self))
+        except REDIS_OUTAGE as e:
+            log.warning("suspension_check_failed", error=str(e))
+            return False
+
+    def _after_job(self, model_idle: bool = True) -> None:
+        """Recycling's count of one job that left this worker; `model_idle`: no other job is
+        still on the model (only then is an accelerator's cache released)."""
+        if model_idle:
             host.release_accelerator_cache(self.lifecycle.device)
         reason = self.tracker.after_job(rss_mb=host.rss_mb(), timed_out=self._timed_out)
         self._timed_out = False
@@ -395,15 +378,17 @@ class CosyqWorker(StopSafeWorker):
         super().request_stop(signum, frame)
         self.lifecycle.housekeeper.stats.state = WorkerState.STOPPING  # published next tick
 
-    def give_back_running(self) -> None:
+    def release_running(self) -> None:
         """Cold stop mid-job: release the started entries now instead of waiting for a reaper;
         a batch also pushes back what it popped and had not started."""
         current, execution = self._current, next(iter(self.executions.values()), None)
         if current is not None and execution is not None:
             job, queue = current
-            self.lifecycle.give_back(job.id, execution.id, queue.name)
+            self.lifecycle.release_started(job.id, execution.id, queue.name)
         if self._batch is not None:
-            self._batch.give_back_all()
+            self._batch.push_back_unstarted()  # first: the started ones go ahead of them
+            for job_id, execution_id, queue_name in reversed(self._batch.started()):
+                self.lifecycle.release_started(job_id, execution_id, queue_name)  # each at the head
 
     def defer_cold_exit(self) -> bool:
         """A batch job changing hands (popped -> registered): exit once it is in one place."""

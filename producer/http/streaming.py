@@ -11,7 +11,12 @@ Two shapes: raw audio with chunked transfer (PCM, or a WAV header with open-ende
 then PCM), or OpenAI's server-sent events (`speech.audio.delta` with base64 audio, then
 `speech.audio.done`). The first entry is awaited before the response starts, so a job that
 fails or times out before any audio still gets a proper status; after that a failure can only
-cut the chunked body short (the client sees an incomplete read, never a clean end).
+cut the chunked body short (the client sees an incomplete read, never a clean end), or, for
+SSE, end the events with an `error` event and no `speech.audio.done`.
+
+`seq` is checked: an attempt's entries must come as 0, 1, 2, ... A reader that fell behind a
+`COSYQ_STREAM_MAXLEN` trim (its next entry is gone) is told so (410 `stream_trimmed` before any
+audio, an incomplete body or an error event after), never given a clean end with audio missing.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from shared.keys import audio_stream_key
 from shared.results import JobFailure
 
 STREAM_READ_COUNT = 64
+TRIMMED_KIND = "stream_trimmed"  # entries gone before the relay read them (MAXLEN)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ async def entries(context: FrontContext, job_id: str, timeout: float) -> AsyncIt
     last_id: Any = b"0-0"
     quiet_since = time.monotonic()
     relayed_attempt: int | None = None
+    expected_seq = 0  # the relayed attempt's next entry
     pending: StreamFailed | None = None  # a failed attempt that may be retried
     while True:
         left = timeout - (time.monotonic() - quiet_since)
@@ -114,11 +121,23 @@ async def entries(context: FrontContext, job_id: str, timeout: float) -> AsyncIt
                 if relayed_attempt is not None and entry.attempt != relayed_attempt:
                     message = f"attempt {relayed_attempt} was cut short; the job restarted"
                     raise StreamFailed(JobFailure(kind="transient", message=message))
-                relayed_attempt, pending = entry.attempt, None
+                _check_seq(entry, 0 if relayed_attempt is None else expected_seq)
+                relayed_attempt, pending, expected_seq = entry.attempt, None, entry.seq + 1
                 yield entry
                 if entry.final:
                     return
         quiet_since = time.monotonic()
+
+
+def _check_seq(entry: StreamEntry, expected: int) -> None:
+    """StreamFailed (stream_trimmed) when entries before this one are gone."""
+    if entry.seq != expected:
+        message = (
+            f"chunk {expected} of attempt {entry.attempt} is gone (trimmed at "
+            f"COSYQ_STREAM_MAXLEN entries before this reader got to it); the next left is "
+            f"{entry.seq}: fetch the stored file when the job finished"
+        )
+        raise StreamFailed(JobFailure(kind=TRIMMED_KIND, message=message), entry.attempt)
 
 
 async def _state(context: FrontContext, job_id: str) -> str | None:
@@ -168,12 +187,10 @@ def _error_for(job_id: str, error: Exception) -> ApiError:
             return ApiError(
                 404, f"no job {job_id} (never submitted, or expired)", code="job_not_found"
             )
-        if error.failure.kind == "stream_ended":
+        if error.failure.kind in ("stream_ended", TRIMMED_KIND):
+            code = "stream_gone" if error.failure.kind == "stream_ended" else TRIMMED_KIND
             return ApiError(
-                410,
-                f"job {job_id}: {error.failure.message}",
-                code="stream_gone",
-                extra={"job_id": job_id},
+                410, f"job {job_id}: {error.failure.message}", code=code, extra={"job_id": job_id}
             )
         return failure_error(job_id, error.failure)
     return ApiError(
@@ -207,22 +224,39 @@ async def relay_response(
             async for entry in source:
                 yield entry.pcm
 
-    async def events() -> AsyncIterator[bytes]:
-        yield _sse({"type": "speech.audio.delta", "audio": _b64(first.pcm)})
-        if not first.final:
-            async for entry in source:
-                delta = {
-                    "type": "speech.audio.delta",
-                    "audio": base64.b64encode(entry.pcm).decode(),
-                }
-                yield _sse(delta)
-        yield _sse({"type": "speech.audio.done"})
-
     headers = {"X-Cosyq-Job-Id": job_id, "X-Cosyq-Sample-Rate": str(first.sample_rate)}
     if stream_format == "sse":
-        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            _events(job_id, first, source), media_type="text/event-stream", headers=headers
+        )
     media_type = "audio/wav" if wav_header else "audio/pcm"
     return StreamingResponse(audio(), media_type=media_type, headers=headers)
+
+
+async def _events(
+    job_id: str, first: StreamEntry, rest: AsyncIterator[StreamEntry]
+) -> AsyncIterator[bytes]:
+    """OpenAI's SSE: one `speech.audio.delta` per entry with samples, then `speech.audio.done`.
+    An entry without samples (the final one usually) sends no delta: an empty delta is noise to
+    a client that decodes each one. A failure after the first event (a failed or restarted
+    attempt, a gap in `seq`) ends the events with an `error` event and no `done`."""
+    if first.pcm:
+        yield _sse({"type": "speech.audio.delta", "audio": _b64(first.pcm)})
+    if not first.final:
+        try:
+            async for entry in rest:
+                if entry.pcm:
+                    yield _sse({"type": "speech.audio.delta", "audio": _b64(entry.pcm)})
+        except (StreamFailed, StreamTimeout) as e:
+            yield _sse(_error_event(_error_for(job_id, e)))
+            return
+    yield _sse({"type": "speech.audio.done"})
+
+
+def _error_event(error: ApiError) -> dict[str, object]:
+    """An SSE `error` event with OpenAI's error fields (the stream ends without `done`)."""
+    fields = {"message": error.message, "type": error.type, "code": error.code}
+    return {"type": "error", "error": fields}
 
 
 def _b64(data: bytes) -> str:

@@ -15,13 +15,18 @@ pieces in one `waveforms` call instead, each row's noise still drawn from its ow
 first; if that call raises, each piece runs alone on the draws it already made.
 
 Failure isolation: a request whose front end, validation or alone-sized stage raises fails
-its own future. An exception inside a batched stage (a decode step, a batched flow call) drops
-the rows it touched and reruns each of their requests alone from the start (same seed, so the
-same answer as alone), so one poisoned input cannot fail its neighbours. A piece longer than a
-batch row holds runs its whole request alone at once.
+its own future. An exception inside a batched decode step drops the rows it touched and reruns
+each of their requests alone from the start (same seed, so the same answer as alone), so one
+poisoned input cannot fail its neighbours; a failed batched flow call reruns each piece's flow
+alone. A piece longer than a batch row holds runs its whole request alone. Whole-request reruns
+go to a thread of their own (`cosyq-model-alone`, one at a time, its front end made on the
+model thread first), so the batch keeps decoding and admitting beside them: a long request
+never stalls the others.
 
-Stage seconds per request are its share of each batched call (call time / rows in it), so the
-requests' stage seconds add up to the session's busy time.
+Stage seconds per request are its share of each batched call (call time / rows in it; its own
+prefill counts whole), so the requests' stage seconds add up to the model's busy time, and a
+request alone (n = 1) gets each stage's wall time: one definition for both paths
+(`shared.results.StageTimings`).
 """
 
 from __future__ import annotations
@@ -31,17 +36,17 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from workers.engine.api import SynthesisInput, SynthesisOutput
+from workers.engine.api import SynthesisCanceled, SynthesisInput, SynthesisOutput
 from workers.engine.requests import RequestPlan
 from workers.engine.stages import FlowStage, ModuleVocoder, VocoderStage
-from workers.model.llm import Qwen2LM
-from workers.model.llm_batch import BatchDecoder, FinishedRow, RowTooLong
+from workers.model.llm.batch import BatchDecoder, FinishedRow, RowTooLong
+from workers.model.llm.model import Qwen2LM
 
 
 class PlannedPipeline(Protocol):
@@ -66,7 +71,7 @@ class PlannedPipeline(Protocol):
 
     def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray: ...
 
-    def synthesize(self, request: SynthesisInput) -> SynthesisOutput: ...
+    def synthesize_planned(self, plan: RequestPlan) -> SynthesisOutput: ...
 
 
 @dataclass(eq=False)  # identity: a job is the key of its LLM row
@@ -94,6 +99,7 @@ class PipelineBatchSession:
         self._waiting: deque[Job] = deque()
         self._closing = False
         self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
+        self._beside = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-alone")
         self._thread = threading.Thread(target=self._run, name="cosyq-model", daemon=True)
         self._thread.start()
 
@@ -115,6 +121,7 @@ class PipelineBatchSession:
             self._closing = True
         self._queue.put(None)
         self._thread.join()
+        self._beside.shutdown(wait=True)  # requests still running alone finish first
 
     # --- the model thread -------------------------------------------------------------
 
@@ -179,20 +186,32 @@ class PipelineBatchSession:
         plan = _plan(job)
         piece = plan.pieces[len(job.audio)]
         try:
-            self.decoder.add(
-                job,
-                piece.ids,
-                prompt_text=plan.prompt.text_ids,
-                prompt_speech=np.asarray(plan.prompt.speech_tokens, dtype=np.int64),
-                generator=plan.state.generator,
-                forced_length=self.pipeline.forced_speech_tokens,
-            )
+            with plan.state.clock.timed("llm"):  # the row's own prefill: all its own
+                self.decoder.add(
+                    job,
+                    piece.ids,
+                    prompt_text=plan.prompt.text_ids,
+                    prompt_speech=np.asarray(plan.prompt.speech_tokens, dtype=np.int64),
+                    generator=plan.state.generator,
+                    forced_length=self.pipeline.forced_speech_tokens,
+                )
         except RowTooLong:
             self._alone(job)
         except BaseException as e:  # validation or this request's own prefill
             self._done(job, error=e)
 
+    def _drop_canceled(self) -> None:
+        """A canceled request's row leaves before the next step; the others go on."""
+        for job in list(self._jobs):
+            stop = job.request.should_stop
+            if stop is not None and stop():
+                self.decoder.drop(job)
+                self._done(job, error=SynthesisCanceled("canceled"))
+
     def _step(self) -> None:
+        self._drop_canceled()
+        if not self._jobs:
+            return
         rows = [row.key for row in self.decoder.rows]
         start = time.perf_counter()
         try:
@@ -293,6 +312,7 @@ class PipelineBatchSession:
         job.batch_size = max(job.batch_size, row.batch_size)
         plan = _plan(job)
         try:
+            plan.state.record_stop(row.tokens, row.stop)
             job.audio.append(audio)
             if len(job.audio) < len(plan.pieces):
                 self._join(job)
@@ -311,19 +331,33 @@ class PipelineBatchSession:
             stage_seconds=dict(state.clock.seconds),
             speech_tokens=state.speech_tokens,
             batch_size=job.batch_size,
+            pieces=list(state.spans),
+            text_tokens=state.text_tokens,
+            seed=state.seed,
         )
 
     def _alone(self, job: Job) -> None:
-        """Run the whole request on its own from the start, with the seed it was given."""
+        """Rerun the whole request on its own from the start, with the seed it was given, on
+        the thread beside the batch; its front end runs here (the model thread's), afresh."""
+        if job in self._jobs:
+            self._jobs.remove(job)
         request = job.request
         if job.plan is not None:
             request = dataclasses.replace(request, seed=job.plan.state.seed)
         try:
-            output = self.pipeline.synthesize(request)
+            plan = self.pipeline.begin(request)
+            self._beside.submit(self._run_alone, job, plan)
         except BaseException as e:
             self._done(job, error=e)
+
+    def _run_alone(self, job: Job, plan: RequestPlan) -> None:
+        """On the thread beside the batch: the planned request alone, then its future."""
+        try:
+            output = self.pipeline.synthesize_planned(plan)
+        except BaseException as e:
+            self._settle(job, error=e)
             return
-        self._done(job, output=output)
+        self._settle(job, output=output)
 
     def _done(
         self,
@@ -334,6 +368,16 @@ class PipelineBatchSession:
     ) -> None:
         if job in self._jobs:
             self._jobs.remove(job)
+        self._settle(job, output=output, error=error)
+
+    def _settle(
+        self,
+        job: Job,
+        *,
+        output: SynthesisOutput | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """The job's future and the in-flight count (either thread; `_jobs` is not touched)."""
         if not job.future.done():
             if error is not None:
                 job.future.set_exception(error)

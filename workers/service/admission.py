@@ -27,11 +27,13 @@ from rq.registry import FailedJobRegistry
 from rq.utils import current_timestamp, now, utcformat
 
 from shared import keys
+from shared.document_state import ASSEMBLE_DOCUMENT_FUNCTION
 
 # Dotted path -> (module, attribute). The only callables a job may name.
 JOB_FUNCTIONS: dict[str, tuple[str, str]] = {
     keys.SYNTHESIZE_FUNCTION: ("workers.tasks", "synthesize"),
     keys.ADD_VOICE_FUNCTION: ("workers.tasks", "add_voice"),
+    ASSEMBLE_DOCUMENT_FUNCTION: ("workers.documents.job", "assemble_document"),
 }
 
 

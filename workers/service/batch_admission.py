@@ -6,8 +6,11 @@ one Lua script that takes up to `n` ids from the queues in priority order (high,
 non-blocking, inside a `ColdStopGuard`: a cold stop (second signal) that lands between the pop
 and the moment the ids are held in `PoppedJobs` waits for the guarded section to end, and
 whatever a stopping worker holds but has not started goes back to the head of its queue
-(`give_back`). (Blocking the signals instead would not do: the kernel hands a signal blocked in
-one thread to another, and Python runs the handler in the main thread at once anyway.)
+(`push_back_popped`). A Redis error while reading a popped job's hash is an outage, not a
+verdict: that id and the ones after it go back (waiting for Redis); only a hash that was read
+and does not load is refused. (Blocking the signals instead would not do: the kernel hands a
+signal blocked in one thread to another, and Python runs the handler in the main thread at
+once anyway.)
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from rq.utils import as_text
 from shared import keys
 from shared.logs import get_logger
 from workers.service.admission import CosyqJob
-from workers.service.outage import until_reachable
+from workers.service.outage import refuse_or_wait, until_reachable
 
 log = get_logger(__name__)
 
@@ -51,8 +54,8 @@ return out
 
 def batchable(job: Job) -> bool:
     """Only synthesize jobs share the model; anything else (add_voice) runs alone, and so does
-    a streamed synthesis (`stream: true`): its chunks go out as they are made, on its own path
-    beside the batch, after the window it was popped in."""
+    a streamed synthesis (`stream: true`): its chunks go out as they are made. Popped during a
+    window, such a job goes back to the head of its queue and is taken next, alone."""
     if job.func_name != keys.SYNTHESIZE_FUNCTION:
         return False
     request = job.kwargs.get("request") if isinstance(job.kwargs, dict) else None
@@ -134,37 +137,48 @@ class BatchDequeue:
             return 0
         with self.guard.held():
             flat = cast(list[bytes], self._pop_many(keys=list(self.queues), args=[n]))
-            pairs = [(as_text(flat[i]), as_text(flat[i + 1])) for i in range(0, len(flat), 2)]
+            pairs = [
+                (self.queues[as_text(flat[i])], as_text(flat[i + 1]))
+                for i in range(0, len(flat), 2)
+            ]
             added = 0
-            for queue_key, job_id in pairs:
-                queue = self.queues[queue_key]
+            for index, (queue, job_id) in enumerate(pairs):
                 try:
                     job = CosyqJob.fetch(
                         job_id, connection=self.connection, serializer=JSONSerializer
                     )
                 except NoSuchJobError:
                     continue  # deleted after it was queued: RQ skips these too
-                except Exception as e:  # a hash that does not decode: refused, not run
+                except redis.RedisError as e:
+                    refuse_or_wait(e)  # a misconfiguration ends the worker; else an outage
+                    log.warning("batch_fetch_failed", job_id=job_id, error=str(e))
+                    self.push_back_ids(pairs[index:])  # not read: no verdict, back they go
+                    break
+                except Exception as e:  # a hash that was read and does not decode: refused
                     on_unreadable(Unreadable(e, job_id, queue))
                     continue
                 into.held.append((job, queue))
                 added += 1
         return added
 
-    def give_back(self, popped: Sequence[tuple[Job, Queue]]) -> None:
+    def push_back_popped(self, popped: Sequence[tuple[Job, Queue]]) -> None:
         """Put popped, unstarted jobs back at the head of their queues, first one first."""
+        self.push_back_ids([(queue, job.id) for job, queue in popped])
+
+    def push_back_ids(self, popped: Sequence[tuple[Queue, str]]) -> None:
+        """As `push_back_popped`, for ids whose hashes were not read; waits out an outage."""
         if not popped:
             return
 
         def push() -> None:
             with self.connection.pipeline() as pipe:  # MULTI: a retry never pushes twice
-                for job, queue in reversed(popped):
-                    pipe.lpush(queue.key, job.id)
+                for queue, job_id in reversed(popped):
+                    pipe.lpush(queue.key, job_id)
                 pipe.execute()
 
         until_reachable(push, "job_push_back_failed")  # a popped job must not be dropped
-        for job, queue in popped:
-            log.info("job_pushed_back", job_id=job.id, queue=queue.name)
+        for queue, job_id in popped:
+            log.info("job_pushed_back", job_id=job_id, queue=queue.name)
 
 
 def admission_room(*, batch_size: int, held: int, jobs_left: int, open_: bool) -> int:

@@ -46,6 +46,12 @@ DUPLICATE_SIGNAL_WINDOW_S = 1.0  # Ctrl+C reaches a pool's children twice: ignor
 WORKER_KEY_REFRESHES_PER_TTL = 3  # RQ's worker key is refreshed this often per worker_ttl
 
 
+def push_back(connection: redis.Redis, job_id: str, queue: Queue) -> None:
+    """Return a popped job, not started, to the head of its queue (waits out an outage)."""
+    until_reachable(lambda: connection.lpush(queue.key, job_id), "job_push_back_failed")
+    log.info("job_pushed_back", job_id=job_id, queue=queue.name)
+
+
 class Custody(StrEnum):
     """Where the job this process is taking stands, as a cold stop must know it."""
 
@@ -57,7 +63,7 @@ class Custody(StrEnum):
 class StopSafeWorker(OutageTolerantWorker):
     """A SimpleWorker whose stops never lose a popped job (see the module docstring).
 
-    Subclasses run a job in `execute_popped`, hand a running job back in `give_back_running`,
+    Subclasses run a job in `execute_popped`, hand a running job back in `release_running`,
     and may act between jobs in `between_jobs` (read a pool's messages, check a lifetime).
     """
 
@@ -77,7 +83,7 @@ class StopSafeWorker(OutageTolerantWorker):
         """Run one job that was popped and not given back: RQ's SimpleWorker path."""
         super().execute_job(job, queue)
 
-    def give_back_running(self) -> None:
+    def release_running(self) -> None:
         """Cold stop while a job is registered as started: release it (subclass duty)."""
 
     def before_cold_exit(self) -> None:
@@ -191,9 +197,7 @@ class StopSafeWorker(OutageTolerantWorker):
         log.warning("job_unreadable", job_id=job_id, queue=queue.name, error=str(error))
 
     def push_back(self, job_id: str, queue: Queue) -> None:
-        """Return a popped job, not started, to the head of its queue (waits out an outage)."""
-        until_reachable(lambda: self.connection.lpush(queue.key, job_id), "job_push_back_failed")
-        log.info("job_pushed_back", job_id=job_id, queue=queue.name)
+        push_back(self.connection, job_id, queue)
 
     # -- one job -----------------------------------------------------------------------------
 
@@ -250,7 +254,7 @@ class StopSafeWorker(OutageTolerantWorker):
 
     def _cold_exit(self) -> None:
         if self.custody is Custody.RUNNING:
-            self.give_back_running()
+            self.release_running()
         self.before_cold_exit()
         with contextlib.suppress(redis.RedisError):
             self.register_death()

@@ -16,10 +16,12 @@ import redis
 from rq.timeouts import JobTimeoutException
 
 from shared.connection import misconfiguration
-from shared.errors import InvalidRequestError, StorageError, TransientError
+from shared.errors import InvalidRequestError, QualityError, StorageError, TransientError
 from shared.results import JobFailure
+from workers.engine.api import SynthesisCanceled
 from workers.service.admission import RefusedJobError
 
+CANCELED_KIND = "canceled"
 MAX_MESSAGE_CHARS = 500
 MAX_INTERNAL_CHARS = 200  # an unexpected error's first line only: the traceback is in the log
 
@@ -28,7 +30,7 @@ MAX_INTERNAL_CHARS = 200  # an unexpected error's first line only: the traceback
 class JobError:
     """One failed attempt, classified."""
 
-    kind: str  # invalid_request, storage, transient, worker_died, internal
+    kind: str  # invalid_request, storage, transient, worker_died, internal, quality, canceled
     message: str
     retryable: bool
     timed_out: bool = False
@@ -45,8 +47,12 @@ class JobError:
 def classify(error: BaseException, *, timeout_s: float | None = None) -> JobError:
     """Map an exception raised by a job to its kind and short message."""
     text = _short(error)
+    if isinstance(error, SynthesisCanceled):  # recorded as canceled, never failed or retried
+        return JobError(CANCELED_KIND, "canceled before it finished", retryable=False)
     if isinstance(error, InvalidRequestError | RefusedJobError):
         return JobError("invalid_request", text, retryable=False)
+    if isinstance(error, QualityError):
+        return JobError("quality", text, retryable=False)
     if isinstance(error, JobTimeoutException):
         limit = f" after {timeout_s:g} s" if timeout_s else ""
         return JobError("transient", f"job timed out{limit}", retryable=True, timed_out=True)

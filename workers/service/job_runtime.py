@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.jobs import RequestLimits
+from shared.prompt_uris import PromptRoots
 from shared.settings import Settings
 from shared.storage import Storage
 from workers.engine.api import SynthesisEngine
@@ -25,6 +26,14 @@ class WorkerRuntime:
     limits: RequestLimits
     worker_name: str
     worker_pid: int
+    prompt_roots: PromptRoots  # where prompt_audio may be read from, built once per worker
+
+
+def prompt_roots(settings: Settings) -> PromptRoots:
+    """The worker's COSYQ_PROMPT_ROOTS (default: the model dir and the storage prefix)."""
+    return PromptRoots.from_values(
+        settings.prompt_roots, storage_url=settings.storage_url, model_dir=settings.model_dir
+    )
 
 
 _installed: WorkerRuntime | None = None

@@ -5,8 +5,10 @@ loads); housekeeping (its first tick reaps jobs a dead predecessor left); tell t
 loading; probe storage (write, read back, delete; before the model load, which takes minutes);
 load the engine and warm it up; install the job functions' runtime; log `worker_ready` and tell
 the pool. A failure before `worker_ready` is logged once, sent to the pool, recorded for
-`cosyq status` and raised, so the process exits non-zero without ever taking a job. Everything
-here takes plain values (settings, names, a connection, the pool channel), never the worker.
+`cosyq status` and raised, so the process exits non-zero without ever taking a job; storage
+that fails its probe again mid-run (`recheck_storage`, `storage_lost`) is reported the same
+way. Everything here takes plain values (settings, names, a connection, the pool channel),
+never the worker.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from workers.service import control, host, metrics
 from workers.service.admission import CosyqJob
 from workers.service.engine_loading import LoadedEngine, load_engine
 from workers.service.housekeeping import Housekeeper, WorkerState, WorkerStats, utc_now_iso
-from workers.service.job_runtime import WorkerRuntime, install_runtime
+from workers.service.job_runtime import WorkerRuntime, install_runtime, prompt_roots
 from workers.service.orphans import OrphanSweep
 from workers.service.outage import wait_for_redis
 from workers.service.reaper import Reaper, release_job
@@ -76,6 +78,7 @@ class WorkerLifecycle:
         self.housekeeper = build_housekeeper(settings, identity)
         self._parent_pid = os.getppid()
         self._orphan_noted = False
+        self._storage: Storage | None = None  # probed at start, probed again after a failure
 
     def start(self, duties: Sequence[Callable[[], None]] = ()) -> None:
         """Load and announce; `duties` run on every housekeeping tick from then on."""
@@ -115,7 +118,7 @@ class WorkerLifecycle:
         if self.channel is not None:
             self.channel.close()
 
-    def give_back(self, job_id: str, execution_id: str, queue_name: str) -> None:
+    def release_started(self, job_id: str, execution_id: str, queue_name: str) -> None:
         """Cold shutdown: hand the running job back now instead of waiting for the reaper.
 
         A fresh connection: the signal handler may have interrupted a command on any other.
@@ -137,25 +140,26 @@ class WorkerLifecycle:
         finally:
             connection.close()
 
+    def recheck_storage(self) -> ProbeOutcome:
+        """The start-up probe again, on the storage jobs write to (after a storage failure)."""
+        if self._storage is None:
+            raise RuntimeError("storage is probed again only after the worker started")
+        return self._wait_for_storage(self._storage)
+
+    def storage_lost(self, outcome: ProbeOutcome) -> StorageError:
+        """Storage failed its probe mid-run: reported as a failed start is (log, pool, `cosyq
+        status`); the worker raises the returned error once it has stopped taking jobs."""
+        error = StorageError(outcome.line)
+        reason = f"{type(error).__name__}: {error}"
+        log.error("worker_storage_lost", worker=self.identity.name, error=str(error))
+        self._send(control.FAILED, reason)
+        self._record_failure(reason)
+        return error
+
     def _probe_storage(self) -> Storage:
         """The storage jobs will write to, once a probe object went there and back."""
         storage = open_storage(self.settings)
-
-        def on_retry(outcome: ProbeOutcome, delay_s: float) -> None:
-            log.warning(
-                "storage_probe_retry",
-                url=outcome.url,
-                cause=outcome.cause,
-                attempt=outcome.attempts,
-                retry_in_s=delay_s,
-            )
-
-        outcome = wait_for_storage(
-            storage,
-            wait_s=self.settings.storage_probe_wait_s,
-            backoff=Backoff.from_settings(self.settings),
-            on_retry=on_retry,
-        )
+        outcome = self._wait_for_storage(storage)
         if not outcome.ok:
             raise StorageError(outcome.line)
         log.info(
@@ -165,7 +169,25 @@ class WorkerLifecycle:
             attempts=outcome.attempts,
             warning=outcome.warning or None,
         )
+        self._storage = storage
         return storage
+
+    def _wait_for_storage(self, storage: Storage) -> ProbeOutcome:
+        def on_retry(outcome: ProbeOutcome, delay_s: float) -> None:
+            log.warning(
+                "storage_probe_retry",
+                url=outcome.url,
+                cause=outcome.cause,
+                attempt=outcome.attempts,
+                retry_in_s=delay_s,
+            )
+
+        return wait_for_storage(
+            storage,
+            wait_s=self.settings.storage_probe_wait_s,
+            backoff=Backoff.from_settings(self.settings),
+            on_retry=on_retry,
+        )
 
     def _place(self) -> dict[str, str]:
         """Where this worker runs, as `cosyq status` groups start-up failures."""
@@ -205,6 +227,7 @@ class WorkerLifecycle:
                 limits=RequestLimits.from_settings(settings),
                 worker_name=self.identity.name,
                 worker_pid=os.getpid(),
+                prompt_roots=prompt_roots(settings),
             )
         )
         self.device = engine.identity.device

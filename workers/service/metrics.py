@@ -35,6 +35,7 @@ from shared.connection import redis_connection
 from shared.errors import SettingsError
 from shared.logs import get_logger
 from shared.settings import Settings
+from workers.service.metric_zeros import KnownLabels, known_labels, with_zeros
 
 log = get_logger(__name__)
 
@@ -46,7 +47,7 @@ SCRAPE_SOCKET_TIMEOUT_S = 2.0  # a scrape must answer even while Redis is away
 # Worker states as `cosyq status` shows them; the pool adds "waiting" for empty slots.
 WORKER_STATES = keys.WORKER_STATES
 POOL_WAITING_STATE = "waiting"
-JOB_OUTCOMES = ("finished", "failed", "retried", "refused")
+JOB_OUTCOMES = ("finished", "failed", "retried", "refused", "canceled")
 
 JOB_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -54,6 +55,10 @@ LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 JOBS = Counter("cosyq_jobs", "Job attempts by outcome", ["queue", "outcome"])
+QUALITY = Counter(
+    "cosyq_quality_results", "Stored results by quality verdict and action", ["verdict", "action"]
+)
+QUALITY_RETRIES = Counter("cosyq_quality_retries", "Re-syntheses of suspect audio")
 JOB_SECONDS = Histogram("cosyq_job_seconds", "Wall time of one job attempt", buckets=JOB_BUCKETS)
 STAGE_SECONDS = Histogram(
     "cosyq_stage_seconds", "Time per stage of a finished job", ["stage"], buckets=STAGE_BUCKETS
@@ -93,6 +98,12 @@ def record_stages(stage_seconds: dict[str, float], audio_s: float) -> None:
         if value is not None:
             STAGE_SECONDS.labels(stage=stage).observe(value)
     AUDIO_SECONDS.inc(max(0.0, audio_s))
+
+
+def record_quality(verdict: str, action: str, retries: int) -> None:
+    QUALITY.labels(verdict=verdict, action=action).inc()
+    if retries:
+        QUALITY_RETRIES.inc(retries)
 
 
 def record_model_load(seconds: float) -> None:
@@ -144,22 +155,35 @@ class QueueDepthCollector(Collector):
         yield family
 
 
+def known_families(queue_names: Iterable[str]) -> list[KnownLabels]:
+    """The labelled families served at zero before their first event (metric_zeros)."""
+    return known_labels(list(queue_names), JOB_OUTCOMES, STAGES, STAGE_BUCKETS)
+
+
 class PoolCollector(Collector):
     """The children's files, summed; plus the pool's empty slots as cosyq_workers{waiting}.
 
     Shares a lock with `fold_dead_process`, so a scrape never sees a dead child's samples both
-    in its own file and in the archive.
+    in its own file and in the archive. Known label sets are filled in at zero (`known`).
     """
 
-    def __init__(self, directory: str, lock: threading.Lock, waiting_slots: Callable[[], int]):
+    def __init__(
+        self,
+        directory: str,
+        lock: threading.Lock,
+        waiting_slots: Callable[[], int],
+        known: Sequence[KnownLabels] = (),
+    ):
         self.directory = directory
         self.lock = lock
         self.waiting_slots = waiting_slots
+        self.known = known
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
             files = glob.glob(os.path.join(self.directory, "*.db"))
-            families = list(MultiProcessCollector.merge(files, accumulate=True))
+            merged = MultiProcessCollector.merge(files, accumulate=True)
+            families = list(with_zeros(merged, self.known))
         waiting = float(self.waiting_slots())
         workers = next((f for f in families if f.name == "cosyq_workers"), None)
         if workers is None:
@@ -228,11 +252,14 @@ def scrape_connection(settings: Settings) -> redis.Redis:
 def worker_registry(settings: Settings, queue_names: Iterable[str]) -> CollectorRegistry:
     """A lone worker's metrics: its own samples (in memory) and the queue depths."""
     registry = CollectorRegistry()
+    names = list(queue_names)
+    source: Collector
     if os.environ.get(MULTIPROC_ENV):  # an operator's multiprocess setup: read its folder
-        MultiProcessCollector(registry, os.environ[MULTIPROC_ENV])
+        source = MultiProcessCollector(None, os.environ[MULTIPROC_ENV])
     else:
-        registry.register(_DefaultRegistryView())
-    registry.register(QueueDepthCollector(scrape_connection(settings), list(queue_names)))
+        source = _DefaultRegistryView()
+    registry.register(_ZeroFilled(source, known_families(names)))
+    registry.register(QueueDepthCollector(scrape_connection(settings), names))
     return registry
 
 
@@ -244,9 +271,21 @@ def pool_registry(
     queue_names: Iterable[str],
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(PoolCollector(directory, lock, waiting_slots))
-    registry.register(QueueDepthCollector(scrape_connection(settings), list(queue_names)))
+    names = list(queue_names)
+    registry.register(PoolCollector(directory, lock, waiting_slots, known_families(names)))
+    registry.register(QueueDepthCollector(scrape_connection(settings), names))
     return registry
+
+
+class _ZeroFilled(Collector):
+    """Another collector's families with the known label sets filled in at zero."""
+
+    def __init__(self, source: Collector, known: Sequence[KnownLabels]) -> None:
+        self.source = source
+        self.known = known
+
+    def collect(self) -> Iterator[Metric]:
+        yield from with_zeros(self.source.collect(), self.known)
 
 
 class _DefaultRegistryView(Collector):

@@ -54,15 +54,9 @@ def refuse_or_wait(error: redis.RedisError) -> None:
 
 def until_reachable(action: Callable[[], T], event: str) -> T:
     """Run `action`, retrying with capped exponential backoff while Redis is unreachable."""
-    delay = REDIS_RETRY_FIRST_S
-    while True:
-        try:
-            return action()
-        except redis.RedisError as e:
-            refuse_or_wait(e)
-            log.warning(event, error=str(e), retry_in_s=delay)
-            time.sleep(delay)
-            delay = min(delay * 2, REDIS_RETRY_MAX_S)
+    result = _retry_outages(action, event, stopped=lambda: False)
+    assert result is not None  # never stopped: only a result ends the wait
+    return result[0]
 
 
 def until_reachable_or_stopped(
@@ -70,10 +64,18 @@ def until_reachable_or_stopped(
 ) -> T | None:
     """As `until_reachable`, but None once `stopped()` says so: for an action that holds
     nothing yet (a pop), so a stop during an outage still lets the worker leave."""
+    result = _retry_outages(action, event, stopped)
+    return None if result is None else result[0]
+
+
+def _retry_outages(
+    action: Callable[[], T], event: str, stopped: Callable[[], bool]
+) -> tuple[T] | None:
+    """(action's result,) once Redis answers; None when `stopped()` during a pause."""
     delay = REDIS_RETRY_FIRST_S
     while True:
         try:
-            return action()
+            return (action(),)
         except redis.RedisError as e:
             refuse_or_wait(e)
             log.warning(event, error=str(e), retry_in_s=delay)

@@ -76,12 +76,13 @@ def test_24_seeded_jobs_batch_and_match_the_same_jobs_run_one_at_a_time(
 
 
 def test_bad_jobs_in_a_batch_fail_alone(cluster: Cluster, connection: redis.Redis) -> None:
-    good = [enqueue(connection, f"seconds:1 good {i}", seed=i) for i in range(4)]
+    # 1 s on the model each (8 s of audio): long enough to overlap however slow the machine
+    good = [enqueue(connection, f"seconds:8 good {i}", seed=i) for i in range(4)]
     invalid = enqueue(connection, "seconds:1 invalid")
     unknown_voice = enqueue(connection, "seconds:1 hello", voice="nobody")
     boom = enqueue(connection, "seconds:1 boom")
     bad_speed = enqueue(connection, "seconds:1 fast", speed=50)
-    good += [enqueue(connection, f"seconds:1 more good {i}", seed=i) for i in range(3)]
+    good += [enqueue(connection, f"seconds:8 more good {i}", seed=i) for i in range(3)]
     worker = cluster.start("run", "--burst", log_name="w.log", **BATCHING)
     assert worker.wait(timeout=60) == 0
     assert statuses(connection, good) == ["finished"] * len(good)
@@ -121,7 +122,7 @@ def test_jobs_queued_while_a_batch_decodes_join_it(
 ) -> None:
     worker = cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: named(cluster.events("w.log"), "worker_ready"), 30, "ready")
-    first = enqueue(connection, "seconds:8 first", seed=1)
+    first = enqueue(connection, "seconds:24 first", seed=1)  # 7.5 s on the model: time to join
     wait_for(lambda: first.get_status() == "started", 30, "the first job to start")
     time.sleep(0.3)  # the first job is decoding
     late = [enqueue(connection, f"seconds:2 late {i}", seed=i) for i in range(3)]

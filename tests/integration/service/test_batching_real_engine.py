@@ -15,6 +15,7 @@ from rq.job import Job
 from shared.settings import Settings
 from tests.doubles.harness import Cluster, enqueue, statuses
 
+pytestmark = pytest.mark.timeout(1200)  # two worker loads and 48 tiny-model jobs, busy cores
 JOBS = 24
 MAX_ABS = 1e-4
 

@@ -114,3 +114,44 @@ def test_metrics_are_off_unless_a_port_is_set(cluster: Cluster, connection: redi
     assert worker.wait(timeout=60) == 0
     assert statuses(connection, [job]) == ["finished"]
     assert not named(cluster.events("worker.log"), "metrics_serving")
+
+
+@pytest.mark.parametrize("command", [("run",), ("pool", "-n", "1")])
+def test_a_fresh_process_serves_every_known_series_at_zero(
+    cluster: Cluster, connection: redis.Redis, command: tuple[str, ...]
+) -> None:
+    """Before any job: every outcome per queue, every recycle reason and every stage exist at
+    zero, so alerts and rate() have a series from the first scrape."""
+    port = free_port()
+    process = cluster.start(*command, log_name="fresh.log", COSYQ_METRICS_PORT=str(port))
+    result = scrape_when(
+        port, lambda s: s.value("cosyq_workers", state="idle") == 1, "the worker idle"
+    )
+    for queue in ("cosyq-high", "cosyq-default", "cosyq-low"):
+        for outcome in ("finished", "failed", "retried", "refused"):
+            assert result.values("cosyq_jobs_total", queue=queue, outcome=outcome) == [0.0]
+    for reason in ("max_jobs", "rss", "lifetime", "job_timeout"):
+        assert result.values("cosyq_worker_recycles_total", reason=reason) == [0.0]
+    for stage in ("queue_wait", "llm", "flow", "store"):
+        assert result.values("cosyq_stage_seconds_count", stage=stage) == [0.0]
+        assert result.values("cosyq_stage_seconds_bucket", stage=stage, le="+Inf") == [0.0]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+
+
+def test_a_known_series_keeps_its_count_once_it_has_one(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    """The zeros fill only what is missing: one finished job is one series at 1, not two."""
+    port = free_port()
+    job = enqueue(connection, "one")
+    worker = cluster.start("run", log_name="worker.log", COSYQ_METRICS_PORT=str(port))
+    wait_for(lambda: statuses(connection, [job]) == ["finished"], 60, "the job")
+    result = scrape_when(
+        port, lambda s: s.value("cosyq_workers", state="idle") == 1, "the worker idle"
+    )
+    assert result.values("cosyq_jobs_total", queue="cosyq-default", outcome="finished") == [1.0]
+    assert result.values("cosyq_jobs_total", queue="cosyq-default", outcome="failed") == [0.0]
+    assert result.values("cosyq_stage_seconds_count", stage="llm") == [1.0]
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0

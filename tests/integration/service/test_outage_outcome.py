@@ -6,22 +6,12 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 
 from tests.doubles.harness import Cluster, enqueue, named, statuses, wait_for
 from workers.tools.local_redis import LocalRedis
-
-
-@pytest.fixture
-def persistent_redis(tmp_path: Path) -> Iterator[LocalRedis]:
-    server = LocalRedis(tmp_path / "redis", persistent=True)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_a_job_finished_during_an_outage_is_recorded_not_rerun(

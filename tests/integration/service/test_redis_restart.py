@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 
 from tests.doubles.harness import (
@@ -18,14 +16,6 @@ from tests.doubles.harness import (
     wait_for,
 )
 from workers.tools.local_redis import LocalRedis
-
-
-@pytest.fixture
-def persistent_redis(tmp_path: Path) -> Iterator[LocalRedis]:
-    server = LocalRedis(tmp_path / "redis", persistent=True)
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_workers_reconnect_and_every_job_completes(

@@ -236,23 +236,105 @@ def test_an_exception_in_a_batched_step_reruns_each_request_alone(
         return steps()
 
     monkeypatch.setattr(session.decoder, "step", step)
-    original_synthesize = engine.synthesize
+    original_planned = engine.synthesize_planned
     alone: list[str] = []
 
-    def synthesize(request: SynthesisInput) -> SynthesisOutput:
-        alone.append(request.text)
-        if request.text == poison.text:
+    def synthesize_planned(plan: RequestPlan) -> SynthesisOutput:
+        alone.append(plan.request.text)
+        if plan.request.text == poison.text:
             raise RuntimeError("the poison fails alone too")
-        return original_synthesize(request)
+        return original_planned(plan)
 
-    monkeypatch.setattr(engine, "synthesize", synthesize)
+    monkeypatch.setattr(engine, "synthesize_planned", synthesize_planned)
     futures = [session.submit(r) for r in [*requests[:2], poison, *requests[2:]]]
     assert "fails alone too" in str(futures[2].exception(timeout=600))
     outputs = [f.result(timeout=600) for f in futures[:2] + futures[3:]]
     session.close()
     assert poison.text in alone and len(alone) >= 2  # its neighbours were rerun one by one
-    monkeypatch.setattr(engine, "synthesize", original_synthesize)
+    monkeypatch.setattr(engine, "synthesize_planned", original_planned)
     assert_same_as_alone(engine, requests, outputs, tokens)
+
+
+def held_alone(
+    engine: SynthesisPipeline, monkeypatch: pytest.MonkeyPatch, held_text: str
+) -> tuple[threading.Event, threading.Event]:
+    """Requests with `held_text`, run alone, set the first event (entered) and wait until the
+    second one (the gate) is set."""
+    entered, gate = threading.Event(), threading.Event()
+    original = engine.synthesize_planned
+
+    def synthesize_planned(plan: RequestPlan) -> SynthesisOutput:
+        if plan.request.text == held_text:
+            entered.set()
+            assert gate.wait(timeout=600), "never released"
+        return original(plan)
+
+    monkeypatch.setattr(engine, "synthesize_planned", synthesize_planned)
+    return entered, gate
+
+
+def test_a_request_too_long_for_a_row_does_not_stall_the_batch(
+    tiny_model_dir: Path,
+    voices: tuple[VoicePrompt, VoicePrompt],
+    tokens: Tokens,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the long request runs alone (held there), the others decode and finish."""
+    small = build_engine(
+        tiny_model_dir, device="cpu", options=EngineOptions(batch_max_positions=200)
+    )
+    a, b = voices
+    requests = [  # zero_shot (its prompt's speech tokens) needs > 200 positions; these fit
+        mixed_requests(voices)[0],
+        SynthesisInput(text="Yes.", prompt=b, mode="cross_lingual", seed=21),
+        SynthesisInput(text="No.", prompt=a, mode="cross_lingual", seed=22),
+    ]
+    _, gate = held_alone(small, monkeypatch, requests[0].text)
+    session = small.open_batch_session(4)
+    futures = [session.submit(r) for r in requests]
+    try:
+        others = [f.result(timeout=300) for f in futures[1:]]  # the long one is still held
+        assert not futures[0].done() and session.in_flight() == 1
+    finally:
+        gate.set()
+        outputs = [futures[0].result(timeout=600), *others]
+        session.close()
+    assert session.in_flight() == 0 and outputs[0].batch_size == 1
+    assert_same_as_alone(small, requests, outputs, tokens)
+
+
+def test_a_rerun_after_a_failed_step_does_not_stall_newcomers(
+    engine: SynthesisPipeline,
+    voices: tuple[VoicePrompt, VoicePrompt],
+    tokens: Tokens,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poisoned step's requests rerun alone beside the batch (held here); a request that
+    arrives meanwhile is decoded in the batch and finishes."""
+    poison = SynthesisInput(text="Poison pill.", prompt=voices[0], seed=13)
+    later = mixed_requests(voices)[:2]
+    session = engine.open_batch_session(4)
+    assert isinstance(session, PipelineBatchSession)
+    steps = session.decoder.step
+
+    def step() -> Any:
+        if any(getattr(row.key, "request", None) is poison for row in session.decoder.rows):
+            raise RuntimeError("batched step blew up")
+        return steps()
+
+    monkeypatch.setattr(session.decoder, "step", step)
+    entered, gate = held_alone(engine, monkeypatch, poison.text)
+    first = session.submit(poison)
+    try:
+        assert entered.wait(timeout=300)  # its step failed; it reruns alone, held there
+        rest = [session.submit(r) for r in later]
+        outputs = [f.result(timeout=300) for f in rest]
+        assert not first.done()
+    finally:
+        gate.set()
+        assert first.result(timeout=600).speech_tokens > 0  # alone it does not blow up
+        session.close()
+    assert_same_as_alone(engine, later, outputs, tokens)
 
 
 def test_a_piece_longer_than_a_row_runs_alone(
@@ -334,4 +416,50 @@ def test_a_failing_flow_batch_reruns_each_piece_alone(
     monkeypatch.setattr(forced_engine.flow, "mels", broken)
     requests = mixed_requests(voices)[:3]
     outputs = run_all(forced_engine.open_batch_session(3), requests)
+    assert_same_as_alone(forced_engine, requests, outputs, tokens)
+
+
+def test_batched_pieces_report_the_stops_and_spans_of_alone(
+    engine: SynthesisPipeline, voices: tuple[VoicePrompt, VoicePrompt]
+) -> None:
+    """How each piece's LLM ended and where it lies: the quality check's input, batched or not."""
+    request = SynthesisInput(text=LONG, prompt=voices[0], seed=3)
+    alone = engine.synthesize(request)
+    other = dataclasses.replace(request, seed=4)
+    batched = run_all(engine.open_batch_session(2), [request, other])[0]
+    pieces = engine.frontend.pieces(LONG)
+    assert len(alone.pieces) == len(pieces) and alone.seed == 3
+    assert alone.text_tokens == sum(len(piece.ids) for piece in pieces)
+    assert {p.stop for p in alone.pieces} <= {"stop_token", "length_bound"}
+    reports = [(p.text, p.stop, p.speech_tokens, p.start, p.end) for p in alone.pieces]
+    assert [(p.text, p.stop, p.speech_tokens, p.start, p.end) for p in batched.pieces] == reports
+    ends = [0] + [edge for p in alone.pieces for edge in (p.start, p.end)]
+    assert ends == sorted(ends) and ends[-1] <= alone.samples.size
+    assert (batched.seed, batched.text_tokens) == (3, alone.text_tokens)
+    assert [p.text for p in batched.pieces] == [p.text for p in pieces]
+
+
+def test_in_bf16_a_batched_request_is_bit_for_bit_its_alone_run(
+    tiny_model_dir: Path, voices: tuple[VoicePrompt, VoicePrompt]
+) -> None:
+    """Same request + seed, same audio, whichever jobs shared its batch: in bf16 the padded
+    flow would move samples by a rounding step, so each row's flow runs alone there."""
+    half = build_engine(tiny_model_dir, device="cpu", dtype="bf16")
+    assert not getattr(half.flow, "batches", True)  # per-row flow calls in bf16
+    requests = mixed_requests(voices)[:4]
+    outputs = run_all(half.open_batch_session(len(requests)), requests)
+    assert max(o.batch_size for o in outputs) > 1
+    for request, output in zip(requests, outputs, strict=True):
+        alone = half.synthesize(request)
+        assert output.speech_tokens == alone.speech_tokens
+        assert np.array_equal(output.samples, alone.samples), request.text
+
+
+def test_in_fp32_the_padded_flow_batch_stays_within_tolerance_of_alone(
+    forced_engine: SynthesisPipeline, voices: tuple[VoicePrompt, VoicePrompt], tokens: Tokens
+) -> None:
+    """fp32 keeps the one padded flow call; its rows are within TOLERANCE of alone."""
+    assert getattr(forced_engine.flow, "batches", False)
+    requests = mixed_requests(voices)[:4]
+    outputs = run_all(forced_engine.open_batch_session(len(requests)), requests)
     assert_same_as_alone(forced_engine, requests, outputs, tokens)

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import pytest
 import redis
@@ -72,7 +73,7 @@ def test_give_back_restores_the_queue_heads_in_order(
     ids = [enqueue(default, f"job {i}") for i in range(5)]
     dequeue, popped = BatchDequeue(connection, queues, ColdStopGuard()), PoppedJobs()
     dequeue.pop(3, popped, no_unreadable)
-    dequeue.give_back(popped.take())
+    dequeue.push_back_popped(popped.take())
     assert [i.decode() for i in connection.lrange(default.key, 0, -1)] == ids
 
 
@@ -159,3 +160,31 @@ def test_only_synthesize_jobs_batch_and_their_payload_binds(queues: list[Queue])
     assert batchable(synth) and not batchable(voice)
     assert not batchable(streamed)  # its chunks go out on its own path, beside the batch
     assert synthesis_payload(synth) == {"text": "hi"}
+
+
+class BlipOnce(redis.Redis):
+    """A real client whose first job read fails as if the connection dropped (a blip)."""
+
+    blips = 1
+
+    def hgetall(self, name: Any) -> Any:
+        if self.blips:
+            self.blips -= 1
+            raise redis.ConnectionError("test: connection dropped while reading a job")
+        return super().hgetall(name)
+
+
+def test_a_redis_error_while_reading_popped_jobs_refuses_none_and_gives_all_back(
+    redis_url: str, connection: redis.Redis
+) -> None:
+    blipping = BlipOnce.from_url(redis_url)
+    default = Queue("cosyq-default", connection=connection, serializer=JSONSerializer)
+    ids = [enqueue(default, f"job {i}") for i in range(3)]
+    queues = [Queue(n, connection=blipping, serializer=JSONSerializer) for n in QUEUE_NAMES]
+    popped = PoppedJobs()
+    got = BatchDequeue(blipping, queues, ColdStopGuard()).pop(3, popped, no_unreadable)
+    assert got == 0 and popped.held == []
+    assert [raw.decode() for raw in connection.lrange(default.key, 0, -1)] == ids
+    for job_id in ids:
+        assert connection.hget(f"rq:job:{job_id}", "status") == b"queued"
+    blipping.close()

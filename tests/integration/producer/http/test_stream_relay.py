@@ -1,9 +1,10 @@
-"""GET /v1/jobs/{id}/stream relays a job's Redis Stream (issue 11's entry format) over chunked
+"""GET /v1/jobs/{id}/stream relays a job's Redis Stream (the worker's entry format, see
+workers/service/audio_stream.py) over chunked
 HTTP, read from a real server: before, during and after the entries arrive; raw PCM, WAV and
 server-sent events; and each way a stream can fail.
 
-No worker on main writes these streams yet (the streaming worker is issue 11): the test appends
-entries in that issue's format (seq, attempt, sample_rate, pcm int16 LE, final; an attempt's
+The test appends the entries itself (no worker: so each failure can be staged exactly), in the
+worker's format (seq, attempt, sample_rate, pcm int16 LE, final; an attempt's
 final entry carries the uri, or error_kind and error_message) to a job enqueued but never run,
 and sets the job's state the way its worker would.
 """
@@ -183,7 +184,7 @@ def test_a_last_failed_attempt_is_reported_once_the_job_ends(
     fail(connection, job_id, "transient", "storage down", state="started")  # state not yet final
     threading.Timer(0.3, connection.hset, (f"rq:job:{job_id}", "status", "failed")).start()
     response = httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
-    assert response.status_code == 503 and "storage down" in response.json()["error"]["message"]
+    assert response.status_code == 502 and "storage down" in response.json()["error"]["message"]
 
 
 def test_no_entry_within_the_wait_is_504(stalled: Front, connection: redis.Redis) -> None:
@@ -204,3 +205,66 @@ def test_streams_that_cannot_be_read(stalled: Front, connection: redis.Redis) ->
         assert response.status_code == 410 and "expired" in response.json()["error"]["message"]
         bad = http.get(f"/v1/jobs/{plain}/stream", params={"format": "mp3"})
         assert bad.status_code == 400
+
+
+def entry_fields(seq: int, pcm: bytes, final: bool) -> dict[str, bytes | int | str]:
+    fields: dict[str, bytes | int | str] = {
+        "seq": seq,
+        "attempt": 1,
+        "sample_rate": RATE,
+        "pcm": pcm,
+        "final": int(final),
+    }
+    if final:
+        fields.update(uri="file:///tmp/out.wav", samples=0)
+    return fields
+
+
+def trimmed_append(connection: redis.Redis, job_id: str, seqs: range, maxlen: int) -> None:
+    """XADD with MAXLEN, as the worker does, in one transaction: a reader blocked on the stream
+    wakes after it, when the oldest of these entries are already trimmed."""
+    with connection.pipeline(transaction=True) as pipe:
+        for seq in seqs:
+            fields = entry_fields(seq, chunk(500, seq), final=seq == seqs[-1])
+            pipe.xadd(f"cosyq:audio:{job_id}", fields, maxlen=maxlen, approximate=False)  # type: ignore[arg-type]
+        pipe.execute()
+
+
+def test_a_reader_behind_a_trim_before_any_audio_gets_410(
+    stalled: Front, connection: redis.Redis
+) -> None:
+    job_id = streaming_job(connection)
+    trimmed_append(connection, job_id, range(6), maxlen=3)  # 0-2 trimmed before anyone read
+    response = httpx.get(f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30)
+    assert response.status_code == 410
+    error = response.json()["error"]
+    assert error["code"] == "stream_trimmed" and "chunk 0 of attempt 1 is gone" in error["message"]
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_a_reader_that_fell_behind_a_trim_never_gets_a_clean_end(
+    stalled: Front, connection: redis.Redis, stream_format: str
+) -> None:
+    """Entry 0 relayed, then 1-3 written with MAXLEN 2 while the relay waits: it sees 2 next.
+    Raw audio ends as an incomplete body; SSE ends with an error event and no done."""
+    job_id = streaming_job(connection)
+    append(connection, job_id, 0, chunk(500, 0), final=False)
+    url = f"{stalled.url}/v1/jobs/{job_id}/stream"
+    received: list[bytes] = []
+    with httpx.stream("GET", url, params={"stream_format": stream_format}, timeout=30) as r:
+        assert r.status_code == 200
+        body = r.iter_raw()
+        received.append(next(body))  # the relay has read entry 0 and waits for more
+        trimmed_append(connection, job_id, range(1, 4), maxlen=2)
+        if stream_format == "audio":
+            with pytest.raises(httpx.RemoteProtocolError):  # incomplete chunked body
+                received.extend(body)
+            assert b"".join(received) == chunk(500, 0)  # nothing after the gap was sent
+            return
+        received.extend(body)
+    lines = b"".join(received).decode().splitlines()
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["speech.audio.delta", "error"]
+    assert base64.b64decode(events[0]["audio"]) == chunk(500, 0)
+    assert events[1]["error"]["code"] == "stream_trimmed"
+    assert "chunk 1 of attempt 1 is gone" in events[1]["error"]["message"]

@@ -1,0 +1,151 @@
+"""A batching worker's custody of each job: in its queue, or started under a live heartbeat.
+
+Workers load `tests.doubles.engines:batching`. Jobs that cannot join a batch (`stream: true`)
+popped during a window go straight back to the head of their queue, so the orphan sweep (at
+3 s here) never finds them nowhere and a second copy never runs; a row past its deadline stores
+nothing; a cold stop leaves every job in a list or a registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+import redis
+from rq.job import Job
+from rq.registry import StartedJobRegistry
+
+from shared.submitted import record_submitted
+from tests.doubles.harness import Cluster, enqueue, json_queue, named, statuses, wait_for
+from workers.tools.local_redis import LocalRedis
+
+BATCHING = {
+    "COSYQ_ENGINE": "tests.doubles.engines:batching",
+    "COSYQ_BATCH_SIZE": "8",
+    "COSYQ_ORPHAN_AFTER_S": "3",
+}
+QUEUE_KEY = "rq:queue:cosyq-default"
+
+
+@pytest.fixture
+def worker_batch_size() -> int:
+    """These tests set COSYQ_BATCH_SIZE themselves: run each once."""
+    return 8
+
+
+def result(job: Job) -> dict:
+    found = job.latest_result()
+    assert found is not None and isinstance(found.return_value, dict)
+    return found.return_value
+
+
+def finished_lines(cluster: Cluster, logs: list[str], job: Job) -> list[dict]:
+    lines = [e for name in logs for e in named(cluster.events(name), "synthesis_finished")]
+    return [e for e in lines if e.get("job_id") == job.id]
+
+
+def all_events(cluster: Cluster, logs: list[str], name: str) -> list[dict]:
+    return [e for log_name in logs for e in named(cluster.events(log_name), name)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_job_that_cannot_join_the_window_runs_exactly_once(
+    cluster: Cluster, connection: redis.Redis, workers: int
+) -> None:
+    long = [enqueue(connection, f"seconds:40 long {i}", seed=i) for i in range(2)]
+    cluster.start("run", log_name="w1.log", **BATCHING, TESTENGINE_STEP_S="0.05")
+    wait_for(lambda: statuses(connection, long) == ["started"] * 2, 30, "the window")
+    streamed = enqueue(connection, "seconds:1 streamed", stream=True, seed=7)
+    logs = ["w1.log"]
+    if workers == 2:
+        time.sleep(1.0)  # popped by the first worker's window by now
+        cluster.start("run", log_name="w2.log", **BATCHING, TESTENGINE_STEP_S="0.001")
+        logs.append("w2.log")
+    wait_for(lambda: statuses(connection, [*long, streamed]) == ["finished"] * 3, 60, "all")
+    time.sleep(4.0)  # a second, orphaned copy would have run by now (sweep at 3 s)
+    assert len(finished_lines(cluster, logs, streamed)) == 1
+    assert result(streamed)["attempt"] == 1
+    assert all_events(cluster, logs, "job_orphan_requeued") == []
+
+
+def test_a_job_cancelled_after_the_window_popped_it_does_not_run(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    long = enqueue(connection, "seconds:20 long", seed=1)
+    cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
+    wait_for(lambda: long.get_status() == "started", 30, "the window")
+    streamed = enqueue(connection, "seconds:1 streamed", stream=True)
+    time.sleep(1.0)  # popped by the window by now
+    streamed.cancel()
+    wait_for(lambda: long.get_status() == "finished", 60, "the window to drain")
+    time.sleep(2.0)
+    assert streamed.get_status() == "canceled"
+    assert finished_lines(cluster, ["w.log"], streamed) == []
+
+
+def test_redis_away_during_a_window_fails_no_job_and_the_worker_stays(
+    persistent_redis: LocalRedis, tmp_path: Path
+) -> None:
+    cluster = Cluster(redis_url=persistent_redis.url, root=tmp_path)
+    connection = redis.Redis.from_url(persistent_redis.url)
+    try:
+        worker = cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
+        wait_for(lambda: named(cluster.events("w.log"), "worker_ready"), 30, "ready")
+        jobs = [enqueue(connection, f"seconds:{2 + i % 3} sentence {i}", seed=i) for i in range(20)]
+        wait_for(lambda: "started" in statuses(connection, jobs), 30, "a window")
+        persistent_redis.stop()
+        time.sleep(3)
+        persistent_redis.start()
+        wait_for(lambda: statuses(connection, jobs) == ["finished"] * 20, 120, "every job")
+        assert worker.poll() is None  # the window rode the outage out
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+        assert named(cluster.events("w.log"), "job_refused") == []
+    finally:
+        cluster.stop_all()
+        connection.close()
+
+
+def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
+    cluster: Cluster, connection: redis.Redis, tmp_path: Path
+) -> None:
+    companions = [enqueue(connection, f"seconds:24 keep {i}", seed=i) for i in range(2)]
+    slow = json_queue(connection).enqueue(
+        "workers.tasks.synthesize", request={"text": "seconds:16 slow"}, job_timeout=2
+    )
+    record_submitted(connection, [slow.id])
+    cluster.start("run", log_name="w1.log", **BATCHING, TESTENGINE_STEP_S="0.1")
+    wait_for(lambda: statuses(connection, [*companions, slow]) == ["started"] * 3, 30, "window")
+    retry_worker = {**BATCHING, "COSYQ_BATCH_SIZE": "1", "TESTENGINE_STEP_S": "0.001"}
+    cluster.start("run", log_name="w2.log", **retry_worker)
+    wait_for(lambda: statuses(connection, companions) == ["finished"] * 2, 60, "companions")
+    wait_for(lambda: slow.get_status() == "finished", 30, "the retry")
+    time.sleep(1.0)  # the stale row (10 s on the model) ended before the companions (15 s)
+    stored = result(slow)
+    assert stored["attempt"] == 2
+    path = Path(unquote(urlparse(stored["uri"]).path))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == stored["sha256"]
+    assert finished_lines(cluster, ["w1.log"], slow) == []
+    assert [e["job_id"] for e in named(cluster.events("w1.log"), "batch_row_dropped")] == [slow.id]
+
+
+def test_a_cold_stop_after_the_window_leaves_every_job_in_its_queue_in_order(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    batched = enqueue(connection, "seconds:2 batched", seed=1)
+    first = enqueue(connection, "sleep:8 streamed one", stream=True)
+    second = enqueue(connection, "sleep:8 streamed two", stream=True)
+    worker = cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
+    wait_for(lambda: first.get_status() == "started", 30, "the first streamed job")
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(1.2)  # a second signal within 1 s is treated as the same Ctrl+C
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 1
+    assert statuses(connection, [batched, first, second]) == ["finished", "queued", "queued"]
+    queued = [raw.decode() for raw in connection.lrange(QUEUE_KEY, 0, -1)]
+    assert queued == [first.id, second.id]
+    assert len(StartedJobRegistry("cosyq-default", connection=connection)) == 0

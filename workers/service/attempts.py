@@ -1,0 +1,234 @@
+"""One attempt's books: what every job gets, whether it runs alone or in a batch.
+
+- `begin`: cap the timeout, count the attempt, give the default retry policy and claim the
+  heartbeat, in one round trip written before RQ marks the job started (see reaper.py for why);
+- `register` (a batched job; RQ's own execute does it for a lone one): the execution, the
+  started registry, `started_at`;
+- `succeed` / `fail`: RQ's own finalize steps (result TTL, registries, retries);
+- `refuse`: fail a job that must not run (nothing imported, no retry, no callback);
+- `end`: the job's one metric, its heartbeat dropped, the recycling count.
+A lone job is `run_alone`: begin, RQ's execute, end. RQ's private calls live here and nowhere
+else. A Redis outage is never a verdict: a job not yet started goes back to its queue, an
+outcome waits for Redis (the worker's handlers do that, workers/service/outcomes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rq.executions import Execution
+from rq.job import Job
+from rq.queue import Queue
+from rq.utils import now
+from rq.worker import SimpleWorker
+
+from shared import keys
+from shared.logs import get_logger
+from shared.settings import Settings
+from workers.service import admission, metrics, outcomes
+from workers.service.dequeue import push_back
+from workers.service.housekeeping import Housekeeper
+from workers.service.outage import REDIS_OUTAGE, until_reachable
+from workers.service.retries import apply_default_retries
+
+log = get_logger(__name__)
+
+ExcInfo = tuple[Any, Any, Any]
+
+
+def effective_timeout(job_timeout: int | float | None, limit_s: int) -> int:
+    """A job's own timeout, capped at the configured one (a job cannot ask for forever)."""
+    if job_timeout is None or job_timeout <= 0:
+        return limit_s
+    return int(min(job_timeout, limit_s))
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One job in this worker's hands, from `begin` to `end`."""
+
+    job: Job
+    queue: Queue
+    began_at: float = field(default_factory=time.monotonic)
+    execution: Execution | None = None
+
+
+class AttemptBooks:
+    """The per-attempt steps of both paths (see the module docstring).
+
+    `worker` is RQ's worker (its execute, finalize and registry steps); `on_end(model_idle)` is the
+    worker's recycling count, called once per job that left its hands (`model_idle`: no other job
+    of this worker is still on the model).
+    """
+
+    def __init__(
+        self,
+        worker: SimpleWorker,
+        housekeeper: Housekeeper,
+        settings: Settings,
+        *,
+        on_end: Callable[[bool], None],
+    ) -> None:
+        self.worker = worker
+        self.housekeeper = housekeeper
+        self.settings = settings
+        self.on_end = on_end
+        self._outcomes: dict[str, str] = {}  # job id -> outcome, written by RQ's handlers
+
+    # -- both paths ----------------------------------------------------------------------------
+
+    def begin(self, job: Job, queue: Queue) -> Attempt | None:
+        """Claim the attempt; None when Redis is away (the job is back at its queue's head)."""
+        try:
+            self._claim(job)
+        except REDIS_OUTAGE as e:
+            log.warning("job_not_started", job_id=job.id, error=str(e))
+            self.push_back(job.id, queue)
+            return None
+        return Attempt(job, queue)
+
+    def note_outcome(self, job: Job, outcome: str) -> None:
+        """RQ's success/failure handlers say how the attempt ended (finished, retried, failed)."""
+        self._outcomes[job.id] = outcome
+
+    def end(self, attempt: Attempt, *, model_idle: bool = True) -> None:
+        """The job left this worker's hands: its metric, its heartbeat, the recycling count."""
+        outcome = self._outcomes.pop(attempt.job.id, None)
+        if outcome is not None:
+            seconds = time.monotonic() - attempt.began_at
+            metrics.record_job(attempt.queue.name, outcome, seconds)
+        self.housekeeper.end_job(attempt.job.id)
+        self.on_end(model_idle)
+
+    def refuse(
+        self, job: Job, queue: Queue, refusal: admission.Refusal, *, model_idle: bool = True
+    ) -> None:
+        """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported.
+
+        The write waits out an outage: a refusal is a verdict on a hash that was read."""
+        log.warning("job_refused", job_id=job.id, queue=queue.name, reason=refusal.message)
+        metrics.record_job(queue.name, "refused")
+        job.meta = {keys.ERROR_META_KEY: {"kind": refusal.kind, "message": refusal.message}}
+        job.retries_left = 0
+        job.webhooks = []
+        job._success_callback_name = job._failure_callback_name = None
+        job._stopped_callback_name = None
+        job.ended_at = now()
+
+        def write() -> None:
+            with self.worker.connection.pipeline() as pipe:
+                admission.record_refusal(job, f"{refusal.kind}: {refusal.message}", pipe)
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                self.worker.increment_failed_job_count(pipe)
+                pipe.execute()
+
+        until_reachable(write, "job_refusal_unrecorded")
+        self.on_end(model_idle)
+
+    def refuse_unreadable(self, job_id: str, queue: Queue, error: Exception) -> None:
+        """A popped id whose hash was read and would not load: failed, never run."""
+        reason = f"{type(error).__name__}: {error}"
+        log.warning("job_refused", job_id=job_id, queue=queue.name, reason=reason)
+        metrics.record_job(queue.name, "refused")
+        until_reachable(
+            lambda: admission.refuse_unreadable(
+                self.worker.connection,
+                queue.name,
+                job_id,
+                reason,
+                failure_ttl_s=self.settings.failure_ttl_s,
+            ),
+            "job_refusal_unrecorded",
+        )
+
+    def push_back(self, job_id: str, queue: Queue) -> None:
+        """Return a popped job, not started, to the head of its queue (waits out an outage)."""
+        push_back(self.worker.connection, job_id, queue)
+
+    # -- one job -------------------------------------------------------------------------------
+
+    def run_alone(self, job: Job, queue: Queue, execute: Callable[[Job, Queue], None]) -> None:
+        """begin, RQ's execute (perform, outcome through the worker's handlers), end."""
+        attempt = self.begin(job, queue)
+        if attempt is None:
+            return
+        try:
+            execute(job, queue)
+        except REDIS_OUTAGE as e:
+            # A bookkeeping step outside the outcome writes failed (those wait for Redis
+            # themselves): release the job once Redis is back, labelled for what happened.
+            log.warning("job_bookkeeping_failed", job_id=job.id, error=str(e))
+            outcomes.release_unrecorded(self.worker.connection, queue, job, self.worker.name)
+        finally:
+            self.end(attempt)
+
+    # -- a batched job -------------------------------------------------------------------------
+
+    def register(self, attempt: Attempt) -> bool:
+        """RQ's start-of-job steps for a job run outside RQ's execute; False when Redis was
+        away (the job is then back in its queue, or released as outcome_unrecorded)."""
+        job, queue = attempt.job, attempt.queue
+        try:
+            attempt.execution = self.worker.prepare_execution(job)
+        except REDIS_OUTAGE as e:
+            log.warning("job_not_started", job_id=job.id, error=str(e))
+            self.push_back(job.id, queue)  # a reaper ignores an entry whose job is queued
+            return False
+        try:
+            self.worker.prepare_job_execution(job, len(self.worker.queues) == 1)
+        except REDIS_OUTAGE as e:
+            log.warning("job_bookkeeping_failed", job_id=job.id, error=str(e))
+            outcomes.release_unrecorded(self.worker.connection, queue, job, self.worker.name)
+            return False
+        job.started_at = now()
+        return True
+
+    def succeed(self, attempt: Attempt, return_value: dict[str, Any]) -> bool:
+        """RQ's success steps; False when the steps themselves failed (the attempt is then
+        failed instead)."""
+        assert attempt.execution is not None
+        job, queue, execution = attempt.job, attempt.queue, attempt.execution
+        try:
+            self.worker._finalize_success(job, queue, execution, return_value)
+        except REDIS_OUTAGE as e:
+            log.warning("job_outcome_unrecorded", job_id=job.id, error=str(e))
+        except Exception:
+            self.fail(attempt, sys.exc_info())
+            return False
+        return True
+
+    def fail(self, attempt: Attempt, exc_info: ExcInfo) -> None:
+        """RQ's failure steps (classification and retry policy in the worker's handlers)."""
+        if attempt.execution is None:
+            return
+        try:
+            job, queue, execution = attempt.job, attempt.queue, attempt.execution
+            self.worker._finalize_failure(job, queue, execution, exc_info)
+        except REDIS_OUTAGE as e:
+            log.warning("job_outcome_unrecorded", job_id=attempt.job.id, error=str(e))
+
+    # -- inside begin --------------------------------------------------------------------------
+
+    def _claim(self, job: Job) -> None:
+        """A job requeued by hand (`rq requeue`, rq-dashboard, `cosyq failed --requeue`) keeps
+        its meta: its old failure is cleared here, and the attempt count goes on."""
+        job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
+        previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
+        job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        job.meta.pop(keys.ERROR_META_KEY, None)
+        apply_default_retries(
+            job,
+            max_retries=self.settings.max_retries,
+            backoff_base_s=self.settings.retry_backoff_s,
+        )
+        fields: dict[str, str | int] = {"meta": json.dumps(job.meta)}
+        if job.retries_left is not None:
+            fields["retries_left"] = job.retries_left
+        if job.retry_intervals is not None:
+            fields["retry_intervals"] = json.dumps(job.retry_intervals)
+        self.housekeeper.begin_job(job.id, fields)
