@@ -1,0 +1,359 @@
+"""Documents from the producer's side: submit (split and fan out), status, result, retry.
+
+`submit_document` validates and splits the document (`shared.documents`), writes its plan and
+jobs hash to Redis, then enqueues every segment as an ordinary synthesize job through the
+client's own submit path (backpressure, chunks, the orphan sweep's index), each job carrying
+`cosyq_document` {id, index} in its meta. From then on the workers carry it to the end; this
+process may exit. `retry_document` re-enqueues only the segments that failed or whose job is
+gone (a new job id per segment; a finished segment is never synthesized again).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import redis
+
+from producer.planned import OnSubmitted, PlannedJob
+from producer.tracking import JobTracker
+from shared import keys
+from shared.document_state import (
+    DOCUMENT_META_KEY,
+    DocumentFailedError,
+    DocumentPlanRecord,
+    DocumentResult,
+    SegmentPlan,
+    document_key,
+    done_segments,
+    enqueue_assembly,
+    idempotency_key,
+    job_ids,
+    load_plan,
+    load_result,
+    save_plan,
+)
+from shared.documents import DocumentLimits, segment_key, segment_seed, validate_document
+from shared.documents import document_key as output_base_key
+from shared.errors import ResultTimeoutError
+from shared.jobs import SynthesisRequest
+from shared.settings import Settings
+
+
+class CosyqClient(Protocol):
+    """What a document needs of `producer.client.CosyqClient` (named here, so the client can
+    import this module without the two importing each other)."""
+
+    connection: redis.Redis
+    settings: Settings
+    tracker: JobTracker
+
+    def submit_planned(
+        self, planned: list[PlannedJob], *, on_submitted: OnSubmitted | None = None
+    ) -> list[str]: ...
+
+
+QUEUED_STATES = frozenset({"queued", "deferred", "scheduled"})
+FAILED_STATES = frozenset({"failed", "stopped", "canceled"})
+ASSEMBLY_GRACE_S = 10.0  # an assembly job missing this long is enqueued again by a waiter
+SHOWN_WORDS = 8  # a failed segment is named by its index and its text's first words
+
+
+@dataclass(frozen=True)
+class SegmentFailure:
+    index: int
+    words: str  # the segment's first words
+    job_id: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class DocumentStatus:
+    """Where a document stands: segment counts, audio so far, time left, failures."""
+
+    document_id: str
+    state: str  # running, failed, incomplete, assembling, assembled
+    segments: int
+    queued: int
+    running: int
+    done: int
+    failed: int
+    missing: int  # jobs gone (expired, deleted) or audio gone: `retry` redoes them
+    audio_s: float
+    eta_s: float | None
+    failures: list[SegmentFailure] = field(default_factory=list)
+    result: DocumentResult | None = None
+    message: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        record = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        record["failures"] = [vars(f) for f in self.failures]
+        record["result"] = self.result.model_dump(mode="json") if self.result else None
+        return record
+
+
+def first_words(text: str, count: int = SHOWN_WORDS) -> str:
+    words = text.split()
+    return " ".join(words[:count]) + (" ..." if len(words) > count else "")
+
+
+def submit_document(client: CosyqClient, data: Mapping[str, Any]) -> str:
+    """Validate, split and enqueue a document; its id (the first one's for a known key)."""
+    settings = client.settings
+    plan = validate_document(data, DocumentLimits.from_settings(settings))
+    request = plan.request
+    document_id = uuid.uuid4().hex
+    if request.idempotency_key is not None:
+        key = idempotency_key(request.idempotency_key)
+        ttl = settings.idempotency_ttl_s
+        if not client.connection.set(key, document_id, nx=True, ex=ttl):
+            holder = client.connection.get(key)
+            if holder is not None:
+                return holder.decode() if isinstance(holder, bytes) else str(holder)
+    seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
+    queue = keys.queue_for(request.priority)
+    segments, planned = [], []
+    for segment, job in zip(plan.segments, plan.jobs, strict=True):
+        seeded = job.model_copy(
+            update={
+                "seed": segment_seed(seed, segment.index),
+                "output_key": segment_key(document_id, segment.index),
+            }
+        )
+        meta = {DOCUMENT_META_KEY: {"id": document_id, "index": segment.index}}
+        planned.append(PlannedJob(segment.index, uuid.uuid4().hex, queue, seeded, meta))
+        segments.append(
+            SegmentPlan(
+                index=segment.index,
+                text=segment.text,
+                plain=segment.plain,
+                pause_before_s=segment.pause_before_s,
+                seed=seeded.seed or 0,
+                key=segment_key(document_id, segment.index),
+            )
+        )
+    template = plan.jobs[0].model_dump(mode="json", exclude={"text", "seed", "output_key"})
+    record = DocumentPlanRecord(
+        document_id=document_id,
+        created_at=datetime.now(UTC).isoformat(),
+        seed=seed,
+        job=template,
+        format=request.format,
+        sample_format=request.sample_format,
+        sample_rate=request.sample_rate,
+        output_key=output_base_key(document_id, request),
+        priority=request.priority,
+        idempotency_key=request.idempotency_key,
+        metadata=dict(request.metadata),
+        segments=segments,
+    )
+    pipe = client.connection.pipeline()
+    save_plan(pipe, record, [job.job_id for job in planned], settings.result_ttl_s)
+    pipe.execute()
+    client.submit_planned(planned)
+    return document_id
+
+
+def document_status(client: CosyqClient, document_id: str) -> DocumentStatus:
+    """Counts per state, audio seconds so far, an estimate of the time left, and failures."""
+    connection = client.connection
+    plan = load_plan(connection, document_id)
+    result = load_result(connection, document_id)
+    done = done_segments(connection, document_id)
+    jobs = job_ids(connection, document_id)
+    pending = [s for s in plan.segments if s.index not in done]
+    states = client.tracker.states([jobs.get(s.index, "-") for s in pending])
+    counts = {"queued": 0, "running": 0, "failed": 0, "missing": 0}
+    failures: list[SegmentFailure] = []
+    for segment, state in zip(pending, states, strict=True):
+        kind = _kind(state)
+        counts[kind] += 1
+        if kind in ("failed", "missing"):
+            failures.append(_failure(client, segment, jobs.get(segment.index), state))
+    state = _document_state(result, counts, len(done), len(plan.segments))
+    if state == "assembling":
+        failure = _assembly_failure(client, document_id)
+        if failure is not None:
+            state = "failed"
+            failures.append(SegmentFailure(-1, "(assembly)", failure[0], failure[1]))
+    return DocumentStatus(
+        document_id=document_id,
+        state=state,
+        segments=len(plan.segments),
+        done=len(done),
+        audio_s=sum(d.duration_s for d in done.values()),
+        eta_s=_eta(plan, done, state),
+        failures=failures,
+        result=result,
+        message=_message(document_id, state, failures),
+        **counts,
+    )
+
+
+def _assembly_failure(client: CosyqClient, document_id: str) -> tuple[str, str] | None:
+    """(job id, reason) when the document's assembly job failed for good."""
+    current = client.connection.get(document_key(document_id, "assembly"))
+    if current is None:
+        return None
+    job_id = current.decode() if isinstance(current, bytes) else str(current)
+    if client.tracker.states([job_id])[0] not in FAILED_STATES:
+        return None
+    failure = client.tracker.status(job_id).failure
+    return job_id, f"{failure.kind}: {failure.message}" if failure else "failed"
+
+
+def _kind(state: str | None) -> str:
+    if state is None or state == "finished":  # gone, or finished without its audio recorded
+        return "missing"
+    if state in QUEUED_STATES:
+        return "queued"
+    if state in FAILED_STATES:
+        return "failed"
+    return "running"
+
+
+def _failure(
+    client: CosyqClient, segment: SegmentPlan, job_id: str | None, state: str | None
+) -> SegmentFailure:
+    words = first_words(segment.plain)
+    if state is None or job_id is None:
+        reason = "its job is gone (expired or deleted)"
+    elif state == "finished":
+        reason = "its audio is gone (deleted before assembly)"
+    else:
+        failure = client.tracker.status(job_id).failure
+        reason = f"{failure.kind}: {failure.message}" if failure else state
+    return SegmentFailure(segment.index, words, job_id, reason)
+
+
+def _document_state(
+    result: DocumentResult | None, counts: dict[str, int], done: int, total: int
+) -> str:
+    if result is not None:
+        return "assembled"
+    if counts["failed"]:
+        return "failed"
+    if counts["missing"] and not (counts["queued"] or counts["running"]):
+        return "incomplete"
+    return "assembling" if done == total else "running"
+
+
+def _eta(plan: DocumentPlanRecord, done: Mapping[int, Any], state: str) -> float | None:
+    """Time left at the pace so far, weighted by characters; None before the first segment."""
+    if state != "running" or not done:
+        return None
+    elapsed = (datetime.now(UTC) - datetime.fromisoformat(plan.created_at)).total_seconds()
+    chars = {s.index: len(s.plain) for s in plan.segments}
+    finished = sum(chars[i] for i in done) or 1
+    return max(0.0, elapsed * (sum(chars.values()) - finished) / finished)
+
+
+def _message(document_id: str, state: str, failures: list[SegmentFailure]) -> str:
+    if not failures:
+        return ""
+    first = failures[0]
+    if first.index < 0:
+        return (
+            f"document {document_id}: the assembly failed: {first.reason}; "
+            f"`cosyq document retry {document_id}` runs it again"
+        )
+    more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+    return (
+        f"document {document_id}: segment {first.index} ({first.words!r}) failed: "
+        f"{first.reason}{more}; `cosyq document retry {document_id}` reruns only those"
+    )
+
+
+def retry_document(client: CosyqClient, document_id: str) -> list[int]:
+    """Re-enqueue the failed or lost segments (new job ids); the indices re-enqueued. When
+    every segment is done but no assembly is alive, enqueue the assembly again."""
+    connection = client.connection
+    plan = load_plan(connection, document_id)
+    status = document_status(client, document_id)
+    redo = [f.index for f in status.failures if f.index >= 0]
+    planned = []
+    for index in redo:
+        segment = plan.segments[index]
+        request = SynthesisRequest.model_validate(
+            {**plan.job, "text": segment.text, "seed": segment.seed, "output_key": segment.key}
+        )
+        meta = {DOCUMENT_META_KEY: {"id": document_id, "index": index}}
+        planned.append(
+            PlannedJob(index, uuid.uuid4().hex, keys.queue_for(plan.priority), request, meta)
+        )
+    if planned:
+        jobs = document_key(document_id, "jobs")
+        connection.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
+        client.submit_planned(planned)
+    elif status.done == status.segments and status.result is None:
+        ensure_assembly(client, plan)
+    return redo
+
+
+def _assembly_lost(client: CosyqClient, document_id: str, seen: list[float]) -> bool:
+    """True once the assembly job has been missing for ASSEMBLY_GRACE_S (the worker that
+    claimed the last segment died before enqueueing it); a moment's absence is that worker
+    between its claim and its enqueue."""
+    current = client.connection.get(document_key(document_id, "assembly"))
+    job_id = current.decode() if isinstance(current, bytes) else current
+    if job_id is not None and client.tracker.states([str(job_id)])[0] is not None:
+        seen.clear()
+        return False
+    if not seen:
+        seen.append(time.monotonic())
+    return time.monotonic() - seen[0] >= ASSEMBLY_GRACE_S
+
+
+def ensure_assembly(client: CosyqClient, plan: DocumentPlanRecord) -> bool:
+    """Enqueue the assembly again unless a live one exists; True when it did."""
+    connection = client.connection
+    marker = document_key(plan.document_id, "assembly")
+    current = connection.get(marker)
+    if current is not None:
+        job_id = current.decode() if isinstance(current, bytes) else str(current)
+        state = client.tracker.states([job_id])[0]
+        if state is not None and state not in FAILED_STATES and state != "finished":
+            return False
+    job_id = f"{plan.document_id}-assembly-{uuid.uuid4().hex[:8]}"
+    connection.set(marker, job_id, ex=client.settings.result_ttl_s)
+    enqueue_assembly(connection, client.settings, plan.document_id, job_id, plan.priority)
+    return True
+
+
+def document_result(
+    client: CosyqClient,
+    document_id: str,
+    timeout: float,
+    on_progress: Callable[[DocumentStatus], None] | None = None,
+) -> DocumentResult:
+    """Wait up to `timeout` s for the assembled document. JobFailedError when a segment failed
+    for good (naming it), ResultTimeoutError at the deadline."""
+    deadline = time.monotonic() + timeout
+    lost: list[float] = []  # when the assembly job was first seen missing
+    while True:
+        try:
+            status = document_status(client, document_id)
+        except redis.ConnectionError:
+            status = None  # an outage: wait it out until the deadline
+        if status is not None:
+            if on_progress is not None:
+                on_progress(status)
+            if status.result is not None:
+                return status.result
+            if status.state in ("failed", "incomplete"):
+                raise DocumentFailedError(document_id, status.message)
+            if status.state == "assembling" and _assembly_lost(client, document_id, lost):
+                ensure_assembly(client, load_plan(client.connection, document_id))
+        if time.monotonic() >= deadline:
+            raise ResultTimeoutError(
+                f"document {document_id}: not assembled after {timeout:g} s "
+                f"(`cosyq document status {document_id}`)"
+            )
+        time.sleep(
+            min(client.settings.result_poll_interval_s, max(0.0, deadline - time.monotonic()))
+        )

@@ -1,0 +1,70 @@
+"""Captions from timed text: SRT (the `srt` library) and WebVTT (`webvtt-py`).
+
+A job's result carries its pieces with start and end seconds; a document's manifest carries
+every piece of every segment on the document's time line. Either becomes cues here; the
+formatting of times and blocks is the libraries', never ours.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import srt
+import webvtt
+
+from shared.results import PieceTiming
+
+CaptionFormat = Literal["srt", "vtt"]
+CAPTION_FORMATS: tuple[str, ...] = ("srt", "vtt")
+CONTENT_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
+
+
+@dataclass(frozen=True)
+class Cue:
+    """One caption: text shown from `start_s` to `end_s`."""
+
+    start_s: float
+    end_s: float
+    text: str
+
+
+def to_srt(cues: Iterable[Cue]) -> str:
+    subtitles = [
+        srt.Subtitle(
+            index=number,
+            start=dt.timedelta(seconds=cue.start_s),
+            end=dt.timedelta(seconds=cue.end_s),
+            content=cue.text,
+        )
+        for number, cue in enumerate(cues, start=1)
+    ]
+    return str(srt.compose(subtitles))
+
+
+def to_vtt(cues: Iterable[Cue]) -> str:
+    vtt = webvtt.WebVTT()
+    for cue in cues:
+        vtt.captions.append(webvtt.Caption(_vtt_time(cue.start_s), _vtt_time(cue.end_s), cue.text))
+    return str(vtt.content)
+
+
+def render(cues: Iterable[Cue], fmt: str) -> str:
+    """Cues in `fmt` ("srt" or "vtt"); ValueError for any other."""
+    if fmt == "srt":
+        return to_srt(cues)
+    if fmt == "vtt":
+        return to_vtt(cues)
+    raise ValueError(f"captions: {fmt!r} is not one of {', '.join(CAPTION_FORMATS)}")
+
+
+def cues_from_pieces(pieces: Iterable[PieceTiming], offset_s: float = 0.0) -> list[Cue]:
+    """A job's pieces as cues, shifted by `offset_s` (a segment's start in its document)."""
+    return [Cue(offset_s + p.start_s, offset_s + p.end_s, p.text) for p in pieces]
+
+
+def _vtt_time(seconds: float) -> str:
+    """HH:MM:SS.mmm (SRT's timestamp with WebVTT's decimal point), the form Caption parses."""
+    return str(srt.timedelta_to_srt_timestamp(dt.timedelta(seconds=seconds))).replace(",", ".")

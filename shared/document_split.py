@@ -1,0 +1,256 @@
+"""A long document -> segments that each fit one ordinary job, at natural boundaries.
+
+Reading: plain text is paragraphs separated by blank lines; Markdown (markdown-it-py) gives
+headings and paragraphs (list items and quotes are paragraphs; code blocks are not read aloud);
+SSML goes through the one markup parser (`shared.text_markup.parse_markup`), its blank lines
+separating paragraphs and its `<break>`s kept as pauses. Every paragraph of plain text and
+Markdown goes through the same parser, so refused markup is refused here, at submit.
+
+Splitting: sentences (`shared.sentences`, the engine's rule) are packed into segments of at most
+`max_chars` characters and `max_speech_s` estimated seconds. A segment never ends inside a
+sentence unless that sentence alone is too long: then it is cut at clause marks, then between
+words. Inside a segment a paragraph or heading boundary is written as a `<break>` of its pause,
+so the job makes the same pause a segment boundary would; between segments the assembler
+inserts `pause_before_s`. An SSML `<break>` at a boundary replaces the boundary's pause, as a
+break replaces the gap between pieces inside a job.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from shared.sentences import split_sentences
+from shared.text_markup import (
+    Pause,
+    minimum_text_tokens,
+    parse_markup,
+    speech_seconds,
+)
+
+Markup = Literal["auto", "plain", "markdown", "ssml"]
+Boundary = Literal["start", "sentence", "paragraph", "heading"]
+_BLANK_LINE_RE = re.compile(r"\n[ \t]*\n+")
+_CLAUSE_RE = re.compile(r"(?<=[,，、;；:：])\s*")
+_WORD_RE = re.compile(r"(?<=\s)(?=\S)")
+
+
+@dataclass(frozen=True)
+class Pauses:
+    """Silence (seconds) at each kind of boundary."""
+
+    sentence: float = 0.1
+    paragraph: float = 0.6
+    heading: float = 0.9
+
+    def at(self, boundary: Boundary) -> float:
+        return 0.0 if boundary == "start" else float(getattr(self, boundary))
+
+
+@dataclass(frozen=True)
+class SplitLimits:
+    """How large one segment may be."""
+
+    max_chars: int = 1000
+    max_speech_s: float = 90.0
+    max_break_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Block:
+    """A paragraph or a heading: its words and SSML pauses, in order."""
+
+    kind: Literal["paragraph", "heading"]
+    parts: list[str | Pause]
+
+
+@dataclass(frozen=True)
+class DocumentSegment:
+    """One job's worth of the document."""
+
+    index: int
+    text: str  # what the job is given (breaks as <break>; SSML wrapped in <speak>)
+    plain: str  # the words alone (manifest, captions)
+    pause_before_s: float  # silence the assembler puts before it (0 for the first)
+    boundary: Boundary  # what kind of boundary precedes it
+
+
+def detect_markup(text: str, markup: Markup) -> Markup:
+    """`auto`: SSML when the text starts with <speak>, else plain."""
+    if markup != "auto":
+        return markup
+    return "ssml" if text.lstrip().startswith("<speak") else "plain"
+
+
+def read_blocks(text: str, markup: Markup, *, max_break_s: float = 10.0) -> list[Block]:
+    """The document's paragraphs and headings; MarkupError for refused markup."""
+    kind = detect_markup(text, markup)
+    if kind == "ssml":
+        return _ssml_blocks(text, max_break_s)
+    if kind == "markdown":
+        raw = _markdown_blocks(text)
+    else:
+        raw = [("paragraph", part) for part in _BLANK_LINE_RE.split(text)]
+    blocks = []
+    for block_kind, words in raw:
+        parts = parse_markup(" ".join(words.split()), max_break_s=max_break_s)
+        if parts:
+            blocks.append(Block(block_kind, parts))  # type: ignore[arg-type]
+    return blocks
+
+
+def _ssml_blocks(text: str, max_break_s: float) -> list[Block]:
+    blocks: list[Block] = []
+    current: list[str | Pause] = []
+    for part in parse_markup(text, max_break_s=max_break_s):
+        if isinstance(part, Pause):
+            current.append(part)
+            continue
+        paragraphs = _BLANK_LINE_RE.split(part)
+        for number, paragraph in enumerate(paragraphs):
+            if number and current:
+                blocks.append(Block("paragraph", current))
+                current = []
+            if " ".join(paragraph.split()):
+                current.append(" ".join(paragraph.split()))
+    if current:
+        blocks.append(Block("paragraph", current))
+    return blocks
+
+
+def _markdown_blocks(text: str) -> list[tuple[str, str]]:
+    """(kind, words) per heading and paragraph; inline markup reduced to its words."""
+    from markdown_it import MarkdownIt  # noqa: PLC0415 (only Markdown documents need it)
+
+    tokens = MarkdownIt("commonmark").parse(text)
+    blocks: list[tuple[str, str]] = []
+    for index, token in enumerate(tokens):
+        if token.type != "inline" or index == 0:
+            continue
+        opener = tokens[index - 1].type
+        if opener not in ("heading_open", "paragraph_open"):
+            continue
+        words = []
+        for child in token.children or []:
+            if child.type in ("text", "code_inline"):
+                words.append(child.content)
+            elif child.type in ("softbreak", "hardbreak"):
+                words.append(" ")
+            elif child.type == "image":
+                words.append(child.content)
+        blocks.append(("heading" if opener == "heading_open" else "paragraph", "".join(words)))
+    return blocks
+
+
+@dataclass
+class _Packer:
+    """Accumulates one segment at a time."""
+
+    ssml: bool
+    limits: SplitLimits
+    pauses: Pauses
+    segments: list[DocumentSegment] = field(default_factory=list)
+    parts: list[str | Pause] = field(default_factory=list)
+    boundary: Boundary = "start"
+    pause_before_s: float = 0.0
+
+    def add(self, sentence: str, boundary: Boundary, pending: list[float]) -> None:
+        """Place one sentence (or clause) that follows a boundary and any SSML pauses."""
+        if not self.parts and not self.segments:  # the first words: leading pauses stay inside
+            self.parts = [*(Pause(s) for s in pending), sentence]
+            return
+        seconds = pending or [self.pauses.at(boundary)]
+        inner = [Pause(s) for s in seconds] if pending or boundary != "sentence" else []
+        candidate = [*self.parts, *inner, sentence]
+        if self._fits(candidate):
+            self.parts = candidate
+            return
+        self.close()
+        self.boundary, self.pause_before_s = boundary, sum(seconds)
+        self.parts = [sentence]
+
+    def trail(self, pending: list[float]) -> None:
+        """SSML pauses after the last words: trailing silence of the last segment."""
+        self.parts.extend(Pause(s) for s in pending)
+
+    def close(self) -> None:
+        if not any(isinstance(p, str) for p in self.parts):
+            return
+        text, plain = _render(self.parts, ssml=self.ssml), _plain(self.parts)
+        index = len(self.segments)
+        self.segments.append(
+            DocumentSegment(index, text, plain, self.pause_before_s, self.boundary)
+        )
+        self.parts = []
+
+    def _fits(self, parts: list[str | Pause]) -> bool:
+        return fits(parts, self.limits, ssml=self.ssml)
+
+
+def fits(parts: list[str | Pause], limits: SplitLimits, *, ssml: bool) -> bool:
+    """Whether these parts, rendered, are within one segment's limits."""
+    if len(_render(parts, ssml=ssml)) > limits.max_chars:
+        return False
+    words = _plain(parts)
+    pauses = sum(p.seconds for p in parts if isinstance(p, Pause))
+    return speech_seconds(minimum_text_tokens(words), pauses) <= limits.max_speech_s
+
+
+def _render(parts: list[str | Pause], *, ssml: bool) -> str:
+    out = []
+    for part in parts:
+        if isinstance(part, Pause):
+            out.append(f'<break time="{round(part.seconds * 1000)}ms"/>')
+        else:
+            out.append(html.escape(part, quote=False) if ssml else part)
+    body = " ".join(out)
+    return f"<speak>{body}</speak>" if ssml else body
+
+
+def _plain(parts: list[str | Pause]) -> str:
+    return " ".join(p for p in parts if isinstance(p, str))
+
+
+def _units(sentence: str, limits: SplitLimits, ssml: bool) -> list[str]:
+    """A sentence, or its clauses (then words) when it alone does not fit a segment."""
+    if fits([sentence], limits, ssml=ssml):
+        return [sentence]
+    for breaker in (_CLAUSE_RE, _WORD_RE):
+        parts = [p.strip() for p in breaker.split(sentence) if p.strip()]
+        if len(parts) > 1:
+            out: list[str] = []
+            for part in parts:
+                if out and fits([out[-1] + " " + part], limits, ssml=ssml):
+                    out[-1] = out[-1] + " " + part
+                else:
+                    out.append(part)
+            return [unit for part in out for unit in _units(part, limits, ssml)]
+    step = max(1, limits.max_chars // 2)  # one unbroken string: cut between characters
+    return [sentence[i : i + step] for i in range(0, len(sentence), step)]
+
+
+def split_document(
+    text: str, markup: Markup, limits: SplitLimits, pauses: Pauses
+) -> list[DocumentSegment]:
+    """The document's segments, in order; MarkupError for refused markup."""
+    ssml = detect_markup(text, markup) == "ssml"
+    packer = _Packer(ssml, limits, pauses)
+    pending: list[float] = []
+    previous: str | None = None
+    for block in read_blocks(text, markup, max_break_s=limits.max_break_s):
+        boundary: Boundary = "heading" if "heading" in (block.kind, previous) else "paragraph"
+        previous = block.kind
+        for part in block.parts:
+            if isinstance(part, Pause):
+                pending.append(part.seconds)
+                continue
+            for sentence in split_sentences(part):
+                for unit in _units(sentence.strip(), limits, ssml):
+                    if unit:
+                        packer.add(unit, boundary, pending)
+                        pending, boundary = [], "sentence"
+    packer.trail(pending)
+    packer.close()
+    return packer.segments

@@ -1,0 +1,211 @@
+"""A document's state in Redis: JSON only, each key with the results' TTL.
+
+    cosyq:document:<id>            the plan (DocumentPlanRecord): options, seed, every segment
+    cosyq:document:<id>:jobs       hash: segment index -> its current job id (retry replaces)
+    cosyq:document:<id>:done       hash: segment index -> SegmentDone (written by the worker)
+    cosyq:document:<id>:assembly   the assembly job's id, once enqueued (one per document)
+    cosyq:document:<id>:claim      the assembler's token while it writes (heartbeat: PEXPIRE)
+    cosyq:document:<id>:result     DocumentResult, once assembled
+    cosyq:document-idem:<sha256>   idempotency key -> document id
+
+The producer writes the plan and jobs once, the worker that finishes a segment records it and,
+when it was the last one, enqueues the assembly (`record_segment`: one Lua script, so two
+workers finishing the last two segments at once enqueue it once). Nothing depends on the
+producer staying alive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from rq import Queue, Retry
+from rq.serializers import JSONSerializer
+
+from shared.errors import CosyqError
+from shared.jobs import retry_intervals
+from shared.keys import PREFIX, queue_for
+from shared.results import PieceTiming
+from shared.settings import Settings
+from shared.submitted import record_submitted
+
+DOCUMENT_PREFIX = PREFIX + "document:"
+DOCUMENT_IDEMPOTENCY_PREFIX = PREFIX + "document-idem:"
+DOCUMENT_META_KEY = "cosyq_document"  # job.meta of a segment's job: {"id": ..., "index": ...}
+ASSEMBLE_DOCUMENT_FUNCTION = "workers.documents.assemble_document"
+
+
+class DocumentNotFoundError(CosyqError):
+    """No document with this id (never submitted, or expired after its TTL)."""
+
+
+class DocumentFailedError(CosyqError):
+    """A document cannot be assembled: a segment failed for good, or its job or audio is gone.
+    The message names the segment, its first words and the reason."""
+
+    def __init__(self, document_id: str, message: str) -> None:
+        super().__init__(message)
+        self.document_id = document_id
+
+
+def document_key(document_id: str, part: str = "") -> str:
+    return DOCUMENT_PREFIX + document_id + (f":{part}" if part else "")
+
+
+def idempotency_key(key: str) -> str:
+    return DOCUMENT_IDEMPOTENCY_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class SegmentPlan(BaseModel):
+    """One segment as submitted: what its job says, and where it sits."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    index: int = Field(ge=0)
+    text: str  # the job's text (markup included)
+    plain: str  # the words alone (manifest, captions, failure messages)
+    pause_before_s: float = Field(ge=0)
+    seed: int
+    key: str  # storage key of its audio
+
+
+class DocumentPlanRecord(BaseModel):
+    """What the producer decided at submit; never changes afterwards."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: Literal[1] = 1
+    document_id: str
+    created_at: str
+    seed: int
+    job: dict[str, JsonValue]  # a segment's request without text and seed (the same for all)
+    format: str
+    sample_format: str
+    sample_rate: int
+    output_key: str  # the assembled file's key without extension
+    priority: str
+    idempotency_key: str | None = None
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    segments: list[SegmentPlan]
+
+
+class SegmentDone(BaseModel):
+    """What the worker records when a segment's job has stored its audio."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job_id: str
+    uri: str
+    duration_s: float = Field(ge=0)
+    attempt: int = 1
+    pieces: list[PieceTiming] = Field(default_factory=list)
+
+
+class DocumentResult(BaseModel):
+    """The assembled document: where its file, manifest and captions are."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    schema_version: Literal[1] = 1
+    document_id: str
+    uri: str
+    manifest_uri: str
+    srt_uri: str
+    vtt_uri: str
+    bytes: int = Field(ge=0)
+    sha256: str
+    format: str
+    sample_rate: int
+    duration_s: float = Field(ge=0)
+    segments: int = Field(ge=1)
+    assembled_at: str
+    assembler: str  # the worker that wrote it
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+# KEYS: jobs, done, assembly; ARGV: index, job id, SegmentDone JSON, ttl, assembly job id.
+# Returns -1 (not this document's current job for the index), 0 (recorded), 1 (recorded and the
+# last one: the caller enqueues the assembly job with the given id).
+_RECORD_SEGMENT = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return -1 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
+if redis.call('HLEN', KEYS[2]) < redis.call('HLEN', KEYS[1]) then return 0 end
+if redis.call('SET', KEYS[3], ARGV[5], 'NX', 'EX', tonumber(ARGV[4])) then return 1 end
+return 0
+"""
+
+
+def save_plan(pipe: Any, plan: DocumentPlanRecord, job_ids: list[str], ttl_s: int) -> None:
+    """Queue the plan and its jobs hash on a pipeline (written with the segments' jobs)."""
+    pipe.set(document_key(plan.document_id), plan.model_dump_json(), ex=ttl_s)
+    jobs = document_key(plan.document_id, "jobs")
+    pipe.hset(jobs, mapping={str(i): job_id for i, job_id in enumerate(job_ids)})
+    pipe.expire(jobs, ttl_s)
+
+
+def load_plan(connection: redis.Redis, document_id: str) -> DocumentPlanRecord:
+    raw = connection.get(document_key(document_id))
+    if raw is None:
+        raise DocumentNotFoundError(
+            f"document {document_id}: not found (never submitted, or expired after its TTL)"
+        )
+    return DocumentPlanRecord.model_validate_json(raw)
+
+
+def job_ids(connection: redis.Redis, document_id: str) -> dict[int, str]:
+    raw = connection.hgetall(document_key(document_id, "jobs"))
+    return {int(_text(k)): _text(v) for k, v in raw.items()}
+
+
+def done_segments(connection: redis.Redis, document_id: str) -> dict[int, SegmentDone]:
+    raw = connection.hgetall(document_key(document_id, "done"))
+    return {int(_text(k)): SegmentDone.model_validate_json(v) for k, v in raw.items()}
+
+
+def load_result(connection: redis.Redis, document_id: str) -> DocumentResult | None:
+    raw = connection.get(document_key(document_id, "result"))
+    return None if raw is None else DocumentResult.model_validate_json(raw)
+
+
+def record_segment(
+    connection: redis.Redis,
+    document_id: str,
+    index: int,
+    done: SegmentDone,
+    *,
+    ttl_s: int,
+    assembly_job_id: str,
+) -> int:
+    """Record a finished segment; 1 when the caller must enqueue the assembly job."""
+    keys = [document_key(document_id, part) for part in ("jobs", "done", "assembly")]
+    args = [index, done.job_id, done.model_dump_json(), ttl_s, assembly_job_id]
+    return int(connection.eval(_RECORD_SEGMENT, 3, *keys, *args))  # type: ignore[arg-type]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def enqueue_assembly(
+    connection: redis.Redis, settings: Settings, document_id: str, job_id: str, priority: str
+) -> None:
+    """The assembly job: an ordinary RQ job (JSON), retried like a segment on a lost worker."""
+    retry = None
+    if settings.max_retries > 0:
+        intervals = retry_intervals(settings.max_retries, settings.retry_backoff_s)
+        retry = Retry(max=settings.max_retries, interval=intervals)
+    queue = Queue(queue_for(priority), connection=connection, serializer=JSONSerializer)
+    record_submitted(connection, [job_id])
+    queue.enqueue_call(
+        ASSEMBLE_DOCUMENT_FUNCTION,
+        kwargs={"document_id": document_id},
+        job_id=job_id,
+        timeout=settings.job_timeout_s,
+        result_ttl=settings.result_ttl_s,
+        failure_ttl=settings.failure_ttl_s,
+        description=f"assemble document {document_id}",
+        retry=retry,
+    )

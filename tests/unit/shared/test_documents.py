@@ -1,0 +1,116 @@
+"""The document contract and splitter: boundaries, limits, markup, seeds, captions."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.captions import Cue, render, to_srt, to_vtt
+from shared.document_split import Pauses, SplitLimits, split_document
+from shared.documents import DocumentLimits, segment_seed, validate_document
+from shared.errors import InvalidRequestError
+from shared.jobs import RequestLimits, validate_request
+from shared.sentences import split_sentences
+from shared.text_markup import parse_markup, text_of
+
+PAUSES = Pauses(sentence=0.1, paragraph=0.6, heading=0.9)
+SENTENCE = "Each sentence here is about fifty characters long. "
+
+
+def test_segments_end_at_sentences_and_keep_every_word_in_order() -> None:
+    text = SENTENCE * 40 + "\n\n" + SENTENCE * 40
+    segments = split_document(text, "plain", SplitLimits(max_chars=300), PAUSES)
+    assert all(len(s.text) <= 300 for s in segments)
+    assert all(s.plain.endswith("long.") for s in segments)  # never mid-sentence
+    assert " ".join(s.plain for s in segments).split() == text.split()
+    assert segments[0].pause_before_s == 0.0
+    assert {s.pause_before_s for s in segments[1:]} <= {0.1, 0.6}
+
+
+def test_a_paragraph_inside_a_segment_is_a_break_of_the_paragraph_pause() -> None:
+    segments = split_document("One.\n\nTwo.", "plain", SplitLimits(), PAUSES)
+    assert [s.text for s in segments] == ['One. <break time="600ms"/> Two.']
+    assert text_of(parse_markup(segments[0].text)) == "One. Two."
+
+
+def test_markdown_headings_pause_longer_and_inline_markup_is_dropped() -> None:
+    text = "# Title\n\nSome *emphasis* and a [link](http://x.y). `code`\n\n```\nskipped()\n```"
+    segments = split_document(text, "markdown", SplitLimits(max_chars=20), PAUSES)
+    assert [s.plain for s in segments] == ["Title", "Some emphasis and a", "link. code"]
+    assert segments[1].pause_before_s == 0.9 and segments[1].boundary == "heading"
+
+
+def test_a_sentence_too_long_alone_is_cut_at_clauses_then_words() -> None:
+    sentence = ", ".join(f"clause number {i} goes on" for i in range(30)) + "."
+    segments = split_document(sentence, "plain", SplitLimits(max_chars=100), PAUSES)
+    assert len(segments) > 1 and all(len(s.text) <= 100 for s in segments)
+    assert all(s.plain.endswith((",", ".")) for s in segments)  # at clause marks
+    words = split_document("word " * 200, "plain", SplitLimits(max_chars=60), PAUSES)
+    assert (
+        all(len(s.text) <= 60 for s in words) and sum(s.plain.count("word") for s in words) == 200
+    )
+
+
+def test_the_speech_estimate_bounds_a_segment_too() -> None:
+    text = "Word " * 400 + "end."
+    segments = split_document(text, "plain", SplitLimits(max_chars=10_000, max_speech_s=30), PAUSES)
+    assert all(len(s.plain.split()) * 0.3 <= 30 for s in segments)
+
+
+def test_ssml_breaks_stay_and_replace_the_boundary_pause_and_entities_survive() -> None:
+    text = '<speak>A &amp; B said hi. <break time="2s"/> Then more.\n\nNew part.</speak>'
+    one = split_document(text, "auto", SplitLimits(), PAUSES)
+    assert len(one) == 1 and one[0].text.startswith("<speak>") and "&amp;" in one[0].text
+    assert text_of(parse_markup(one[0].text)) == "A & B said hi. Then more. New part."
+    split = split_document(text, "ssml", SplitLimits(max_chars=40), PAUSES)
+    assert split[1].pause_before_s == 2.0 and split[1].plain == "Then more."
+    assert split[2].pause_before_s == 0.6
+
+
+def test_validate_document_errors_name_field_and_rule() -> None:
+    limits = DocumentLimits(max_document_chars=5000, max_segments=2)
+    cases = {
+        "text: 5,001 characters, limit 5,000": {"text": "x" * 5001},
+        "stream: a document is not streamed": {"text": "Hi.", "stream": True},
+        "markup: input should be": {"text": "Hi.", "markup": "html"},
+        "text: markup <b> is not supported": {"text": "a <b>c</b>"},
+        "segments, limit 2 .COSYQ_MAX_DOCUMENT_SEGMENTS": {
+            "text": "\n\n".join([SENTENCE * 30] * 2)
+        },
+        "voice: give either voice or prompt_audio": {
+            "text": "Hi.",
+            "voice": "a",
+            "prompt_audio": "file:///x.wav",
+        },
+    }
+    for expected, data in cases.items():
+        with pytest.raises(InvalidRequestError, match=expected.replace("(", r"\(")):
+            validate_document(data, limits)
+
+
+def test_segment_jobs_pass_the_job_gate_and_seeds_are_stable() -> None:
+    plan = validate_document(
+        {"text": SENTENCE * 100, "voice": "alice", "format": "mp3", "seed": 3}, DocumentLimits()
+    )
+    for job in plan.jobs:
+        assert validate_request(job, RequestLimits()) == job
+        assert job.format == "wav" and job.sample_format == "float32" and job.voice == "alice"
+    seeds = [segment_seed(3, i) for i in range(len(plan.jobs))]
+    assert seeds == [segment_seed(3, i) for i in range(len(plan.jobs))]
+    assert len(set(seeds)) == len(seeds) and segment_seed(4, 0) != seeds[0]
+    assert all(0 <= s < 2**32 for s in seeds)
+
+
+def test_the_sentence_rule_is_the_engines() -> None:
+    from workers.engine import text_split  # noqa: PLC0415
+
+    assert text_split.split_sentences is split_sentences
+    assert split_sentences("Pi is 3.14. Done") == ["Pi is 3.14. ", "Done"]
+
+
+def test_captions_come_from_the_libraries_formats() -> None:
+    cues = [Cue(0.0, 1.25, "Hello."), Cue(1.35, 3725.5, "World.")]
+    assert "00:00:01,250" in to_srt(cues) and "01:02:05,500" in to_srt(cues)
+    vtt = to_vtt(cues)
+    assert vtt.startswith("WEBVTT") and "00:00:01.350 --> 01:02:05.500" in vtt
+    with pytest.raises(ValueError, match="captions: 'txt'"):
+        render(cues, "txt")
