@@ -1,0 +1,1 @@
+"""Webhook delivery: the dispatcher that reads the workers' outbox and calls receivers."""

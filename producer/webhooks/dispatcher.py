@@ -1,0 +1,179 @@
+"""The webhook dispatcher: reads the outbox as one consumer of the dispatchers' group, delivers
+each event at least once, retries with backoff for COSYQ_WEBHOOK_RETRY_HOURS, then dead-letters.
+
+Runs as `cosyq webhooks run` or inside `cosyq serve` (COSYQ_WEBHOOK_DISPATCH_IN_SERVE); any
+number of them share the work through the consumer group. Deliveries run on a small thread pool
+with a per-request timeout, so one slow or dead receiver holds one slot for at most that long
+and never delays a worker (workers only append to the outbox) or the other receivers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+import redis
+
+from producer.commands.inspect import status_record
+from producer.tracking import TERMINAL_STATES, JobTracker
+from producer.webhooks.delivery import Sender
+from producer.webhooks.records import Answer, Delivery
+from producer.webhooks.store import Entry, WebhookStore
+from shared.errors import JobNotFoundError, SettingsError
+from shared.logs import get_logger
+from shared.settings import Settings
+from shared.webhooks import WebhookEvent
+
+log = get_logger(__name__)
+
+READ_BLOCK_MS = 500  # longest one read of the outbox waits: how fast a stop is noticed
+OUTAGE_PAUSE_MAX_S = 10.0
+
+BodyOf = Callable[[str], str | None]  # job id -> the JSON body, None while it is not done
+
+
+def consumer_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class WebhookDispatcher:
+    """Delivers the outbox. `run(stop)` returns once `stop` is set and in-flight tries ended."""
+
+    def __init__(
+        self, connection: redis.Redis, settings: Settings, *, body_of: BodyOf | None = None
+    ) -> None:
+        if settings.webhook_secret is None:
+            raise SettingsError("COSYQ_WEBHOOK_SECRET: required to sign webhooks (whsec_...)")
+        self.settings = settings
+        self.store = WebhookStore(connection)
+        self.sender = Sender(
+            settings.webhook_secret.get_secret_value(),
+            timeout_s=settings.webhook_timeout_s,
+            allow_private=settings.webhook_allow_private,
+        )
+        tracker = JobTracker(connection, settings)
+        self.body_of = body_of or (lambda job_id: job_body(tracker, job_id))
+        self.consumer = consumer_name()
+
+    def run(self, stop: threading.Event) -> None:
+        slots = self.settings.webhook_concurrency
+        pause = 0.5
+        with ThreadPoolExecutor(slots, "cosyq-webhook") as pool:
+            in_flight: set[Future[None]] = set()
+            self._ensure_group(stop)
+            while not stop.is_set():
+                in_flight = {f for f in in_flight if not f.done()}
+                free = slots - len(in_flight)
+                if free == 0:
+                    wait(in_flight, timeout=READ_BLOCK_MS / 1000, return_when=FIRST_COMPLETED)
+                    continue
+                try:
+                    entries = self._next(free)
+                    pause = 0.5
+                except redis.ConnectionError as e:  # an outage: wait it out
+                    log.warning("webhook_outbox_unreachable", error=str(e), retry_in_s=pause)
+                    stop.wait(pause)
+                    pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
+                    continue
+                in_flight |= {pool.submit(self.handle, entry) for entry in entries}
+        self.sender.close()
+
+    def _ensure_group(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.store.ensure_group()
+                return
+            except redis.ConnectionError as e:
+                log.warning("webhook_outbox_unreachable", error=str(e))
+                stop.wait(1.0)
+
+    def _next(self, count: int) -> list[Entry]:
+        self.store.promote_due(time.time(), count)
+        idle_ms = int(self.settings.webhook_claim_idle_s * 1000)
+        entries = self.store.claim_stale(self.consumer, idle_ms, count)
+        return entries or self.store.read_new(self.consumer, count, READ_BLOCK_MS)
+
+    def handle(self, entry: Entry) -> None:
+        """One try of one outbox entry, and its move to delivered, retry or dead."""
+        entry_id, fields = entry
+        try:
+            delivery = self._delivery(fields)
+        except (KeyError, ValueError) as e:
+            log.error("webhook_entry_unreadable", entry_id=entry_id, error=str(e))
+            record = json.dumps({"fields": fields, "error": f"unreadable entry: {e}"})
+            self.store.dead(entry_id, fields.get("webhook_id", entry_id), record)
+            return
+        if delivery is None:
+            return self._dead(entry_id, _placeholder(fields), "the job is no longer in Redis")
+        if not delivery.body:  # the job has not ended yet: look again after a pause
+            return self._later(entry_id, delivery, Answer(False, "job not done yet"))
+        answer = self.sender.send(delivery)
+        if answer.delivered:
+            self.store.delivered(entry_id)
+            log.info(
+                "webhook_delivered", webhook_id=delivery.event.webhook_id, tries=delivery.tries + 1
+            )
+        elif answer.permanent:
+            self._dead(entry_id, delivery.failed(answer.error), answer.error)
+        else:
+            self._later(entry_id, delivery, answer)
+
+    def _delivery(self, fields: dict[str, str]) -> Delivery | None:
+        """The entry as a Delivery, its body built on the first try (None: the job is gone)."""
+        if "delivery" in fields:
+            delivery = Delivery.from_json(fields["delivery"])
+        else:
+            delivery = Delivery(WebhookEvent.from_fields(fields), "", 0, time.time())
+        if delivery.body:
+            return delivery
+        try:
+            body = self.body_of(delivery.event.job_id)
+        except JobNotFoundError:
+            return None
+        return Delivery(delivery.event, body or "", delivery.tries, delivery.first_try_at)
+
+    def _later(self, entry_id: str, delivery: Delivery, answer: Answer) -> None:
+        failed = delivery.failed(answer.error)
+        age = time.time() - delivery.first_try_at
+        if age >= self.settings.webhook_retry_hours * 3600:
+            return self._dead(
+                entry_id, failed, f"gave up after {failed.tries} tries: {answer.error}"
+            )
+        pause = min(
+            self.settings.webhook_backoff_s * 2 ** (failed.tries - 1),
+            self.settings.webhook_backoff_max_s,
+        )
+        log.warning(
+            "webhook_try_failed",
+            webhook_id=delivery.event.webhook_id,
+            tries=failed.tries,
+            error=answer.error,
+            retry_in_s=round(pause, 3),
+        )
+        self.store.retry_later(entry_id, failed, time.time() + pause)
+
+    def _dead(self, entry_id: str, delivery: Delivery, reason: str) -> None:
+        log.error("webhook_dead", webhook_id=delivery.event.webhook_id, reason=reason)
+        record = json.loads(delivery.to_json())
+        record["dead_reason"] = reason
+        record["dead_at"] = time.time()
+        self.store.dead(entry_id, delivery.event.webhook_id, json.dumps(record, ensure_ascii=False))
+
+
+def job_body(tracker: JobTracker, job_id: str) -> str | None:
+    """The JSON of `GET /v1/jobs/{id}` once the job is done; None while it is not."""
+    status = tracker.status(job_id)
+    if status.state not in TERMINAL_STATES:
+        return None
+    return json.dumps(status_record(status), ensure_ascii=False, sort_keys=True)
+
+
+def _placeholder(fields: dict[str, str]) -> Delivery:
+    if "delivery" in fields:
+        return Delivery.from_json(fields["delivery"])
+    return Delivery(WebhookEvent.from_fields(fields), "", 0, time.time())

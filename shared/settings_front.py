@@ -1,0 +1,62 @@
+"""The settings of the producer-side services: the HTTP front and webhook delivery.
+
+A mixin of `shared.settings.Settings` (fields only, read from COSYQ_* like every other), kept
+apart so the one Settings class stays readable.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, SecretStr
+
+
+class FrontSettings(BaseModel):
+    # HTTP front (`cosyq serve`, extra cosyq[http])
+    api_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated bearer keys of the HTTP front (unset: loopback only)",
+    )
+    http_wait_timeout_s: float = Field(
+        60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"
+    )
+    http_max_body_bytes: int = Field(
+        2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
+    )
+    http_max_upload_bytes: int = Field(
+        16 * 1024 * 1024, gt=0, description="largest voice upload (POST /v1/audio/voices)"
+    )
+    http_max_batch: int = Field(1000, gt=0, description="most requests in one POST /v1/jobs:batch")
+    http_retry_after_s: int = Field(
+        5, ge=0, description="the Retry-After of a 429 (a queue at COSYQ_MAX_QUEUE_DEPTH)"
+    )
+
+    # Webhooks (a request's `webhook`; delivered by `cosyq webhooks run` or `cosyq serve`)
+    webhook_allowed_urls: str | None = Field(
+        None,
+        description="comma-separated URL prefixes a request's webhook may name (unset: "
+        "webhooks refused)",
+    )
+    webhook_secret: SecretStr | None = Field(
+        None, description="the Standard Webhooks signing secret (whsec_ + base64)"
+    )
+    webhook_allow_private: bool = Field(
+        False, description="deliver to loopback, private and link-local addresses too"
+    )
+    webhook_timeout_s: float = Field(10.0, gt=0, description="one delivery's connect + read limit")
+    webhook_retry_hours: float = Field(
+        24.0, gt=0, description="how long a failing delivery is retried before it is dead"
+    )
+    webhook_backoff_s: float = Field(
+        5.0, gt=0, description="first pause before a failed delivery is tried again (doubles)"
+    )
+    webhook_backoff_max_s: float = Field(
+        3600.0, gt=0, description="longest pause between tries of one delivery"
+    )
+    webhook_concurrency: int = Field(
+        8, gt=0, description="deliveries one dispatcher makes at once (slow receivers wait alone)"
+    )
+    webhook_claim_idle_s: float = Field(
+        60.0, gt=0, description="a delivery read by a dispatcher that died is taken over after"
+    )
+    webhook_dispatch_in_serve: bool = Field(
+        False, description="`cosyq serve` also runs a webhook dispatcher"
+    )

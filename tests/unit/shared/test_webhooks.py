@@ -1,0 +1,67 @@
+"""A request's webhook: the URLs it may name, checked at the gate; the outbox event's fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.errors import InvalidRequestError
+from shared.jobs import RequestLimits, validate_request
+from shared.webhooks import WebhookEvent, allowed_prefixes, check_webhook_url
+
+ALLOWED = ("https://hooks.example.com/cosyq/", "http://10.0.0.5:8080/")
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://evil.example.com/cosyq/", "not under any prefix"),
+        ("https://hooks.example.com/other", "not under any prefix"),
+        ("https://hooks.example.com.evil.net/cosyq/", "not under any prefix"),
+        ("ftp://hooks.example.com/cosyq/", "http:// or https://"),
+        ("https:///cosyq/", "http:// or https://"),
+        ("https://user:pw@hooks.example.com/cosyq/", "user name or password"),
+        ("https://hooks.example.com/cosyq/#x", "no fragment"),
+        ("https://hooks.example.com/cosyq/ a", "spaces or control"),
+        ("https://hooks.example.com/cosyq/\r\nX: y", "spaces or control"),
+    ],
+)
+def test_a_webhook_url_outside_the_allow_list_is_refused_saying_why(url: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        check_webhook_url(url, ALLOWED)
+
+
+def test_allowed_urls_pass_and_no_allow_list_means_no_webhooks() -> None:
+    assert check_webhook_url("https://hooks.example.com/cosyq/done", ALLOWED)
+    assert check_webhook_url("http://10.0.0.5:8080/x", ALLOWED)
+    with pytest.raises(ValueError, match="COSYQ_WEBHOOK_ALLOWED_URLS is empty"):
+        check_webhook_url("https://hooks.example.com/cosyq/", ())
+    assert allowed_prefixes(" https://a/ , ,http://b/") == ("https://a/", "http://b/")
+    assert allowed_prefixes(None) == ()
+
+
+def test_the_gate_names_the_webhook_field_and_rule() -> None:
+    limits = RequestLimits(webhook_allowed_urls=ALLOWED)
+    request = validate_request(
+        {"text": "hi", "webhook": {"url": "https://hooks.example.com/cosyq/1"}}, limits
+    )
+    assert request.webhook is not None and request.webhook.url.endswith("/cosyq/1")
+    for webhook, message in (
+        ({"url": "https://evil.example.com/"}, "webhook: not under any prefix"),
+        ({"url": "https://hooks.example.com/cosyq/", "secret": "x"}, "webhook.secret: unknown"),
+        ("https://hooks.example.com/cosyq/", "webhook: input should be a valid dictionary"),
+        ({"url": "x" * 3000}, "webhook.url: "),
+    ):
+        with pytest.raises(InvalidRequestError, match=message.replace(".", r"\.")):
+            validate_request({"text": "hi", "webhook": webhook}, limits)
+    with pytest.raises(InvalidRequestError, match="webhook: webhooks are not enabled"):
+        validate_request(
+            {"text": "hi", "webhook": {"url": "https://hooks.example.com/"}}, RequestLimits()
+        )
+
+
+def test_an_event_id_names_job_event_and_attempt_and_survives_its_fields() -> None:
+    event = WebhookEvent.for_job("job.failed", "j1", 3, "https://h/", "2026-12-01T00:00:00Z")
+    assert event.webhook_id == "msg_j1_failed_3"
+    assert WebhookEvent.from_fields(event.fields()) == event
+    with pytest.raises(ValueError, match="unknown webhook event"):
+        WebhookEvent.from_fields({**event.fields(), "event": "job.exploded"})
