@@ -5,8 +5,9 @@ Each command group lives in its own module under `producer/commands/` exposing
 group by appending its module to `COMMAND_MODULES`. Settings come from COSYQ_* variables and
 `.env`; logs go to stderr, command output to stdout.
 
-Exit status: 0 success, 1 a failure the command reports (bad lines, failed jobs, errors),
-2 usage or settings errors, 3 `cosyq result` of a job that is not done yet.
+Exit status: one table for every command, in `producer/commands/exits.py` (0 done, 1 failed,
+2 usage or settings, 3 not done yet, 4 no such job, 5 Redis unreachable, 6 canceled, 141 stdout
+closed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import redis
 from rich.console import Console
 
 from producer.client import CosyqClient
+from producer.commands.exits import exit_status, quiet_broken_pipe
 from shared.connection import settings_error
 from shared.errors import CosyqError, SettingsError
 from shared.logs import configure_logging
@@ -29,9 +31,12 @@ from shared.settings import Settings, load_settings
 COMMAND_MODULES: tuple[str, ...] = (
     "producer.commands.submit",  # submit FILE.jsonl, say "text"
     "producer.commands.inspect",  # status, failed, result
+    "producer.commands.cancel",  # cancel JOB_ID...
     "producer.commands.stream",  # stream JOB_ID
+    "producer.commands.documents",  # document submit|status|retry|result
     "producer.commands.voices",  # voices list|add|rm
     "producer.commands.serve",  # serve (the HTTP front; needs cosyq[http])
+    "producer.commands.webhooks",  # webhooks run|failed
 )
 
 PIPED_WIDTH = 160  # columns for tables when stdout is not a terminal
@@ -80,20 +85,21 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | N
     )
     try:
         return int(args.handler(args, context) or 0)
-    except SettingsError as e:
-        err.print(f"cosyq: {e}", markup=False)
-        return 2
-    except CosyqError as e:
-        err.print(f"cosyq: {e}", markup=False)
-        return 1
-    except redis.RedisError as e:
-        refused = settings_error(e, settings)  # password, ACL or TLS: a setting to fix
-        if refused is not None:
-            err.print(f"cosyq: {refused}", markup=False)
-            return 2
-        where = settings.redacted_redis_url()
-        err.print(f"cosyq: Redis at {where}: {e}", markup=False)
-        return 1
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+    except (CosyqError, redis.RedisError) as e:
+        err.print(f"cosyq: {_one_line(e, settings)}", markup=False)
+        return exit_status(e)
+
+
+def _one_line(error: CosyqError | redis.RedisError, settings: Settings) -> str:
+    """What the user reads: our messages as they are; Redis's with the URL (password masked)."""
+    if isinstance(error, CosyqError):
+        return str(error)
+    refused = settings_error(error, settings)  # password, ACL or TLS: a setting to fix
+    if refused is not None:
+        return str(refused)
+    return f"Redis at {settings.redacted_redis_url()}: {error}"
 
 
 def _stdout() -> Console:

@@ -1,11 +1,13 @@
 """Idempotency keys: the first submit of a key makes the job, later ones get its id.
 
-Each key (`cosyq:idem:<sha256>`) holds `<job id> <reserved at, Redis server seconds>` for
-`COSYQ_IDEMPOTENCY_TTL_S`. A key whose job no longer exists (deleted by `rq empty` or a
-dashboard, or expired) is free again, so a resubmit makes a new job instead of answering with a
-dead id. "No such job" is only trusted once the key is older than
-`COSYQ_IDEMPOTENCY_CLAIM_GRACE_S`: a younger key may belong to a submit whose job is still on its
-way into Redis. Check and claim run in one Lua script, so two submitters never both win.
+Each key (`cosyq:idem:<sha256>`) holds `<job id> <reserved at>` (Redis server seconds) for
+`COSYQ_IDEMPOTENCY_TTL_S`; the pipeline that enqueues the job appends `<enqueued at>` to it
+(`mark_enqueued`). A key whose job no longer exists (deleted by `rq empty` or a dashboard, or
+expired) is free again, so a resubmit makes a new job instead of answering with a dead id:
+- once the key says its job was enqueued, a missing job hash means the job is gone, at once;
+- a key not marked enqueued may belong to a submit whose job is still on its way into Redis, so
+  "no such job" is only trusted once it is older than `COSYQ_IDEMPOTENCY_CLAIM_GRACE_S`.
+Check and claim run in one Lua script, so two submitters never both win.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 from collections.abc import Sequence
 
 import redis
+from redis.client import Pipeline
 from rq.job import Job
 
 # KEYS: idempotency keys. ARGV: ttl, grace, job key prefix, then one job id per key.
@@ -26,9 +29,10 @@ for i, key in ipairs(KEYS) do
   local answer = ''
   local previous = redis.call('GET', key)
   if previous then
-    local id, at = string.match(previous, '^(%S+) (%d+)$')
-    if not id then id, at = previous, '0' end
-    if now - tonumber(at) < grace or redis.call('EXISTS', prefix .. id) == 1 then
+    local id, at, enqueued = string.match(previous, '^(%S+) (%d+) ?(%d*)$')
+    if not id then id, at, enqueued = previous, '0', '' end
+    local in_flight = enqueued == '' and now - tonumber(at) < grace
+    if in_flight or redis.call('EXISTS', prefix .. id) == 1 then
       answer = id
     end
   end
@@ -36,6 +40,19 @@ for i, key in ipairs(KEYS) do
   answers[i] = answer
 end
 return answers
+"""
+
+# KEYS: idempotency keys. ARGV: one job id per key. Appends the enqueue time to each key that
+# still names that job and is not marked yet (its TTL kept).
+_MARK_ENQUEUED_SCRIPT = """
+local now = redis.call('TIME')[1]
+for i, key in ipairs(KEYS) do
+  local value = redis.call('GET', key)
+  if value and string.match(value, '^(%S+) (%d+)$') == ARGV[i] then
+    redis.call('SET', key, value .. ' ' .. now, 'KEEPTTL')
+  end
+end
+return 0
 """
 
 # Compare-and-delete: free a key only if it still names our job.
@@ -64,6 +81,18 @@ def reserve(
     args += [job_id for _, job_id in claims]
     replies = connection.eval(_RESERVE_SCRIPT, len(claims), *(key for key, _ in claims), *args)
     return [_text(reply) or None for reply in replies]
+
+
+def mark_enqueued(pipe: Pipeline, claims: Sequence[tuple[str, str]]) -> None:
+    """Queue, in the pipeline that enqueues the jobs, the mark that each claim's job went in:
+    from then on a missing job hash frees the key without waiting for the claim grace."""
+    if claims:
+        pipe.eval(
+            _MARK_ENQUEUED_SCRIPT,
+            len(claims),
+            *(key for key, _ in claims),
+            *(job_id for _, job_id in claims),
+        )
 
 
 def release(connection: redis.Redis, key: str, job_id: str) -> None:

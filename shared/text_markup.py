@@ -9,6 +9,11 @@ Three kinds of markup reach us:
   text they would change what the model is told, so any is refused, naming it.
 - SSML. Only the subset the model can do is kept: `<speak>` (dropped) and `<break>` (a pause
   between pieces, through the usual join). Any other element is refused, never read aloud.
+  Its entities (`&lt;`, `&#60;`, `&#x3c;` ...) are decoded, so every rule is checked again on
+  each decoding of the words (entities of entities too): `&lt;|im_start|&gt;` is the special
+  token and `&lt;prosody&gt;` an element, both refused.
+- Control characters other than tab and newline (C0, DEL, C1: `\r`, NEL, CSI ...), raw or
+  decoded from an entity.
 
 `parse_markup` is pure and torch-free: the producer runs it at submit and the worker again.
 The speech estimate (`SECONDS_PER_TEXT_TOKEN`) is here too, so both sides count alike.
@@ -42,6 +47,10 @@ CONTROL_TAGS = (
 )
 CONTROL_TAG_RE = re.compile("|".join(re.escape(tag) for tag in CONTROL_TAGS))
 SPECIAL_TOKEN_RE = re.compile(r"<\|.*?\|>", re.DOTALL)
+# C0 controls but tab and newline, DEL, and C1 (U+0080-U+009F: NEL, CSI ...); "\r" too, so a
+# CRLF text is refused rather than read with a stray carriage return.
+CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SSML_RE = re.compile(r"<speak\b", re.IGNORECASE)
 _SHOWN_TOKEN_CHARS = 40
 # An XML-ish element: <name attr="v" ...>, </name>, <name/>. "a < b > c" is not one.
 _ELEMENT_RE = re.compile(
@@ -111,6 +120,49 @@ def refuse_special_tokens(text: str) -> None:
         )
 
 
+def refuse_control_characters(text: str) -> None:
+    control = CONTROL_CHAR_RE.search(text)
+    if control:
+        raise MarkupError(
+            f"contains control character U+{ord(control.group()):04X} "
+            "(only tab and newline are allowed)"
+        )
+
+
+def _refuse_decoded_markup(decoded: str) -> None:
+    """What an entity decoding made: no special token, control character or element (a
+    decoded `<prosody>` would be read aloud, a decoded `<break/>` would not pause)."""
+    token = special_token(decoded)
+    if token is not None:
+        raise MarkupError(
+            f"contains the model's special token {token} written with XML entities; only these "
+            f"control tags may appear in text: {', '.join(CONTROL_TAGS)}"
+        )
+    refuse_control_characters(decoded)
+    for element in _ELEMENT_RE.finditer(decoded):
+        name = element.group("name").lower()
+        if name in _CONTROL_ELEMENTS and not element.group("attrs") and not element.group("empty"):
+            continue  # <strong> as &lt;strong&gt;: the control tag either way
+        raise MarkupError(
+            f"markup {_shown(element.group())} written with XML entities is not supported "
+            f"(supported: {SUPPORTED_MARKUP})"
+        )
+
+
+def decode_entities(words: str) -> str:
+    """SSML words with their entities decoded once (what is read), after checking that no
+    decoding, once or repeated until nothing changes, makes refused markup. Each decoding that
+    changes the text shortens it, so the loop ends."""
+    decoded = html.unescape(words)
+    deeper = decoded
+    while True:
+        _refuse_decoded_markup(deeper)
+        again = html.unescape(deeper)
+        if again == deeper:
+            return decoded
+        deeper = again
+
+
 def _break_seconds(attrs: str, shown: str, max_break_s: float) -> float:
     values = {
         m.group(1): m.group(2) if m.group(2) is not None else m.group(3)
@@ -141,18 +193,24 @@ def parse_markup(
     """Text as words (control tags kept inline) and pauses; MarkupError for refused markup.
 
     A text with a <speak> element is SSML: its XML entities (&amp; &lt; ...) are decoded in the
-    words. Adjacent words join; empty words are dropped.
+    words. Adjacent words join; empty words are dropped. Special tokens and control characters
+    are refused in the text, in the words once markup is taken out (`<</break>|im_start|>`) and
+    in every decoding of their entities.
     """
     refuse_special_tokens(text)
-    is_ssml = re.search(r"<speak\b", text) is not None
+    refuse_control_characters(text)
+    is_ssml = _SSML_RE.search(text) is not None
     segments: list[Segment] = []
     words: list[str] = []
 
     def flush() -> None:
         joined = "".join(words)
         words.clear()
+        refuse_special_tokens(joined)
+        if is_ssml:
+            joined = decode_entities(joined)
         if joined.strip():
-            segments.append(html.unescape(joined) if is_ssml else joined)
+            segments.append(joined)
 
     position = 0
     for element in _ELEMENT_RE.finditer(text):

@@ -79,6 +79,12 @@ class ResultsFile:
                 self.write(job_id, outcomes[job_id])
 
 
+def quality_counts(results: Sequence[SynthesisResult]) -> tuple[int, int]:
+    """(results stored flagged suspect, re-syntheses of suspect audio) over `results`."""
+    reports = [r.quality for r in results if r.quality is not None]
+    return sum(q.verdict == "suspect" for q in reports), sum(q.retries for q in reports)
+
+
 def print_summary(
     context: CliContext,
     line_numbers: Sequence[int],
@@ -115,11 +121,14 @@ def print_summary(
     audio_s = sum(result.duration_s for result in results)
     finished = len(results) + failed
     table = Table(title="cosyq submit")
-    columns = ("ok", "failed", "still running", "audio s", "wall s", "audio s / wall s")
-    for column in (*columns, "finished jobs / s"):
+    columns = ("ok", "suspect", "quality retries", "failed", "still running", "audio s")
+    for column in (*columns, "wall s", "audio s / wall s", "finished jobs / s"):
         table.add_column(column, justify="right")
+    suspect, retries = quality_counts(results)
     table.add_row(
         str(len(results)),
+        str(suspect),
+        str(retries),
         str(failed),
         str(len(pending)),
         f"{audio_s:.2f}",

@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
+from producer.commands.arguments import seconds
+from producer.commands.exits import EXIT_CANCELED, EXIT_FAILED, EXIT_NOT_DONE
 from producer.monitor import failed_jobs, queue_rows, requeue_failed, worker_rows
-from producer.tracking import JobStatus
-from shared.errors import JobNotFoundError
+from producer.tracking import CANCELED_KIND, JobStatus
+from producer.webhooks.store import WebhookStore
+from shared.captions import CAPTION_FORMATS, cues_from_pieces, render
+from shared.keys import check_job_id
+from shared.results import SynthesisResult
 from shared.start_failures import StartFailure, start_failures
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
-
-# `cosyq result` exit codes (2 is the CLI's own: usage or settings).
-EXIT_FAILED = 1
-EXIT_NOT_DONE = 3
-EXIT_NOT_FOUND = 4  # never submitted, or expired after its TTL
 
 
 def register(subparsers: Any) -> None:
@@ -38,11 +38,17 @@ def register(subparsers: Any) -> None:
         "result",
         help="a job's state and result as JSON",
         description="Print a job's state and result as JSON. Exit status: 0 finished, 1 failed, "
-        "2 usage or settings error, 3 not done yet (queued, started, waiting for a retry), "
-        "4 no such job (never submitted, or expired).",
+        "2 usage or settings error (a job id is 1-64 letters, digits, '_' or '-'), 3 not done "
+        "yet (queued, started, waiting for a retry), 4 no such job (never submitted, or "
+        "expired), 5 cannot tell now (Redis unreachable), 6 canceled.",
     )
     result.add_argument("job_id")
-    result.add_argument("--wait", type=float, default=0.0, help="seconds to wait for it")
+    result.add_argument("--wait", type=seconds, default=0.0, help="seconds to wait for it")
+    result.add_argument(
+        "--captions",
+        choices=CAPTION_FORMATS,
+        help="print the finished job's captions (one per piece of text) instead of JSON",
+    )
     result.set_defaults(handler=run_result)
 
 
@@ -57,6 +63,7 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
         queues, workers = queue_rows(connection), worker_rows(connection)
         cannot_start = start_failures(connection)
         failures = failed_jobs(connection, limit=args.failed) if args.failed > 0 else []
+        webhooks = WebhookStore(connection).counts()
     context.out.print(f"Redis {context.settings.redacted_redis_url()}", markup=False)
     table = Table(title="queues")
     names = ("queue", "queued", "started", "retry wait", "deferred", "finished", "failed")
@@ -78,6 +85,9 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
     context.out.print(table)
     if cannot_start:
         _print_start_failures(context, cannot_start)
+    waiting, dead = webhooks
+    if waiting or dead:
+        context.out.print(f"webhooks: {waiting} waiting to be delivered, {dead} dead", markup=False)
     _print_failures(context, failures, title=f"recent failures ({len(failures)} shown)")
     return 0
 
@@ -117,6 +127,8 @@ def _print_failures(context: CliContext, failures: list[Any], title: str) -> Non
 
 
 def run_failed(args: argparse.Namespace, context: CliContext) -> int:
+    for job_id in args.job_ids:
+        check_job_id(job_id)
     with context.make_client(context.settings) as client:
         connection = client.connection
         if args.requeue:
@@ -150,16 +162,30 @@ def status_record(status: JobStatus) -> dict[str, Any]:
 
 
 def run_result(args: argparse.Namespace, context: CliContext) -> int:
+    """Exit status from producer/commands/exits.py: no such job 4, a bad id 2, Redis down 5."""
+    check_job_id(args.job_id)
     with context.make_client(context.settings) as client:
-        try:
-            if args.wait > 0:
-                # Errors (failed, timeout) are reported below from the status itself.
-                client.wait_many([args.job_id], timeout=args.wait)
-            status = client.status(args.job_id)
-        except JobNotFoundError as e:
-            context.err.print(f"cosyq: {e}", markup=False)
-            return EXIT_NOT_FOUND
+        if args.wait > 0:
+            # Errors (failed, timeout) are reported below from the status itself.
+            client.wait_many([args.job_id], timeout=args.wait)
+        status = client.status(args.job_id)
+    if args.captions and status.result is not None:
+        return _print_captions(context, status.result, args.captions)
     context.out.print_json(json.dumps(status_record(status), ensure_ascii=False))
     if status.result is not None:
         return 0
+    if status.failure is not None and status.failure.kind == CANCELED_KIND:
+        return EXIT_CANCELED
     return EXIT_FAILED if status.failure is not None else EXIT_NOT_DONE
+
+
+def _print_captions(context: CliContext, result: SynthesisResult, fmt: str) -> int:
+    if not result.pieces:
+        context.err.print(
+            f"cosyq: job {result.job_id}: its result has no piece timings (made by a worker "
+            "that does not report them)",
+            markup=False,
+        )
+        return EXIT_FAILED
+    context.out.file.write(render(cues_from_pieces(result.pieces), fmt))
+    return 0

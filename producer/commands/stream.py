@@ -3,7 +3,10 @@ as soon as the first chunk arrives, then the PCM of each chunk as it comes
 (`cosyq say --stream "hi" --out - | aplay` plays while the audio is made).
 
 On stdout the header's sizes are the "unknown length" maximum that players accept for a live
-stream; in a file they are patched to the real sizes once the final chunk arrived.
+stream; in a file they are patched to the real sizes once the final chunk arrived. A file is
+written beside its target and moved into place only once the final chunk arrived
+(producer/commands/out_file.py): a job that fails, times out or does not exist leaves an
+existing file untouched.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from producer.commands.arguments import seconds
+from producer.commands.exits import UsageError
+from producer.commands.out_file import replacing
 from shared.audio_stream import AudioChunk
+from shared.keys import check_job_id
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -30,7 +37,7 @@ def register(subparsers: Any) -> None:
     )
     stream.add_argument("job_id")
     stream.add_argument("--out", required=True, help="a .wav file, or - for stdout")
-    stream.add_argument("--timeout", type=float, help="seconds to wait (COSYQ_STREAM_TIMEOUT_S)")
+    stream.add_argument("--timeout", type=seconds, help="seconds to wait (COSYQ_STREAM_TIMEOUT_S)")
     stream.set_defaults(handler=run_stream)
 
 
@@ -85,9 +92,7 @@ def stream_to(
     if out == "-":
         written = write_wav_stream(tracked(), sys.stdout.buffer, seekable=False)
     else:
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as f:
+        with replacing(Path(out)) as f:
             written = write_wav_stream(tracked(), f, seekable=True)
     rate = seen[0].sample_rate if seen else 0
     seconds = written / 2 / rate if rate else 0.0
@@ -101,9 +106,16 @@ def stream_to(
     return 0
 
 
+def check_stream_out(out: str | None) -> None:
+    """--out of a stream: a .wav file (or no suffix) or - for stdout; UsageError otherwise."""
+    if out is None:
+        raise UsageError("--stream: give --out FILE.wav or --out - (stdout)")
+    if out != "-" and Path(out).suffix.lower() not in ("", ".wav"):
+        raise UsageError("--out: a stream is written as WAV (.wav or -)")
+
+
 def run_stream(args: argparse.Namespace, context: CliContext) -> int:
-    if args.out != "-" and Path(args.out).suffix.lower() not in ("", ".wav"):
-        context.err.print("cosyq: --out: a stream is written as WAV (.wav or -)", markup=False)
-        return 2
+    check_stream_out(args.out)
+    check_job_id(args.job_id)
     with context.make_client(context.settings) as client:
         return stream_to(context, client, args.job_id, args.out, args.timeout)

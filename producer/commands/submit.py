@@ -10,12 +10,15 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from producer.commands.arguments import seconds
 from producer.commands.batch_report import ResultsFile, print_summary
-from producer.commands.stream import stream_to
+from producer.commands.exits import UsageError
+from producer.commands.out_file import write_replacing
+from producer.commands.stream import check_stream_out, stream_to
 from producer.tracking import JobOutcome
 from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
 from shared.jobs import RequestLimits, SynthesisRequest, validate_request
@@ -36,9 +39,10 @@ def register(subparsers: Any) -> None:
     submit = subparsers.add_parser(
         "submit",
         help="submit one request per line of a JSONL file",
-        description="Submit one SynthesisRequest (a JSON object) per line. Bad lines are "
-        "reported with their number and skipped; the rest are submitted. Prints one job id "
-        "per submitted line as it goes in. With --wait, exit status 3 means every job that "
+        description="Submit one SynthesisRequest (a JSON object, UTF-8) per line. Bad lines "
+        "(not UTF-8, not JSON, not a valid request) are reported with their number and "
+        "skipped; the rest are submitted, and the exit status is 1. Prints one job id per "
+        "submitted line as it goes in. With --wait, exit status 3 means every job that "
         "finished succeeded but some were still queued or running at --timeout.",
         epilog='example line: {"text": "Hello.", "voice": "default", "format": "flac"}',
     )
@@ -47,7 +51,9 @@ def register(subparsers: Any) -> None:
     )
     submit.add_argument("--wait", action="store_true", help="wait for every job, then summarize")
     submit.add_argument("--results", type=Path, help="with --wait: write one JSON line per job")
-    submit.add_argument("--timeout", type=float, help="with --wait: seconds (COSYQ_WAIT_TIMEOUT_S)")
+    submit.add_argument(
+        "--timeout", type=seconds, help="with --wait: seconds (COSYQ_WAIT_TIMEOUT_S)"
+    )
     submit.add_argument("--block", action="store_true", help="wait for room when a queue is full")
     submit.set_defaults(handler=run_submit)
 
@@ -69,20 +75,31 @@ def register(subparsers: Any) -> None:
     say.add_argument("--seed", type=int)
     say.add_argument("--sample-rate", type=int, default=24000)
     say.add_argument("--priority", default="high", help="high, default or low (default high)")
-    say.add_argument("--timeout", type=float, help="seconds to wait (COSYQ_WAIT_TIMEOUT_S)")
+    say.add_argument("--timeout", type=seconds, help="seconds to wait (COSYQ_WAIT_TIMEOUT_S)")
     say.set_defaults(handler=run_say)
 
 
-def read_requests(lines: Iterable[str], limits: RequestLimits) -> tuple[list[Line], list[str]]:
+def read_requests(
+    lines: Iterable[bytes | str], limits: RequestLimits
+) -> tuple[list[Line], list[str]]:
     """Valid requests with their line numbers, and one problem per bad line ("line 7: ...").
-    Blank lines are skipped silently."""
+
+    Lines are read as UTF-8 one by one, so a Latin-1 or binary line is reported by number and
+    the lines after it still count; a UTF-8 byte order mark before line 1 is dropped. Blank
+    lines are skipped silently.
+    """
     good: list[Line] = []
     problems: list[str] = []
     for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
         try:
-            data = json.loads(raw)
+            text = _decoded(raw, first=number == 1)
+            if not text.strip():
+                continue
+            data = json.loads(text)
+        except UnicodeDecodeError as e:
+            byte = e.object[e.start]
+            problems.append(f"line {number}: not UTF-8 (byte 0x{byte:02x} at byte {e.start + 1})")
+            continue
         except json.JSONDecodeError as e:
             problems.append(f"line {number}: not JSON ({e.msg} at column {e.colno})")
             continue
@@ -93,11 +110,17 @@ def read_requests(lines: Iterable[str], limits: RequestLimits) -> tuple[list[Lin
     return good, problems
 
 
-def _open_input(name: str) -> TextIO:
+def _decoded(raw: bytes | str, *, first: bool) -> str:
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    return text.removeprefix("\ufeff") if first else text
+
+
+def _open_input(name: str) -> BinaryIO:
+    """The JSONL file (or stdin) as bytes: each line is decoded on its own."""
     if name == "-":
-        return sys.stdin
+        return sys.stdin.buffer
     try:
-        return Path(name).open(encoding="utf-8")
+        return Path(name).open("rb")
     except OSError as e:
         raise InvalidRequestError(f"{name}: cannot read ({e.strerror})") from e
 
@@ -197,18 +220,15 @@ def say_request(args: argparse.Namespace) -> dict[str, Any]:
     fmt = args.format
     out = None if args.out in (None, "-") else Path(args.out)
     if getattr(args, "stream", False):
-        if args.out is None:
-            raise InvalidRequestError("--stream: give --out FILE.wav or --out - (stdout)")
-        if out is not None and out.suffix.lower() not in ("", ".wav"):
-            raise InvalidRequestError("--out: --stream writes WAV (.wav or -)")
+        check_stream_out(args.out)
     elif args.out == "-":
-        raise InvalidRequestError("--out -: stdout takes only a stream (add --stream)")
+        raise UsageError("--out -: stdout takes only a stream (add --stream)")
     if out is not None and out.suffix:
         suffix = out.suffix.lstrip(".").lower()
         if suffix not in AUDIO_FORMATS:
-            raise InvalidRequestError(f"--out: .{suffix} is not one of {', '.join(AUDIO_FORMATS)}")
+            raise UsageError(f"--out: .{suffix} is not one of {', '.join(AUDIO_FORMATS)}")
         if fmt is not None and fmt != suffix:
-            raise InvalidRequestError(f"--out: .{suffix} does not match --format {fmt}")
+            raise UsageError(f"--out: .{suffix} does not match --format {fmt}")
         fmt = suffix
     request: dict[str, Any] = {
         "text": args.text,
@@ -240,8 +260,6 @@ def run_say(args: argparse.Namespace, context: CliContext) -> int:
         context.out.print(f"{result.uri}  ({line}, job {job_id})", markup=False)
         return 0
     data = open_storage(context.settings).get(result.uri)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(data)
+    write_replacing(Path(args.out), data)
     context.out.print(f"wrote {args.out}: {line} (job {job_id})", markup=False)
     return 0

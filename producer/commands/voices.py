@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
+from producer.commands.arguments import seconds
 from shared.errors import InvalidRequestError
 from shared.voices import VoiceSummary
 
@@ -38,7 +39,7 @@ def register(subparsers: Any) -> None:
         "--text", default="", help="what the recording says (needed by mode zero_shot)"
     )
     add.add_argument("--no-wait", action="store_true", help="print the job id and return")
-    add.add_argument("--timeout", type=float, help="seconds to wait (COSYQ_WAIT_TIMEOUT_S)")
+    add.add_argument("--timeout", type=seconds, help="seconds to wait (COSYQ_WAIT_TIMEOUT_S)")
     add.set_defaults(handler=run_add)
 
     remove = commands.add_parser("rm", help="remove a voice")

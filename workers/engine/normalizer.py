@@ -1,10 +1,18 @@
-"""Text normalisation: numbers, dates, units and symbols spelled out as read, per language.
+"""Text normalisation: numbers, dates, units and symbols spelled out as read, per span of text.
 
-wetext (grammars shipped in the wheel, offline) does the work, with three corrections:
-- Language: wetext's own `auto` reads any text without CJK letters as English except a text of
-  only digits, which it reads as Chinese ("2024" -> "两千零二十四"). We choose the language
-  from the request (`choose_language`): given, else the text's script, else the voice
-  transcript's, else English.
+wetext (grammars shipped in the wheel, offline) does the work, with these corrections:
+- Language per span: a text is cut into spans by script (`text_spans`: CJK or Latin letters,
+  digits and symbols going with a neighbour by the rule written there) and each span is read
+  in its own language: a CJK span Japanese if it holds kana or the request says ja, else
+  Chinese; a Latin span in the request's language if it names one, else English; a text with
+  no letters in the request's language, else the voice transcript's, else English. So a
+  Chinese date no longer makes an English sentence's "1st" "一秒t". (wetext's own `auto` reads
+  a text of only digits as Chinese.)
+- Failures per span: wetext raises when no grammar path fits (one "₹500" in a paragraph).
+  The span is then cut in halves, down to single words and runs of digits, each normalised
+  alone: only what wetext cannot read is left as written, and the log says which span kind
+  failed (`normalisation_span_failed`, never the text).
+- Symbols it reads wrong or not at all are rewritten first (`spoken_symbols`).
 - Escaping: wetext 0.1's token parser keeps the tagger's backslash escapes in each value and its
   serialiser escapes the value again, so the verbaliser, which undoes one level, leaves `\\"`
   for every `"` and `\\\\` for every `\\`. We detect that once per language (a probe) and undo
@@ -20,32 +28,37 @@ import re
 from typing import Any, Literal
 
 from shared.text_markup import CONTROL_TAG_RE
+from workers.engine.spoken_symbols import REWRITES
+from workers.engine.text_spans import HAN_RE, KANA_RE, Span, split_spans
 
 Language = Literal["en", "zh", "ja"]
 LANGUAGES: tuple[Language, ...] = ("en", "zh", "ja")
 DEFAULT_LANGUAGE: Language = "en"
-_KANA_RE = re.compile("[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
-_HAN_RE = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LETTER_RE = re.compile(r"[^\W\d_]")
+_CJK_PUNCTUATION_RE = re.compile("[\u3000-\u303f\uff01\uff0c\uff1a\uff1b\uff1f]")
 _SPACES_RE = re.compile(r"\s+")
 # Chinese and Japanese write no spaces between words: drop one between two such characters.
 _CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"  # radicals..CJK ideographs, kana, full-width
 _CJK_GAP_RE = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
 _EXTRA_ESCAPE_RE = re.compile(r"\\([\"\\])")
 _ESCAPE_PROBE = '1 "'  # normalised in every language (a digit), with a quote to see escaped
+_CLAUSE_END = frozenset(",.;:!?，。；：！？、")
+_DIGIT_RUN_RE = re.compile(r"\d+(?:[.,:/]\d+)*|\D+")
 
 log = logging.getLogger(__name__)
 
 
 def detect_language(text: str) -> Language | None:
-    """The language a text's script says (kana: ja, Han: zh, other letters: en); None for a
-    text with no letters (digits, symbols)."""
-    if _KANA_RE.search(text):
+    """The language a text's script says (kana: ja, Han: zh, other letters: en, no letters
+    but CJK punctuation: zh); None for a text of digits and symbols only."""
+    if KANA_RE.search(text):
         return "ja"
-    if _HAN_RE.search(text):
+    if HAN_RE.search(text):
         return "zh"
     if _LETTER_RE.search(text):
         return "en"
+    if _CJK_PUNCTUATION_RE.search(text):  # "12 × 4 = 48。"
+        return "zh"
     return None
 
 
@@ -56,6 +69,26 @@ def choose_language(requested: str, text: str, transcript: str = "") -> Language
     if requested != "auto":
         raise ValueError(f"language: {requested!r} is not auto, en, zh or ja")
     return detect_language(text) or detect_language(transcript) or DEFAULT_LANGUAGE
+
+
+def span_language(span: Span, requested: str, no_letters: Language) -> Language:
+    """The language one span is read in (the rule in this module's docstring)."""
+    if span.script == "cjk":
+        return "ja" if requested == "ja" or span.kana else "zh"
+    if span.script == "latin":
+        return requested if requested in LANGUAGES else DEFAULT_LANGUAGE
+    return no_letters
+
+
+def _middle_space(text: str) -> int | None:
+    """A space to cut a failed text at: nearest the middle, one after a clause's punctuation
+    if there is any (a date or an amount is less often cut)."""
+    spaces = [i for i, c in enumerate(text) if c == " "]
+    after_clause = [i for i in spaces if i and text[i - 1] in _CLAUSE_END]
+    candidates = after_clause or spaces
+    if not candidates:
+        return None
+    return min(candidates, key=lambda i: abs(i - len(text) // 2))
 
 
 class _Wetext:
@@ -73,7 +106,8 @@ class _Wetext:
 
 
 class TextNormalizer:
-    """Normalised text per language (wetext), or whitespace clean-up only when disabled."""
+    """Normalised text, each span in its language (wetext), or whitespace clean-up only when
+    disabled."""
 
     def __init__(self, *, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -84,31 +118,67 @@ class TextNormalizer:
             self._wetext[language] = _Wetext(language)
         return self._wetext[language]
 
-    def __call__(self, text: str, language: Language = DEFAULT_LANGUAGE) -> str:
-        """`text` with whitespace collapsed and, between control tags, spelled out."""
+    def __call__(
+        self, text: str, language: str = "auto", *, no_letters: Language | None = None
+    ) -> str:
+        """`text` with whitespace collapsed and, between control tags, spelled out. `language`
+        is the request's (auto, en, zh, ja); `no_letters` the language of a stretch with no
+        letters (default: `choose_language` of this text)."""
         text = _SPACES_RE.sub(" ", text).strip()
+        no_letters = no_letters or choose_language(language, text)
         if not self.enabled or not text:
             return text
         parts: list[str] = []
         position = 0
         for tag in CONTROL_TAG_RE.finditer(text):
-            parts.append(self._words(text[position : tag.start()], language))
+            parts.append(self._stretch(text[position : tag.start()], language, no_letters))
             parts.append(tag.group())
             position = tag.end()
-        parts.append(self._words(text[position:], language))
+        parts.append(self._stretch(text[position:], language, no_letters))
         return _CJK_GAP_RE.sub("", "".join(parts)).strip()
 
-    def _words(self, text: str, language: Language) -> str:
-        """Normalise one stretch between tags, keeping a space on each side if it had one."""
+    def _stretch(self, text: str, requested: str, no_letters: Language) -> str:
+        """One stretch between tags, span by span."""
+        return "".join(
+            self._span(span.text, span_language(span, requested, no_letters), span.script)
+            for span in split_spans(text)
+        )
+
+    def _span(self, text: str, language: Language, kind: str | None) -> str:
+        """Normalise one span, keeping a space on each side if it had one."""
         core = text.strip()
         if not core:
             return " " if text else ""
+        written = REWRITES[language](core)
         try:
-            spoken = self._for(language)(core)
+            spoken = self._for(language)(written)
         except Exception as e:  # wetext raises plain errors when no grammar path fits
-            log.warning("normalisation_skipped language=%s error=%s", language, type(e).__name__)
-            spoken = core
+            log.warning(
+                "normalisation_span_failed kind=%s language=%s chars=%d error=%s",
+                kind or "no_letters",
+                language,
+                len(core),
+                type(e).__name__,
+            )
+            spoken = self._isolated(written, language)
         spoken = _SPACES_RE.sub(" ", spoken).strip() or core
         lead = " " if text[:1].isspace() else ""
         tail = " " if text[-1:].isspace() else ""
         return lead + spoken + tail
+
+    def _tried(self, text: str, language: Language) -> str:
+        try:
+            return self._for(language)(text)
+        except Exception:  # the span's failure is logged once, by _span
+            return self._isolated(text, language)
+
+    def _isolated(self, text: str, language: Language) -> str:
+        """wetext failed on `text`: each half normalised alone, down to single words, then to
+        runs of digits and of other characters; what still fails is kept as written."""
+        cut = _middle_space(text)
+        if cut is not None:
+            return f"{self._tried(text[:cut], language)} {self._tried(text[cut + 1 :], language)}"
+        runs = _DIGIT_RUN_RE.findall(text)
+        if len(runs) > 1:
+            return " ".join(self._tried(run, language) for run in runs)
+        return text

@@ -2,11 +2,14 @@
 
 The request's text is first read as markup (`shared.text_markup`: control tags kept, `<|…|>`
 tokens and unsupported markup refused, SSML breaks as pauses). Each stretch of words between
-pauses is normalised (`normalizer`: numbers, dates, units spelled out in the request's
-language), split into pieces (`text_split`) and each piece tokenized; a pause becomes the gap
-before the next piece. The prompt transcript is normalised but never split; the instruction of
-instruct2 is not normalised and gets the <|endofprompt|> separator from us. Normalisation is
-skipped when the `normalize_text` setting is off (text already written as it should be spoken).
+pauses is normalised (`normalizer`: numbers, dates, units spelled out, each span of one
+script in its language), split into pieces (`text_split`) and each piece tokenized; a pause
+becomes the gap before the next piece. The prompt transcript is normalised but never split;
+the instruction of instruct2 is not normalised and gets the <|endofprompt|> separator from us.
+Normalisation is skipped when the `normalize_text` setting is off (text already written as it
+should be spoken). What the tokenizer is given is checked once more, on exactly that text and
+on its ids: no special token may come from user text, whatever decoding or normalisation made
+it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import unicodedata
 from dataclasses import dataclass
 
 from shared.errors import EmptyTextError, InvalidRequestError
+from shared.sentences import SENTENCE_END
 from shared.text_markup import MarkupError, Pause, parse_markup, refuse_special_tokens
 from workers.engine.normalizer import Language, TextNormalizer, choose_language
-from workers.engine.text_split import SENTENCE_END, SplitConfig, split_text
+from workers.engine.text_split import SplitConfig, split_text
 from workers.model.tokenizer import END_OF_PROMPT, TextTokenizer
 
 _CJK_CHAR_RE = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")  # CJK, kana, full-width
@@ -73,11 +77,13 @@ class TextFrontend:
     ) -> list[TextPiece]:
         """The TTS text as normalised, tokenized pieces; EmptyTextError if nothing is left.
 
-        `language` "auto" follows the text's script, else the voice `transcript`'s, else en.
+        `language` "auto" reads each span in its script's language (a stretch of no letters in
+        the whole text's, else the voice `transcript`'s, else en); en, zh or ja is also the
+        Latin spans' language.
         """
         segments = _markup(text, field)
         words = " ".join(s for s in segments if isinstance(s, str))
-        chosen = choose_language(language, words, transcript)
+        spoken_in = (language, choose_language(language, words, transcript))
         last_words = max((i for i, s in enumerate(segments) if isinstance(s, str)), default=-1)
         pieces: list[TextPiece] = []
         pause: float | None = None
@@ -85,8 +91,8 @@ class TextFrontend:
             if isinstance(segment, Pause):
                 pause = (pause or 0.0) + segment.seconds
                 continue
-            for chunk in self._chunks(segment, chosen, final=index == last_words):
-                pieces.append(TextPiece(chunk, tuple(self.tokenizer.encode(chunk)), pause))
+            for chunk in self._chunks(segment, spoken_in, final=index == last_words):
+                pieces.append(TextPiece(chunk, tuple(self.user_ids(chunk, field)), pause))
                 pause = None
         if not pieces:
             raise EmptyTextError(
@@ -97,8 +103,9 @@ class TextFrontend:
             pieces[-1] = TextPiece(last.text, last.ids, last.pause_before_s, pause)
         return pieces
 
-    def _chunks(self, words: str, language: Language, *, final: bool) -> list[str]:
-        normalised = self.normalizer(words, language)
+    def _chunks(self, words: str, spoken_in: tuple[str, Language], *, final: bool) -> list[str]:
+        language, no_letters = spoken_in
+        normalised = self.normalizer(words, language, no_letters=no_letters)
         if final and self.normalizer.enabled:
             normalised = with_final_stop(normalised)
         return [c for c in split_text(normalised, self.count_tokens, self.split) if speakable(c)]
@@ -108,15 +115,33 @@ class TextFrontend:
         words = " ".join(
             s for s in _markup(transcript, "prompt_text", allow_breaks=False) if isinstance(s, str)
         )
-        return self.tokenizer.encode(self.normalizer(words, choose_language("auto", words)))
+        return self.user_ids(self.normalizer(words, "auto"), "prompt_text")
 
     def instruction_ids(self, instruction: str) -> list[int]:
         """instruct2's instruction, not normalised, ending in <|endofprompt|> (added by us; one
         the caller wrote at the end, as upstream expects, is not doubled). Any other special
         token is refused."""
         text = instruction.strip().removesuffix(END_OF_PROMPT)
+        self.user_ids(text, "instruction")
+        ids = self.tokenizer.encode(text + END_OF_PROMPT)
+        self._refuse_special_ids(ids[:-1], "instruction")
+        return ids
+
+    def user_ids(self, text: str, field: str) -> list[int]:
+        """Token ids of user text, checked on exactly what the tokenizer is given: no `<|…|>`
+        in it and no special id out of it (InvalidRequestError naming the token)."""
         try:
             refuse_special_tokens(text)
         except MarkupError as e:
-            raise InvalidRequestError(f"instruction: {e}") from e
-        return self.tokenizer.encode(text + END_OF_PROMPT)
+            raise InvalidRequestError(f"{field}: {e}") from e
+        ids = self.tokenizer.encode(text)
+        self._refuse_special_ids(ids, field)
+        return ids
+
+    def _refuse_special_ids(self, ids: list[int], field: str) -> None:
+        special = self.tokenizer.special_tokens
+        found = next((i for i in ids if i in special), None)
+        if found is not None:
+            raise InvalidRequestError(
+                f"{field}: contains the model's special token {special[found]} (id {found})"
+            )

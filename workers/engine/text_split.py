@@ -19,9 +19,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-SENTENCE_END = frozenset(".?!;:。？！；：…")
-ASCII_SOFT_END = frozenset(".:")  # also decimal points, times, abbreviations inside words
-CLOSING = frozenset("\"'”’)]}）」』》")
+from shared.sentences import split_sentences
+
 _CLAUSE_RE = re.compile(r"(?<=[,，、])")
 _WORD_RE = re.compile(r"(?<=\s)(?=\S)")
 
@@ -38,33 +37,6 @@ class SplitConfig:
     def __post_init__(self) -> None:
         if self.max_piece_tokens < 1 or self.min_tail_tokens < 0:
             raise ValueError("max_piece_tokens must be >= 1 and min_tail_tokens >= 0")
-
-
-def _ends_sentence(text: str, index: int) -> bool:
-    if text[index] not in ASCII_SOFT_END:
-        return True
-    after = text[index + 1] if index + 1 < len(text) else " "
-    return after.isspace() or after in CLOSING or after in SENTENCE_END
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences with their punctuation, closing quotes and trailing space; join == text."""
-    sentences: list[str] = []
-    start = index = 0
-    while index < len(text):
-        if text[index] in SENTENCE_END and _ends_sentence(text, index):
-            end = index + 1
-            while end < len(text) and (text[end] in SENTENCE_END or text[end] in CLOSING):
-                end += 1
-            while end < len(text) and text[end].isspace():
-                end += 1
-            sentences.append(text[start:end])
-            start = index = end
-            continue
-        index += 1
-    if start < len(text):
-        sentences.append(text[start:])
-    return sentences
 
 
 def _clauses(text: str) -> list[str]:

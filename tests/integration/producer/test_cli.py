@@ -1,4 +1,4 @@
-"""The `cosyq` command line against real Redis and a real `rq worker` process."""
+"""The `cosyq` command line against real Redis and the real worker (a test engine inside)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ from producer.cli import main
 from shared import keys
 from shared.audio import decode_audio
 from shared.settings import Settings, load_settings
-from tests.doubles.fake_tasks import SECONDS_PER_CHAR
+from tests.doubles.engines import per_char_seconds
+from tests.doubles.harness import write_model_dir
 from tests.doubles.redis_servers import secured_redis
-from tests.doubles.rq_workers import run_burst, start_worker_process, stop_worker_process
-
-FAKE = "tests.doubles.fake_tasks.synthesize"
+from tests.doubles.rq_workers import run_cosyq_burst, start_worker_process, stop_worker_process
 
 
 @pytest.fixture
@@ -29,6 +28,8 @@ def settings(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("COSYQ_REDIS_URL", redis_url)
     monkeypatch.setenv("COSYQ_STORAGE_URL", (tmp_path / "audio").as_uri())
     monkeypatch.setenv("COSYQ_MAX_RETRIES", "0")
+    monkeypatch.setenv("COSYQ_ENGINE", "tests.doubles.engines:per_char")  # audio follows the text
+    monkeypatch.setenv("COSYQ_MODEL_DIR", str(write_model_dir(tmp_path / "model")))
     monkeypatch.chdir(tmp_path)  # no stray .env
     return load_settings(env_file=None)
 
@@ -41,7 +42,7 @@ def worker(settings: Settings) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def cosyq(*argv: str) -> int:
-    return main(list(argv), client_factory=lambda s: CosyqClient(s, job_function=FAKE))
+    return main(list(argv))
 
 
 def write_batch(path: Path) -> dict[int, str]:
@@ -91,9 +92,7 @@ def test_submit_100_lines_with_bad_ones_and_wait(
     flac = next(r for r in records if r["line"] == 3)["result"]
     assert (flac["format"], flac["sample_rate"]) == ("flac", 16000)
     samples, rate = decode_audio(Path(flac["uri"].removeprefix("file://")).read_bytes())
-    assert rate == 16000 and samples.size == round(
-        SECONDS_PER_CHAR * len("Line 3 says hello.") * 16000
-    )
+    assert rate == 16000 and samples.size == round(per_char_seconds("Line 3 says hello.") * 16000)
 
 
 def test_submit_without_wait_prints_one_id_per_submitted_line(
@@ -113,17 +112,18 @@ def test_failures_are_reported_with_reasons(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    lines = [{"text": "fine"}, {"text": "doomed", "metadata": {"fail_with": "engine on fire"}}]
+    lines = [{"text": "fine"}, {"text": "doomed fail: engine on fire"}]  # the engine raises
     (tmp_path / "b.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
     results = tmp_path / "r.jsonl"
     assert cosyq("submit", str(tmp_path / "b.jsonl"), "--wait", "--results", str(results)) == 1
     captured = capsys.readouterr()
-    assert "line 2 (job " in captured.err and "failed: internal: engine on fire" in captured.err
+    assert "line 2 (job " in captured.err
+    assert "failed: internal: RuntimeError: engine on fire" in captured.err
     first, second = sorted(
         (json.loads(line) for line in results.read_text().splitlines()), key=lambda r: r["line"]
     )
     assert first["status"] == "ok" and second["status"] == "failed"
-    assert second["error"] == {"kind": "internal", "message": "engine on fire"}
+    assert second["error"] == {"kind": "internal", "message": "RuntimeError: engine on fire"}
     job_id = second["job_id"]
 
     assert cosyq("failed") == 0
@@ -133,7 +133,9 @@ def test_failures_are_reported_with_reasons(
     assert "cosyq-default" in status_out and "engine on fire" in status_out
 
     assert cosyq("result", job_id) == 1
-    assert json.loads(capsys.readouterr().out)["error"]["message"] == "engine on fire"
+    assert json.loads(capsys.readouterr().out)["error"]["message"] == (
+        "RuntimeError: engine on fire"
+    )
     stop_worker_process(worker)  # nothing may run the requeued job before we look
     assert cosyq("failed", "--requeue") == 0
     assert "requeued 1 job(s)" in capsys.readouterr().out
@@ -152,8 +154,8 @@ def test_say_writes_the_audio(
     assert cosyq("say", "Hello there, world.", "--out", str(out), "--seed", "4") == 0
     assert f"wrote {out}" in capsys.readouterr().out
     samples, rate = decode_audio(out.read_bytes())
-    assert rate == 24000 and samples.size == round(SECONDS_PER_CHAR * 19 * 24000)
-    assert cosyq("say", "x", "--out", str(tmp_path / "a.aac")) == 1
+    assert rate == 24000 and samples.size == round(per_char_seconds("Hello there, world.") * 24000)
+    assert cosyq("say", "x", "--out", str(tmp_path / "a.aac")) == 2  # usage
     assert "--out: .aac is not one of wav, flac, ogg, mp3, opus" in capsys.readouterr().err
     opus = tmp_path / "hello.opus"
     assert cosyq("say", "Hello.", "--out", str(opus)) == 0
@@ -161,11 +163,12 @@ def test_say_writes_the_audio(
 
 
 def test_result_exit_codes(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
-    with CosyqClient(settings, job_function=FAKE) as client:
+    with CosyqClient(settings) as client:
         job_id = client.submit({"text": "pending"})
         assert cosyq("result", job_id) == 3
         assert json.loads(capsys.readouterr().out)["state"] == "queued"
-        run_burst(client.connection)
+        run_cosyq_burst(settings)
+    capsys.readouterr()  # the worker's own log lines
     assert cosyq("result", job_id) == 0
     record = json.loads(capsys.readouterr().out)
     assert record["state"] == "finished" and record["result"]["job_id"] == job_id
@@ -177,9 +180,10 @@ def test_reasons_are_printed_as_written_not_as_rich_markup(
     settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     reason = "unreadable [func, null, args, kwargs] [bold]hash[/bold] [/]"
-    with CosyqClient(settings, job_function=FAKE) as client:
-        client.submit({"text": "doomed", "metadata": {"fail_with": reason}})
-        run_burst(client.connection)
+    with CosyqClient(settings) as client:
+        client.submit({"text": f"doomed fail: {reason}"})  # the engine raises with the reason
+        run_cosyq_burst(settings)
+    capsys.readouterr()  # the worker's own log lines, which name the reason too
     for command in ("failed", "status"):
         assert cosyq(command) == 0
         out = capsys.readouterr().out
@@ -200,7 +204,7 @@ def test_status_shows_worker_stats(settings: Settings, capsys: pytest.CaptureFix
     }
     connection = redis.Redis.from_url(settings.redis_url)
     connection.hset(keys.worker_stats_key("mac-1.slot-0"), mapping=stats)
-    with CosyqClient(settings, job_function=FAKE) as client:
+    with CosyqClient(settings) as client:
         client.submit_many([{"text": "a"}, {"text": "b", "priority": "high"}])
     assert cosyq("status") == 0
     out = capsys.readouterr().out

@@ -44,7 +44,7 @@ def test_letters_and_digits_survive_in_every_language(normalize: TextNormalizer)
     [
         ("12345", "twelve thousand three hundred and forty five", "一万二千三百四十五"),
         ("2024", "twenty twenty four", "二零二四"),
-        ("I paid $4.50", "I paid four point five dollars", "I paid 四点五零美元"),
+        ("I paid $4.50", "I paid four dollars and fifty cents", "I paid 四点五零美元"),
         ("5kg", "five kilograms", "五千克"),
         ("2024-03-05", "the fifth of march twenty twenty four", "二零二四年三月五日"),
         ("3.5%", "three point five percent", "百分之三点五"),
@@ -73,7 +73,9 @@ def test_digit_only_text_is_english_unless_the_request_or_voice_says_otherwise()
 
 def test_tags_are_kept_and_the_text_between_them_normalised(normalize: TextNormalizer) -> None:
     spoken = normalize("I [laughter] owe you $4.50, <strong>3</strong> times!", "en")
-    assert spoken == "I [laughter] owe you four point five dollars, <strong>three</strong> times!"
+    assert spoken == (
+        "I [laughter] owe you four dollars and fifty cents, <strong>three</strong> times!"
+    )
     assert normalize("[breath]3[sigh]", "en") == "[breath]three[sigh]"
 
 

@@ -93,7 +93,7 @@ def test_special_tokens_are_refused_not_spoken(frontend: TextFrontend) -> None:
 
 def test_a_tag_no_longer_switches_normalisation_off(frontend: TextFrontend) -> None:
     [piece] = frontend.pieces("It costs $4.50 [laughter] today")
-    assert piece.text == "It costs four point five dollars [laughter] today."
+    assert piece.text == "It costs four dollars and fifty cents [laughter] today."
 
 
 def test_final_stop() -> None:
@@ -106,6 +106,16 @@ def test_digits_follow_the_request_language_then_the_voice(frontend: TextFronten
     assert frontend.pieces("2024")[0].text == "twenty twenty four."
     assert frontend.pieces("2024", language="zh")[0].text == "两千零二十四。"
     assert frontend.pieces("12345", transcript="你好，世界。")[0].text == "幺二三四五。"
+
+
+def test_each_span_is_read_in_its_scripts_language_and_a_bad_symbol_costs_only_its_word(
+    frontend: TextFrontend,
+) -> None:
+    pieces = frontend.pieces("On 12/31/1999 I was 1st and paid ₹500 × 2, 今天是2024年3月5日")
+    assert " ".join(piece.text.strip() for piece in pieces) == (
+        "On the thirty first of december nineteen ninety nine I was first and paid five "
+        "hundred rupees times two, 今天是二零二四年三月五日。"
+    )
 
 
 def test_breaks_become_pauses_between_pieces(frontend: TextFrontend) -> None:

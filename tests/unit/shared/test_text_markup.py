@@ -3,6 +3,8 @@ SSML breaks as pauses, and the speech bound checked at submit where it can be.""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,26 +22,17 @@ from shared.text_markup import (
 
 LIMITS = RequestLimits()
 
-# CosyVoice 2's documented tags (upstream CosyVoice2Tokenizer.special_tokens, after its
-# <|im_start|>, <|im_end|>, <|endofprompt|>): the one list must say exactly this, in order.
-DOCUMENTED = [
-    "[breath]",
-    "<strong>",
-    "</strong>",
-    "[noise]",
-    "[laughter]",
-    "[cough]",
-    "[clucking]",
-    "[accent]",
-    "[quick_breath]",
-    "<laughter>",
-    "</laughter>",
-    "[hissing]",
-    "[sigh]",
-    "[vocalized-noise]",
-    "[lipsmack]",
-    "[mn]",
-]
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def listed_tags(text: str, start: str, end: str) -> list[str]:
+    """The backticked tags between `start` and `end` in `text`; `<a>…</a>` is both halves."""
+    section = text[text.index(start) :]
+    section = section[: section.index(end)]
+    tags: list[str] = []
+    for item in re.findall(r"`([^`]+)`", section):
+        tags += item.split("…")
+    return tags
 
 
 def rejected(**fields: Any) -> str:
@@ -48,8 +41,17 @@ def rejected(**fields: Any) -> str:
     return str(caught.value)
 
 
-def test_the_control_tag_list_is_cosyvoice2s() -> None:
-    assert list(CONTROL_TAGS) == DOCUMENTED
+def test_the_readme_lists_every_control_tag() -> None:
+    tags = listed_tags(README.read_text(), "CosyVoice 2's control tags", "(the one list")
+    assert sorted(tags) == sorted(CONTROL_TAGS)
+
+
+def test_the_control_tags_are_cosyvoice2s_in_its_order(reference_dir: Path) -> None:
+    """As the reference set's notes on upstream's tokenizer list them, after its chat tokens."""
+    notes = (reference_dir / "README.md").read_text()
+    tokens = listed_tags(notes, "these additional special tokens, in this order", ".\n")
+    assert tokens[:3] == ["<|im_start|>", "<|im_end|>", "<|endofprompt|>"]
+    assert tokens[3:] == list(CONTROL_TAGS)
 
 
 @pytest.mark.parametrize("tag", CONTROL_TAGS)

@@ -1,0 +1,46 @@
+"""Writing a user's --out file so that a failed command never empties or truncates it.
+
+The bytes go to a temporary file beside the target (same folder, so the final rename stays on
+one file system and is atomic); only a command that succeeded moves it into place. A job that
+fails, times out or does not exist leaves an existing file exactly as it was, and no new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[IO[bytes]]:
+    """A binary file to write; on a clean exit of the block it becomes `path` (mode as a
+    plain open would give it), on an error it is removed and `path` is left untouched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    temporary = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out
+        os.chmod(temporary, _new_file_mode(path))
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def write_replacing(path: Path, data: bytes) -> None:
+    with replacing(path) as out:
+        out.write(data)
+
+
+def _new_file_mode(path: Path) -> int:
+    """The existing file's permissions, else what open() would give a new file (umask)."""
+    with contextlib.suppress(OSError):
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
