@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from workers.cli import main
+from workers.engine.cpu_features import HostCPU
 from workers.model.directory import QWEN_DIR, YAML_FILE, ModelDirectory
-from workers.model.flow_config import FlowConfig
+from workers.model.flow.config import FlowConfig
 from workers.model.loader import ModelConfigs, load_model
 from workers.tools.bench.cli import set_omp_wait_policy
 from workers.tools.bench.engine_bench import BenchOptions, BenchResult, RunFigures
@@ -38,7 +39,7 @@ def test_bench_prints_the_table_on_the_tiny_model(capsys: pytest.CaptureFixture[
         assert row in out
     for row in ("audio s", "RTF (mean / audio)", "peak RSS GB", "tokens/s", "HiFT"):
         assert row in out
-    assert "issue 4" not in out  # the targets are for the full-size model
+    assert "(targets: fp32" not in out  # the targets are for the full-size model
 
 
 def test_worker_cli_parser_loads_no_torch() -> None:
@@ -86,9 +87,12 @@ def test_forced_tokens_and_targets_table() -> None:
         runs=(figures, figures),
         load_average=(0.5, 1.5),
         omp_wait_policy="PASSIVE",
+        host=HostCPU("Test CPU", "x86_64", ("avx2",), 2),
+        precisions={"llm": "fp32", "flow": "fp32", "hift": "fp32"},
     )
     report = format_report(result)
     assert "100 speech tokens forced" in report
+    assert "CPU: Test CPU (x86_64, 2 cores); ISA: avx2" in report
     assert "OMP_WAIT_POLICY=PASSIVE; load average 0.50 before, 1.50 after" in report
     assert "whole chain RTF, 4 s utterance" in report and "met, 79% under" in report
     assert verdict(5.5, 5.0) == "missed, 10% over"
@@ -133,3 +137,47 @@ def test_bf16_against_fp32_on_the_tiny_model(capsys: pytest.CaptureFixture[str])
     lines = [line for line in out.splitlines() if "(same" in line or "(centred)" in line]
     values = [float(line.split()[-1]) for line in lines]
     assert len(values) == 5 and all(0.0 < v < 100.0 for v in values)  # close, not identical
+
+
+def test_bench_json_has_every_figure_the_cpu_and_each_stage_beside_its_floor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "--runs", "1", "--threads", "1", "--text", "Hello.", "--tokens", "4"]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["cpu"]["model"] and isinstance(doc["cpu"]["flags"], list)
+    assert doc["precisions"]["llm"] == "fp32" and doc["precisions"]["hift_source_stft"] == "fp32"
+    summary = doc["summary"]
+    for key in ("rtf", "ms_per_token", "flow_s", "hift_s", "load_s", "peak_rss_gb", "mean_s"):
+        assert summary[key] > 0, key
+    floors = doc["floors"]
+    assert floors["bandwidth_gbs"] > 0 and floors["gemm_gflops"]["fp32"] > 0
+    assert floors["flow_gflop"] > 0 and 0 < floors["flow_ops"]["matmul"] < 1
+    for stage in ("llm", "flow", "hift"):
+        entry = doc["stages"][stage]
+        assert entry["precision"] == "fp32" and entry["floor_s"] > 0
+        assert entry["x_floor"] == pytest.approx(
+            (entry["s"] - (entry["first_token_s"] if stage == "llm" else 0)) / entry["floor_s"]
+        )
+    assert doc["stages"]["llm"]["floor_ms_per_token"] == pytest.approx(
+        1e3 * floors["llm_bytes_per_step"] / (floors["bandwidth_gbs"] * 1e9)
+    )
+    assert len(doc["runs"]) == 1 and doc["runs"][0]["speech_tokens"] == 4
+
+
+def test_each_stage_bench_is_a_bench_subcommand_on_the_shared_arguments(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from workers.cli import build_parser  # noqa: PLC0415
+    from workers.tools.bench import stage_cli  # noqa: PLC0415
+
+    parser = build_parser()
+    for stage, handler in (("llm", stage_cli.run_llm), ("flow", stage_cli.run_flow)):
+        args = parser.parse_args(["bench", stage, "--threads", "1", "--tokens", "7"])
+        assert args.handler is handler and args.threads == 1 and args.tokens == 7
+        assert args.runs == 3 and args.omp_wait_policy == "inherit"
+    args = parser.parse_args(["bench", "hift", "--frames", "20", "--runs", "1"])
+    assert args.handler is stage_cli.run_hift and (args.frames, args.runs) == (20, 1)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "flow", "--dtype", "bf16"])  # the engine bench times that
+    assert "invalid choice: 'bf16'" in capsys.readouterr().err

@@ -13,12 +13,18 @@ from workers.tools.bench.batch_cli import parse_batch_sizes
 ARGS = ["bench", "batch", "--batch-sizes", "1,3", "--tokens", "5", "--threads", "1"]
 
 
-def test_json_prints_only_the_listed_keys_per_batch_size(
+def test_json_has_the_plain_run_and_the_listed_keys_per_batch_size(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main([*ARGS, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert list(doc) == ["rows"]
+    assert doc["dtype"] == "fp32" and doc["tokens"] == 5 and len(doc["load_average"]) == 2
+    assert doc["plain_throughput"] == pytest.approx(
+        doc["plain_audio_s"] / doc["plain_wall_s"], rel=1e-3
+    )
+    assert doc["b1_over_plain"] == pytest.approx(
+        doc["rows"][0]["throughput"] / doc["plain_throughput"], rel=1e-3
+    )
     assert [row["batch_size"] for row in doc["rows"]] == [1, 3]
     for row in doc["rows"]:
         assert tuple(row) == JSON_KEYS

@@ -50,3 +50,25 @@ def test_chunk_table_has_the_flow_seconds_per_audio_second_and_the_recompute_run
     assert "0.10 s   0.05   0.05 s   0.08" in table  # 0.1 s of flow for 2 s of audio
     bench.recompute = run([0.5, 1.2], [1.0, 2.0], 5.0)
     assert "chunks without the flow cache (prefix re-run per hop)" in format_table(bench)
+
+
+def test_queue_jobs_are_listed_one_line_each_and_in_the_json() -> None:
+    import json  # noqa: PLC0415
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from workers.tools.bench.stream_bench import QueueFigures, QueueRuns  # noqa: PLC0415
+
+    jobs = [QueueFigures(2.5, 2.0, 9.0, 4, 0.1), QueueFigures(1.5, None, 8.0, 4, 0.0)]
+    bench = StreamBench(
+        model="m",
+        tokens=250,
+        nonstream_s=5.0,
+        runs=[run([0.5], [1.0], 5.0)],
+        load_average=(1.0, 1.0),
+        queue=QueueRuns(jobs=jobs),
+    )
+    table = format_table(bench)
+    assert "job 1: first chunk 2.50 s after submit (2.00 s after job start" in table
+    assert "job 2: first chunk 1.50 s after submit (n/a after job start" in table
+    doc = json.loads(json.dumps(asdict(bench)))
+    assert [job["first_from_start_s"] for job in doc["queue"]["jobs"]] == [2.0, None]

@@ -10,8 +10,8 @@ import pytest
 from shared.errors import InvalidRequestError
 from shared.jobs import RequestLimits, validate_request
 from shared.settings import load_settings
-from workers.tools.bench.soak import ProcessMemory, SoakOptions, SoakReport
 from workers.tools.bench.soak_jobs import BAD_KINDS, SOAK_VOICE, soak_jobs
+from workers.tools.bench.soak_report import ProcessMemory, SoakOptions, SoakReport
 
 
 @pytest.fixture

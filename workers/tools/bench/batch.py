@@ -189,7 +189,25 @@ def run(options: BenchOptions, batch_sizes: Sequence[int]) -> BatchBench:
 
 
 def format_json(result: BatchBench) -> str:
-    return json.dumps({"rows": [row.json_row() for row in result.rows]})
+    """The rows, and the plain `engine.run` they are held to (`b1_over_plain`: the B=1 row's
+    throughput over it, null without a B=1 row)."""
+    base = next((r.throughput for r in result.rows if r.batch_size == 1), None)
+    plain = result.plain_throughput
+    return json.dumps(
+        {
+            "model": result.model,
+            "device": result.device,
+            "dtype": result.dtype,
+            "tokens": result.tokens,
+            "plain_wall_s": round(result.plain_wall_s, 4),
+            "plain_audio_s": round(result.plain_audio_s, 4),
+            "plain_throughput": round(plain, 4),
+            "b1_over_plain": round(base / plain, 4) if base and plain else None,
+            "load_average": [round(x, 2) for x in result.load_average],
+            "omp_wait_policy": result.omp_wait_policy,
+            "rows": [row.json_row() for row in result.rows],
+        }
+    )
 
 
 def format_table(result: BatchBench) -> str:

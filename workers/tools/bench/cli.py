@@ -24,6 +24,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.quantization_cli",
     "workers.tools.bench.batch_cli",
     "workers.tools.bench.stream_cli",
+    "workers.tools.bench.document_cli",
+    "workers.tools.bench.stage_cli",  # llm, flow, hift
 )
 
 
@@ -35,6 +37,12 @@ def register(subparsers: Any) -> None:
         "repeated inference, RTF, RSS, per-stage times) and print a table.",
     )
     add_engine_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print every figure as JSON")
+    parser.add_argument(
+        "--no-floors",
+        action="store_true",
+        help="skip measuring the machine's bandwidth and GEMM rate and each stage's floor",
+    )
     parser.set_defaults(handler=run_engine_bench)
     commands = parser.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
     for module_name in SUBCOMMANDS:
@@ -103,9 +111,15 @@ def run_engine_bench(args: argparse.Namespace) -> int:
     policy = set_omp_wait_policy(args.omp_wait_policy)
     from workers.tools.bench.engine_bench import BenchOptions, run_bench  # noqa: PLC0415 (after OMP)
     from workers.tools.bench.report import format_report  # noqa: PLC0415
+    from workers.tools.bench.report_json import format_json  # noqa: PLC0415
 
     options = BenchOptions.from_args(
-        args, runs=args.runs, compare_fp32=args.compare_fp32, omp_wait_policy=policy
+        args,
+        runs=args.runs,
+        compare_fp32=args.compare_fp32,
+        omp_wait_policy=policy,
+        floors=not args.no_floors,
     )
-    print(format_report(run_bench(options)))
+    result = run_bench(options)
+    print(format_json(result) if args.json else format_report(result))
     return 0

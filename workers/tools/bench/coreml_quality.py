@@ -23,9 +23,9 @@ from workers.coreml.convert.compress import decompressed_weights, load_into
 from workers.coreml.convert.graphs import flow_graphs, hift_graphs
 from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE
 from workers.model.features import MelConfig, prompt_mel
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.hift import HiFTGenerator
-from workers.model.hift_source import SourceNoise, draw_source_noise
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.model import HiFTGenerator
+from workers.model.hift.source import SourceNoise, draw_source_noise
 
 
 @dataclass(frozen=True)

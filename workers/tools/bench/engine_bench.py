@@ -1,6 +1,6 @@
 """`cosyq-worker bench`: the whole engine, load to samples, on one machine, as a printed table.
 
-Measures what issue 4 asks: model load, first inference, mean and p95 over R runs of a fixed
+Measures: model load, first inference, mean and p95 over R runs of a fixed
 text, audio seconds, RTF, RSS after load and peak RSS, and per stage (frontend, LLM prefill and
 tokens/s, flow, HiFT). Models: `tiny` (written to a temporary folder), `full-random` (the FULL
 architecture with random weights, written once to a cache folder by a child process, loaded
@@ -26,12 +26,15 @@ import soundfile
 import torch
 
 from workers.engine.api import SynthesisInput
-from workers.engine.pipeline import EngineOptions, SynthesisPipeline, build_engine
+from workers.engine.cpu_features import HostCPU, host_cpu
+from workers.engine.pipeline import EngineOptions, SynthesisPipeline, build_engine, engine_output
 from workers.engine.requests import RequestState
+from workers.service.quality import QualityPolicy, judge
 from workers.tools.bench import DEFAULT_TEXT
+from workers.tools.bench.floors import Floors, measure_floors, stage_precisions
 from workers.tools.bench.precision import PrecisionReport, compare_precision
 
-FULL_RANDOM_TOKENS = 100  # 4 s of audio, as in issue 4's table
+FULL_RANDOM_TOKENS = 100  # 4 s of audio, as in the table upstream was measured with
 DEFAULT_CACHE = Path.home() / ".cache" / "cosyq" / "full-random"  # ~2.5 GB, written once
 DEFAULT_HASH_CACHE = Path.home() / ".cache" / "cosyq" / "hashes"  # as the worker's default
 COMPARE_TOKENS = 50  # speech tokens fed to both precisions when none are forced
@@ -51,6 +54,7 @@ class BenchOptions:
     cache_dir: Path = DEFAULT_CACHE
     hash_cache_dir: Path = DEFAULT_HASH_CACHE
     compare_fp32: bool = False  # also load an fp32 engine and report per-stage SNR
+    floors: bool = True  # measure the machine's rates and each stage's floor (CPU only)
     omp_wait_policy: str = "(unset)"  # as in force for this process (reported)
 
     @classmethod
@@ -84,9 +88,17 @@ class RunFigures:
     speech_tokens: int
     pieces: int
     first_token_s: float
+    quality_s: float = 0.0  # the worker's quality measures and verdict on this run's output
 
     @classmethod
-    def of(cls, wall_s: float, samples: np.ndarray, rate: int, state: RequestState) -> RunFigures:
+    def of(
+        cls,
+        wall_s: float,
+        samples: np.ndarray,
+        rate: int,
+        state: RequestState,
+        quality_s: float = 0.0,
+    ) -> RunFigures:
         return cls(
             wall_s=wall_s,
             audio_s=samples.shape[0] / rate,
@@ -94,6 +106,7 @@ class RunFigures:
             speech_tokens=state.speech_tokens,
             pieces=state.pieces,
             first_token_s=state.llm_first_token_s,
+            quality_s=quality_s,
         )
 
     @property
@@ -117,6 +130,9 @@ class BenchResult:
     runs: tuple[RunFigures, ...]
     load_average: tuple[float, float]  # 1-minute load average before and after (shared hosts)
     omp_wait_policy: str
+    host: HostCPU
+    precisions: dict[str, str]  # the dtype each stage computes in
+    floors: Floors | None = None
     precision: PrecisionReport | None = None
 
     @property
@@ -145,6 +161,15 @@ class BenchResult:
     @property
     def first_token_s(self) -> float:
         return statistics.fmean(r.first_token_s for r in self.runs)
+
+    @property
+    def quality_s(self) -> float:
+        return statistics.fmean(r.quality_s for r in self.runs)
+
+    @property
+    def quality_share(self) -> float:
+        """The quality measures' cost against the job's synthesis wall time, run by run."""
+        return statistics.fmean(r.quality_s / r.wall_s for r in self.runs if r.wall_s > 0)
 
 
 def peak_rss_gb() -> float:
@@ -180,9 +205,14 @@ def prefill_positions(engine: SynthesisPipeline, request: SynthesisInput) -> int
 
 
 def _timed_run(engine: SynthesisPipeline, request: SynthesisInput) -> RunFigures:
+    """One synthesis, then the quality check a worker runs on its output (timed apart)."""
     start = time.perf_counter()
     samples, state = engine.run(request)
-    return RunFigures.of(time.perf_counter() - start, samples, engine.sample_rate, state)
+    wall_s = time.perf_counter() - start
+    start = time.perf_counter()
+    judge(engine_output(samples, engine.sample_rate, state), QualityPolicy())
+    quality_s = time.perf_counter() - start
+    return RunFigures.of(wall_s, samples, engine.sample_rate, state, quality_s)
 
 
 def run_bench(options: BenchOptions) -> BenchResult:
@@ -210,7 +240,9 @@ def run_bench(options: BenchOptions) -> BenchResult:
         prefill = prefill_positions(engine, request)
         first = _timed_run(engine, request)
         runs = tuple(_timed_run(engine, request) for _ in range(options.runs))
-        peak = peak_rss_gb()  # before a comparison engine is loaded
+        peak = peak_rss_gb()  # before the floors' buffers and a comparison engine
+        precisions = stage_precisions(engine)
+        floors = _floors(options, engine, voice, first, precisions)
         precision = None
         if options.compare_fp32 and options.dtype != "fp32":
             precision = _compare(options, root, engine, request, Path(workdir))
@@ -227,8 +259,25 @@ def run_bench(options: BenchOptions) -> BenchResult:
         runs=runs,
         load_average=(load_before, os.getloadavg()[0]),
         omp_wait_policy=options.omp_wait_policy,
+        host=host_cpu(),
+        precisions=precisions,
+        floors=floors,
         precision=precision,
     )
+
+
+def _floors(
+    options: BenchOptions,
+    engine: SynthesisPipeline,
+    voice: Any,
+    first: RunFigures,
+    precisions: dict[str, str],
+) -> Floors | None:
+    """One piece's floors (the run's pieces are alike here), on CPU only."""
+    if not options.floors or not engine.identity.device.startswith("cpu"):
+        return None
+    tokens = max(1, first.speech_tokens // max(1, first.pieces))
+    return measure_floors(engine, voice, tokens, precisions)
 
 
 def _compare(

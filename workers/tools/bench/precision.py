@@ -19,8 +19,8 @@ import torch
 
 from workers.engine.api import VoicePrompt
 from workers.engine.pipeline import SynthesisPipeline
-from workers.engine.stages import ModuleFlow, ModuleVocoder, TorchSpeechTokens, source_noise
-from workers.model.qwen2 import KVCache
+from workers.engine.stages import ModuleFlow, ModuleSpeechTokens, ModuleVocoder, source_noise
+from workers.model.llm.qwen2 import KVCache
 
 
 def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
@@ -58,7 +58,7 @@ class PrecisionReport:
 def first_step_logp(engine: SynthesisPipeline, text: list[int], prompt: VoicePrompt) -> np.ndarray:
     """The LLM's centred log-probs after prefilling `text` on `prompt`'s speech tokens."""
     llm = engine.llm
-    if not isinstance(llm, TorchSpeechTokens):
+    if not isinstance(llm, ModuleSpeechTokens):
         raise TypeError("the precision check needs the torch LLM stage")
     model = llm.model
     ids = [torch.as_tensor(x, dtype=torch.long, device=model.device) for x in (text, [])]

@@ -46,8 +46,8 @@ from workers.coreml.stages import HIFT_SOURCE
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
 from workers.model.features import MelConfig
-from workers.model.flow import CausalMaskedDiffWithXvec, build_flow
-from workers.model.hift import HiFTGenerator, build_hift
+from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
+from workers.model.hift.model import HiFTGenerator, build_hift
 from workers.tools.bench.coreml_quality import (
     BenchRequest,
     Quality,
@@ -57,8 +57,7 @@ from workers.tools.bench.coreml_quality import (
     synthesize,
     variant_modules,
 )
-from workers.tools.bench.flow_stage import random_flow
-from workers.tools.bench.hift_stage import random_full_hift
+from workers.tools.fixtures.random_weights import random_flow, random_full_hift
 from workers.tools.reference.configs import (
     flow_config_from_reference,
     hift_config_from_reference,

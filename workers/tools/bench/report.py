@@ -1,4 +1,4 @@
-"""The engine bench's printed tables, and issue 4's upstream figures and targets beside ours."""
+"""The engine bench's printed tables, and upstream's figures and our targets beside ours."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from workers.tools.bench.engine_bench import BenchResult
 
 @dataclass(frozen=True)
 class Target:
-    """One row of issue 4's table: upstream on this kind of machine and our target."""
+    """One row of the engine bench's table: upstream on this kind of machine and our target."""
 
     measure: str
     upstream: float
     target: float
 
 
-# Full size, random weights, fp32, 2 threads, stop ids masked to force 100 tokens (issue 4).
+# Full size, random weights, fp32, 2 threads, stop ids masked to force 100 tokens.
 TARGETS = {
     "ms_per_token": Target("LLM per token, batch 1 (ms)", 122.7, 55.0),
     "prefill_s": Target("LLM prefill (s)", 0.41, 0.3),
@@ -58,6 +58,8 @@ def headline(result: BenchResult) -> list[str]:
         f"{len(result.runs)} timed runs after a first one, seed {o.seed}",
         f"OMP_WAIT_POLICY={result.omp_wait_policy}; load average {result.load_average[0]:.2f} "
         f"before, {result.load_average[1]:.2f} after, on {os.cpu_count()} CPUs",
+        result.host.line(),
+        "precision per stage: " + ", ".join(f"{k} {v}" for k, v in result.precisions.items()),
     ]
 
 
@@ -79,23 +81,96 @@ def summary_table(result: BenchResult) -> list[str]:
 
 
 def stage_table(result: BenchResult) -> list[str]:
+    """Per stage: mean seconds, the floor on this machine and how many times it we run."""
     r = result
-    tokens = r.runs[0].speech_tokens
+    tokens, pieces = r.runs[0].speech_tokens, r.runs[0].pieces
     per_s = 1e3 / r.ms_per_token if r.ms_per_token > 0 else 0.0
+    floor = stage_floors(r)
     rows = [
-        ("stage (mean per run)", "s", "detail"),
-        ("frontend", f"{r.stage_mean('frontend'):.3f}", "normalise, split, tokenize"),
+        ("stage (mean per run)", "s", "floor s", "x floor", "detail"),
+        ("frontend", f"{r.stage_mean('frontend'):.3f}", "-", "-", "normalise, split, tokenize"),
         (
             "LLM",
             f"{r.stage_mean('llm'):.3f}",
+            *_floor_cells(floor.get("llm"), r.stage_mean("llm") - r.first_token_s),
             f"{tokens} tokens; first token {r.first_token_s:.3f} s "
             f"({r.prefill_positions} positions prefilled); {r.ms_per_token:.1f} ms/token "
-            f"= {per_s:.1f} tokens/s",
+            f"= {per_s:.1f} tokens/s" + _decode_floor(r),
         ),
-        ("flow", f"{r.stage_mean('flow'):.3f}", f"{2 * tokens} mel frames + prompt"),
-        ("HiFT", f"{r.stage_mean('hift'):.3f}", f"{2 * tokens} frames -> {r.audio_s:.2f} s"),
+        (
+            "flow",
+            f"{r.stage_mean('flow'):.3f}",
+            *_floor_cells(floor.get("flow"), r.stage_mean("flow")),
+            f"{2 * tokens} mel frames + prompt" + _flow_detail(r),
+        ),
+        (
+            "HiFT",
+            f"{r.stage_mean('hift'):.3f}",
+            *_floor_cells(floor.get("hift"), r.stage_mean("hift")),
+            f"{2 * tokens} frames -> {r.audio_s:.2f} s"
+            + (f"; {r.floors.hift_gflop * pieces:.1f} GFLOP" if r.floors else ""),
+        ),
+        (
+            "quality",
+            f"{r.quality_s:.4f}",
+            "-",
+            "-",
+            f"measures + verdict: {r.quality_share:.3%} of each run's wall time",
+        ),
     ]
     return _rows(rows, text_last=True)
+
+
+def stage_floors(result: BenchResult) -> dict[str, float]:
+    """Floor seconds per run: the LLM's decode (tokens after each piece's first), flow, HiFT."""
+    f, run = result.floors, result.runs[0]
+    if f is None:
+        return {}
+    decoded = run.speech_tokens - run.pieces
+    return {
+        "llm": f.llm_ms_per_token * decoded / 1e3,
+        "flow": f.flow_s * run.pieces,
+        "hift": f.hift_s * run.pieces,
+    }
+
+
+def _floor_cells(floor: float | None, ours: float) -> tuple[str, str]:
+    if floor is None or floor <= 0:
+        return "-", "-"
+    return f"{floor:.3f}", f"{ours / floor:.2f}"
+
+
+def _decode_floor(r: BenchResult) -> str:
+    if r.floors is None:
+        return ""
+    f = r.floors
+    return (
+        f"; decode floor {f.llm_ms_per_token:.1f} ms/token = {f.llm_bytes_per_step / 1e9:.2f} GB "
+        f"per step / {f.bandwidth_gbs:.1f} GB/s (x floor: decode only)"
+    )
+
+
+def _flow_detail(r: BenchResult) -> str:
+    if r.floors is None:
+        return ""
+    f, ops = r.floors, r.floors.flow_ops
+    return (
+        f"; {f.flow_gflop * r.runs[0].pieces:.1f} GFLOP at "
+        f"{f.gemm_gflops[r.precisions['flow']]:.0f} GFLOP/s; not matrix products "
+        f"{ops.not_matmul:.0%} (attention {ops.attention:.0%}, other ops {ops.other_ops:.0%}, "
+        f"between ops {ops.outside_ops:.0%})"
+    )
+
+
+def floor_lines(result: BenchResult) -> list[str]:
+    f = result.floors
+    if f is None:
+        return ["floors: not measured (--no-floors, or not a CPU run)"]
+    rates = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in f.gemm_gflops.items())
+    return [
+        f"machine (best of a few, so load only lowers them): memory bandwidth "
+        f"{f.bandwidth_gbs:.1f} GB/s (sum over 512 MB); GEMM 1024^3: {rates}"
+    ]
 
 
 def ours(result: BenchResult) -> dict[str, float]:
@@ -119,7 +194,7 @@ def verdict(value: float, target: float) -> str:
 
 def target_table(result: BenchResult) -> list[str]:
     o = result.options
-    title = f"issue 4 (targets: fp32, 2 threads; ours: {o.dtype}, {o.threads} threads)"
+    title = f"engine bench (targets: fp32, 2 threads; ours: {o.dtype}, {o.threads} threads)"
     rows = [(title, "upstream", "target", "ours", "")]
     for key, value in ours(result).items():
         t = TARGETS[key]
@@ -137,6 +212,7 @@ def target_table(result: BenchResult) -> list[str]:
 
 def format_report(result: BenchResult) -> str:
     parts = [*headline(result), "", *summary_table(result), "", *stage_table(result)]
+    parts += floor_lines(result)
     if result.options.config == "full-random" and result.options.model_dir is None:
         parts += ["", *target_table(result)]
     if result.precision is not None:

@@ -11,14 +11,8 @@ last job (sampled from the pool's own /metrics, `cosyq_worker_rss_bytes`), and t
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,87 +25,20 @@ from producer import CosyqClient
 from shared import keys
 from shared.settings import load_settings
 from workers.tools.bench.soak_jobs import SOAK_VOICE, SoakJob, soak_jobs
-from workers.tools.bench.soak_report import pool_events, scrape_rss
+from workers.tools.bench.soak_report import (
+    ProcessMemory,
+    SoakOptions,
+    SoakReport,
+    pool_events,
+    scrape_rss,
+)
 from workers.tools.local_redis import LocalRedis, free_port
+from workers.tools.pool_process import pool_process
 
 POLL_S = 1.0  # status poll and RSS sample period
-STALL_S = 180.0  # no job ended for this long: the rest count as lost
-POOL_STOP_TIMEOUT_S = 120.0
 FETCH_CHUNK = 500
 RECYCLE_REASONS = frozenset({"max_jobs", "rss", "lifetime", "job_timeout"})
 TERMINAL = frozenset({"finished", "failed"})
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class SoakOptions:
-    jobs: int = 1000
-    pool: int = 2
-    max_jobs: int = 50
-    bad_every: int = 20  # every 20th job is bad: 5%
-    seed: int = 0
-    stall_s: float = STALL_S
-
-
-@dataclass
-class ProcessMemory:
-    """One worker process: its jobs and RSS samples (wall time, bytes)."""
-
-    pid: int
-    job_ends: list[float] = field(default_factory=list)
-    samples: list[tuple[float, float]] = field(default_factory=list)
-
-    def rss_after(self, moment: float) -> float | None:
-        later = [rss for at, rss in self.samples if at >= moment]
-        if later:
-            return later[0] / MIB
-        return self.samples[-1][1] / MIB if self.samples else None
-
-    @property
-    def first_job_mb(self) -> float | None:
-        return self.rss_after(min(self.job_ends)) if self.job_ends else None
-
-    @property
-    def last_job_mb(self) -> float | None:
-        return self.rss_after(max(self.job_ends)) if self.job_ends else None
-
-    @property
-    def max_mb(self) -> float:
-        return max((rss for _, rss in self.samples), default=0.0) / MIB
-
-
-@dataclass
-class SoakReport:
-    options: SoakOptions
-    jobs: int
-    bad: int
-    finished: int
-    failed: int
-    lost: int
-    recycles: int
-    crashes: int
-    wall_s: float
-    audio_s: float
-    processes: list[ProcessMemory]
-    unexpected: list[str]  # good jobs that failed, bad ones that finished: with reasons
-    load_average: tuple[float, float]  # 1-minute load before and after
-
-    @property
-    def max_rss_mb(self) -> float:
-        return max((p.max_mb for p in self.processes), default=0.0)
-
-    def as_json(self) -> dict[str, object]:
-        """Exactly the keys the issue asks `--json` for."""
-        return {
-            "jobs": self.jobs,
-            "bad": self.bad,
-            "finished": self.finished,
-            "failed": self.failed,
-            "lost": self.lost,
-            "recycles": self.recycles,
-            "max_rss_mb": round(self.max_rss_mb, 1),
-            "wall_s": round(self.wall_s, 2),
-        }
 
 
 def run_soak(options: SoakOptions) -> SoakReport:
@@ -134,7 +61,7 @@ def run_soak(options: SoakOptions) -> SoakReport:
         )
         connection = redis.Redis.from_url(server.url)
         with (
-            _pool(env, options.pool, workdir / "pool.log") as pool_log,
+            pool_process(env, options.pool, workdir / "pool.log") as pool_log,
             CosyqClient(settings) as client,
         ):
             audio = (model_dir / "prompt.wav").read_bytes()
@@ -170,23 +97,6 @@ def _pool_env(
     # while waiting starve them (the pool sets this itself only for two or more slots).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
-
-
-@contextmanager
-def _pool(env: dict[str, str], size: int, log_path: Path) -> Iterator[Path]:
-    """`cosyq-worker pool -n size`, stopped warmly on the way out; yields its log's path."""
-    with log_path.open("ab") as log:
-        command = [sys.executable, "-m", "workers.cli", "pool", "-n", str(size)]
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield log_path
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=POOL_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _submit(client: CosyqClient, connection: redis.Redis, planned: list[SoakJob]) -> list[str]:

@@ -5,15 +5,86 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-if TYPE_CHECKING:
-    from workers.tools.bench.soak import SoakReport
-
 SCRAPE_TIMEOUT_S = 5.0
+STALL_S = 180.0  # no job ended for this long: the rest count as lost
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    jobs: int = 1000
+    pool: int = 2
+    max_jobs: int = 50
+    bad_every: int = 20  # every 20th job is bad: 5%
+    seed: int = 0
+    stall_s: float = STALL_S
+
+
+@dataclass
+class ProcessMemory:
+    """One worker process: its jobs and RSS samples (wall time, bytes)."""
+
+    pid: int
+    job_ends: list[float] = field(default_factory=list)
+    samples: list[tuple[float, float]] = field(default_factory=list)
+
+    def rss_after(self, moment: float) -> float | None:
+        later = [rss for at, rss in self.samples if at >= moment]
+        if later:
+            return later[0] / MIB
+        return self.samples[-1][1] / MIB if self.samples else None
+
+    @property
+    def first_job_mb(self) -> float | None:
+        return self.rss_after(min(self.job_ends)) if self.job_ends else None
+
+    @property
+    def last_job_mb(self) -> float | None:
+        return self.rss_after(max(self.job_ends)) if self.job_ends else None
+
+    @property
+    def max_mb(self) -> float:
+        return max((rss for _, rss in self.samples), default=0.0) / MIB
+
+
+@dataclass
+class SoakReport:
+    options: SoakOptions
+    jobs: int
+    bad: int
+    finished: int
+    failed: int
+    lost: int
+    recycles: int
+    crashes: int
+    wall_s: float
+    audio_s: float
+    processes: list[ProcessMemory]
+    unexpected: list[str]  # good jobs that failed, bad ones that finished: with reasons
+    load_average: tuple[float, float]  # 1-minute load before and after
+
+    @property
+    def max_rss_mb(self) -> float:
+        return max((p.max_mb for p in self.processes), default=0.0)
+
+    def as_json(self) -> dict[str, object]:
+        """The keys `--json` prints (scripts read them)."""
+        return {
+            "jobs": self.jobs,
+            "bad": self.bad,
+            "finished": self.finished,
+            "failed": self.failed,
+            "lost": self.lost,
+            "recycles": self.recycles,
+            "max_rss_mb": round(self.max_rss_mb, 1),
+            "wall_s": round(self.wall_s, 2),
+        }
 
 
 def scrape_rss(address: str) -> dict[int, float]:

@@ -33,7 +33,7 @@ from workers.engine.requests import RequestState
 from workers.tools.bench.engine_bench import BenchOptions, forced_tokens, model_directory
 
 FORCED_ENV = "BENCH_STREAM_FORCED_TOKENS"  # read by `forced_engine` in the bench's worker
-FULL_RANDOM_STREAM_TOKENS = 250  # 10 s of audio: the issue's upstream comparison
+FULL_RANDOM_STREAM_TOKENS = 250  # 10 s of audio: what upstream's figure was measured on
 
 
 @dataclass
@@ -78,13 +78,21 @@ class QueueFigures:
 
 
 @dataclass
+class QueueRuns:
+    """Streamed jobs of the same voice sent one after another through one real worker: the
+    first pays what a voice's first job pays, the later ones show the steady state."""
+
+    jobs: list[QueueFigures]
+
+
+@dataclass
 class StreamBench:
     model: str
     tokens: int | None
     nonstream_s: float
     runs: list[StreamRun]
     load_average: tuple[float, float]
-    queue: QueueFigures | None = None
+    queue: QueueRuns | None = None
     recompute: StreamRun | None = None  # one run re-running the flow over the prefix per hop
 
 
@@ -93,12 +101,16 @@ def forced_engine(settings: Any) -> Any:
     BENCH_STREAM_FORCED_TOKENS speech tokens (random weights never stop on their own)."""
     import dataclasses  # noqa: PLC0415
 
-    from workers.service.default_engine import engine_options  # noqa: PLC0415
+    from workers.service.default_engine import dtype_for, engine_options  # noqa: PLC0415
 
     forced = int(os.environ[FORCED_ENV]) if os.environ.get(FORCED_ENV) else None
     options = dataclasses.replace(engine_options(settings), forced_speech_tokens=forced)
     return build_engine(
-        settings.model_dir, device="cpu", options=options, hash_cache_dir=settings.hash_cache_dir
+        settings.model_dir,
+        device="cpu",
+        dtype=dtype_for(settings, "cpu"),
+        options=options,
+        hash_cache_dir=settings.hash_cache_dir,
     )
 
 
@@ -124,7 +136,12 @@ def _streamed(engine: Any, request: SynthesisInput) -> StreamRun:
 
 
 def run(
-    options: BenchOptions, *, jobs: int, through_queue: bool, compare_recompute: bool = False
+    options: BenchOptions,
+    *,
+    jobs: int,
+    through_queue: bool,
+    compare_recompute: bool = False,
+    queue_jobs: int = 2,
 ) -> StreamBench:
     torch.set_num_threads(options.threads)
     load_before = os.getloadavg()[0]
@@ -151,7 +168,7 @@ def run(
         runs = [_streamed(engine, request) for _ in range(jobs)]
         recompute = _recomputed(engine, request) if compare_recompute else None
         del engine
-        queue = _through_queue(root, options, Path(workdir)) if through_queue else None
+        queue = _through_queue(root, options, Path(workdir), queue_jobs) if through_queue else None
     return StreamBench(
         model=root.name,
         tokens=forced_tokens(options),
@@ -173,8 +190,9 @@ def _recomputed(engine: Any, request: SynthesisInput) -> StreamRun:
         engine.flow.stream_cache = True
 
 
-def _through_queue(root: Path, options: BenchOptions, workdir: Path) -> QueueFigures:
-    """One streamed job through a real redis-server and a real `cosyq-worker run`."""
+def _through_queue(root: Path, options: BenchOptions, workdir: Path, jobs: int) -> QueueRuns:
+    """`jobs` streamed jobs, one after another, through a real redis-server and one real
+    `cosyq-worker run`."""
     import redis  # noqa: PLC0415
 
     from producer.client import CosyqClient  # noqa: PLC0415
@@ -186,6 +204,7 @@ def _through_queue(root: Path, options: BenchOptions, workdir: Path) -> QueueFig
         env = worker_env(server.url, f"{__name__}:forced_engine", root, workdir / "out", 5)
         env.update(
             COSYQ_HASH_CACHE_DIR=str(workdir / "hashes"),
+            COSYQ_DTYPE=options.dtype,
             OMP_NUM_THREADS=str(options.threads),
         )
         if options.tokens is not None:
@@ -200,16 +219,20 @@ def _through_queue(root: Path, options: BenchOptions, workdir: Path) -> QueueFig
             )
             with CosyqClient(settings, connection=redis.Redis.from_url(server.url)) as client:
                 _wait_ready(client, worker, workdir / "worker.log")
-                submitted = time.perf_counter()
-                job = client.submit({"text": options.text, "seed": options.seed, "stream": True})
-                arrivals = [
-                    time.perf_counter() - submitted for _ in client.stream(job, timeout=3600)
-                ]
-                result = client.result(job, timeout=600)
+                figures = [_queue_job(client, options) for _ in range(jobs)]
         finally:
             worker.terminate()
             worker.wait(timeout=60)
             log.close()
+    return QueueRuns(jobs=figures)
+
+
+def _queue_job(client: Any, options: BenchOptions) -> QueueFigures:
+    """One streamed job (the default voice) submitted and read to its end."""
+    submitted = time.perf_counter()
+    job = client.submit({"text": options.text, "seed": options.seed, "stream": True})
+    arrivals = [time.perf_counter() - submitted for _ in client.stream(job, timeout=3600)]
+    result = client.result(job, timeout=600)
     return QueueFigures(
         first_from_submit_s=arrivals[0],
         first_from_start_s=result.timings.first_chunk_s,

@@ -28,6 +28,12 @@ def register_bench(commands: Any) -> None:
     stream.add_argument("--jobs", type=int, default=3, help="streamed runs (default 3)")
     stream.add_argument("--no-queue", action="store_true", help="skip the real-queue run")
     stream.add_argument(
+        "--queue-jobs",
+        type=int,
+        default=2,
+        help="streamed jobs of the same voice sent one after another to the worker (default 2)",
+    )
+    stream.add_argument(
         "--compare-recompute",
         action="store_true",
         help="one more streamed run without the flow cache (every hop re-runs the prefix)",
@@ -37,8 +43,8 @@ def register_bench(commands: Any) -> None:
 
 
 def run_stream_bench(args: argparse.Namespace) -> int:
-    if args.jobs < 1:
-        raise SystemExit("cosyq-worker bench stream: --jobs must be at least 1")
+    if args.jobs < 1 or args.queue_jobs < 1:
+        raise SystemExit("cosyq-worker bench stream: --jobs and --queue-jobs must be at least 1")
     set_omp_wait_policy(args.omp_wait_policy)
     from workers.tools.bench import stream_bench  # noqa: PLC0415 (torch only when it runs)
     from workers.tools.bench.engine_bench import BenchOptions  # noqa: PLC0415
@@ -49,6 +55,7 @@ def run_stream_bench(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         through_queue=not args.no_queue,
         compare_recompute=args.compare_recompute,
+        queue_jobs=args.queue_jobs,
     )
     print(json.dumps(asdict(result)) if args.json else format_table(result))
     return 0
@@ -113,12 +120,12 @@ def format_table(result: Any) -> str:
         f"stream stays ahead of playback: {'yes' if ahead else 'no'}",
     ]
     if result.queue is not None:
-        q = result.queue
-        start = "n/a" if q.first_from_start_s is None else f"{q.first_from_start_s:.2f} s"
-        lines += [
-            "",
-            f"through the queue: first chunk {q.first_from_submit_s:.2f} s after submit "
-            f"({start} after job start, queue wait {q.queue_wait_s:.2f} s), "
-            f"last {q.last_from_submit_s:.2f} s, {q.chunks} entries",
-        ]
+        lines += ["", "through the queue (one worker, same voice, one job after another):"]
+        for index, q in enumerate(result.queue.jobs, 1):
+            start = "n/a" if q.first_from_start_s is None else f"{q.first_from_start_s:.2f} s"
+            lines.append(
+                f"  job {index}: first chunk {q.first_from_submit_s:.2f} s after submit "
+                f"({start} after job start, queue wait {q.queue_wait_s:.2f} s), "
+                f"last {q.last_from_submit_s:.2f} s, {q.chunks} entries"
+            )
     return "\n".join(lines)
