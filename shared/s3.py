@@ -7,6 +7,7 @@ it is imported only when an s3:// URI is actually used.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from shared.errors import (
@@ -69,6 +70,27 @@ class S3Access:
         try:
             self.client().put_object(
                 Bucket=bucket, Key=key, Body=data, ContentType=content_type, Metadata=metadata
+            )
+        except Exception as e:
+            raise _translate(e, uri, "write") from e
+
+    def put_file(
+        self,
+        bucket: str,
+        key: str,
+        path: Path,
+        *,
+        content_type: str,
+        metadata: dict[str, str],
+        uri: str,
+    ) -> None:
+        """A local file uploaded in parts (boto3's managed transfer): never whole in memory."""
+        try:
+            self.client().upload_file(
+                str(path),
+                bucket,
+                key,
+                ExtraArgs={"ContentType": content_type, "Metadata": metadata},
             )
         except Exception as e:
             raise _translate(e, uri, "write") from e

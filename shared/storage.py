@@ -18,6 +18,7 @@ import errno
 import glob
 import os
 import re
+import shutil
 import socket
 import tempfile
 import time
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from shared.errors import (
@@ -108,6 +110,12 @@ class Storage(ABC):
         """Write `data` at `key` under the base URI, replacing any object there."""
 
     @abstractmethod
+    def put_file(
+        self, key: str, path: Path, content_type: str, metadata: Mapping[str, str]
+    ) -> StoredObject:
+        """Write the local file `path` at `key`, streamed (never whole in memory), atomically."""
+
+    @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object at `key` under the base URI (no error when it is not there)."""
 
@@ -178,6 +186,22 @@ class FileStorage(Storage):
         _remove_stale_temps(path, self._stale_temp_s)
         return StoredObject(uri=path.as_uri(), bytes=len(data))
 
+    def put_file(
+        self, key: str, path: Path, content_type: str, metadata: Mapping[str, str]
+    ) -> StoredObject:
+        target = self.root / check_output_key(key, limit=1024)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.parent.resolve().is_relative_to(self.root.resolve()):
+                raise StorageError(f"{key}: resolves outside {self.root} (a symlink?)")
+            with path.open("rb") as source:
+                _write_atomically(target, source)
+            size = target.stat().st_size
+        except OSError as e:
+            raise file_error(e, f"cannot write {target}") from e
+        _remove_stale_temps(target, self._stale_temp_s)
+        return StoredObject(uri=target.as_uri(), bytes=size)
+
     def delete(self, key: str) -> None:
         path = self.root / check_output_key(key, limit=1024)
         try:
@@ -206,19 +230,26 @@ def file_error(error: OSError, where: str) -> CosyqError:
     return StorageError(f"{where}: {cause}")
 
 
+_COPY_BLOCK = 1 << 20  # bytes per read when a file is copied into storage
+
+
 def _writer() -> str:
     """`<host>-<pid>`, in each temp file's name, so a later write can tell a dead writer's."""
     host = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname().split(".")[0]) or "host"
     return f"{host}-{os.getpid()}"
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, fsync, rename over the target."""
+def _write_atomically(path: Path, data: bytes | BinaryIO) -> None:
+    """Temp file in the same folder, fsync, rename over the target (`data`: bytes, or a file
+    copied in blocks)."""
     prefix = f".{path.name}.{_writer()}."
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as file:
-            file.write(data)
+            if isinstance(data, bytes):
+                file.write(data)
+            else:
+                shutil.copyfileobj(data, file, _COPY_BLOCK)
             file.flush()
             os.fsync(file.fileno())
         os.chmod(temp_name, 0o644)
@@ -274,6 +305,16 @@ class S3Storage(Storage):
             self.bucket, full_key, data, content_type=content_type, metadata=dict(metadata), uri=uri
         )
         return StoredObject(uri=uri, bytes=len(data))
+
+    def put_file(
+        self, key: str, path: Path, content_type: str, metadata: Mapping[str, str]
+    ) -> StoredObject:
+        full_key = self._full_key(key)
+        uri = f"s3://{self.bucket}/{full_key}"
+        self._s3.put_file(
+            self.bucket, full_key, path, content_type=content_type, metadata=dict(metadata), uri=uri
+        )
+        return StoredObject(uri=uri, bytes=path.stat().st_size)
 
     def delete(self, key: str) -> None:
         full_key = self._full_key(key)

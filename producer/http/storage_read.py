@@ -74,3 +74,17 @@ async def audio_response(context: FrontContext, result: SynthesisResult) -> Stre
         ) from e
     headers = {"Content-Length": str(size), "X-Cosyq-Job-Id": result.job_id}
     return StreamingResponse(chunks, media_type=CONTENT_TYPES[result.format], headers=headers)
+
+
+async def stored_response(
+    context: FrontContext, uri: str, media_type: str, headers: dict[str, str], what: str
+) -> StreamingResponse:
+    """Any stored object under the storage (a document's audio or captions), in chunks."""
+    check_under_storage(context, uri)
+    try:
+        chunks, size = await run_in_threadpool(_open, context, uri)
+    except ObjectNotFoundError as e:
+        raise ApiError(404, f"{what}: gone from storage ({e})", code="audio_not_found") from e
+    return StreamingResponse(
+        chunks, media_type=media_type, headers={"Content-Length": str(size), **headers}
+    )
