@@ -304,7 +304,7 @@ class Pool:
 
     def _log_exit(self, slot: Slot, code: int, was_loading: bool) -> None:
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        if was_loading and not self.stopping:
+        if (was_loading or slot.last_failure) and not self.stopping:  # or said FAILED once ready
             slot.failures += 1
             delay = self.config.backoff_s(slot.failures)
             slot.not_before = time.monotonic() + delay

@@ -11,11 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -25,8 +22,8 @@ from rich.table import Table
 
 from producer.cli import main as producer_main
 from workers.tools.local_redis import LocalRedis
+from workers.tools.pool_process import pool_process
 
-POOL_STOP_TIMEOUT_S = 120.0
 PIPED_WIDTH = 160  # table width when stdout is not a terminal (logs, CI)
 DEMO_REQUESTS: tuple[dict[str, Any], ...] = (
     {"text": "Hello! This is cosyq, turning text into speech through a Redis queue.",
@@ -52,23 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
     parser.add_argument("-n", "--workers", type=int, default=2, help="worker pool size")
     return parser
-
-
-@contextmanager
-def _pool(env: dict[str, str], workers: int, log_path: Path) -> Iterator[None]:
-    """`cosyq-worker pool -n K` as a child process, stopped warmly on the way out."""
-    with log_path.open("ab") as log:
-        command = [sys.executable, "-m", "workers.cli", "pool", "-n", str(workers)]
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            yield
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=POOL_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def _environment(stack: ExitStack, out: Path, workers: int, console: Console) -> dict[str, str]:
@@ -124,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     requests.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in DEMO_REQUESTS))
     with ExitStack() as stack:
         env = _environment(stack, out, args.workers, console)
-        stack.enter_context(_pool(env, args.workers, out / "worker.log"))
+        stack.enter_context(pool_process(env, args.workers, out / "worker.log"))
         console.print(f"started a pool of {args.workers} workers (log: {out / 'worker.log'})")
         os.environ.update(env)  # the producer CLI reads COSYQ_* like any producer would
         results = out / "results.jsonl"

@@ -25,49 +25,14 @@ from shared.start_failures import record_start_failure
 from tests.conftest import free_port
 from tests.doubles.redis_servers import secured_redis
 from workers.cli import main as worker_cli
+from workers.tools.doctor import coreml_run
+from workers.tools.doctor.checks import ROW_NAMES
+from workers.tools.doctor.model_checks import CACHE
 from workers.tools.doctor.rows import COREML_ONLY_ON_MACOS
+from workers.tools.doctor.stack_checks import COREML_RUNTIME_ROW
 
-EXPECTED_ROWS = {
-    "host": [
-        "settings",
-        "OS and architecture",
-        "native or Rosetta 2",
-        "macOS version",
-        "Python",
-        "threads per worker",
-        "OMP_WAIT_POLICY",
-    ],
-    "stack": [
-        "torch",
-        "MPS built and available",
-        "coremltools",
-        "Core ML native runtime (libcoremlpython)",
-        "onnxruntime providers",
-        "numpy < 2.4",
-        "soundfile formats",
-    ],
-    "services": ["Redis", "storage writable", "queues and workers"],
-    "model": [
-        "layout and strict checkpoint load",
-        "checkpoint hashes",
-        "Core ML packages match the checkpoints",
-        "compiled-model cache",
-    ],
-    "run": [
-        "torch-cpu fp32 (reference)",
-        "torch-mps fp32",
-        "Core ML cold compile and warm load",
-        "Core ML ALL",
-        "Core ML CPU_AND_GPU",
-        "Core ML CPU_AND_NE",
-        "Core ML compute plan (ops on ANE / GPU / CPU)",
-    ],
-}
-COREML_RUNTIME_ROWS = [
-    "Core ML native runtime (libcoremlpython)",
-    "compiled-model cache",
-    *EXPECTED_ROWS["run"][2:],
-]
+EXPECTED_ROWS = {group: list(names) for group, names in ROW_NAMES.items()}
+COREML_RUNTIME_ROWS = [COREML_RUNTIME_ROW, CACHE, *coreml_run.ROW_NAMES]  # none runs on Linux
 
 
 @pytest.fixture(scope="module")

@@ -11,31 +11,23 @@ from pathlib import Path
 
 from shared.errors import SettingsError
 from shared.settings import Settings, load_settings
-from workers.tools.doctor import run_checks
+from workers.tools.doctor import host_checks, model_checks, run_checks, service_checks, stack_checks
 from workers.tools.doctor.host_checks import host_rows
 from workers.tools.doctor.measure import RunOptions
-from workers.tools.doctor.model_checks import CACHE, HASHES, LAYOUT, PACKAGES, model_rows
+from workers.tools.doctor.model_checks import model_rows
 from workers.tools.doctor.rows import Row, Status, fail, ok, one_line, skip
 from workers.tools.doctor.service_checks import service_rows
 from workers.tools.doctor.stack_checks import stack_rows
 
 SETTINGS_ROW = "settings"
-NEED_SETTINGS = (
-    (
-        "host",
-        (
-            "OS and architecture",
-            "native or Rosetta 2",
-            "macOS version",
-            "Python",
-            "threads per worker",
-            "OMP_WAIT_POLICY",
-        ),
-    ),
-    ("services", ("Redis", "storage writable", "queues and workers")),
-    ("model", (LAYOUT, HASHES, PACKAGES, CACHE)),
-    ("run", run_checks.ROW_NAMES),
-)
+ROW_NAMES = {  # every row of a report, by group, in order: each check module declares its own
+    "host": (SETTINGS_ROW, *host_checks.ROW_NAMES),
+    "stack": stack_checks.ROW_NAMES,
+    "services": service_checks.ROW_NAMES,
+    "model": model_checks.ROW_NAMES,
+    "run": run_checks.ROW_NAMES,
+}
+NEED_SETTINGS = tuple((group, ROW_NAMES[group]) for group in ("services", "model", "run"))
 
 
 def load_doctor_settings() -> Settings | SettingsError:
@@ -64,10 +56,9 @@ def all_rows(
             )
         ]
         why = "the settings are invalid"
-        host, *others = NEED_SETTINGS
-        rows += [skip("host", name, why) for name in host[1]]
+        rows += [skip("host", name, why) for name in host_checks.ROW_NAMES]
         rows += stack_rows(system=system)  # needs no settings
-        rows += [skip(group, name, why) for group, names in others for name in names]
+        rows += [skip(group, name, why) for group, names in NEED_SETTINGS for name in names]
         return rows
     return checked_rows(settings, model_dir=model_dir, quick=quick, options=options, system=system)
 

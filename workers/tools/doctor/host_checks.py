@@ -16,6 +16,22 @@ from workers.service.host import is_translated, physical_cores, threads_per_work
 from workers.tools.doctor.rows import Row, fail, ok, skip
 
 GROUP = "host"
+OS_ROW = "OS and architecture"
+ROSETTA_ROW = "native or Rosetta 2"
+MACOS_ROW = "macOS version"
+PYTHON_ROW = "Python"
+THREADS_ROW = "threads per worker"
+OMP_ROW = "OMP_WAIT_POLICY"
+PRECISION_ROW = "precision (COSYQ_DTYPE)"
+ROW_NAMES = (  # in report order
+    OS_ROW,
+    ROSETTA_ROW,
+    MACOS_ROW,
+    PYTHON_ROW,
+    THREADS_ROW,
+    OMP_ROW,
+    PRECISION_ROW,
+)
 MIN_PYTHON = (3, 11)
 MACOS_COREML = (14, 0)  # the conversion's lowest target: flow and HiFT on Core ML
 MACOS_STATEFUL = (15, 0)  # stateful Core ML: the LLM's KV cache as a Core ML state
@@ -41,31 +57,55 @@ def host_rows(settings: Settings, *, system: str = sys.platform) -> list[Row]:
         python_row(),
         threads_row(settings),
         omp_row(settings),
+        precision_row(settings),
     ]
+
+
+def precision_row(settings: Settings) -> Row:
+    """The CPU and its ISA flags, and the precision COSYQ_DTYPE means here (as the worker
+    resolves and logs it at start: `auto` measures a quick bf16 check)."""
+    from workers.engine.auto_dtype import resolve_dtype_setting  # noqa: PLC0415 (torch)
+    from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
+    from workers.engine.devices import resolve_device  # noqa: PLC0415
+
+    host = host_cpu()
+    try:
+        device = resolve_device(settings.device)
+    except Exception as e:
+        return skip(GROUP, PRECISION_ROW, f"device not resolved: {e}")
+    choice = resolve_dtype_setting(settings.dtype, device)
+    return ok(
+        GROUP,
+        PRECISION_ROW,
+        f"{choice.name} on {device.type}: {choice.reason}; {host.line()}",
+        dtype=choice.name,
+        setting=settings.dtype,
+        flags=list(host.flags),
+    )
 
 
 def os_row() -> Row:
     name = f"{platform.system()} {platform.release()}, {platform.machine()}"
-    return ok(GROUP, "OS and architecture", name, system=sys.platform, arch=platform.machine())
+    return ok(GROUP, OS_ROW, name, system=sys.platform, arch=platform.machine())
 
 
 def rosetta_row(
     settings: Settings, *, system: str = sys.platform, translated: bool | None = None
 ) -> Row:
     if system != "darwin":
-        return ok(GROUP, "native or Rosetta 2", f"native {platform.machine()} (no Rosetta here)")
+        return ok(GROUP, ROSETTA_ROW, f"native {platform.machine()} (no Rosetta here)")
     translated = is_translated(system) if translated is None else translated
     if not translated:
-        return ok(GROUP, "native or Rosetta 2", f"native {platform.machine()}")
+        return ok(GROUP, ROSETTA_ROW, f"native {platform.machine()}")
     if settings.allow_rosetta:
         return ok(
             GROUP,
-            "native or Rosetta 2",
+            ROSETTA_ROW,
             "translated (Rosetta 2), allowed by COSYQ_ALLOW_ROSETTA: measured 2-3x slower",
         )
     return fail(
         GROUP,
-        "native or Rosetta 2",
+        ROSETTA_ROW,
         "this Python runs under Rosetta 2 (x86_64 on Apple silicon), measured 2-3x slower",
         "install an arm64 Python and recreate the virtualenv, or set COSYQ_ALLOW_ROSETTA=true",
     )
@@ -74,7 +114,7 @@ def rosetta_row(
 def macos_row(
     settings: Settings, *, system: str = sys.platform, version: tuple[int, ...] | None = None
 ) -> Row:
-    name = "macOS version"
+    name = MACOS_ROW
     if system != "darwin":
         return skip(GROUP, name, "not macOS: the torch backend runs here, Core ML does not")
     version = macos_version() if version is None else version
@@ -106,8 +146,8 @@ def python_row() -> Row:
     shown = platform.python_version()
     detail = f"{platform.python_implementation()} {shown} at {sys.executable}"
     if sys.version_info[:2] >= MIN_PYTHON:
-        return ok(GROUP, "Python", detail)
-    return fail(GROUP, "Python", detail, "cosyq needs Python 3.11 or later")
+        return ok(GROUP, PYTHON_ROW, detail)
+    return fail(GROUP, PYTHON_ROW, detail, "cosyq needs Python 3.11 or later")
 
 
 def threads_row(settings: Settings, *, cores: int | None = None) -> Row:
@@ -122,7 +162,7 @@ def threads_row(settings: Settings, *, cores: int | None = None) -> Row:
     if used <= cores:
         return ok(
             GROUP,
-            "threads per worker",
+            THREADS_ROW,
             detail,
             threads=threads,
             cores=cores,
@@ -130,7 +170,7 @@ def threads_row(settings: Settings, *, cores: int | None = None) -> Row:
         )
     return fail(
         GROUP,
-        "threads per worker",
+        THREADS_ROW,
         detail + ": oversubscribed, concurrent inference gets slower",
         f"unset COSYQ_THREADS or set it to {max(1, cores // settings.pool_size)} "
         "(cores ÷ COSYQ_POOL_SIZE)",
@@ -140,7 +180,7 @@ def threads_row(settings: Settings, *, cores: int | None = None) -> Row:
 
 def omp_row(settings: Settings) -> Row:
     value = os.environ.get("OMP_WAIT_POLICY")
-    name = "OMP_WAIT_POLICY"
+    name = OMP_ROW
     if value is None:
         how = "the pool sets PASSIVE" if settings.pool_size > 1 else "one worker: no matter"
         return ok(GROUP, name, f"unset ({how})")

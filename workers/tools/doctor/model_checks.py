@@ -31,6 +31,7 @@ LAYOUT = "layout and strict checkpoint load"
 HASHES = "checkpoint hashes"
 PACKAGES = "Core ML packages match the checkpoints"
 CACHE = "compiled-model cache"
+ROW_NAMES = (LAYOUT, HASHES, PACKAGES, CACHE)  # in report order
 NO_MODEL_HINT = "set COSYQ_MODEL_DIR or pass --model-dir (cosyq-worker model init-tiny DIR "
 NO_MODEL_HINT += "writes a tiny one)"
 

@@ -24,6 +24,10 @@ from shared.storage_probe import probe_configured_storage
 from workers.tools.doctor.rows import Row, fail, ok, one_line, skip
 
 GROUP = "services"
+REDIS_ROW = "Redis"
+STORAGE_ROW = "storage writable"
+QUEUES_ROW = "queues and workers"
+ROW_NAMES = (REDIS_ROW, STORAGE_ROW, QUEUES_ROW)  # in report order
 REDIS_HINT = "check COSYQ_REDIS_URL (host, port, TLS) and that redis-server is running"
 MIN_REDIS = (6, 2)  # deploy/README.md: Redis 6.2 or newer
 AUTH_HINT = "fix the user and password in COSYQ_REDIS_URL (redis://user:password@host:port/db)"
@@ -37,7 +41,7 @@ def service_rows(settings: Settings) -> list[Row]:
         if reachable:
             rows.append(queues_row(connection))
         else:
-            rows.append(skip(GROUP, "queues and workers", "Redis is not reachable"))
+            rows.append(skip(GROUP, QUEUES_ROW, "Redis is not reachable"))
         return rows
     finally:
         connection.close()
@@ -56,9 +60,9 @@ def check_redis_row(connection: redis.Redis, settings: Settings) -> tuple[Row, b
     except redis.RedisError as e:
         cause = misconfiguration(e)
         if cause is not None:
-            return fail(GROUP, "Redis", f"{url}: {cause}", AUTH_HINT), False
+            return fail(GROUP, REDIS_ROW, f"{url}: {cause}", AUTH_HINT), False
         return fail(
-            GROUP, "Redis", f"cannot reach Redis at {url}: {one_line(e)}", REDIS_HINT
+            GROUP, REDIS_ROW, f"cannot reach Redis at {url}: {one_line(e)}", REDIS_HINT
         ), False
     version = str(info.get("redis_version", "?"))
     detail = f"{url}: Redis {version}, {latency_ms:.1f} ms round trip, {_auth(settings)}"
@@ -66,17 +70,17 @@ def check_redis_row(connection: redis.Redis, settings: Settings) -> tuple[Row, b
         detail += f", maxmemory-policy {policy}"
     if _too_old(version):
         hint = f"upgrade Redis to {'.'.join(map(str, MIN_REDIS))} or newer"
-        return fail(GROUP, "Redis", detail + ": too old for RQ and cosyq", hint), True
+        return fail(GROUP, REDIS_ROW, detail + ": too old for RQ and cosyq", hint), True
     if policy and policy != "noeviction":
         return fail(
             GROUP,
-            "Redis",
+            REDIS_ROW,
             detail + ": Redis may evict a queued job's hash (a lost job)",
             "set maxmemory-policy noeviction in redis.conf (or the provider's parameter group)",
             required=False,
         ), True
     figures = {"version": version, "latency_ms": round(latency_ms, 2), "policy": policy}
-    return ok(GROUP, "Redis", detail, **figures), True
+    return ok(GROUP, REDIS_ROW, detail, **figures), True
 
 
 def _too_old(version: str) -> bool:
@@ -108,13 +112,13 @@ def storage_row(settings: Settings) -> Row:
         note = f" ({outcome.warning})" if outcome.warning else ""
         return ok(
             GROUP,
-            "storage writable",
+            STORAGE_ROW,
             f"{outcome.url}: wrote, read back and deleted a "
             f"probe object in {outcome.elapsed_s * 1e3:.0f} ms{note}",
         )
     return fail(
         GROUP,
-        "storage writable",
+        STORAGE_ROW,
         f"{outcome.url} ({outcome.verdict.value}): {outcome.cause}",
         "check COSYQ_STORAGE_URL: a writable folder (file://) or a bucket and keys "
         "(s3://, COSYQ_S3_*)",
@@ -130,7 +134,7 @@ def queues_row(connection: redis.Redis) -> Row:
         workers = [w for w in Worker.all(connection=connection) if _listens(w)]
         failures = start_failures(connection)
     except redis.RedisError as e:
-        return fail(GROUP, "queues and workers", one_line(e), REDIS_HINT, required=False)
+        return fail(GROUP, QUEUES_ROW, one_line(e), REDIS_HINT, required=False)
     queued = ", ".join(f"{name} {depth}" for name, depth in depths.items())
     listening = f"{len(workers)} worker(s) listening" + (
         "" if workers else " (start one: cosyq-worker run, or cosyq-worker pool)"
@@ -145,13 +149,13 @@ def queues_row(connection: redis.Redis) -> Row:
         first = failures[0]
         return fail(
             GROUP,
-            "queues and workers",
+            QUEUES_ROW,
             f"{detail}; {len(failures)} worker slot(s) cannot start, e.g. {first.host}:"
             f"{first.slot}: {first.reason}",
             "fix the cause named (cosyq status lists every slot), then restart the workers",
             required=False,
         )
-    return ok(GROUP, "queues and workers", detail, **figures)
+    return ok(GROUP, QUEUES_ROW, detail, **figures)
 
 
 def _listens(worker: BaseWorker) -> bool:

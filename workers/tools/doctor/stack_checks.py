@@ -17,6 +17,22 @@ from workers.tools.doctor.rows import COREML_ONLY_ON_MACOS, Row, fail, ok, one_l
 GROUP = "stack"
 TESTED_COREMLTOOLS = "9.0"  # the version our conversion workarounds are written for (compat.py)
 MPS_ONLY = "MPS is Apple's GPU: macOS only"
+TORCH_ROW = "torch"
+MPS_ROW = "MPS built and available"
+COREMLTOOLS_ROW = "coremltools"
+COREML_RUNTIME_ROW = "Core ML native runtime (libcoremlpython)"
+ONNXRUNTIME_ROW = "onnxruntime providers"
+NUMPY_ROW = f"numpy < {'.'.join(str(v) for v in NUMPY_LIMIT)}"
+SOUNDFILE_ROW = "soundfile formats"
+ROW_NAMES = (  # in report order
+    TORCH_ROW,
+    MPS_ROW,
+    COREMLTOOLS_ROW,
+    COREML_RUNTIME_ROW,
+    ONNXRUNTIME_ROW,
+    NUMPY_ROW,
+    SOUNDFILE_ROW,
+)
 
 
 def stack_rows(*, system: str = sys.platform, device: str = "auto") -> list[Row]:
@@ -42,22 +58,24 @@ def torch_row() -> Row:
     try:
         import torch  # noqa: PLC0415 (only when doctor runs)
     except ImportError as e:
-        return fail(GROUP, "torch", one_line(e), "install the worker: pip install 'cosyq[worker]'")
-    return ok(GROUP, "torch", str(torch.__version__), version=str(torch.__version__))
+        return fail(
+            GROUP, TORCH_ROW, one_line(e), "install the worker: pip install 'cosyq[worker]'"
+        )
+    return ok(GROUP, TORCH_ROW, str(torch.__version__), version=str(torch.__version__))
 
 
 def mps_row(*, system: str = sys.platform, device: str = "auto") -> Row:
     if system != "darwin":
-        return skip(GROUP, "MPS built and available", MPS_ONLY)
+        return skip(GROUP, MPS_ROW, MPS_ONLY)
     import torch  # noqa: PLC0415
 
     built, available = torch.backends.mps.is_built(), torch.backends.mps.is_available()
     detail = f"built {'yes' if built else 'no'}, available {'yes' if available else 'no'}"
     if available:
-        return ok(GROUP, "MPS built and available", detail)
+        return ok(GROUP, MPS_ROW, detail)
     return fail(
         GROUP,
-        "MPS built and available",
+        MPS_ROW,
         detail,
         "install the arm64 macOS torch wheel (pip install torch) on macOS 14+, or use "
         "COSYQ_DEVICE=cpu",
@@ -70,16 +88,16 @@ def coremltools_row() -> Row:
     if version is None:
         return fail(
             GROUP,
-            "coremltools",
+            COREMLTOOLS_ROW,
             "not installed: no conversion, no Core ML backend",
             "pip install 'cosyq[coreml]'",
             required=False,
         )
-    return ok(GROUP, "coremltools", f"{version} (we test {TESTED_COREMLTOOLS})", version=version)
+    return ok(GROUP, COREMLTOOLS_ROW, f"{version} (we test {TESTED_COREMLTOOLS})", version=version)
 
 
 def coreml_runtime_row(*, system: str = sys.platform) -> Row:
-    name = "Core ML native runtime (libcoremlpython)"
+    name = COREML_RUNTIME_ROW
     if system != "darwin":
         return skip(GROUP, name, COREML_ONLY_ON_MACOS)
     if _version("coremltools") is None:
@@ -101,19 +119,19 @@ def onnxruntime_row(*, system: str = sys.platform) -> Row:
     try:
         import onnxruntime as ort  # noqa: PLC0415
     except ImportError as e:
-        return fail(GROUP, "onnxruntime providers", one_line(e), "pip install 'cosyq[worker]'")
+        return fail(GROUP, ONNXRUNTIME_ROW, one_line(e), "pip install 'cosyq[worker]'")
     providers = ort.get_available_providers()
     detail = f"{ort.__version__}: {', '.join(providers)}"
     if system == "darwin" and "CoreMLExecutionProvider" not in providers:
         return fail(
             GROUP,
-            "onnxruntime providers",
+            ONNXRUNTIME_ROW,
             detail + " (no CoreMLExecutionProvider: prompt models run on the CPU)",
             "install the standard macOS onnxruntime wheel (pip install --force-reinstall "
             "onnxruntime)",
             required=False,
         )
-    return ok(GROUP, "onnxruntime providers", detail, providers=providers)
+    return ok(GROUP, ONNXRUNTIME_ROW, detail, providers=providers)
 
 
 def numpy_row() -> Row:
@@ -122,10 +140,10 @@ def numpy_row() -> Row:
     major, minor = (int(part) for part in np.__version__.split(".")[:2])
     limit = ".".join(str(v) for v in NUMPY_LIMIT)
     if (major, minor) < NUMPY_LIMIT:
-        return ok(GROUP, f"numpy < {limit}", np.__version__)
+        return ok(GROUP, NUMPY_ROW, np.__version__)
     return fail(
         GROUP,
-        f"numpy < {limit}",
+        NUMPY_ROW,
         f"numpy {np.__version__} breaks coremltools conversion (coremltools#2633)",
         f"pip install 'numpy<{limit}'",
     )
@@ -137,9 +155,7 @@ def soundfile_row() -> Row:
     try:
         import soundfile as sf  # noqa: PLC0415
     except (ImportError, OSError) as e:
-        return fail(
-            GROUP, "soundfile formats", one_line(e), "pip install soundfile (bundles libsndfile)"
-        )
+        return fail(GROUP, SOUNDFILE_ROW, one_line(e), "pip install soundfile (bundles libsndfile)")
     missing = [
         f"{fmt} ({sf_format} {subtype})"
         for (fmt, sample), (sf_format, subtype) in soundfile_codecs().items()
@@ -149,9 +165,9 @@ def soundfile_row() -> Row:
     if missing:
         return fail(
             GROUP,
-            "soundfile formats",
+            SOUNDFILE_ROW,
             f"{detail} cannot write {', '.join(missing)}",
             "install soundfile >= 0.12 (its wheel bundles libsndfile with MP3 and Opus)",
         )
     formats = sorted({fmt for fmt, _ in soundfile_codecs()})
-    return ok(GROUP, "soundfile formats", f"{detail}: {', '.join(formats)}")
+    return ok(GROUP, SOUNDFILE_ROW, f"{detail}: {', '.join(formats)}")
