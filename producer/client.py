@@ -8,15 +8,15 @@ Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in
 (MULTI/EXEC), which also reads the queue depths back for the next chunk's backpressure check. A
 chunk holding idempotency keys costs one more round trip first, to reserve the keys atomically
 (`producer.idempotency.reserve`): the first submitter of a key wins, later ones get the first
-job's id while that job exists.
+job's id while that job exists. The enqueue pipeline marks each key enqueued, so once a job is
+deleted (`rq empty`) its key is free at once.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,14 +24,19 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
+from producer import documents
+from producer.cancel import CancelOutcome, cancel_job
+from producer.idempotency import mark_enqueued
 from producer.idempotency import release as release_idempotency_key
 from producer.idempotency import reserve as reserve_idempotency_keys
+from producer.planned import OnSubmitted, PlannedJob
 from producer.streaming import read_stream
 from producer.tracking import JobOutcome, JobStatus, JobTracker
-from producer.voice_jobs import enqueue_add_voice, wait_for_voice
+from producer.voice_jobs import enqueue_add_voice, remove_voice, wait_for_voice
 from shared import keys
 from shared.audio_stream import AudioChunk
 from shared.connection import follow_master, redis_connection
+from shared.document_state import DocumentResult
 from shared.errors import (
     InvalidRequestError,
     QueueFullError,
@@ -46,20 +51,13 @@ from shared.jobs import (
 )
 from shared.results import SynthesisResult
 from shared.settings import Settings
-from shared.storage import open_storage
 from shared.submitted import record_submitted
-from shared.voices import VoiceRegistry, VoiceSummary, upload_key
+from shared.voices import VoiceRegistry, VoiceSummary
 
 RequestLike = SynthesisRequest | Mapping[str, Any]
-OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
 
 
-@dataclass(frozen=True)
-class _PlannedJob:
-    index: int  # position in the caller's request list
-    job_id: str
-    queue: str
-    request: SynthesisRequest
+_PlannedJob = PlannedJob  # the name this module has always used
 
 
 class CosyqClient:
@@ -103,8 +101,9 @@ class CosyqClient:
 
     def submit(self, request: RequestLike) -> str:
         """Validate and enqueue one request; returns its job id (the first job's id when the
-        idempotency key was seen before). Raises InvalidRequestError or QueueFullError."""
-        return self.submit_many([request])[0]
+        idempotency key was seen before). Raises InvalidRequestError ("field: rule", no
+        request index) or QueueFullError."""
+        return self._submit(self._plan([request], indexed=False), None)[0]
 
     def submit_many(
         self, requests: Iterable[RequestLike], *, on_submitted: OnSubmitted | None = None
@@ -117,7 +116,15 @@ class CosyqClient:
         with backpressure "block", this waits up to backpressure_timeout_s for room); when
         Redis refuses a chunk (out of memory, unreachable), SubmitInterruptedError does.
         """
-        planned = self._plan(requests)
+        return self._submit(self._plan(requests), on_submitted)
+
+    def submit_planned(
+        self, planned: list[_PlannedJob], *, on_submitted: OnSubmitted | None = None
+    ) -> list[str]:
+        """Enqueue already validated jobs (`submit_many`'s second half; documents use it)."""
+        return self._submit(planned, on_submitted)
+
+    def _submit(self, planned: list[_PlannedJob], on_submitted: OnSubmitted | None) -> list[str]:
         job_ids: list[str] = [job.job_id for job in planned]
         follow_master(self.connection)  # Sentinel: never write to a demoted master
         depths = self.queue_depths()
@@ -133,12 +140,15 @@ class CosyqClient:
                 on_submitted([(job.index, job_ids[job.index]) for job in chunk])
         return job_ids
 
-    def _plan(self, requests: Iterable[RequestLike]) -> list[_PlannedJob]:
+    def _plan(self, requests: Iterable[RequestLike], *, indexed: bool = True) -> list[_PlannedJob]:
+        """Validate each request; an error names its index (`requests[3]: ...`) when `indexed`."""
         planned = []
         for index, raw in enumerate(requests):
             try:
                 request = validate_request(raw, self.limits)
             except InvalidRequestError as e:
+                if not indexed:
+                    raise
                 raise InvalidRequestError(f"requests[{index}]: {e}") from e
             queue = keys.queue_for(request.priority)
             planned.append(_PlannedJob(index, uuid.uuid4().hex, queue, request))
@@ -183,6 +193,7 @@ class CosyqClient:
         fresh = self._reserve_idempotency_keys(chunk, job_ids)
         pipe = self.connection.pipeline()
         record_submitted(pipe, [job.job_id for job in fresh])
+        mark_enqueued(pipe, _claims(fresh))
         for name, queue in self._queues.items():
             datas = [self._enqueue_data(job) for job in fresh if job.queue == name]
             if datas:
@@ -203,7 +214,7 @@ class CosyqClient:
         keyed = [job for job in chunk if job.request.idempotency_key is not None]
         if not keyed:
             return chunk
-        claims = [(keys.idempotency_key(j.request.idempotency_key or ""), j.job_id) for j in keyed]
+        claims = _claims(keyed)
         holders = reserve_idempotency_keys(
             self.connection,
             claims,
@@ -238,9 +249,31 @@ class CosyqClient:
             result_ttl=self.settings.result_ttl_s,
             failure_ttl=self.settings.failure_ttl_s,
             description=f"synthesize {len(request.text)} chars",  # never the text itself
-            meta={keys.SUBMIT_META_KEY: _submit_meta(request)},
+            meta={keys.SUBMIT_META_KEY: _submit_meta(request), **job.meta},
             retry=retry,
         )
+
+    # ---- documents (producer.documents: split, fan out, status, retry)
+
+    def submit_document(self, document: Mapping[str, Any]) -> str:
+        """Validate and split a long text into segments, enqueue each as an ordinary job;
+        returns the document id (the first one's for an idempotency key seen before)."""
+        return documents.submit_document(self, document)
+
+    def document_status(self, document_id: str) -> documents.DocumentStatus:
+        """Segments queued / running / done / failed, audio seconds so far, time left."""
+        return documents.document_status(self, document_id)
+
+    def document_result(
+        self, document_id: str, timeout: float | None = None, on_progress: Any = None
+    ) -> DocumentResult:
+        """Wait for the assembled document; DocumentFailedError names a failed segment."""
+        wait = self.settings.wait_timeout_s if timeout is None else timeout
+        return documents.document_result(self, document_id, wait, on_progress)
+
+    def retry_document(self, document_id: str) -> list[int]:
+        """Rerun only the failed or lost segments (or the assembly); their indices."""
+        return documents.retry_document(self, document_id)
 
     # ---- reading back
 
@@ -256,9 +289,18 @@ class CosyqClient:
         Raises JobNotFoundError for an unknown or expired id."""
         return self.tracker.status(job_id)
 
+    def cancel(self, job_id: str) -> CancelOutcome:
+        """Cancel a job: a waiting one never runs, a running one stops at its next piece or
+        LLM step (nothing stored), one that already ended is left as it is (the outcome says
+        which). Raises JobNotFoundError for an unknown or expired id."""
+        return cancel_job(
+            self.connection, self.tracker, job_id, flag_ttl_s=self.settings.result_ttl_s
+        )
+
     def result(self, job_id: str, timeout: float | None = None) -> SynthesisResult:
         """Wait up to `timeout` seconds (default settings.wait_timeout_s; 0: do not wait) for
-        the job's result. Raises JobFailedError, ResultTimeoutError or JobNotFoundError."""
+        the job's result. Raises JobFailedError (JobCanceledError for a canceled job),
+        ResultTimeoutError or JobNotFoundError."""
         wait = self.settings.wait_timeout_s if timeout is None else timeout
         return self.tracker.result(job_id, wait)
 
@@ -302,7 +344,8 @@ class CosyqClient:
     ) -> str:
         """Check the recording, upload it under voices/<name>/ and enqueue the add-voice job;
         returns its job id (wait with `wait_for_voice`). Raises InvalidRequestError (bad name,
-        unreadable, < 16 kHz, too long, silent) before anything is stored."""
+        unreadable, < 16 kHz, too long, silent) before anything is stored. `filename` only
+        names the recording in those errors; the upload's suffix is its detected format."""
         return enqueue_add_voice(
             self.connection,
             self.settings,
@@ -324,12 +367,17 @@ class CosyqClient:
 
     def remove_voice(self, name: str) -> None:
         """Delete a voice and its uploaded recording; UnknownVoiceError when none has that
-        name."""
-        removed = VoiceRegistry(self.connection).remove(name)
-        storage = open_storage(self.settings)
-        key = upload_key(storage.uri_for, name, removed.source_uri)
-        if key is not None:
-            storage.delete(key)
+        name (for "default": that it is the model's built-in, which cannot be removed)."""
+        remove_voice(self.connection, self.settings, name)
+
+
+def _claims(jobs: Iterable[_PlannedJob]) -> list[tuple[str, str]]:
+    """(idempotency key's Redis key, job id) of each job that has a key."""
+    return [
+        (keys.idempotency_key(job.request.idempotency_key), job.job_id)
+        for job in jobs
+        if job.request.idempotency_key is not None
+    ]
 
 
 def _interrupted(

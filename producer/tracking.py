@@ -21,8 +21,13 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from shared.connection import REDIS_OUTAGE, misconfiguration
-from shared.errors import JobFailedError, JobNotFoundError, ResultTimeoutError
-from shared.keys import ERROR_META_KEY, SUBMIT_META_KEY
+from shared.errors import (
+    JobCanceledError,
+    JobFailedError,
+    JobNotFoundError,
+    ResultTimeoutError,
+)
+from shared.keys import ERROR_META_KEY, SUBMIT_META_KEY, check_job_id
 from shared.results import JobFailure, SynthesisResult
 from shared.settings import Settings
 
@@ -30,6 +35,7 @@ TERMINAL_STATES = frozenset({"finished", "failed", "stopped", "canceled"})
 FIRST_POLL_S = 0.05  # polls start fast and back off to settings.result_poll_interval_s
 OUTAGE_RETRY_FIRST_S, OUTAGE_RETRY_MAX_S = 0.5, 10.0  # as the worker waits for Redis
 PENDING_KIND = "pending"  # wait_many: still queued or running when the wait ended
+CANCELED_KIND = "canceled"  # the failure kind of a canceled job
 JobOutcome = SynthesisResult | JobFailure
 
 
@@ -53,10 +59,12 @@ class JobStatus:
 
 def failure_of(job: Job, state: str) -> JobFailure:
     """Why a job has no result: the worker's reason, else RQ's last exception line."""
+    if state == "canceled":  # whatever an earlier attempt left in its meta
+        return JobFailure(kind=CANCELED_KIND, message="canceled before it finished")
     reason = JobFailure.from_meta(job.meta.get(ERROR_META_KEY))
     if reason is not None:
         return reason
-    if state in ("stopped", "canceled"):
+    if state == "stopped":
         return JobFailure(kind="internal", message=f"job was {state}")
     latest = job.latest_result()
     text = (latest.exc_string or "") if latest is not None else ""
@@ -83,6 +91,7 @@ class JobTracker:
         self.settings = settings
 
     def fetch(self, job_id: str) -> Job:
+        check_job_id(job_id)  # InvalidJobIdError for "../x", never RQ's ValueError
         try:
             return Job.fetch(job_id, connection=self.connection, serializer=JSONSerializer)
         except NoSuchJobError as e:
@@ -122,6 +131,8 @@ class JobTracker:
 
     def states(self, job_ids: Sequence[str]) -> list[str | None]:
         """Each job's state in one round trip; None for a job that does not exist."""
+        for job_id in job_ids:
+            check_job_id(job_id)
         pipe = self.connection.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hget(Job.key_for(job_id), "status")
@@ -146,6 +157,8 @@ class JobTracker:
         self.wait_until_done(job_id, timeout)
         outcome = self.outcome(job_id)
         if isinstance(outcome, JobFailure):
+            if outcome.kind == CANCELED_KIND:
+                raise JobCanceledError(job_id, outcome.message)
             raise JobFailedError(job_id, outcome.kind, outcome.message)
         return outcome
 

@@ -9,10 +9,12 @@ worker computes the features and stores the profile in Redis; the job returns it
 
 from __future__ import annotations
 
+import io
+import re
 import uuid
-from pathlib import PurePath
 
 import redis
+import soundfile as sf
 from rq import Queue
 from rq.job import Job
 from rq.results import Result
@@ -20,29 +22,53 @@ from rq.serializers import JSONSerializer
 
 from producer.tracking import JobTracker, failure_of
 from shared import keys
-from shared.errors import (
-    JobFailedError,
-)
+from shared.errors import JobFailedError, UnknownVoiceError
+from shared.jobs import DEFAULT_VOICE
 from shared.settings import Settings
 from shared.storage import open_storage
 from shared.submitted import record_submitted
 from shared.voices import (
     VOICE_UPLOAD_PREFIX,
+    VoiceRegistry,
     VoiceSummary,
     check_prompt_audio,
     check_transcript,
     check_voice_name,
     decode_prompt_audio,
+    upload_key,
 )
 
 UPLOAD_CONTENT_TYPE = "application/octet-stream"  # any format soundfile reads
+UPLOAD_FILE_RE = re.compile(r"[0-9a-f]{32}\.[a-z0-9]{1,8}")  # new_upload_key's file names
+# soundfile's major format names -> the suffix an upload is stored with
+_SUFFIX_OF_FORMAT = {
+    "WAV": "wav",
+    "WAVEX": "wav",
+    "RF64": "wav",
+    "W64": "w64",
+    "FLAC": "flac",
+    "OGG": "ogg",
+    "MP3": "mp3",
+    "AIFF": "aiff",
+    "CAF": "caf",
+    "AU": "au",
+}
 
 
-def new_upload_key(name: str, filename: str) -> str:
-    """voices/<name>/<random>.<suffix>: a new object per upload, never an overwrite."""
-    suffix = PurePath(filename).suffix.lstrip(".").lower()
-    suffix = suffix if suffix.isalnum() else "audio"
-    return f"{VOICE_UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{suffix or 'audio'}"
+def new_upload_key(name: str, audio: bytes) -> str:
+    """voices/<name>/<random>.<suffix>: a new object per upload, never an overwrite. The
+    suffix is the format soundfile detected in the bytes, never the uploader's file name."""
+    return f"{VOICE_UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{audio_suffix(audio)}"
+
+
+def audio_suffix(audio: bytes) -> str:
+    """The file suffix of the audio format in `audio` (wav, flac, ogg, mp3, ...); "audio" when
+    soundfile names none it knows."""
+    try:
+        detected = sf.info(io.BytesIO(audio)).format
+    except (sf.SoundFileError, RuntimeError, TypeError):
+        return "audio"
+    return _SUFFIX_OF_FORMAT.get(detected, "audio")
 
 
 def enqueue_add_voice(
@@ -61,7 +87,7 @@ def enqueue_add_voice(
     samples, rate = decode_prompt_audio(audio, where=filename)
     check_prompt_audio(samples, rate, settings.max_prompt_seconds)
     stored = open_storage(settings).put(
-        new_upload_key(name, filename), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
+        new_upload_key(name, audio), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
     )
     queue = Queue(keys.QUEUE_HIGH, connection=connection, serializer=JSONSerializer)
     job_id = uuid.uuid4().hex
@@ -77,6 +103,38 @@ def enqueue_add_voice(
         meta={keys.SUBMIT_META_KEY: {"voice": name, "kind": "add_voice"}},
     )
     return str(job.id)
+
+
+def remove_voice(connection: redis.Redis, settings: Settings, name: str) -> None:
+    """Unregister the voice and delete the recording `cosyq voices add` uploaded for it."""
+    if name == DEFAULT_VOICE:
+        raise UnknownVoiceError(
+            f"voice: {DEFAULT_VOICE!r} is the model's built-in voice (the model directory's "
+            "prompt.wav), not a registered one: it cannot be removed"
+        )
+    removed = VoiceRegistry(connection).remove(name)
+    located = upload_location(name, removed.source_uri)
+    if located is not None:
+        base, key = located
+        open_storage(settings.model_copy(update={"storage_url": base})).delete(key)
+        return
+    storage = open_storage(settings)
+    own = upload_key(storage.uri_for, name, removed.source_uri)
+    if own is not None:
+        storage.delete(own)
+
+
+def upload_location(name: str, uri: str | None) -> tuple[str, str] | None:
+    """(storage base URI, key) of a recording uploaded for voice `name`: a URI ending in
+    voices/<name>/<32 hex>.<suffix>. Read from the URI itself, not from this process's
+    COSYQ_STORAGE_URL, so `rm` finds the recording wherever `add` stored it (the default
+    storage folder follows the working directory). None for any other URI."""
+    if not uri:
+        return None
+    base, marker, file = uri.rpartition(f"/{VOICE_UPLOAD_PREFIX}/{name}/")
+    if not marker or not base or not UPLOAD_FILE_RE.fullmatch(file):
+        return None
+    return base, f"{VOICE_UPLOAD_PREFIX}/{name}/{file}"
 
 
 def wait_for_voice(tracker: JobTracker, job_id: str, timeout: float) -> VoiceSummary:

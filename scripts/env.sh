@@ -16,7 +16,7 @@ want="$(cat pyproject.toml | (sha256sum 2>/dev/null || shasum -a 256) | cut -c1-
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing cosyq and its dependencies into .venv (about a minute the first time)" >&2
   .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e ".[worker,coreml,s3,http,dev]" >&2
+  .venv/bin/python -m pip install -q -e ".[worker,coreml,s3,http,webhooks,dev]" >&2
   echo "$want" > "$stamp"
 fi
 # shellcheck disable=SC1091

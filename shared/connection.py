@@ -28,7 +28,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConn
 
 from shared import keys
 from shared.errors import SettingsError, TransientError
-from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
+from shared.sentinel import SENTINEL_SCHEME, SentinelAddress, parse_sentinel_url
 from shared.settings import Settings
 
 REDIS_OUTAGE = (redis.ConnectionError, redis.TimeoutError)  # minus misconfiguration(): retry
@@ -41,17 +41,58 @@ def redis_connection(settings: Settings, *, read_timeout_s: float | None = None)
     `read_timeout_s` overrides COSYQ_REDIS_SOCKET_TIMEOUT_S for a client that must never wait
     long (a metrics scrape).
     """
+    options = _client_options(settings, read_timeout_s)
+    if urlsplit(settings.redis_url).scheme == SENTINEL_SCHEME:
+        sentinel, address = _sentinels(Sentinel, settings, options)
+        return sentinel.master_for(
+            address.service_name,
+            db=address.db,
+            username=address.username,
+            password=address.password,
+            connection_class=_SentinelConnection,
+        )
+    return redis.Redis.from_url(settings.redis_url, **options)
+
+
+def async_redis_connection(settings: Settings) -> aioredis.Redis:
+    """The asyncio twin of `redis_connection` (same URL forms and timeouts), for the HTTP front."""
+    options = _client_options(settings, None)
+    if urlsplit(settings.redis_url).scheme == SENTINEL_SCHEME:
+        sentinel, address = _sentinels(AsyncSentinel, settings, options)
+        return sentinel.master_for(
+            address.service_name,
+            db=address.db,
+            username=address.username,
+            password=address.password,
+        )
+    return aioredis.Redis.from_url(settings.redis_url, **options)
+
+
+def _client_options(settings: Settings, read_timeout_s: float | None) -> dict[str, Any]:
+    """Timeouts and TLS options for either client, from settings."""
     options: dict[str, Any] = {
         "socket_connect_timeout": settings.redis_connect_timeout_s,
         "socket_timeout": read_timeout_s or settings.redis_socket_timeout_s,
         "health_check_interval": settings.redis_health_check_interval_s,
     }
-    scheme = urlsplit(settings.redis_url).scheme
-    if scheme == SENTINEL_SCHEME:
-        return _sentinel_master(settings, options)
-    if scheme == "rediss" and settings.redis_ssl_ca_certs:
+    if urlsplit(settings.redis_url).scheme == "rediss" and settings.redis_ssl_ca_certs:
         options["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
-    return redis.Redis.from_url(settings.redis_url, **options)
+    return options
+
+
+def _sentinels(
+    kind: type[Sentinel] | type[AsyncSentinel], settings: Settings, options: dict[str, Any]
+) -> tuple[Any, SentinelAddress]:
+    """The URL's sentinels (sync or asyncio) and its parsed address; the client asks them for
+    the master on every (re)connect. A dead sentinel is skipped, not waited on."""
+    address = parse_sentinel_url(settings.redis_url)
+    timeout = settings.redis_connect_timeout_s
+    sentinel = kind(
+        list(address.sentinels),
+        sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
+        **options,
+    )
+    return sentinel, address
 
 
 class _SentinelConnection(SentinelManagedConnection):
@@ -78,51 +119,6 @@ class _SentinelConnection(SentinelManagedConnection):
             disconnect_on_error=disconnect_on_error,
             push_request=push_request,
         )
-
-
-def async_redis_connection(settings: Settings) -> aioredis.Redis:
-    """The asyncio twin of `redis_connection` (same URL forms and timeouts), for the HTTP front."""
-    options: dict[str, Any] = {
-        "socket_connect_timeout": settings.redis_connect_timeout_s,
-        "socket_timeout": settings.redis_socket_timeout_s,
-        "health_check_interval": settings.redis_health_check_interval_s,
-    }
-    scheme = urlsplit(settings.redis_url).scheme
-    if scheme == SENTINEL_SCHEME:
-        address = parse_sentinel_url(settings.redis_url)
-        timeout = settings.redis_connect_timeout_s
-        sentinel = AsyncSentinel(
-            list(address.sentinels),
-            sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
-            **options,
-        )
-        return sentinel.master_for(
-            address.service_name,
-            db=address.db,
-            username=address.username,
-            password=address.password,
-        )
-    if scheme == "rediss" and settings.redis_ssl_ca_certs:
-        options["ssl_ca_certs"] = str(settings.redis_ssl_ca_certs)
-    return aioredis.Redis.from_url(settings.redis_url, **options)
-
-
-def _sentinel_master(settings: Settings, options: dict[str, Any]) -> redis.Redis:
-    """The master of the URL's service, found through its sentinels on every (re)connect."""
-    address = parse_sentinel_url(settings.redis_url)
-    timeout = settings.redis_connect_timeout_s  # a dead sentinel is skipped, not waited on
-    sentinel = Sentinel(
-        list(address.sentinels),
-        sentinel_kwargs={"socket_connect_timeout": timeout, "socket_timeout": timeout},
-        **options,
-    )
-    return sentinel.master_for(
-        address.service_name,
-        db=address.db,
-        username=address.username,
-        password=address.password,
-        connection_class=_SentinelConnection,
-    )
 
 
 def follow_master(connection: redis.Redis) -> bool:

@@ -37,6 +37,15 @@ class StorageUnavailableError(TransientError):
     """Storage failed in a way that may pass (timeout, reset, HTTP 5xx, SlowDown, disk full)."""
 
 
+class QualityError(CosyqError):
+    """The audio was judged suspect and the request said `on_suspect: fail` (or every retry
+    was suspect too): permanent, never retried by the queue. `reasons` are the check's."""
+
+    def __init__(self, message: str, *, reasons: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.reasons = reasons
+
+
 class ObjectNotFoundError(InvalidRequestError):
     """A URI names an object or file that does not exist (a prompt audio URI, a result)."""
 
@@ -69,6 +78,10 @@ class JobNotFoundError(CosyqError):
     """No job with this id exists in Redis (never submitted, or expired after its TTL)."""
 
 
+class InvalidJobIdError(InvalidRequestError):
+    """A string that cannot be a job id (a path, an empty string): no job can have it."""
+
+
 class JobFailedError(CosyqError):
     """A job ended without a result; `kind` is the worker's reason kind (invalid_request, ...)."""
 
@@ -77,6 +90,13 @@ class JobFailedError(CosyqError):
         self.job_id = job_id
         self.kind = kind
         self.reason = message
+
+
+class JobCanceledError(JobFailedError):
+    """The job was canceled (`cosyq cancel`, `DELETE /v1/jobs/{id}`): it has no result."""
+
+    def __init__(self, job_id: str, message: str = "canceled before it finished"):
+        super().__init__(job_id, "canceled", message)
 
 
 class ResultTimeoutError(CosyqError, TimeoutError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +32,7 @@ from shared.prompt_uris import check_prompt_uri
 from shared.results import AUDIO_FORMATS, AudioFormat, SampleFormat, SynthesisResult
 from shared.settings import Settings
 from shared.text_markup import (
+    CONTROL_CHAR_RE,
     MarkupError,
     minimum_text_tokens,
     parse_markup,
@@ -39,6 +41,7 @@ from shared.text_markup import (
     speech_limit_message,
     speech_seconds,
 )
+from shared.webhooks import WebhookTarget, allowed_prefixes, check_webhook_url
 
 __all__ = [
     "NATIVE_SAMPLE_RATE",
@@ -61,10 +64,27 @@ SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 OPUS_SAMPLE_RATES = (8000, 16000, 24000, 48000)  # of ours, those Opus encodes (it has no 22.05k)
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_SEED = 2**32 - 1  # numpy's and every backend's generators accept this range
+OnSuspect = Literal["retry", "fail", "accept"]
+ON_SUSPECT: tuple[str, ...] = ("retry", "fail", "accept")
+# Loudness targets: -50 LUFS is already barely audible; above -5 LUFS nothing fits under a
+# true-peak ceiling without heavy limiting. Ceilings: 0 dBTP is full scale, -20 is far below
+# any delivery spec (EBU R128: -1, podcasts -1 to -2).
+MIN_LOUDNESS_LUFS, MAX_LOUDNESS_LUFS = -50.0, -5.0
+MIN_TRUE_PEAK_DBTP, MAX_TRUE_PEAK_DBTP = -20.0, 0.0
+DEFAULT_TRUE_PEAK_DBTP = -1.0
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 VOICE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 OUTPUT_KEY_CHARS_RE = re.compile(r"[A-Za-z0-9._\-=+@,/]+")
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+NUMERIC_FIELDS = (  # never a boolean
+    "schema_version",
+    "speed",
+    "seed",
+    "sample_rate",
+    "loudness_lufs",
+    "true_peak_dbtp",
+)
+_SHOWN_ERRORS = 5  # a message names the first few problems, then how many more
+_SHOWN_LOC_PARTS = 6
 _NEVER_ECHOED = frozenset({"text", "prompt_text", "instruction"})  # never repeat input text
 
 
@@ -74,18 +94,22 @@ class RequestLimits:
 
     max_text_chars: int = 2000
     max_metadata_bytes: int = 4096
+    max_metadata_depth: int = 32
     max_output_key_chars: int = 512
     max_speech_seconds: float = 150.0
     max_break_seconds: float = 10.0
+    webhook_allowed_urls: tuple[str, ...] = ()  # URL prefixes a webhook may name
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
         return cls(
             max_text_chars=settings.max_text_chars,
             max_metadata_bytes=settings.max_metadata_bytes,
+            max_metadata_depth=settings.max_metadata_depth,
             max_output_key_chars=settings.max_output_key_chars,
             max_speech_seconds=settings.max_speech_seconds,
             max_break_seconds=settings.max_break_seconds,
+            webhook_allowed_urls=allowed_prefixes(settings.webhook_allowed_urls),
         )
 
 
@@ -105,9 +129,12 @@ def _check_text_like(value: str, limit: int, *, required: bool) -> str:
         raise _rule("must not be empty (after trimming whitespace)")
     if len(value) > limit:
         raise _rule(f"{len(value):,} characters, limit {limit:,}")
-    control = _CONTROL_RE.search(value)
+    control = CONTROL_CHAR_RE.search(value)
     if control:
-        raise _rule(f"contains control character U+{ord(control.group()):04X}")
+        raise _rule(
+            f"contains control character U+{ord(control.group()):04X} "
+            "(only tab and newline are allowed)"
+        )
     _check_utf8(value)
     return value
 
@@ -171,7 +198,7 @@ class SynthesisRequest(BaseModel):
     mode: Mode = "zero_shot"
     language: Language = "auto"  # auto: the text's script, else the voice transcript's, else en
     instruction: str | None = None  # instruct2 only, e.g. "speak slowly and calmly"
-    speed: float = 1.0
+    speed: float = Field(1.0, strict=True)  # an int is still taken: 1 is 1.0
     seed: int | None = Field(None, strict=True)
     format: AudioFormat = "wav"
     sample_format: SampleFormat = "pcm16"  # wav only: pcm16 or float32
@@ -181,6 +208,34 @@ class SynthesisRequest(BaseModel):
     priority: Priority = "default"
     stream: bool = Field(False, strict=True)  # append audio chunks to cosyq:audio:<job id>
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    webhook: WebhookTarget | None = None  # told when the job ends (shared/webhooks.py)
+    on_suspect: OnSuspect | None = None  # suspect audio: retry, fail, accept (None: setting)
+    loudness_lufs: float | None = None  # normalise to this integrated loudness before encoding
+    true_peak_dbtp: float | None = None  # the ceiling with loudness_lufs (None: -1 dBTP)
+    trim_silence: bool = Field(False, strict=True)  # cut leading/trailing silence (a margin kept)
+
+    @field_validator("loudness_lufs", "true_peak_dbtp")
+    @classmethod
+    def _check_level(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None:
+            return None
+        low, high = (
+            (MIN_LOUDNESS_LUFS, MAX_LOUDNESS_LUFS)
+            if info.field_name == "loudness_lufs"
+            else (MIN_TRUE_PEAK_DBTP, MAX_TRUE_PEAK_DBTP)
+        )
+        if not low <= value <= high:  # also false for NaN
+            unit = "LUFS" if info.field_name == "loudness_lufs" else "dBTP"
+            raise _rule(f"{value} is outside {low:g} to {high:g} {unit}")
+        return value
+
+    @field_validator(*NUMERIC_FIELDS, mode="before")
+    @classmethod
+    def _refuse_booleans(cls, value: object) -> object:
+        """JSON's true is not 1: pydantic takes it for a number (and a Literal[1]) otherwise."""
+        if isinstance(value, bool):
+            raise _rule(f"must be a number, not {str(value).lower()}")
+        return value
 
     @field_validator("text")
     @classmethod
@@ -264,6 +319,16 @@ class SynthesisRequest(BaseModel):
             raise _rule("must be printable characters only")
         return value
 
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _check_metadata_depth(cls, value: object, info: ValidationInfo) -> object:
+        """Before pydantic walks it: a deep tree would give a message naming every level, or
+        exhaust the stack."""
+        limit = _limits(info).max_metadata_depth
+        if nested_deeper(value, limit):
+            raise _rule(f"nested more than {limit} levels deep (COSYQ_MAX_METADATA_DEPTH)")
+        return value
+
     @field_validator("metadata")
     @classmethod
     def _check_metadata(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
@@ -277,6 +342,19 @@ class SynthesisRequest(BaseModel):
         limit = _limits(info).max_metadata_bytes
         if size > limit:
             raise _rule(f"{size:,} bytes as JSON, limit {limit:,}")
+        return value
+
+    @field_validator("webhook")
+    @classmethod
+    def _check_webhook(
+        cls, value: WebhookTarget | None, info: ValidationInfo
+    ) -> WebhookTarget | None:
+        if value is None:
+            return None
+        try:
+            check_webhook_url(value.url, _limits(info).webhook_allowed_urls)
+        except ValueError as e:
+            raise _rule(str(e)) from e
         return value
 
     @model_validator(mode="after")
@@ -308,6 +386,21 @@ def retry_intervals(max_retries: int, base_s: float) -> list[int]:
     return [max(0, round(base_s * 2**k)) for k in range(max_retries)]
 
 
+def _processing_problems(request: SynthesisRequest) -> list[str]:
+    """Loudness, trimming and suspect retries work on the whole utterance: a stream's chunks
+    leave before it exists."""
+    problems = []
+    if request.true_peak_dbtp is not None and request.loudness_lufs is None:
+        problems.append("true_peak_dbtp: only used with loudness_lufs")
+    if request.stream:
+        for name in ("loudness_lufs", "trim_silence"):
+            if getattr(request, name) not in (None, False):
+                problems.append(f"{name}: not with stream (chunks leave before the whole exists)")
+        if request.on_suspect == "retry":
+            problems.append("on_suspect: retry needs stream false (the chunks are already out)")
+    return problems
+
+
 def _combination_problems(request: SynthesisRequest) -> list[str]:
     """Rules across fields, each phrased "field: rule"."""
     problems = []
@@ -319,6 +412,7 @@ def _combination_problems(request: SynthesisRequest) -> list[str]:
         problems.append("prompt_text: required by mode zero_shot with prompt_audio")
     if (problem := instruction_problem(request.mode, request.instruction)) is not None:
         problems.append(problem)
+    problems.extend(_processing_problems(request))
     if request.sample_format == "float32" and request.format != "wav":
         problems.append(f"sample_format: float32 needs format wav (format is {request.format})")
     if request.format == "opus" and request.sample_rate not in OPUS_SAMPLE_RATES:
@@ -333,6 +427,20 @@ def _combination_problems(request: SynthesisRequest) -> list[str]:
     return problems
 
 
+def nested_deeper(value: object, limit: int) -> bool:
+    """True if `value` has lists or objects more than `limit` levels deep (itself: 1), found
+    without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping | list | tuple):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, Mapping) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def validate_request(
     data: Mapping[str, Any] | SynthesisRequest, limits: RequestLimits
 ) -> SynthesisRequest:
@@ -345,12 +453,17 @@ def validate_request(
     try:
         return SynthesisRequest.model_validate(dict(data), context={"limits": limits})
     except ValidationError as e:
-        raise InvalidRequestError("; ".join(_describe(error) for error in e.errors())) from e
+        errors = e.errors()
+        shown = [_describe(error) for error in errors[:_SHOWN_ERRORS]]
+        if len(errors) > _SHOWN_ERRORS:
+            shown.append(f"and {len(errors) - _SHOWN_ERRORS} more")
+        raise InvalidRequestError("; ".join(shown)) from e
 
 
 def _describe(error: Any) -> str:
-    """One pydantic error as "field: rule"."""
-    field = ".".join(str(part) for part in error["loc"])
+    """One pydantic error as "field: rule" (a deep location cut, the input shown short)."""
+    loc = [str(part) for part in error["loc"]]
+    field = ".".join(loc if len(loc) <= _SHOWN_LOC_PARTS else [*loc[:_SHOWN_LOC_PARTS], "..."])
     if error["type"] == "cosyq_rule":
         return f"{field}: {error['msg']}" if field else error["msg"]
     if error["type"] == "extra_forbidden":
@@ -359,6 +472,6 @@ def _describe(error: Any) -> str:
         return f"{field}: required"
     if field in _NEVER_ECHOED:
         return f"{field}: {error['msg'].lower()}"
-    got = error.get("input")
-    shown = repr(got) if len(repr(got)) <= 40 else repr(got)[:37] + "..."
+    got = reprlib.repr(error.get("input"))  # bounded in depth and length, unlike repr
+    shown = got if len(got) <= 40 else got[:37] + "..."
     return f"{field or 'request'}: {error['msg'].lower()} (got {shown})"

@@ -7,7 +7,10 @@ priority order, so a `high` job is always taken before a waiting `default` one.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Literal
+
+from shared.errors import InvalidJobIdError
 
 Priority = Literal["high", "default", "low"]
 
@@ -22,7 +25,8 @@ QUEUE_BY_PRIORITY: dict[str, str] = {
 QUEUES_IN_PRIORITY_ORDER: tuple[str, ...] = (QUEUE_HIGH, QUEUE_DEFAULT, QUEUE_LOW)
 
 PREFIX = "cosyq:"
-IDEMPOTENCY_PREFIX = PREFIX + "idem:"  # + sha256(key) -> "<job id> <reserved at>" (TTL)
+# + sha256(key) -> "<job id> <reserved at>[ <enqueued at>]" (TTL; producer/idempotency.py)
+IDEMPOTENCY_PREFIX = PREFIX + "idem:"
 VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
@@ -34,7 +38,14 @@ ORPHAN_SWEEP_LOCK = PREFIX + "orphan-sweep-lock"  # one sweeper per housekeeping
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
 WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
+CANCEL_PREFIX = PREFIX + "cancel:"  # + job id -> "1" (result TTL): stop it at its next step
 AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # + job id -> Redis Stream of a streamed job's audio chunks
+# Webhooks (shared/webhooks.py, producer/webhooks/): the workers' outbox (a Redis Stream read by the
+# dispatchers' consumer group), deliveries waiting for their next try, and dead letters.
+WEBHOOK_OUTBOX = PREFIX + "webhooks:outbox"
+WEBHOOK_GROUP = "cosyq-webhooks"  # the dispatchers' consumer group on the outbox
+WEBHOOK_RETRY = PREFIX + "webhooks:retry"  # sorted set: delivery JSON scored by its next try
+WEBHOOK_DEAD = PREFIX + "webhooks:dead"  # hash: webhook id -> delivery JSON with why it died
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
 SYNTHESIZE_FUNCTION = "workers.tasks.synthesize"
@@ -45,6 +56,18 @@ ERROR_META_KEY = "cosyq_error"  # {"kind": ..., "message": ...} written by the w
 LAST_ERROR_META_KEY = "cosyq_last_error"  # why the previous attempt of a retried job failed
 ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
 SUBMIT_META_KEY = "cosyq_submit"  # what the producer recorded at submit time (no text)
+
+
+# What a job id may be: ours are uuid4 hex; RQ's own rule is letters, digits, '_' and '-'.
+JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+JOB_ID_RULE = "1-64 letters, digits, '_' or '-'"
+
+
+def check_job_id(job_id: str) -> str:
+    """The id if it can name a job; InvalidJobIdError (never RQ's ValueError) otherwise."""
+    if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
+        raise InvalidJobIdError(f"job id {job_id!r}: a job id is {JOB_ID_RULE}")
+    return job_id
 
 
 def queue_for(priority: str) -> str:
@@ -68,6 +91,11 @@ def default_voice_key(checkpoint_hash: str, prompt_digest: str) -> str:
 
 def job_heartbeat_key(job_id: str) -> str:
     return JOB_HEARTBEAT_PREFIX + job_id
+
+
+def cancel_key(job_id: str) -> str:
+    """The flag a running job's worker checks at each piece or LLM step (shared/cancels)."""
+    return CANCEL_PREFIX + job_id
 
 
 def audio_stream_key(job_id: str) -> str:

@@ -9,7 +9,9 @@ filesystem or boto3.
 `PromptRoots` is the worker's own rule (COSYQ_PROMPT_ROOTS): the folders and bucket prefixes it
 reads prompt audio from. Any producer can name any URI, so without it a job could make a worker
 read any file the worker can. The default is the model directory and the storage URL's prefix,
-where `cosyq voices add` uploads recordings.
+where `cosyq voices add` uploads recordings. A file is checked where it really is: its path and
+the roots with every symlink resolved, so a link under a root that leads outside it (to a file
+or a folder) is refused, and one that stays inside is followed.
 """
 
 from __future__ import annotations
@@ -20,13 +22,9 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from shared.errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from shared.settings import Settings
 
 PROMPT_URI_SCHEMES = ("file://", "s3://")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -117,26 +115,35 @@ class PromptRoots:
     roots: tuple[str, ...]
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> PromptRoots:
+    def from_values(
+        cls, prompt_roots: str | None, *, storage_url: str, model_dir: Path | None
+    ) -> PromptRoots:
         """COSYQ_PROMPT_ROOTS (comma-separated URIs), else the model dir and storage prefix."""
-        if settings.prompt_roots is not None:
-            uris = [part.strip() for part in settings.prompt_roots.split(",") if part.strip()]
+        if prompt_roots is not None:
+            uris = [part.strip() for part in prompt_roots.split(",") if part.strip()]
         else:
-            uris = [settings.storage_url]
-            if settings.model_dir is not None:  # as given: symlinks inside it are the operator's
-                uris.append(Path(os.path.abspath(settings.model_dir)).as_uri())
+            uris = [storage_url]
+            if model_dir is not None:
+                uris.append(Path(os.path.abspath(model_dir)).as_uri())
         return cls(tuple(prompt_root(uri) for uri in uris))
 
     def check(self, uri: str, *, field: str = "prompt_audio") -> None:
-        """InvalidRequestError unless `uri` (already through check_prompt_uri) is under a root."""
+        """InvalidRequestError unless `uri` (already through check_prompt_uri) is under a root,
+        for a file with its symlinks and the roots' resolved (where the read will land)."""
         place = _place(uri)
-        if not any(
-            place == root or place.startswith(root.rstrip("/") + "/") for root in self.roots
-        ):
+        if not any(_under(place, root) for root in self.roots):
             raise InvalidRequestError(
                 f"{field}: {uri} is outside the folders this worker reads prompts from "
                 "(COSYQ_PROMPT_ROOTS)"
             )
+        if place.startswith("/"):
+            real = os.path.realpath(place)
+            folders = (os.path.realpath(root) for root in self.roots if root.startswith("/"))
+            if not any(_under(real, folder) for folder in folders):
+                raise InvalidRequestError(  # the target is not named: it is not the user's
+                    f"{field}: {uri} is a symlink, or under one, that leads outside the folders "
+                    "this worker reads prompts from (COSYQ_PROMPT_ROOTS)"
+                )
 
 
 def prompt_root(uri: str) -> str:

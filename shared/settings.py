@@ -8,33 +8,28 @@ rejected with the closest field suggested.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from dotenv import dotenv_values
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import SettingsError
 from shared.prompt_uris import prompt_root
 from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
-
-ENV_PREFIX = "COSYQ_"
-DEFAULT_ENV_FILE = ".env"
-
-# COSYQ_ variables that are not settings: read by scripts/ and the test harness only.
-NON_SETTINGS_VARIABLES = frozenset(
-    {
-        "COSYQ_PYTHON",  # scripts/env.sh: the interpreter that creates .venv
-        "COSYQ_REFERENCE_DIR",  # tests: the CosyVoice 2 reference set
-        "COSYQ_REQUIRE_REFERENCE",  # tests/CI: fail (not skip) when the reference set is missing
-    }
+from shared.settings_env import (
+    ENV_PREFIX,
+    read_env_files,
+    redact_url,
+    reject_unknown_variables,
 )
+from shared.settings_front import FrontSettings
+from shared.settings_quality import QualitySettings
+
+DEFAULT_ENV_FILE = ".env"
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 STORAGE_SCHEMES = ("file", "s3")
@@ -52,7 +47,7 @@ def _default_hash_cache_dir() -> Path:
     return Path.home() / ".cache" / "cosyq" / "hashes"
 
 
-class Settings(BaseSettings):
+class Settings(FrontSettings, QualitySettings, BaseSettings):
     """Every knob of a cosyq process; each limit is named here with its default.
 
     Producer side: redis_*, storage_url, s3_*, max_*_chars/bytes, max_queue_depth, backpressure*,
@@ -65,7 +60,7 @@ class Settings(BaseSettings):
         env_prefix=ENV_PREFIX,
         env_file=DEFAULT_ENV_FILE,
         env_file_encoding="utf-8",
-        extra="ignore",  # unknown COSYQ_ names are rejected by _reject_unknown_variables
+        extra="ignore",  # unknown COSYQ_ names are rejected by reject_unknown_variables
         validate_default=True,
     )
 
@@ -145,7 +140,9 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "mps", "cuda"] = Field(
         "auto", description="torch device: auto, cpu, mps or cuda"
     )
-    dtype: Literal["fp32", "fp16", "bf16"] = Field("fp32", description="weights: fp32/fp16/bf16")
+    dtype: Literal["fp32", "fp16", "bf16", "auto"] = Field(
+        "fp32", description="weights: fp32/fp16/bf16, or auto (the host's measured best)"
+    )
     compute_units: Literal["ALL", "CPU_AND_NE", "CPU_AND_GPU", "CPU_ONLY"] = Field(
         "ALL", description="Core ML compute units"
     )
@@ -181,6 +178,9 @@ class Settings(BaseSettings):
     # Request limits (checked by producer and worker alike)
     max_text_chars: int = Field(2000, gt=0, description="longest text (and prompt text)")
     max_metadata_bytes: int = Field(4096, ge=0, description="largest request metadata, as JSON")
+    max_metadata_depth: int = Field(
+        32, gt=0, description="deepest nesting of request metadata (the object itself is 1)"
+    )
     max_output_key_chars: int = Field(
         512, gt=0, description="longest output_key (S3 allows 1,024 bytes with the prefix)"
     )
@@ -219,12 +219,16 @@ class Settings(BaseSettings):
     idempotency_claim_grace_s: float = Field(
         60.0,
         ge=0,
-        description="how long a new idempotency key counts as taken before its job exists "
-        "(a submit in flight); after it, a key whose job was deleted or expired is free",
+        description="how long a claimed idempotency key whose job is not enqueued yet (a "
+        "submit in flight) counts as taken; a key whose job was enqueued and is gone (rq empty, "
+        "deleted, expired) is free at once",
     )
     job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
     result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
     failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
+    cancel_check_ms: float = Field(
+        100.0, ge=0, description="a running job reads its cancel flag at most this often (ms)"
+    )
     max_retries: int = Field(2, ge=0, description="retries of a transient failure")
     retry_backoff_s: float = Field(
         5.0, ge=0, description="retry k waits retry_backoff_s * 2**(k-1) seconds"
@@ -255,29 +259,11 @@ class Settings(BaseSettings):
         2048.0,
         gt=0,
         description="flow cache per streamed piece (full model: ~4.6 MB per mel frame, 0.23 GB "
-        "per second of prompt + speech); past it the piece's later chunks recompute the prefix",
+        "per second of prompt + speech); never passed: the chunk that would need more and the "
+        "piece's later ones recompute the prefix",
     )
     stream_block_ms: int = Field(
         1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
-    )
-
-    # HTTP front (`cosyq serve`, extra cosyq[http])
-    api_keys: SecretStr | None = Field(
-        None,
-        description="comma-separated bearer keys of the HTTP front (unset: loopback only)",
-    )
-    http_wait_timeout_s: float = Field(
-        60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"
-    )
-    http_max_body_bytes: int = Field(
-        2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
-    )
-    http_max_upload_bytes: int = Field(
-        16 * 1024 * 1024, gt=0, description="largest voice upload (POST /v1/audio/voices)"
-    )
-    http_max_batch: int = Field(1000, gt=0, description="most requests in one POST /v1/jobs:batch")
-    http_retry_after_s: int = Field(
-        5, ge=0, description="the Retry-After of a 429 (a queue at COSYQ_MAX_QUEUE_DEPTH)"
     )
 
     # Worker processes
@@ -329,6 +315,40 @@ class Settings(BaseSettings):
         10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"
     )
 
+    # Long-form documents (producer splits, workers synthesize the segments and assemble)
+    max_document_chars: int = Field(
+        1_000_000, gt=0, description="longest document text (characters, markup included)"
+    )
+    max_document_segments: int = Field(
+        5000, gt=0, description="most segments (jobs) one document may split into"
+    )
+    document_segment_chars: int = Field(
+        1000,
+        ge=50,
+        description="longest segment a document is split into (capped by COSYQ_MAX_TEXT_CHARS)",
+    )
+    document_segment_speech_s: float = Field(
+        90.0,
+        gt=0,
+        description="most speech a segment is estimated at (words at one token each, pauses); "
+        "kept under COSYQ_MAX_SPEECH_SECONDS since the worker counts real tokens",
+    )
+    document_sentence_pause_ms: int = Field(
+        100, ge=0, le=10000, description="silence between segments split inside a paragraph"
+    )
+    document_paragraph_pause_ms: int = Field(
+        600, ge=0, le=10000, description="silence at a paragraph boundary"
+    )
+    document_heading_pause_ms: int = Field(
+        900, ge=0, le=10000, description="silence before and after a Markdown heading"
+    )
+    document_keep_segments: bool = Field(
+        False, description="keep each segment's audio after the document is assembled"
+    )
+    document_claim_ttl_s: float = Field(
+        30.0, gt=0, description="an assembler whose heartbeat is this old has died"
+    )
+
     # Metrics (worker side: the pool, or a lone `cosyq-worker run`)
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="serve Prometheus /metrics on this port (unset: off)"
@@ -343,7 +363,11 @@ class Settings(BaseSettings):
 
     def __init__(self, **values: Any) -> None:
         env_file = values.get("_env_file", DEFAULT_ENV_FILE)
-        _reject_unknown_variables(os.environ, _read_env_files(env_file))
+        reject_unknown_variables(
+            os.environ,
+            read_env_files(env_file),
+            known={ENV_PREFIX + n.upper() for n in Settings.model_fields},
+        )
         super().__init__(**values)
 
     @field_validator("redis_url")
@@ -396,6 +420,15 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_webhooks(self) -> Settings:
+        if self.webhook_claim_idle_s <= self.webhook_timeout_s:
+            raise ValueError(
+                "webhook_claim_idle_s must be longer than webhook_timeout_s (else a delivery "
+                "still under way is taken over by another dispatcher and sent twice)"
+            )
+        return self
+
     def api_key_list(self) -> tuple[str, ...]:
         """The HTTP front's accepted bearer keys (COSYQ_API_KEYS split at commas)."""
         raw = self.api_keys.get_secret_value() if self.api_keys is not None else ""
@@ -420,47 +453,3 @@ def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: A
                 given = redact_url(given)  # never echo a password
             problems.append(f"{name}: {error['msg']} (got {given!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from e
-
-
-def redact_url(url: str) -> str:
-    """Replace the password in a URL (redis://user:secret@host) with ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo = f"{parts.username or ''}:***"
-    host = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=f"{userinfo}@{host}").geturl()
-
-
-def _read_env_files(env_file: Any) -> dict[str, str]:
-    files: Iterable[Any]
-    if env_file is None:
-        files = ()
-    elif isinstance(env_file, (str, Path)):
-        files = (env_file,)
-    else:
-        files = env_file
-    found: dict[str, str] = {}
-    for file in files:
-        if Path(file).is_file():
-            found.update({k: v or "" for k, v in dotenv_values(file).items()})
-    return found
-
-
-def _reject_unknown_variables(environ: Mapping[str, str], dotenv: Mapping[str, str]) -> None:
-    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
-    problems = []
-    for source, names in (("environment", environ), (".env file", dotenv)):
-        for name in sorted(names):
-            upper = name.upper()
-            if not upper.startswith(ENV_PREFIX) or upper in known:
-                continue
-            if upper in NON_SETTINGS_VARIABLES:
-                continue
-            close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            problems.append(f"unknown setting {name} (from the {source}){hint}")
-    if problems:
-        raise SettingsError(
-            "; ".join(problems) + " (README.md, Configuration, lists every setting)"
-        )

@@ -124,6 +124,13 @@ def check_prompt_audio(samples: np.ndarray, sample_rate: int, max_seconds: float
         raise PromptSilentError(
             f"prompt audio: silent ({shown}; speech needs more than {PROMPT_SILENCE_DBFS:g} dBFS)"
         )
+    sound = float(np.std(samples, dtype=np.float64))  # what is left with the offset taken out
+    if sound == 0 or 20 * math.log10(sound) < PROMPT_SILENCE_DBFS:
+        offset = float(np.mean(samples, dtype=np.float64))
+        raise PromptSilentError(
+            f"prompt audio: silent apart from a constant offset (DC {offset:+.2f} of full scale; "
+            f"speech needs more than {PROMPT_SILENCE_DBFS:g} dBFS once the offset is removed)"
+        )
 
 
 def encode_array(array: np.ndarray) -> dict[str, Any]:

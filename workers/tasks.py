@@ -23,6 +23,7 @@ from rq.job import Job
 
 from shared import keys
 from shared.audio import EncodedAudio, encode_audio
+from shared.document_state import DOCUMENT_META_KEY
 from shared.errors import InvalidRequestError
 from shared.jobs import (
     NATIVE_SAMPLE_RATE,
@@ -32,21 +33,26 @@ from shared.jobs import (
     voice_label,
 )
 from shared.logs import get_logger, job_context, log_synthesis_finished
-from shared.prompt_uris import PromptRoots, check_prompt_uri
-from shared.results import ModelInfo, StageTimings, SynthesisResult
+from shared.prompt_uris import check_prompt_uri
+from shared.results import ModelInfo, PieceTiming, QualityReport, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
+from workers.documents.job import record_finished_segment
 from workers.engine.api import (
+    StopCheck,
     StreamingEngine,
     SynthesisEngine,
     SynthesisInput,
     SynthesisOutput,
     VoicePrompt,
+    stop_if_asked,
 )
-from workers.service import metrics
+from workers.service import metrics, quality
 from workers.service.audio_stream import AudioStreamWriter
+from workers.service.cancels import CancelFlag
 from workers.service.failures import classify
 from workers.service.job_runtime import WorkerRuntime, current_runtime
+from workers.service.quality import quality_log_fields
 from workers.voices import profiles as voice_profiles
 
 log = get_logger(__name__)
@@ -62,10 +68,14 @@ class JobContext:
     enqueued_at: datetime | None
     started_at: datetime
     connection: redis.Redis | None = None  # the job's Redis: where a streamed job's chunks go
+    timeout_s: float | None = None  # the job's own timeout (quality retries must fit in it)
+    document: tuple[str, int] | None = None  # a document segment's (document id, index)
+    should_stop: StopCheck | None = None  # its cancel flag (workers/service/cancels.py)
 
     @classmethod
-    def from_job(cls, job: Job) -> JobContext:
+    def from_job(cls, job: Job, *, cancel_check_s: float = 0.1) -> JobContext:
         attempt = job.meta.get(keys.ATTEMPT_META_KEY, 1)
+        flag = CancelFlag(job.connection, job.id, every_s=cancel_check_s)
         return cls(
             job_id=job.id,
             queue=job.origin,
@@ -73,6 +83,9 @@ class JobContext:
             enqueued_at=job.enqueued_at,
             started_at=job.started_at or datetime.now(UTC),
             connection=job.connection,
+            timeout_s=float(job.timeout) if isinstance(job.timeout, int | float) else None,
+            document=_document_of(job.meta.get(DOCUMENT_META_KEY)),
+            should_stop=flag if job.connection is not None else None,
         )
 
     @property
@@ -82,12 +95,24 @@ class JobContext:
         return max(0.0, (self.started_at - self.enqueued_at).total_seconds())
 
 
+def _document_of(meta: object) -> tuple[str, int] | None:
+    """(document id, segment index) from a segment job's meta; None for an ordinary job."""
+    if not isinstance(meta, dict):
+        return None
+    document_id, index = meta.get("id"), meta.get("index")
+    if isinstance(document_id, str) and isinstance(index, int) and index >= 0:
+        return document_id, index
+    return None
+
+
 def synthesize(request: dict[str, Any]) -> dict[str, Any]:
     """RQ entry point: one request dict in, one SynthesisResult dict out."""
     job = get_current_job()
     if job is None:
         raise RuntimeError("workers.tasks.synthesize runs only as an RQ job")
-    result = run_synthesis(current_runtime(), request, JobContext.from_job(job))
+    runtime = current_runtime()
+    context = JobContext.from_job(job, cancel_check_s=runtime.settings.cancel_check_ms / 1000)
+    result = run_synthesis(runtime, request, context)
     metrics.record_stages(result.timings.model_dump(), result.duration_s)
     return result.model_dump(mode="json")
 
@@ -145,7 +170,12 @@ def run_synthesis(
         with _logged(runtime, prepared.context, prepared.request):
             output = _synthesize(runtime.engine, prepared.engine_input, writer)
         return finish_synthesis(
-            runtime, prepared, output, synthesized_at=time.perf_counter(), stream=writer
+            runtime,
+            prepared,
+            output,
+            synthesized_at=time.perf_counter(),
+            stream=writer,
+            resynthesize=runtime.engine.synthesize if writer is None else None,
         )
     except Exception as e:
         if writer is not None:
@@ -204,7 +234,7 @@ def prepare_synthesis(
         return PreparedSynthesis(
             request=request,
             context=context,
-            engine_input=_engine_input(request, prompt),
+            engine_input=_engine_input(request, prompt, context.should_stop),
             started=started,
             voice_s=time.perf_counter() - started,
         )
@@ -217,18 +247,26 @@ def finish_synthesis(
     *,
     synthesized_at: float,
     stream: AudioStreamWriter | None = None,
+    resynthesize: quality.Resynthesize | None = None,
 ) -> SynthesisResult:
-    """Encode, store, build the result and log the job's one synthesis_finished line.
+    """Check quality (retrying suspect audio through `resynthesize`, the same engine API),
+    trim and normalise on request, encode, store, build the result and log the job's one
+    synthesis_finished line.
 
     A streamed job's file is encoded from exactly the samples its stream carries (resampled
     chunk by chunk to the request's rate), and its final entry goes out once it is stored."""
     request, context = prepared.request, prepared.context
     with _logged(runtime, context, request):
-        synthesized = synthesized_at
+        output, report = _checked(runtime, prepared, output, resynthesize)
+        # the kept samples' readiness: a retry's samples are ready once the check returns
+        synthesized = synthesized_at if not report.retries else time.perf_counter()
         samples: np.ndarray = output.samples
         rate = output.sample_rate
         if stream is not None:
             samples, rate = stream.flush(), stream.target_rate
+        else:
+            output, report = quality.process_audio(output, request, runtime.settings, report)
+            samples = output.samples
         encoded = encode_audio(
             samples,
             rate,
@@ -237,6 +275,7 @@ def finish_synthesis(
             sample_format=request.sample_format,
         )
         encoded_at = time.perf_counter()
+        stop_if_asked(context.should_stop)  # canceled at the last step: nothing is stored
         stored = _store(runtime, request, context, encoded)
         if stream is not None:
             stream.finish(stored.uri)
@@ -261,10 +300,33 @@ def finish_synthesis(
             encoded=encoded,
             output=output,
             timings=timings,
+            synthesis_s=max(0.0, synthesized - prepared.started),
             stream=None if stream is None else stream.key,
-        )
+        ).model_copy(update={"quality": report})
         _log_finished(request, result, synthesis_s=synthesized - prepared.started)
+        metrics.record_quality(report.verdict, report.action, report.retries)
+        if context.document is not None and context.connection is not None:
+            record_finished_segment(context.connection, runtime.settings, context.document, result)
         return result
+
+
+def _checked(
+    runtime: WorkerRuntime,
+    prepared: PreparedSynthesis,
+    output: SynthesisOutput,
+    resynthesize: quality.Resynthesize | None,
+) -> tuple[SynthesisOutput, QualityReport]:
+    """The output to keep and its quality report (QualityError when the request fails)."""
+    settings = runtime.settings
+    timeout = prepared.context.timeout_s or float(settings.job_timeout_s)
+    return quality.checked_output(
+        output,
+        prepared.engine_input,
+        quality.QualityPolicy.from_settings(settings),
+        on_suspect=prepared.request.on_suspect or settings.quality_on_suspect,
+        resynthesize=resynthesize,
+        deadline=prepared.started + timeout,
+    )
 
 
 def _first_chunk_s(writer: AudioStreamWriter | None, started: float) -> float | None:
@@ -297,7 +359,7 @@ def check_readable_prompt(runtime: WorkerRuntime, uri: object) -> None:
         check_prompt_uri(uri, runtime.limits.max_output_key_chars)
     except ValueError as e:
         raise InvalidRequestError(f"prompt_audio: {e}") from None
-    PromptRoots.from_settings(runtime.settings).check(uri)
+    runtime.prompt_roots.check(uri)
 
 
 def _store(
@@ -326,11 +388,15 @@ def _log_finished(
     request: SynthesisRequest, result: SynthesisResult, *, synthesis_s: float
 ) -> None:
     """The canonical per-job line: sizes and timings only, never the text."""
-    extra = {"synthesis_s": round(synthesis_s, 4), "batch_size": result.batch_size}
+    extra: dict[str, Any] = {"synthesis_s": round(synthesis_s, 4), "batch_size": result.batch_size}
+    if result.quality is not None:
+        extra.update(quality_log_fields(result.quality))
     log_synthesis_finished(log, result, text_chars=len(request.text), extra=extra)
 
 
-def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisInput:
+def _engine_input(
+    request: SynthesisRequest, prompt: VoicePrompt, should_stop: StopCheck | None
+) -> SynthesisInput:
     return SynthesisInput(
         text=request.text,
         prompt=prompt,
@@ -339,6 +405,7 @@ def _engine_input(request: SynthesisRequest, prompt: VoicePrompt) -> SynthesisIn
         instruction=request.instruction,
         speed=request.speed,
         seed=request.seed,
+        should_stop=should_stop,
     )
 
 
@@ -351,14 +418,13 @@ def _result(
     encoded: EncodedAudio,
     output: SynthesisOutput,
     timings: StageTimings,
+    synthesis_s: float,
     stream: str | None = None,
 ) -> SynthesisResult:
+    """`rtf` is the attempt's wall seconds from its start to its samples being ready, over the
+    audio's seconds: what the job took, alone or batched (a batched job's wait for its slot
+    and for its neighbours' stages included), never its share of the model's time."""
     identity = runtime.engine.identity
-    synthesis_s = sum(
-        (timings.frontend_s, timings.llm_s, timings.flow_s, timings.hift_s, timings.join_s)
-    )
-    if synthesis_s <= 0:  # an engine that reports no stages: use the wall time up to encoding
-        synthesis_s = max(0.0, timings.total_s - timings.encode_s - timings.store_s)
     return SynthesisResult(
         job_id=context.job_id,
         uri=uri,
@@ -380,4 +446,14 @@ def _result(
         idempotency_key=request.idempotency_key,
         stream=stream,
         metadata=dict(request.metadata),
+        pieces=_piece_timings(output),
     )
+
+
+def _piece_timings(output: SynthesisOutput) -> list[PieceTiming]:
+    """The engine's piece spans in seconds (the same at any output sample rate)."""
+    rate = output.sample_rate
+    return [
+        PieceTiming(text=piece.text, start_s=piece.start / rate, end_s=piece.end / rate)
+        for piece in output.pieces
+    ]

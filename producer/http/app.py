@@ -8,17 +8,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
 from producer.client import CosyqClient
-from producer.http import health, jobs, metrics, speech, voices
+from producer.http import documents, health, jobs, metrics, speech, voices
 from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext
 from producer.http.errors import install_error_handlers
 from producer.http.middleware import AccessLog, BodyLimit
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from producer.webhooks.background import BackgroundDispatcher
 
 
 def create_app(settings: Settings, *, client: CosyqClient | None = None) -> FastAPI:
@@ -28,9 +32,12 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context = FrontContext.create(settings, client)
         app.state.cosyq = context
+        webhooks = _webhook_dispatcher(settings)
         try:
             yield
         finally:
+            if webhooks is not None:
+                webhooks.close()
             await context.close()
 
     app = FastAPI(
@@ -43,7 +50,7 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     check_key = Depends(KeyCheck(settings.api_key_list()))
     app.include_router(health.router)
     app.include_router(metrics.router)  # no key, like /healthz: Prometheus scrapes it
-    for router in (speech.router, voices.router, jobs.router):
+    for router in (speech.router, voices.router, jobs.router, documents.router):
         app.include_router(router, dependencies=[check_key])
     install_error_handlers(app, settings.http_retry_after_s)
     app.add_middleware(
@@ -53,6 +60,15 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     )
     app.add_middleware(AccessLog)
     return app
+
+
+def _webhook_dispatcher(settings: Settings) -> BackgroundDispatcher | None:
+    """COSYQ_WEBHOOK_DISPATCH_IN_SERVE: this server process also delivers webhooks."""
+    if not settings.webhook_dispatch_in_serve:
+        return None
+    from producer.webhooks.background import BackgroundDispatcher  # noqa: PLC0415
+
+    return BackgroundDispatcher(settings).start()
 
 
 def app_from_environment() -> FastAPI:

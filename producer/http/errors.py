@@ -4,7 +4,8 @@
 exception classes (`BadRequestError`, `AuthenticationError`, ...). Our own exceptions map to
 statuses here, in one table, so a route raises what the producer raises and never builds a
 response by hand: InvalidRequestError 400 (UnknownVoiceError 404), JobNotFoundError 404,
-QueueFullError 429 with Retry-After, TransientError or a Redis error 503.
+QueueFullError 429 with Retry-After, TransientError or a Redis error 503, and a failed job by
+its failure kind (FAILED_JOB_STATUS).
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ log = structlog.get_logger("cosyq.http")
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
+# A failed job's status per failure kind (shared.results.FailureKind); any other kind is 500.
+FAILED_JOB_STATUS: dict[str, int] = {
+    "invalid_request": 400,  # the request can never succeed as written
+    "canceled": 409,  # canceled (DELETE /v1/jobs/{id}): it has no audio and never will
+    "transient": 502,  # storage or Redis behind the worker kept failing past the retries
+    "storage": 500,  # storage refused for good (no such bucket, permissions): the deployment
+    "worker_died": 500,
+    "internal": 500,
+    "quality": 422,  # on_suspect fail: the audio was made and judged suspect
+}
 _PARAM_RE = re.compile(r"(?:requests\[\d+\]: )?([A-Za-z_][A-Za-z0-9_.]*): ")
 
 
@@ -80,15 +91,15 @@ def param_of(message: str) -> str | None:
 
 
 def failed_job(job_id: str, kind: str, reason: str) -> ApiError:
-    """A job that ended without a result: 400 when the worker refused the request, 503 when
-    it gave up on a transient fault, else 500; the message is the worker's (never the text)."""
+    """A job that failed for good, as the status of its failure kind (FAILED_JOB_STATUS, else
+    500), `code` the kind; the message is the worker's (never the text). Never 503: that
+    says "retry, the front is unavailable", and asking again cannot revive a failed job."""
     message = f"job {job_id} failed ({kind}): {reason}"
     extra = {"job_id": job_id}
-    if kind == "invalid_request":
-        return ApiError(400, message, param=param_of(reason), code="invalid_request", extra=extra)
-    if kind == "transient":
-        return ApiError(503, message, type_=SERVER_ERROR, code="unavailable", extra=extra)
-    return ApiError(500, message, type_=SERVER_ERROR, code=kind, extra=extra)
+    status = FAILED_JOB_STATUS.get(kind, 500)
+    if status < 500:
+        return ApiError(status, message, param=param_of(reason), code=kind, extra=extra)
+    return ApiError(status, message, type_=SERVER_ERROR, code=kind, extra=extra)
 
 
 def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:

@@ -9,7 +9,6 @@ credentials reach.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,11 +26,9 @@ from producer.http.streaming import relay_response
 from producer.tracking import JobStatus
 from shared.errors import QueueFullError
 from shared.jobs import validate_request
-from shared.keys import SYNTHESIZE_FUNCTION
+from shared.keys import JOB_ID_RE, JOB_ID_RULE, SYNTHESIZE_FUNCTION
 
 router = APIRouter()
-
-JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def refuse_prompt_uri(raw: Any, where: str = "") -> None:
@@ -53,9 +50,7 @@ def refuse_prompt_uri(raw: Any, where: str = "") -> None:
 
 def checked_job_id(job_id: str) -> str:
     if not JOB_ID_RE.fullmatch(job_id):
-        raise ApiError(
-            404, "no such job (a job id is 1-64 letters, digits, '_' or '-')", code="job_not_found"
-        )
+        raise ApiError(404, f"no such job (a job id is {JOB_ID_RULE})", code="job_not_found")
     return job_id
 
 
@@ -122,6 +117,19 @@ async def _status(request: Request, job_id: str) -> JobStatus:
 async def job_status(request: Request, job_id: str) -> JSONResponse:
     status = await _status(request, job_id)
     return JSONResponse(status_record(status))
+
+
+@router.delete("/v1/jobs/{job_id}")
+async def cancel_job(request: Request, job_id: str) -> JSONResponse:
+    """Cancel: 200 with what happened (`canceled`, `stopping`, `already_canceled`), 409 when the
+    job already finished or failed (nothing changed), 404 for no such job."""
+    context = context_of(request)
+    request.state.job_id = checked_job_id(job_id)
+    outcome = await run_in_threadpool(context.client.cancel, job_id)
+    body = {"id": job_id, "result": outcome.verdict, "state": outcome.state}
+    if outcome.verdict == "already_ended":
+        raise ApiError(409, outcome.describe(), code="already_ended", extra=body)
+    return JSONResponse({**body, "message": outcome.describe()})
 
 
 @router.get("/v1/jobs/{job_id}/audio")

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import soundfile as sf
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.body import read_json_object
@@ -47,7 +47,7 @@ class SpeechRequest(BaseModel):
     input: str
     voice: str = DEFAULT_VOICE
     response_format: str = "mp3"
-    speed: float = 1.0
+    speed: float = Field(1.0, strict=True)  # JSON's true is not a speed
     instructions: str | None = None
     stream_format: Literal["audio", "sse"] | None = None
 

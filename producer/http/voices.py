@@ -70,11 +70,12 @@ async def add_voice(request: Request) -> JSONResponse:
         if not name:
             raise ApiError(400, "name: required", param="name", code="invalid_value")
         audio = await upload.read()
-        filename = upload.filename or "prompt.audio"
     finally:
         await form.close()
+    # Errors name the form field, never the uploader's file name (which is not stored either:
+    # the upload's suffix comes from the audio format detected in its bytes).
     job_id = await run_in_threadpool(
-        lambda: context.client.add_voice(name, audio, _field(form, "transcript"), filename=filename)
+        lambda: context.client.add_voice(name, audio, _field(form, "transcript"), filename="file")
     )
     request.state.job_id = job_id
     await wait_done(context, job_id, context.settings.http_wait_timeout_s)

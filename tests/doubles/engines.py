@@ -7,13 +7,18 @@ short sine, so one worker can be made slow, leaky, transiently failing or dead p
     sleep:<s>        sleep before answering           kill            SIGKILL this process
     leak:<MiB>       allocate and keep memory          exit:<code>     os._exit(code) mid-job
     transient:<path> TransientError unless <path> exists (then creates it: fails once)
+    refuse:<path>    InvalidRequestError (fails for good) until <path> exists
     invalid          InvalidRequestError               boom            RuntimeError (a bug)
     seconds:<s>      length of the returned audio (default 0.25 s)
+    fail:<reason>    RuntimeError(<reason>), the reason being the rest of the text (spaces kept)
 
-Factories: `fast` (loads instantly), `slow_load` (TESTENGINE_LOAD_S seconds to load, for the
-stagger test), `failing` (ModelLoadError), `broken` (a plain exception while loading),
-`batching` (a tone that depends on text and seed, and a session that batches across requests
-in steps of TESTENGINE_STEP_S seconds, like the engine's continuous decode loop).
+Factories: `fast` (loads instantly), `per_char` (audio length follows the text:
+SECONDS_PER_CHAR per character, at least MIN_PER_CHAR_SECONDS, as speech does), `slow_load`
+(TESTENGINE_LOAD_S seconds to load, for the stagger test), `failing` (ModelLoadError),
+`broken` (a plain exception while loading), `batching` (a tone that depends on text and seed,
+and a session that batches across requests in steps of TESTENGINE_STEP_S seconds, like the
+engine's continuous decode loop; each step asks the request's `should_stop`, so a job can be
+canceled mid-run, alone or as one row).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import signal
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -30,11 +36,22 @@ from typing import Any
 import numpy as np
 
 from shared.errors import InvalidRequestError, ModelLoadError, TransientError
-from workers.engine.api import ModelIdentity, SynthesisInput, SynthesisOutput, VoicePrompt
+from shared.text_markup import parse_markup, text_of
+from workers.engine.api import (
+    ModelIdentity,
+    PieceSpan,
+    SynthesisCanceled,
+    SynthesisInput,
+    SynthesisOutput,
+    VoicePrompt,
+)
 
 SAMPLE_RATE = 24000
 TONE_HZ = 220.0
 DEFAULT_SECONDS = 0.25
+SECONDS_PER_CHAR = 0.01
+MIN_PER_CHAR_SECONDS = 0.1
+FAIL_DIRECTIVE = "fail:"
 _LEAKED: list[np.ndarray] = []  # kept alive on purpose by `leak:<MiB>`
 
 
@@ -43,12 +60,19 @@ class ScriptedEngine:
 
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, *, name: str = "test-scripted", warm_up_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        name: str = "test-scripted",
+        warm_up_s: float = 0.0,
+        seconds_for: Callable[[str], float] = lambda text: DEFAULT_SECONDS,
+    ) -> None:
         self.identity = ModelIdentity(
             name=name, checkpoint_hash="0" * 16, backend="test", device="cpu"
         )
         self.warm_up_s = warm_up_s
         self.warmed_up = False
+        self.seconds_for = seconds_for
 
     def warm_up(self) -> None:
         time.sleep(self.warm_up_s)
@@ -56,10 +80,13 @@ class ScriptedEngine:
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
         started = time.perf_counter()
-        seconds = DEFAULT_SECONDS
-        for word in request.text.split():
+        seconds = self.seconds_for(request.text)
+        directives, failing, reason = request.text.partition(FAIL_DIRECTIVE)
+        for word in directives.split():
             name, _, value = word.partition(":")
             seconds = _obey(name, value, seconds)
+        if failing:
+            raise RuntimeError(reason.strip())
         samples = _tone(seconds)
         elapsed = time.perf_counter() - started
         return SynthesisOutput(
@@ -67,6 +94,7 @@ class ScriptedEngine:
             sample_rate=SAMPLE_RATE,
             stage_seconds={"frontend": 0.0, "llm": elapsed, "flow": 0.0, "hift": 0.0},
             speech_tokens=int(seconds * 25),
+            pieces=[PieceSpan(text_of(parse_markup(request.text)), 0, samples.shape[0])],
         )
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
@@ -94,6 +122,9 @@ def _obey(name: str, value: str, seconds: float) -> float:
         if not marker.exists():
             marker.touch()
             raise TransientError(f"test engine: transient fault (marker {marker.name} created)")
+    elif name == "refuse":
+        if not Path(value).exists():
+            raise InvalidRequestError(f"text: the test engine refuses it until {value} exists")
     elif name == "invalid":
         raise InvalidRequestError("text: the test engine refuses this text")
     elif name == "boom":
@@ -110,6 +141,15 @@ def _tone(seconds: float) -> np.ndarray:
 
 def fast(settings: Any) -> ScriptedEngine:
     return ScriptedEngine()
+
+
+def per_char_seconds(text: str) -> float:
+    """The `per_char` engine's audio length for `text`."""
+    return max(MIN_PER_CHAR_SECONDS, SECONDS_PER_CHAR * len(text))
+
+
+def per_char(settings: Any) -> ScriptedEngine:
+    return ScriptedEngine(name="test-per-char", seconds_for=per_char_seconds)
 
 
 def slow_load(settings: Any) -> ScriptedEngine:
@@ -161,7 +201,7 @@ class SteppedSession:
         self._thread.join()
 
     def _loop(self) -> None:
-        active: list[list[Any]] = []  # [future, output, steps left, most sharing]
+        active: list[list[Any]] = []  # [future, output, steps left, most sharing, request]
         while True:
             with self._lock:
                 while not self._new and not active and not self._closed:
@@ -179,7 +219,11 @@ class SteppedSession:
                     future.set_exception(e)
                     self._done(1)
                     continue
-                active.append([future, output, decode_steps(output), 0])
+                active.append([future, output, decode_steps(output), 0, request])
+            for row in [row for row in active if _stopped(row[4])]:  # leaves before the step
+                active.remove(row)
+                row[0].set_exception(SynthesisCanceled("canceled"))
+                self._done(1)
             if not active:
                 continue
             time.sleep(self.engine.step_s)  # one batched step, whatever the row count
@@ -188,7 +232,7 @@ class SteppedSession:
                 row[3] = max(row[3], len(active))
             finished = [row for row in active if row[2] <= 0]
             active = [row for row in active if row[2] > 0]
-            for future, output, _, most in finished:
+            for future, output, _, most, _ in finished:
                 output.batch_size = most
                 future.set_result(output)
             self._done(len(finished))
@@ -196,6 +240,10 @@ class SteppedSession:
     def _done(self, n: int) -> None:
         with self._lock:
             self._pending -= n
+
+
+def _stopped(request: SynthesisInput) -> bool:
+    return request.should_stop is not None and request.should_stop()
 
 
 def decode_steps(output: SynthesisOutput) -> int:
@@ -208,10 +256,15 @@ class BatchingScriptedEngine(ScriptedEngine):
     step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
-        """Alone: the same steps as in a batch, one after another."""
+        """Alone: the same steps as in a batch, one after another, each after asking
+        `should_stop` (SynthesisCanceled, as the real engine's LLM loop)."""
         output = self.render(request)
-        decode_s = decode_steps(output) * self.step_s
-        time.sleep(decode_s)
+        steps = decode_steps(output)
+        for _ in range(steps):
+            if _stopped(request):
+                raise SynthesisCanceled("canceled")
+            time.sleep(self.step_s)
+        decode_s = steps * self.step_s
         output.stage_seconds["llm"] = output.stage_seconds.get("llm", 0.0) + decode_s
         return output
 
@@ -245,3 +298,50 @@ def tiny_forced(settings: Any) -> Any:
     return build_engine(
         settings.model_dir, device="cpu", options=options, hash_cache_dir=settings.hash_cache_dir
     )
+
+
+def runaway_tiny(settings: Any) -> Any:
+    """The real engine on the tiny model (COSYQ_MODEL_DIR) whose LLM never samples a stop id:
+    every piece babbles to its length bound, the runaway the quality check must catch."""
+    import torch  # noqa: PLC0415 (torch only for the tests that load a model)
+
+    from workers.service.default_engine import engine_from_settings  # noqa: PLC0415
+
+    engine = engine_from_settings(settings)
+    model = engine.llm.model  # type: ignore[attr-defined]  # the torch pipeline's Qwen2LM
+    with torch.no_grad():
+        model.llm_decoder.bias[list(model.config.stop_tokens)] = -1e9
+    return engine
+
+
+class DirectedEngine:
+    """The real engine behind the test directives: `transient:` and `refuse:` words are
+    obeyed (see the module docstring) and removed, and the rest of the text is synthesized."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.identity = inner.identity
+        self.sample_rate = inner.sample_rate
+
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+
+    def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
+        return self.inner.extract_voice(samples, sample_rate, transcript)
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        import dataclasses  # noqa: PLC0415
+
+        kept = []
+        for word in request.text.split(" "):
+            name, _, value = word.partition(":")
+            if name in ("transient", "refuse") and value:
+                _obey(name, value, DEFAULT_SECONDS)
+            else:
+                kept.append(word)
+        return self.inner.synthesize(dataclasses.replace(request, text=" ".join(kept)))
+
+
+def tiny_directed(settings: Any) -> DirectedEngine:
+    """`tiny_forced` behind the test directives (documents: a segment made to fail)."""
+    return DirectedEngine(tiny_forced(settings))

@@ -1,10 +1,13 @@
-"""Run jobs the way RQ does, for the producer's tests: in-process burst or a real subprocess."""
+"""Run the producer's jobs: the real CosyqWorker in this process (burst) or in a subprocess
+(`cosyq-worker run`), with the engine the settings name; or a stock RQ worker, which is what
+runs a cosyq job when someone starts plain `rq worker` on cosyq's queues."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -18,8 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_burst(connection: redis.Redis) -> None:
-    """Run every queued job with a stock SimpleWorker (JSON serializer) until the queues are
-    empty."""
+    """Run every queued job with a stock SimpleWorker (JSON serializer, no CosyqWorker, so no
+    engine) until the queues are empty."""
     queues = [
         Queue(name, connection=connection, serializer=JSONSerializer)
         for name in QUEUES_IN_PRIORITY_ORDER
@@ -29,14 +32,12 @@ def run_burst(connection: redis.Redis) -> None:
 
 
 def start_worker_process(redis_url: str, *, burst: bool) -> subprocess.Popen[bytes]:
-    """`rq worker` with SimpleWorker and the JSON serializer in a fresh interpreter."""
-    args = [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url]
-    args += ["-w", "rq.worker.SimpleWorker", "-S", "rq.serializers.JSONSerializer", "-q"]
-    if burst:
-        args.append("--burst")
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    """`cosyq-worker run` in a fresh interpreter; its other settings come from the environment
+    (COSYQ_ENGINE names a test engine)."""
+    args = [sys.executable, "-m", "workers.cli", "run", *(["--burst"] if burst else [])]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), COSYQ_REDIS_URL=redis_url)
     return subprocess.Popen(
-        [*args, *QUEUES_IN_PRIORITY_ORDER],
+        args,
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -57,14 +58,13 @@ def stop_worker_process(process: subprocess.Popen[bytes]) -> None:
         process.stderr.close()
 
 
-def run_cosyq_burst(settings: Settings) -> None:
-    """Run every queued job with the real CosyqWorker (engine from settings) until empty."""
+def run_cosyq_burst(settings: Settings, queues: Sequence[str] = QUEUES_IN_PRIORITY_ORDER) -> None:
+    """Run every job queued in `queues` with the real CosyqWorker (engine from settings) until
+    they are empty."""
     from workers.worker import CosyqWorker  # noqa: PLC0415 (torch only for tests that need it)
 
     connection = redis.Redis.from_url(settings.redis_url)
     try:
-        CosyqWorker(QUEUES_IN_PRIORITY_ORDER, connection=connection, settings=settings).work(
-            burst=True
-        )
+        CosyqWorker(queues, connection=connection, settings=settings).work(burst=True)
     finally:
         connection.close()

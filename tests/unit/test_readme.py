@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from shared.settings import ENV_PREFIX, NON_SETTINGS_VARIABLES, Settings
+from shared.settings import Settings
+from shared.settings_env import ENV_PREFIX, NON_SETTINGS_VARIABLES
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -2,7 +2,7 @@
 
 `workers.engine.pipeline.build_engine` takes replacement flow, vocoder and LLM stages; this
 module loads the Core ML stand-ins (`CoreMLFlow`, `CoreMLHiFT` run by the pipeline's own
-`ModuleFlow` and `ModuleVocoder`, and `CoreMLQwen2LM` behind `TorchSpeechTokens` when the
+`ModuleFlow` and `ModuleVocoder`, and `CoreMLQwen2LM` behind `ModuleSpeechTokens` when the
 conversion has the stateful LLM) and hands them over. The torch parts left (front end, prompt
 models, the LLM without a conversion) run on `torch_device`. Plain values in: the service
 layer reads the settings.
@@ -23,7 +23,7 @@ import torch
 
 from workers.coreml.loader import CoreMLStages, load_coreml_stages
 from workers.engine.pipeline import EngineOptions, SynthesisPipeline, build_engine
-from workers.engine.stages import ModuleFlow, ModuleVocoder, TorchSpeechTokens
+from workers.engine.stages import ModuleFlow, ModuleSpeechTokens, ModuleVocoder
 
 CPU = torch.device("cpu")  # Core ML takes and returns numpy arrays on the CPU
 
@@ -62,7 +62,7 @@ def coreml_engine(
         hash_cache_dir=hash_cache_dir,
         flow=ModuleFlow(stages.flow, name="coreml", device=CPU),
         vocoder=ModuleVocoder(stages.hift, name="coreml", device=CPU),
-        llm=TorchSpeechTokens(coreml_llm) if coreml_llm is not None else None,
+        llm=ModuleSpeechTokens(coreml_llm) if coreml_llm is not None else None,
         backend="coreml",
         reported_device=placement.reported_device,
     )

@@ -1,6 +1,6 @@
 """The Core ML LLM behind the interface generation uses (`iter_speech_tokens`, `step_logps`).
 
-`CoreMLQwen2LM` offers what `workers.model.llm._decode` touches on a `Qwen2LM`: `config`,
+`CoreMLQwen2LM` offers what `workers.model.llm.model._decode` touches on a `Qwen2LM`: `config`,
 `device`, `prefix_embeddings`, `speech_embedding` and `step_logp(inputs_embeds, cache)`. The
 embedding tables stay in PyTorch (a row lookup per token); the backbone and `llm_decoder` run in
 the `llm` package, whose KV cache is a Core ML state. One state belongs to one request: it is
@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from shared.errors import InvalidRequestError
 from workers.coreml.convert.llm_graph import causal_mask
-from workers.model.llm import LLMConfig, Qwen2LM
-from workers.model.qwen2 import KVCache
+from workers.model.llm.model import LLMConfig, Qwen2LM
+from workers.model.llm.qwen2 import KVCache
 
 EMBEDDING_KEYS = {  # checkpoint key -> attribute path on Qwen2LM
     "llm_embedding.weight": "llm_embedding",

@@ -37,10 +37,10 @@ from workers.coreml.stages import (
 )
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
-from workers.model.flow_config import FlowConfig
-from workers.model.hift_config import HiFTConfig
-from workers.model.llm import LLMConfig
-from workers.model.qwen2 import KVCache
+from workers.model.flow.config import FlowConfig
+from workers.model.hift.config import HiFTConfig
+from workers.model.llm.model import LLMConfig
+from workers.model.llm.qwen2 import KVCache
 
 WARM_UP_TOKENS = 50  # prompt + target tokens of the warm-up synthesis (100 mel frames, 2 s)
 WARM_UP_LLM_POSITIONS = 8  # prefill length of the LLM warm-up (then two decode steps)

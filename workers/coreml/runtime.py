@@ -13,7 +13,7 @@ Only the non-streaming path (streaming=False, finalize=True) is converted.
 Batched packages (`--batch-sizes`) also take several rows per call: `batched_inference` of each
 stage (what the engine's batch session calls) splits the rows into calls of the package's sizes
 (`BatchSizes.groups`), fills a call up to its size with copies of its first row and drops them
-from the output. The flow pads rows to the longest as `workers.model.flow_batch` does (the
+from the output. The flow pads rows to the longest as `workers.model.flow.batch` does (the
 encoder is told each row's length, the CFM masks padded frames). HiFT's convolutions are not
 causal and its STFT reflects at the end, so a padded row would change well before its end:
 only rows of equal length share a vocoder call. Unbatched packages keep the batch-1 calls.
@@ -33,12 +33,12 @@ from shared.errors import InvalidRequestError
 from workers.coreml.batch_sizes import BatchSizes
 from workers.coreml.convert.graphs import pack_cfm_frames
 from workers.coreml.stages import UNBATCHED
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_batch import FlowRow
-from workers.model.flow_config import FlowConfig
-from workers.model.hift import HiFTOutput
-from workers.model.hift_config import HiFTConfig
-from workers.model.hift_source import SourceNoise, draw_source_noise
+from workers.model.flow.batch import FlowRow
+from workers.model.flow.config import FlowConfig
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.config import HiFTConfig
+from workers.model.hift.model import HiFTOutput
+from workers.model.hift.source import SourceNoise, draw_source_noise
 
 
 class Predictor(Protocol):

@@ -30,9 +30,24 @@ class VoicePrompt:
     transcript: str  # what the prompt says; used by zero_shot
 
 
+StopCheck = Callable[[], bool]  # True once the request was canceled: stop at the next step
+
+
+class SynthesisCanceled(Exception):
+    """The request's `should_stop()` said stop: raised at the next piece or LLM step."""
+
+
+def stop_if_asked(should_stop: StopCheck | None) -> None:
+    """Raise SynthesisCanceled when the request was canceled (cheap: the check caches)."""
+    if should_stop is not None and should_stop():
+        raise SynthesisCanceled("canceled")
+
+
 @dataclass(frozen=True)
 class SynthesisInput:
-    """One request's plain values, already validated."""
+    """One request's plain values, already validated. `should_stop` is a plain callable the
+    engine asks at each piece and LLM step (the worker's cancel flag; the engine never sees
+    Redis)."""
 
     text: str
     prompt: VoicePrompt
@@ -41,6 +56,7 @@ class SynthesisInput:
     instruction: str | None = None  # instruct2 only
     speed: float = 1.0
     seed: int | None = None
+    should_stop: StopCheck | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,19 @@ class ModelIdentity:
     device: str  # "cpu", "mps", "cuda", "ane/gpu/cpu" ...
 
 
+@dataclass(frozen=True)
+class PieceSpan:
+    """One piece of the text, where its audio lies in the output (samples, end exclusive) and
+    how the LLM ended it (plain data for captions and for the service's quality check)."""
+
+    text: str  # the piece as the model read it (after normalisation)
+    start: int
+    end: int
+    speech_tokens: int = 0
+    stop: str = "unknown"  # stop_token, length_bound (a runaway), forced, unknown
+    tail_repeat: float = 0.0  # 0-1: how periodic its last 2 s of tokens are (1: a loop)
+
+
 @dataclass
 class SynthesisOutput:
     """24 kHz mono samples plus what each stage cost."""
@@ -63,6 +92,9 @@ class SynthesisOutput:
     speech_tokens: int = 0
     batch_size: int = 1  # the most requests that shared an LLM step with this one
     chunk_samples: list[int] = field(default_factory=list)  # streamed: each chunk's length
+    pieces: list[PieceSpan] = field(default_factory=list)  # in order; empty: not reported
+    text_tokens: int = 0  # TTS text tokens after normalisation (the length estimate's input)
+    seed: int | None = None  # the seed the engine drew with (a fresh one when none was asked)
 
 
 ChunkSink = Callable[[np.ndarray], None]  # one streamed chunk, 24 kHz float32 (N,)

@@ -23,13 +23,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from workers.engine.fades import DEFAULT_FADE_S, fade_ramp
+
 
 @dataclass(frozen=True)
 class JoinConfig:
     """How pieces are joined (seconds)."""
 
     gap_s: float = 0.1
-    fade_s: float = 0.01
+    fade_s: float = DEFAULT_FADE_S
 
     def __post_init__(self) -> None:
         if self.gap_s < 0 or self.fade_s < 0:
@@ -45,11 +47,6 @@ def change_speed(mel: np.ndarray, speed: float) -> np.ndarray:
     frames = max(1, round(mel.shape[-1] / speed))
     stretched = F.interpolate(torch.from_numpy(mel)[None], size=frames, mode="linear")
     return stretched[0].numpy()
-
-
-def fade_ramp(length: int) -> np.ndarray:
-    """Raised-cosine fade-in of `length` samples, from 0 up to (not including) 1."""
-    return (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / max(length, 1))).astype(np.float32)
 
 
 def join_pieces(
@@ -83,6 +80,27 @@ def join_pieces(
         parts.append(piece)
     parts.append(_silence(tail_s, sample_rate))
     return np.concatenate(parts)
+
+
+def piece_spans(
+    lengths: Sequence[int],
+    sample_rate: int,
+    config: JoinConfig,
+    *,
+    gaps: Sequence[float | None] = (),
+    lead_s: float = 0.0,
+) -> list[tuple[int, int]]:
+    """Where each piece lies in `join_pieces`' output: (first sample, end sample) per piece,
+    by the same arithmetic (a piece's fades stay inside it; pauses lie between)."""
+    spans = []
+    position = round(lead_s * sample_rate)
+    for index, length in enumerate(lengths):
+        if index > 0:
+            gap = gaps[index - 1] if index - 1 < len(gaps) else None
+            position += round((config.gap_s if gap is None else gap) * sample_rate)
+        spans.append((position, position + int(length)))
+        position += int(length)
+    return spans
 
 
 def _silence(seconds: float, sample_rate: int) -> np.ndarray:

@@ -3,8 +3,9 @@
 `CachedFlowChunks` runs our torch flow's `FlowStreamCache` (each hop computes only its own
 frames); `RecomputedFlowChunks` re-runs a whole-prefix `mel_chunk` every hop, as upstream does
 (kept for parity checks of the cache, and for a flow object that has no cache).
-`BoundedFlowChunks` runs the cache until it holds more than its byte limit, then drops it and
-recomputes the rest of the piece (the two agree within 1e-5, so the switch is inaudible; only
+`BoundedFlowChunks` runs the cache until a hop would need more than its byte limit (checked
+before any buffer grows, so the cache never holds more), then drops it and recomputes that
+hop and the rest of the piece (the two agree within 1e-5, so the switch is inaudible; only
 the cost per hop changes). All are created per piece, so nothing of a request stays on the
 shared flow.
 """
@@ -17,8 +18,9 @@ import numpy as np
 import torch
 
 from workers.engine.api import VoicePrompt
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_stream import FlowStreamCache
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.flow.stream import FlowStreamCache
+from workers.model.flow.stream_layers import CacheFull
 
 
 class PrefixFlow(Protocol):
@@ -51,10 +53,16 @@ class RecomputedFlowChunks:
 
 
 class CachedFlowChunks:
-    """Our torch flow's incremental stream (`FlowStreamCache`), numpy in and out."""
+    """Our torch flow's incremental stream (`FlowStreamCache`), numpy in and out; with
+    `max_bytes` a hop that would need more raises CacheFull."""
 
     def __init__(
-        self, model: CausalMaskedDiffWithXvec, prompt: VoicePrompt, device: torch.device
+        self,
+        model: CausalMaskedDiffWithXvec,
+        prompt: VoicePrompt,
+        device: torch.device,
+        *,
+        max_bytes: int | None = None,
     ) -> None:
         self.device = device
         with torch.inference_mode():
@@ -63,6 +71,7 @@ class CachedFlowChunks:
                 _tensor(prompt.speech_tokens.astype(np.int32), device),
                 _tensor(prompt.mel, device),
                 _tensor(prompt.embedding, device),
+                max_bytes=max_bytes,
             )
 
     @torch.inference_mode()
@@ -77,31 +86,38 @@ def _tensor(array: Any, device: torch.device) -> torch.Tensor:
 
 
 class BoundedFlowChunks:
-    """The cached stream while its cache holds at most `max_bytes`, then the recompute path
+    """The cached stream (built with `max_bytes`) while its hops fit, then the recompute path
     (the full model's cache takes ~4.6 MB per mel frame, so a long piece would otherwise hold
-    gigabytes); `switched_at` is the token count at the switch (None: never)."""
+    gigabytes); `switched_at` is the token count before the hop that did not fit (None:
+    never), `peak_bytes` the most the cache held."""
 
-    def __init__(self, cached: CachedFlowChunks, fallback: RecomputedFlowChunks, max_bytes: int):
+    def __init__(self, cached: CachedFlowChunks, fallback: RecomputedFlowChunks):
         self.cached: CachedFlowChunks | None = cached
         self.fallback = fallback
-        self.max_bytes = max_bytes
         self.switched_at: int | None = None
+        self.peak_bytes = 0
         self._given: list[np.ndarray] = []
 
     def mel(self, tokens: np.ndarray, *, finalize: bool) -> np.ndarray:
         if self.cached is None:
             return self.fallback.mel(tokens, finalize=finalize)
         tokens = np.asarray(tokens, dtype=np.int32)
-        self._given.append(tokens)
-        mel = self.cached.mel(tokens, finalize=finalize)
-        if not finalize and self.cached.cache.nbytes > self.max_bytes:
+        try:
+            mel = self.cached.mel(tokens, finalize=finalize)
+        except CacheFull:
             self._switch()
+            return self.fallback.mel(tokens, finalize=finalize)
+        finally:
+            if self.cached is not None:
+                self.peak_bytes = max(self.peak_bytes, self.cached.cache.budget.peak)
+        self._given.append(tokens)
         return mel
 
     def _switch(self) -> None:
-        """Hand the tokens so far to the recompute path, as if it had made these frames."""
-        given = np.concatenate(self._given)
+        """Hand the tokens of the hops the cache made to the recompute path, as if it had made
+        their frames; the cache (left half-way through a pass) is dropped."""
+        given = np.concatenate(self._given) if self._given else np.zeros(0, dtype=np.int32)
         self.fallback.tokens = given
-        self.fallback.offset = given.size - self.fallback.flow.lookahead
+        self.fallback.offset = given.size - self.fallback.flow.lookahead if self._given else 0
         self.switched_at = int(given.size)
         self.cached, self._given = None, []  # the cache's memory goes now

@@ -31,8 +31,9 @@ from workers.engine.api import (
     SynthesisInput,
     SynthesisOutput,
     VoicePrompt,
+    stop_if_asked,
 )
-from workers.engine.assembly import JoinConfig, change_speed, join_pieces
+from workers.engine.assembly import JoinConfig, change_speed, join_pieces, piece_spans
 from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, SequentialSession
 from workers.engine.devices import resolve_device, resolve_dtype
@@ -42,9 +43,9 @@ from workers.engine.requests import RequestPlan, RequestState
 from workers.engine.stages import (
     FlowStage,
     ModuleFlow,
+    ModuleSpeechTokens,
     ModuleVocoder,
     SpeechTokenStage,
-    TorchSpeechTokens,
     VocoderStage,
 )
 from workers.engine.stream_join import StreamJoiner
@@ -53,7 +54,7 @@ from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.model.directory import QWEN_DIR
-from workers.model.llm import Qwen2LM
+from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
 from workers.model.tokenizer import load_text_tokenizer
@@ -111,12 +112,7 @@ class SynthesisPipeline:
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
         samples, state = self.run(request)
-        return SynthesisOutput(
-            samples=samples,
-            sample_rate=self.sample_rate,
-            stage_seconds=dict(state.clock.seconds),
-            speech_tokens=state.speech_tokens,
-        )
+        return engine_output(samples, self.sample_rate, state)
 
     def run(
         self, request: SynthesisInput, *, forced_length: int | None = None
@@ -127,15 +123,18 @@ class SynthesisPipeline:
         audio = [self._piece(piece, plan, forced) for piece in plan.pieces]
         return self.finish(audio, plan), plan.state
 
+    def synthesize_planned(self, plan: RequestPlan) -> SynthesisOutput:
+        """A request already through `begin`, alone: its pieces and join (the batch session
+        runs these beside its batch, the front end having run on its own thread)."""
+        forced = self.options.forced_speech_tokens
+        audio = [self._piece(piece, plan, forced) for piece in plan.pieces]
+        return engine_output(self.finish(audio, plan), self.sample_rate, plan.state)
+
     def synthesize_streaming(self, request: SynthesisInput, on_chunk: ChunkSink) -> SynthesisOutput:
         samples, state, chunks = self.run_streaming(request, on_chunk)
-        return SynthesisOutput(
-            samples=samples,
-            sample_rate=self.sample_rate,
-            stage_seconds=dict(state.clock.seconds),
-            speech_tokens=state.speech_tokens,
-            chunk_samples=chunks,
-        )
+        output = engine_output(samples, self.sample_rate, state)
+        output.chunk_samples = chunks
+        return output
 
     def run_streaming(
         self,
@@ -179,6 +178,7 @@ class SynthesisPipeline:
             joiner.end_piece()
         with plan.state.clock.timed("join"):
             samples = joiner.finish()
+        self.place_pieces(joiner.lengths, plan)
         return samples, plan.state, chunks
 
     def _stream_piece(
@@ -202,23 +202,29 @@ class SynthesisPipeline:
             "prompt_speech": plan.prompt.speech_tokens,
             "generator": state.generator,
             "forced_length": forced_length,
+            "should_stop": plan.request.should_stop,
         }
         token_stream = getattr(self.llm, "stream", None)
+        outcome = DecodeOutcome()
         if token_stream is None:  # an LLM runtime without a token stream: all tokens at once
             with state.clock.timed("llm"):
-                tokens: Iterator[int] = iter(self.llm.generate(list(piece.ids), **kwargs).ids)
+                made = self.llm.generate(list(piece.ids), **kwargs)
+            outcome.stop, tokens = made.stop, iter(made.ids)
         else:
-            tokens = token_stream(list(piece.ids), **kwargs)
+            tokens = token_stream(list(piece.ids), **kwargs, outcome=outcome)
         state.pieces += 1
+        ids: list[int] = []
         while True:
             with state.clock.timed("llm"):
                 token = next(tokens, None)
             if token is None:
                 break
             state.speech_tokens += 1
+            ids.append(int(token))
             chunk = stream.push(int(token))
             if chunk is not None:
                 yield chunk
+        state.record_stop(ids, outcome.stop)
         yield stream.finish()
 
     def begin(self, request: SynthesisInput) -> RequestPlan:
@@ -231,10 +237,12 @@ class SynthesisPipeline:
             )
             check_speech_bound(pieces, self.options.max_speech_seconds)
             prompt = llm_prompt(self.frontend, request)
+        state.text_tokens = sum(len(piece.ids) for piece in pieces)
         return RequestPlan(request, state, pieces, prompt)
 
     def _piece(self, piece: TextPiece, plan: RequestPlan, forced_length: int | None) -> np.ndarray:
         state = plan.state
+        stop_if_asked(plan.request.should_stop)
         with state.clock.timed("llm"):
             tokens = self.llm.generate(
                 list(piece.ids),
@@ -242,8 +250,10 @@ class SynthesisPipeline:
                 prompt_speech=plan.prompt.speech_tokens,
                 generator=state.generator,
                 forced_length=forced_length,
+                should_stop=plan.request.should_stop,
             )
         state.llm_first_token_s += tokens.first_token_s
+        state.record_stop(tokens.ids, tokens.stop)
         return self.piece_audio(tokens.ids, plan)
 
     def piece_audio(
@@ -275,6 +285,7 @@ class SynthesisPipeline:
     def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray:
         """The pieces' samples joined into the request's utterance (with the text's pauses)."""
         pieces = plan.pieces
+        self.place_pieces([a.shape[0] for a in audio], plan)
         with plan.state.clock.timed("join"):
             return join_pieces(
                 audio,
@@ -284,6 +295,19 @@ class SynthesisPipeline:
                 lead_s=pieces[0].pause_before_s or 0.0,
                 tail_s=pieces[-1].pause_after_s,
             )
+
+    def place_pieces(self, lengths: list[int], plan: RequestPlan) -> None:
+        """Each piece's text and where its samples lie in the joined utterance, set on the
+        request's spans beside how each piece's decoding ended."""
+        pieces = plan.pieces
+        bounds = piece_spans(
+            lengths,
+            self.sample_rate,
+            self.options.join,
+            gaps=[piece.pause_before_s for piece in pieces[1:]],
+            lead_s=pieces[0].pause_before_s or 0.0,
+        )
+        plan.state.place_pieces([piece.text for piece in pieces], bounds)
 
     @property
     def forced_speech_tokens(self) -> int | None:
@@ -315,6 +339,19 @@ class SynthesisPipeline:
         )
         request = SynthesisInput(text=WARM_UP_TEXT, prompt=prompt, mode="cross_lingual", seed=0)
         self.run(request, forced_length=WARM_UP_TOKENS)
+
+
+def engine_output(samples: np.ndarray, sample_rate: int, state: RequestState) -> SynthesisOutput:
+    """The engine's answer for one request: samples plus its books (stages, pieces, seed)."""
+    return SynthesisOutput(
+        samples=samples,
+        sample_rate=sample_rate,
+        stage_seconds=dict(state.clock.seconds),
+        speech_tokens=state.speech_tokens,
+        pieces=list(state.spans),
+        text_tokens=state.text_tokens,
+        seed=state.seed,
+    )
 
 
 def check_speech_bound(pieces: list[TextPiece], limit_s: float) -> None:
@@ -386,7 +423,7 @@ def build_engine(
     return SynthesisPipeline(
         frontend=frontend,
         voices=voices,
-        llm=llm or TorchSpeechTokens(loaded.llm),
+        llm=llm or ModuleSpeechTokens(loaded.llm),
         flow=flow or ModuleFlow(loaded.flow),
         vocoder=vocoder or ModuleVocoder(loaded.hift),
         identity=identity,

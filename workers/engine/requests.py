@@ -7,15 +7,18 @@ stage seconds, pieces and tokens the same way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from workers.engine.api import SynthesisInput
+from workers.engine.api import PieceSpan, SynthesisInput
 from workers.engine.modes import LLMPrompt
+from workers.engine.quality import tail_repetition
 from workers.engine.text_frontend import TextPiece
 
 STAGES = ("frontend", "llm", "flow", "hift", "join")
@@ -51,6 +54,21 @@ class RequestState:
     pieces: int = 0
     speech_tokens: int = 0
     llm_first_token_s: float = 0.0  # summed over pieces: prefill + first sampling step
+    text_tokens: int = 0  # TTS text tokens over all pieces (the length estimate's input)
+    spans: list[PieceSpan] = field(default_factory=list)  # per piece, in order
+
+    def record_stop(self, ids: np.ndarray | list[int], stop: str) -> None:
+        """How the LLM ended the next piece (its text and place are set by the join)."""
+        self.spans.append(PieceSpan("", 0, 0, len(ids), stop, tail_repetition(ids)))
+
+    def place_pieces(self, texts: list[str], bounds: list[tuple[int, int]]) -> None:
+        """Each piece's text and [start, end) samples in the joined output, beside how its
+        decoding ended (a piece whose stop was not recorded keeps "unknown")."""
+        stops = self.spans + [PieceSpan("", 0, 0)] * (len(texts) - len(self.spans))
+        self.spans = [
+            dataclasses.replace(stop, text=text, start=start, end=end)
+            for stop, text, (start, end) in zip(stops, texts, bounds, strict=False)
+        ]
 
     @classmethod
     def start(cls, seed: int | None) -> RequestState:

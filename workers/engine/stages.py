@@ -19,18 +19,18 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from workers.engine.api import VoicePrompt
+from workers.engine.api import StopCheck, VoicePrompt, stop_if_asked
 from workers.engine.flow_chunks import (
     BoundedFlowChunks,
     CachedFlowChunks,
     RecomputedFlowChunks,
 )
-from workers.model.flow import CausalMaskedDiffWithXvec
-from workers.model.flow_batch import FlowRow, batched_inference
-from workers.model.hift import HiFTGenerator
-from workers.model.hift_config import HiFTConfig
-from workers.model.hift_source import SourceNoise
-from workers.model.llm import SpeechLM, iter_speech_tokens
+from workers.model.flow.batch import FlowRow, batched_inference
+from workers.model.flow.model import CausalMaskedDiffWithXvec
+from workers.model.hift.config import HiFTConfig
+from workers.model.hift.model import HiFTGenerator
+from workers.model.hift.source import SourceNoise
+from workers.model.llm.model import DecodeOutcome, SpeechLM, StopKind, iter_speech_tokens
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class SpeechTokens:
 
     ids: np.ndarray  # (n,) int32 speech token ids (no stop id)
     first_token_s: float  # prefill + first sampling step
+    stop: StopKind = "unknown"  # how the LLM ended the piece (stop id, length bound, forced)
 
 
 class SpeechTokenStage(Protocol):
@@ -50,6 +51,7 @@ class SpeechTokenStage(Protocol):
         prompt_speech: np.ndarray,
         generator: torch.Generator,
         forced_length: int | None = None,
+        should_stop: StopCheck | None = None,
     ) -> SpeechTokens:
         """Text ids (+ prompt text ids and prompt speech tokens) -> speech tokens."""
 
@@ -69,7 +71,7 @@ class VocoderStage(Protocol):
         `generator`."""
 
 
-class TorchSpeechTokens:
+class ModuleSpeechTokens:
     """The LLM stage in torch (it stays in torch on every backend)."""
 
     def __init__(self, model: SpeechLM) -> None:
@@ -83,14 +85,18 @@ class TorchSpeechTokens:
         prompt_speech: np.ndarray,
         generator: torch.Generator,
         forced_length: int | None = None,
+        should_stop: StopCheck | None = None,
     ) -> SpeechTokens:
         start = time.perf_counter()
+        outcome = DecodeOutcome()
         tokens = self.stream(
             text,
             prompt_text=prompt_text,
             prompt_speech=prompt_speech,
             generator=generator,
             forced_length=forced_length,
+            should_stop=should_stop,
+            outcome=outcome,
         )
         ids: list[int] = []
         first_s = 0.0
@@ -99,7 +105,7 @@ class TorchSpeechTokens:
                 first_s = time.perf_counter() - start
             ids.append(token)
         total = time.perf_counter() - start
-        return SpeechTokens(np.asarray(ids, dtype=np.int32), first_s or total)
+        return SpeechTokens(np.asarray(ids, dtype=np.int32), first_s or total, outcome.stop)
 
     def stream(
         self,
@@ -109,16 +115,29 @@ class TorchSpeechTokens:
         prompt_speech: np.ndarray,
         generator: torch.Generator,
         forced_length: int | None = None,
+        should_stop: StopCheck | None = None,
+        outcome: DecodeOutcome | None = None,
     ) -> Iterator[int]:
-        """The same decode loop, one speech token at a time as it is sampled (streaming)."""
-        return iter_speech_tokens(
+        """The same decode loop, one speech token at a time as it is sampled (streaming);
+        `should_stop` is asked before each step (SynthesisCanceled when it says stop),
+        `outcome` says how it ended once exhausted."""
+        tokens = iter_speech_tokens(
             self.model,
             text,
             prompt_text=prompt_text,
             prompt_speech=torch.from_numpy(np.asarray(prompt_speech, dtype=np.int64)),
             generator=generator,
             forced_length=forced_length,
+            outcome=outcome,
         )
+        return tokens if should_stop is None else _until_stopped(tokens, should_stop)
+
+
+def _until_stopped(tokens: Iterator[int], should_stop: StopCheck) -> Iterator[int]:
+    stop_if_asked(should_stop)
+    for token in tokens:
+        yield token
+        stop_if_asked(should_stop)
 
 
 def module_device(module: Any) -> torch.device:
@@ -175,14 +194,14 @@ class ModuleFlow:
     def open_stream(
         self, prompt: VoicePrompt, *, cache_max_bytes: int | None = None
     ) -> BoundedFlowChunks | CachedFlowChunks | RecomputedFlowChunks:
-        """One piece's flow stream (per piece state); past `cache_max_bytes` of flow cache
-        the piece's later hops are recomputed instead."""
+        """One piece's flow stream (per piece state); a hop that would take the flow cache
+        past `cache_max_bytes` and the piece's later hops are recomputed instead."""
         if not (self.stream_cache and isinstance(self.model, CausalMaskedDiffWithXvec)):
             return RecomputedFlowChunks(self, prompt)
-        cached = CachedFlowChunks(self.model, prompt, self.device)
         if cache_max_bytes is None:
-            return cached
-        return BoundedFlowChunks(cached, RecomputedFlowChunks(self, prompt), cache_max_bytes)
+            return CachedFlowChunks(self.model, prompt, self.device)
+        cached = CachedFlowChunks(self.model, prompt, self.device, max_bytes=cache_max_bytes)
+        return BoundedFlowChunks(cached, RecomputedFlowChunks(self, prompt))
 
     @torch.inference_mode()
     def mel_chunk(
@@ -206,10 +225,13 @@ class ModuleFlow:
 
     @property
     def batches(self) -> bool:
-        """Whether `mels` can run many pieces at once: our torch flow module, or a stand-in
-        with its own `batched_inference` (a batched Core ML conversion)."""
+        """Whether `mels` can run many pieces at once: our torch flow module in float32, or a
+        stand-in with its own `batched_inference` (a batched Core ML conversion). In bf16 or
+        fp16 a row padded beside longer ones differs from alone by a whole rounding step
+        (~0.035 after HiFT on the tiny model), so its audio would depend on its neighbours:
+        there each piece's flow runs alone (fp32 padding stays within 1e-4 of alone)."""
         if isinstance(self.model, CausalMaskedDiffWithXvec):
-            return True
+            return next(self.model.parameters()).dtype == torch.float32
         return bool(getattr(self.model, "batched", False))
 
     def mels(self, pieces: Sequence[tuple[np.ndarray, VoicePrompt]]) -> list[np.ndarray]:

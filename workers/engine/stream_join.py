@@ -40,9 +40,12 @@ class StreamJoiner:
         self.fade = round(config.fade_s * sample_rate) if pieces > 1 else 0
         self._emit = emit
         self.emitted: list[np.ndarray] = []
+        self._sent = 0  # samples emitted so far
+        self._piece_start = 0
         self._index = -1
         self._pending = np.zeros(0, dtype=np.float32)
         self._head_done = False
+        self.lengths: list[int] = []  # each ended piece's samples (pauses excluded)
 
     def start_piece(self) -> None:
         self._index += 1
@@ -53,6 +56,7 @@ class StreamJoiner:
             self._send(self._silence(self.config.gap_s if gap is None else gap))
         self._pending = np.zeros(0, dtype=np.float32)
         self._head_done = False
+        self._piece_start = self._sent
 
     def feed(self, samples: np.ndarray) -> None:
         """More of the current piece's samples; emits all but the held-back tail."""
@@ -82,6 +86,7 @@ class StreamJoiner:
             piece[-n:] *= fade_ramp(n)[::-1]
         self._send(piece)
         self._pending = np.zeros(0, dtype=np.float32)
+        self.lengths.append(self._sent - self._piece_start)
 
     def finish(self) -> np.ndarray:
         """Emit the trailing silence; returns everything emitted, concatenated."""
@@ -94,6 +99,7 @@ class StreamJoiner:
         if samples.size:
             chunk = np.ascontiguousarray(samples, dtype=np.float32)
             self.emitted.append(chunk)
+            self._sent += chunk.size
             self._emit(chunk)
 
     def _silence(self, seconds: float) -> np.ndarray:

@@ -6,7 +6,7 @@ later hop doubles, up to 100. A hop is run once its tokens and the flow's look-a
 (3) exist: the flow runs with `streaming=True` (chunk masks) and `finalize=False` (the
 look-ahead tokens are context only) and gives the mel frames after the previous hop. When
 the LLM ends, the rest runs with `finalize=True`. The flow stream (`StreamingFlow.open_stream`,
-for our torch flow `workers.model.flow_stream.FlowStreamCache`) keeps what earlier hops
+for our torch flow `workers.model.flow.stream.FlowStreamCache`) keeps what earlier hops
 computed, so a hop costs its own frames, not the whole prefix again.
 
 HiFT runs per chunk on the chunk's mel with the previous chunk's last 8 mel frames in front;

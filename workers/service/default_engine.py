@@ -8,6 +8,7 @@ engine itself never sees a Settings object.
 from __future__ import annotations
 
 from shared.errors import ModelLoadError
+from shared.logs import get_logger
 from shared.settings import Settings
 from workers.engine.api import SynthesisEngine
 from workers.engine.assembly import JoinConfig
@@ -15,6 +16,19 @@ from workers.engine.pipeline import EngineOptions, build_engine
 from workers.engine.streaming import StreamSchedule
 from workers.engine.text_split import SplitConfig
 from workers.service.backend import select_backend
+
+log = get_logger(__name__)
+
+
+def dtype_for(settings: Settings, torch_device: str) -> str:
+    """`COSYQ_DTYPE`, with `auto` resolved for the device the torch stages run on; logged."""
+    from workers.engine.auto_dtype import resolve_dtype_setting  # noqa: PLC0415
+    from workers.engine.devices import resolve_device  # noqa: PLC0415
+
+    device = resolve_device(torch_device)  # "auto": mps, cuda, cpu as the engine picks
+    choice = resolve_dtype_setting(settings.dtype, device)
+    log.info("dtype_chosen", setting=settings.dtype, dtype=choice.name, reason=choice.reason)
+    return choice.name
 
 
 def engine_options(settings: Settings) -> EngineOptions:
@@ -61,14 +75,14 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
             cache_dir=settings.coreml_cache_dir,
             compile_timeout_s=settings.coreml_compile_timeout_s,
             batch_size=settings.batch_size,  # > 1: the LLM decodes batched on torch (MPS)
-            dtype=settings.dtype,
+            dtype=dtype_for(settings, choice.torch_device),
             options=options,
             hash_cache_dir=settings.hash_cache_dir,
         )
     return build_engine(
         settings.model_dir,
         device=choice.device,
-        dtype=settings.dtype,
+        dtype=dtype_for(settings, choice.device),
         options=options,
         hash_cache_dir=settings.hash_cache_dir,
     )

@@ -1,4 +1,4 @@
-"""Settings -> a loaded, warmed engine: the one place the worker's settings reach the engine.
+"""A loaded, warmed engine from the factory `COSYQ_ENGINE` names, or one clear error.
 
 `COSYQ_ENGINE` is "module:factory" (operator configuration, trusted). The product default is
 `workers.service.default_engine:engine_from_settings`; tests point the setting at the engines in

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 import redis
 from rq import Queue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from producer import CosyqClient
+from producer.idempotency import reserve as reserve_idempotency_keys
 from shared import keys
 from shared.audio import decode_audio
 from shared.errors import (
@@ -31,16 +33,23 @@ from shared.errors import (
 )
 from shared.settings import Settings, load_settings
 from shared.storage import open_storage
-from tests.doubles.fake_tasks import SECONDS_PER_CHAR
-from tests.doubles.rq_workers import run_burst, start_worker_process, stop_worker_process
-
-FAKE_SYNTHESIZE = "tests.doubles.fake_tasks.synthesize"
+from tests.doubles.engines import per_char_seconds
+from tests.doubles.harness import write_model_dir
+from tests.doubles.rq_workers import (
+    run_burst,
+    run_cosyq_burst,
+    start_worker_process,
+    stop_worker_process,
+)
 
 
 @pytest.fixture
 def settings(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    """Settings in the environment too, so the fake job function (and worker processes) see them."""
+    """Settings in the environment too, so worker processes see them: the real task and worker
+    with a test engine whose audio length follows the text."""
     monkeypatch.setenv("COSYQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("COSYQ_ENGINE", "tests.doubles.engines:per_char")
+    monkeypatch.setenv("COSYQ_MODEL_DIR", str(write_model_dir(tmp_path / "model")))
     monkeypatch.setenv("COSYQ_STORAGE_URL", (tmp_path / "audio").as_uri())
     monkeypatch.setenv("COSYQ_MAX_RETRIES", "0")
     return load_settings(env_file=None)
@@ -48,7 +57,7 @@ def settings(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.fixture
 def client(settings: Settings) -> Iterator[CosyqClient]:
-    with CosyqClient(settings, job_function=FAKE_SYNTHESIZE) as made:
+    with CosyqClient(settings) as made:
         yield made
 
 
@@ -64,9 +73,7 @@ class CountingConnection(redis.Connection):
 
 def counting_client(settings: Settings) -> CosyqClient:
     pool = redis.ConnectionPool.from_url(settings.redis_url, connection_class=CountingConnection)
-    return CosyqClient(
-        settings, connection=redis.Redis(connection_pool=pool), job_function=FAKE_SYNTHESIZE
-    )
+    return CosyqClient(settings, connection=redis.Redis(connection_pool=pool))
 
 
 def texts(n: int, **fields: Any) -> list[dict[str, Any]]:
@@ -86,11 +93,11 @@ def test_submit_result_round_trip(client: CosyqClient, settings: Settings) -> No
         }
     )
     assert client.status(job_id).state == "queued"
-    run_burst(client.connection)
+    run_cosyq_burst(client.settings)
     result = client.result(job_id, timeout=5)
     assert result.job_id == job_id and result.format == "flac" and result.sample_rate == 16000
     assert result.metadata == {"order": 7}
-    expected_s = SECONDS_PER_CHAR * len("Hello from the producer.")
+    expected_s = per_char_seconds("Hello from the producer.")
     assert result.duration_s == pytest.approx(expected_s, abs=1e-3)
     samples, rate = decode_audio(open_storage(settings).get(result.uri))
     assert rate == 16000 and samples.size == round(expected_s * 16000)
@@ -124,8 +131,8 @@ def test_result_times_out_and_unknown_jobs_are_named(client: CosyqClient) -> Non
 def test_worker_side_validation_failure_is_reported(client: CosyqClient) -> None:
     """A payload pushed straight into Redis (bypassing the producer) fails with the rule."""
     queue = Queue(keys.QUEUE_DEFAULT, connection=client.connection, serializer=JSONSerializer)
-    bad = queue.enqueue(FAKE_SYNTHESIZE, kwargs={"request": {"text": "x" * 2001}})
-    run_burst(client.connection)
+    bad = queue.enqueue(keys.SYNTHESIZE_FUNCTION, kwargs={"request": {"text": "x" * 2001}})
+    run_cosyq_burst(client.settings)
     with pytest.raises(JobFailedError) as caught:
         client.result(bad.id, timeout=5)
     assert caught.value.kind == "invalid_request"
@@ -134,12 +141,17 @@ def test_worker_side_validation_failure_is_reported(client: CosyqClient) -> None
     assert failure is not None and failure.kind == "invalid_request"
 
 
-def test_failure_without_a_reason_falls_back_to_the_exception(settings: Settings) -> None:
-    with CosyqClient(settings, job_function="tests.doubles.fake_tasks.crash") as client:
-        job_id = client.submit({"text": "Crash."})
-        run_burst(client.connection)
-        with pytest.raises(JobFailedError, match=r"\(internal\): RuntimeError: boom in the engine"):
-            client.result(job_id, timeout=5)
+def test_failure_without_a_reason_falls_back_to_the_exception(client: CosyqClient) -> None:
+    """A stock `rq worker` (not CosyqWorker) on cosyq's queues: the task fails with no reason
+    in the job's meta, and the client reports RQ's exception instead."""
+    job_id = client.submit({"text": "Crash."})
+    run_burst(client.connection)
+    with pytest.raises(
+        JobFailedError, match=r"\(internal\): RuntimeError: no synthesis engine is loaded"
+    ):
+        client.result(job_id, timeout=5)
+    job = Job.fetch(job_id, connection=client.connection, serializer=JSONSerializer)
+    assert keys.ERROR_META_KEY not in job.meta  # nothing wrote cosyq's reason
 
 
 def test_job_is_stored_as_json_by_dotted_path_without_text(settings: Settings) -> None:
@@ -180,7 +192,7 @@ def test_submit_many_routes_priorities(client: CosyqClient) -> None:
     )
     assert client.queue_depths() == {"cosyq-high": 1, "cosyq-default": 1, "cosyq-low": 1}
     assert [client.status(i).queue for i in ids] == ["cosyq-low", "cosyq-high", "cosyq-default"]
-    run_burst(client.connection)
+    run_cosyq_burst(client.settings)
     outcomes = client.wait_many(ids, timeout=5)
     assert [outcomes[i].job_id for i in ids] == ids  # type: ignore[union-attr]
 
@@ -201,7 +213,7 @@ def test_same_idempotency_key_same_job(client: CosyqClient) -> None:
     other = client.submit({"text": "Once only.", "idempotency_key": "order-2"})
     assert first == again != other
     assert client.queue_depths()[keys.QUEUE_DEFAULT] == 2
-    run_burst(client.connection)
+    run_cosyq_burst(client.settings)
     assert client.submit({"text": "Once only.", "idempotency_key": "order-1"}) == first
     assert client.queue_depths()[keys.QUEUE_DEFAULT] == 0  # no second synthesis after it ran
     assert client.result(first, timeout=1).idempotency_key == "order-1"
@@ -210,7 +222,7 @@ def test_same_idempotency_key_same_job(client: CosyqClient) -> None:
 def test_a_key_whose_job_was_deleted_or_expired_is_free_again(settings: Settings) -> None:
     request = {"text": "Once only.", "idempotency_key": "order-9"}
     quick = settings.model_copy(update={"idempotency_claim_grace_s": 0})
-    with CosyqClient(quick, job_function=FAKE_SYNTHESIZE) as client:
+    with CosyqClient(quick) as client:
         queue = Queue(keys.QUEUE_DEFAULT, connection=client.connection, serializer=JSONSerializer)
         first = client.submit(request)
         assert client.submit(request) == first  # its job exists: the same job
@@ -223,11 +235,51 @@ def test_a_key_whose_job_was_deleted_or_expired_is_free_again(settings: Settings
         client.connection.pexpire(f"rq:job:{third}", 1)  # an expired job
         time.sleep(0.05)
         assert client.submit(request) not in (first, second, third)
-    with CosyqClient(settings, job_function=FAKE_SYNTHESIZE) as client:
-        held = client.submit({"text": "In flight.", "idempotency_key": "order-10"})
-        client.connection.delete(f"rq:job:{held}")
-        # Younger than COSYQ_IDEMPOTENCY_CLAIM_GRACE_S: its job may still be on its way in.
-        assert client.submit({"text": "In flight.", "idempotency_key": "order-10"}) == held
+    with CosyqClient(settings) as client:
+        # Another submitter has claimed the key and not enqueued yet: younger than
+        # COSYQ_IDEMPOTENCY_CLAIM_GRACE_S, its job may still be on its way in.
+        claim = (keys.idempotency_key("order-10"), "in-flight-job")
+        assert reserve_idempotency_keys(client.connection, [claim], ttl_s=60, grace_s=60) == [None]
+        depth = client.queue_depths()[keys.QUEUE_DEFAULT]
+        assert client.submit({"text": "In flight.", "idempotency_key": "order-10"}) == claim[1]
+        assert client.queue_depths()[keys.QUEUE_DEFAULT] == depth  # no second job made
+
+
+def test_rq_empty_frees_the_key_within_the_claim_grace(
+    settings: Settings, client: CosyqClient
+) -> None:
+    """`rq empty` deletes the job hashes; the key said its job was enqueued, so a resubmit a
+    moment later (well inside the 60 s grace) makes a new job instead of naming the dead one."""
+    assert settings.idempotency_claim_grace_s >= 60
+    request = {"text": "Once only.", "idempotency_key": "order-11"}
+    batch = [request, {"text": "Twice.", "idempotency_key": "order-12"}]
+    first, other = client.submit_many(batch)
+    assert client.submit(request) == first  # its job exists: the same job
+    rq = Path(sys.executable).parent / "rq"
+    emptied = subprocess.run(
+        [
+            str(rq),
+            "empty",
+            keys.QUEUE_DEFAULT,
+            "--url",
+            settings.redis_url,
+            "-S",
+            "rq.serializers.JSONSerializer",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert emptied.returncode == 0, emptied.stderr
+    assert not client.connection.exists(f"rq:job:{first}")
+    again, other_again = client.submit_many(batch)
+    assert first != again and other != other_again
+    assert sorted(client._queues[keys.QUEUE_DEFAULT].get_job_ids()) == sorted([again, other_again])
+    with pytest.raises(JobNotFoundError):
+        client.status(first)
+    run_cosyq_burst(client.settings)
+    assert client.result(again, timeout=1).idempotency_key == "order-11"
 
 
 def test_duplicate_keys_within_one_batch(client: CosyqClient) -> None:
@@ -247,7 +299,7 @@ def test_concurrent_submitters_race_for_one_key(settings: Settings) -> None:
     ids: list[str] = []
 
     def submit() -> None:
-        with CosyqClient(settings, job_function=FAKE_SYNTHESIZE) as own:
+        with CosyqClient(settings) as own:
             barrier.wait()
             ids.append(own.submit({"text": "Race.", "idempotency_key": "race-1"}))
 
@@ -266,7 +318,7 @@ def test_concurrent_submitters_race_for_one_key(settings: Settings) -> None:
 
 def test_backpressure_raises_with_what_was_submitted(settings: Settings) -> None:
     small = settings.model_copy(update={"max_queue_depth": 5})
-    with CosyqClient(small, job_function=FAKE_SYNTHESIZE) as client:
+    with CosyqClient(small) as client:
         ids = client.submit_many(texts(3))
         with pytest.raises(QueueFullError) as caught:
             client.submit_many(texts(4))
@@ -277,7 +329,7 @@ def test_backpressure_raises_with_what_was_submitted(settings: Settings) -> None
             client.submit({"text": "one more"})
         assert client.submit({"text": "other queue", "priority": "high"})  # its own limit
         assert client.queue_depths()["cosyq-default"] == 5
-        run_burst(client.connection)
+        run_cosyq_burst(client.settings)
         assert client.submit({"text": "room again"}) not in ids
 
 
@@ -285,7 +337,7 @@ def test_backpressure_blocks_until_room(settings: Settings) -> None:
     blocking = settings.model_copy(
         update={"max_queue_depth": 2, "backpressure": "block", "backpressure_timeout_s": 30}
     )
-    with CosyqClient(blocking, job_function=FAKE_SYNTHESIZE) as client:
+    with CosyqClient(blocking) as client:
         client.submit_many(texts(2))
         worker: subprocess.Popen[bytes] | None = None
 
@@ -310,7 +362,7 @@ def test_backpressure_block_gives_up_after_the_timeout(settings: Settings) -> No
     blocking = settings.model_copy(
         update={"max_queue_depth": 1, "backpressure": "block", "backpressure_timeout_s": 0.4}
     )
-    with CosyqClient(blocking, job_function=FAKE_SYNTHESIZE) as client:
+    with CosyqClient(blocking) as client:
         client.submit({"text": "fills it"})
         started = time.monotonic()
         with pytest.raises(QueueFullError):

@@ -14,25 +14,21 @@ from pathlib import Path
 
 import pytest
 import redis
-from rq import Queue, SimpleWorker
-from rq.serializers import JSONSerializer
 
 from producer import CosyqClient
 from producer.cli import main
 from shared import keys
+from shared.keys import QUEUES_IN_PRIORITY_ORDER
 from shared.settings import Settings, load_settings
-from tests.doubles.rq_workers import REPO_ROOT, run_burst
+from tests.doubles.harness import write_model_dir
+from tests.doubles.rq_workers import REPO_ROOT, run_cosyq_burst
 from workers.tools.local_redis import LocalRedis
 
-FAKE = "tests.doubles.fake_tasks.synthesize"
-CLI = (
-    "import sys; from producer import CosyqClient; from producer.cli import main; "
-    f"sys.exit(main(sys.argv[1:], client_factory=lambda s: CosyqClient(s, job_function={FAKE!r})))"
-)
+CLI = "import sys; from producer.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def cosyq(*argv: str) -> int:
-    return main(list(argv), client_factory=lambda s: CosyqClient(s, job_function=FAKE))
+    return main(list(argv))
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -49,6 +45,8 @@ def env_for(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
         COSYQ_REDIS_URL=url,
         COSYQ_STORAGE_URL=(tmp_path / "audio").as_uri(),
         COSYQ_MAX_RETRIES="0",
+        COSYQ_ENGINE="tests.doubles.engines:fast",
+        COSYQ_MODEL_DIR=str(write_model_dir(tmp_path / "model")),
         PYTHONPATH=str(REPO_ROOT),
         **extra,
     )
@@ -56,16 +54,9 @@ def env_for(url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def burst(url: str, *queues: str) -> None:
-    """Run the queued jobs of `queues` (all of them by default) in this process."""
-    connection = redis.Redis.from_url(url)
-    try:
-        if not queues:
-            run_burst(connection)
-            return
-        chosen = [Queue(q, connection=connection, serializer=JSONSerializer) for q in queues]
-        SimpleWorker(chosen, connection=connection, serializer=JSONSerializer).work(burst=True)
-    finally:
-        connection.close()
+    """Run the queued jobs of `queues` (all of them by default) with the real worker, here."""
+    settings = load_settings(env_file=None).model_copy(update={"redis_url": url})
+    run_cosyq_burst(settings, queues or QUEUES_IN_PRIORITY_ORDER)
 
 
 @pytest.fixture
@@ -168,9 +159,10 @@ def test_wait_rides_out_a_restart_and_writes_results_as_they_come(
 def test_summary_counts_still_running_apart_from_failed(
     settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with CosyqClient(settings, job_function=FAKE) as client:
+    with CosyqClient(settings) as client:
         done = client.submit({"text": "Done already.", "idempotency_key": "k1"})
         burst(settings.redis_url)
+    capsys.readouterr()  # the worker's own log lines
     lines = [{"text": "Done already.", "idempotency_key": "k1"}, {"text": "Nobody runs me."}]
     (tmp_path / "b.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     results = tmp_path / "r.jsonl"
@@ -180,8 +172,9 @@ def test_summary_counts_still_running_apart_from_failed(
     table = captured.out.splitlines()
     header = next(line for line in table if "still running" in line)
     row = table[table.index(header) + 2]
-    assert [c.strip() for c in header.split("┃")][1:4] == ["ok", "failed", "still running"]
-    assert [c.strip() for c in row.split("│")][1:4] == ["1", "0", "1"]
+    columns = [c.strip() for c in header.split("┃")][1:-1]
+    cells = dict(zip(columns, (c.strip() for c in row.split("│")[1:-1]), strict=True))
+    assert (cells["ok"], cells["failed"], cells["still running"]) == ("1", "0", "1")
     assert "1 job(s) still queued or running when the wait ended" in captured.err
     assert "failed:" not in captured.err
     records = {r["line"]: r for r in map(json.loads, results.read_text().splitlines())}

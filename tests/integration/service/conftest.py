@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from tests.doubles.harness import Cluster
+from workers.tools.local_redis import LocalRedis
 
 
 @pytest.fixture(params=[1, 8], ids=["batch1", "batch8"])
@@ -30,3 +31,12 @@ def connection(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def persistent_redis(tmp_path: Path) -> Iterator[LocalRedis]:
+    """A private redis-server that keeps its data across a restart (outage tests stop it)."""
+    server = LocalRedis(tmp_path / "redis", persistent=True)
+    server.start()
+    yield server
+    server.stop()

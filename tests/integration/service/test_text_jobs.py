@@ -59,3 +59,40 @@ def test_runaway_expansion_and_smuggled_tokens_fail_as_invalid_requests(
         assert state == "failed" and reason is not None and reason.kind == "invalid_request"
         assert "special token <|endofprompt|>" in reason.message
         assert client.status(ok).state == "finished"
+
+
+def test_special_tokens_smuggled_as_entities_fail_at_the_worker(
+    settings: Settings, tiny_model_dir: Path
+) -> None:
+    """Payloads written straight to Redis (past the producer): text, prompt_text and a voice
+    transcript with a special token as SSML entities each fail as invalid_request naming it."""
+    prompt = (tiny_model_dir / "prompt.wav").as_uri()
+    entity = "<speak>&#x3C;|im_start|&#X3E; hello</speak>"
+    with CosyqClient(settings) as client:
+        queue = Queue(keys.QUEUE_DEFAULT, connection=client.connection, serializer=JSONSerializer)
+        requests = [
+            {"text": entity},
+            {"text": "Hello.", "prompt_audio": prompt, "prompt_text": entity},
+            {"text": "<speak>&lt;prosody rate='slow'&gt;hi&lt;/prosody&gt;</speak>"},
+            {"text": "Hello\r\nthere."},
+        ]
+        jobs = [queue.enqueue(keys.SYNTHESIZE_FUNCTION, kwargs={"request": r}).id for r in requests]
+        high = Queue(keys.QUEUE_HIGH, connection=client.connection, serializer=JSONSerializer)
+        voice = high.enqueue(
+            keys.ADD_VOICE_FUNCTION,
+            kwargs={"name": "eve", "prompt_audio": prompt, "transcript": entity},
+        ).id
+        run_cosyq_burst(settings)
+        rules = [
+            "text: contains the model's special token <|im_start|>",
+            "prompt_text: contains the model's special token <|im_start|>",
+            "text: markup <prosody rate='slow'> written with XML entities",
+            "text: contains control character U+000D",
+        ]
+        for job_id, rule in zip(jobs, rules, strict=True):
+            state, reason, _ = failure(client, job_id)
+            assert state == "failed" and reason is not None and reason.kind == "invalid_request"
+            assert reason.message.startswith(rule), reason.message
+        state, reason, _ = failure(client, voice)
+        assert state == "failed" and reason is not None and reason.kind == "invalid_request"
+        assert "transcript: contains the model's special token <|im_start|>" in reason.message

@@ -139,6 +139,7 @@ def test_the_producer_refuses_bad_recordings_before_uploading(
         (b"not audio at all", PromptUnreadableError, "unreadable.wav: not a readable audio"),
         (wav_bytes(0.3 * np.sin(2 * np.pi * 200 * t), 8000), PromptSampleRateError, "8000 Hz"),
         (wav_bytes(np.zeros(24000), 24000), PromptSilentError, "silent"),
+        (wav_bytes(np.full(24000, 0.5), 24000), PromptSilentError, "constant offset"),
     ]
     for data, error, message in cases:
         with pytest.raises(error, match=message):

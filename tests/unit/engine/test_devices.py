@@ -14,8 +14,8 @@ from workers.engine.api import SynthesisInput
 from workers.engine.pipeline import build_engine
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
-from workers.model.flow import build_flow
-from workers.model.llm import build_llm
+from workers.model.flow.model import build_flow
+from workers.model.llm.model import build_llm
 from workers.model.loader import ModelConfigs
 
 MPS = torch.backends.mps.is_available()

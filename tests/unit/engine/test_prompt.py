@@ -100,6 +100,8 @@ def test_extract_voice_resamples_any_rate(tiny_engine) -> None:
         (tone(31.0, 16000), 16000, PromptTooLongError, "31.0 s, limit 30 s"),
         (np.zeros(24000, dtype=np.float32), 24000, PromptSilentError, "digital silence"),
         (tone(1.0, 24000, 1e-4), 24000, PromptSilentError, "RMS -83 dBFS"),
+        (np.full(24000, 0.5, np.float32), 24000, PromptSilentError, r"DC \+0\.50 of full"),
+        (np.full(24000, -0.9, np.float32) + tone(1.0, 24000, 1e-4), 24000, PromptSilentError, "DC"),
         (tone(0.2, 24000), 24000, PromptAudioError, "0.20 s, need at least 0.5 s"),
     ],
 )

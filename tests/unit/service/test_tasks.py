@@ -24,7 +24,7 @@ from shared.storage import open_storage
 from shared.voices import VoiceRegistry
 from tests.doubles.engines import ScriptedEngine
 from tests.doubles.harness import write_model_dir
-from workers.service.job_runtime import WorkerRuntime
+from workers.service.job_runtime import WorkerRuntime, prompt_roots
 from workers.tasks import JobContext, check_readable_prompt, run_synthesis
 from workers.voices.book import VoiceBook
 
@@ -44,7 +44,8 @@ def runtime(tmp_path: Path, redis_url: str) -> Iterator[WorkerRuntime]:
     voices = VoiceBook(
         engine, storage, model_dir=settings.model_dir, registry=registry, max_prompt_seconds=30
     )
-    yield WorkerRuntime(settings, engine, storage, voices, RequestLimits(), "w1", 4242)
+    roots = prompt_roots(settings)
+    yield WorkerRuntime(settings, engine, storage, voices, RequestLimits(), "w1", 4242, roots)
     connection.close()
 
 
@@ -65,8 +66,10 @@ def test_result_points_at_stored_audio_with_identity_and_timings(runtime: Worker
     assert result.timings.queue_wait_s == 2.0 and result.timings.total_s > 0
     assert result.metadata == {"k": 1}
     t = result.timings
-    synthesis_s = t.frontend_s + t.llm_s + t.flow_s + t.hift_s + t.join_s
-    assert result.rtf == pytest.approx(synthesis_s / result.duration_s) and result.rtf > 0
+    stages_s = t.frontend_s + t.llm_s + t.flow_s + t.hift_s + t.join_s
+    wall_s = result.rtf * result.duration_s  # start -> samples ready: the stages and no more
+    assert stages_s <= wall_s * (1 + 1e-9) and wall_s <= t.total_s - t.encode_s - t.store_s
+    assert result.rtf > 0
 
 
 def test_validation_runs_again_in_the_worker(runtime: WorkerRuntime) -> None:
@@ -101,10 +104,36 @@ def test_a_prompt_outside_the_prompt_roots_is_refused(
             "(COSYQ_PROMPT_ROOTS)"
         )
     request = {"text": "hi", "prompt_audio": outside.as_uri(), "prompt_text": "a test prompt"}
-    widened = replace(
-        runtime, settings=runtime.settings.model_copy(update={"prompt_roots": tmp_path.as_uri()})
-    )
+    settings = runtime.settings.model_copy(update={"prompt_roots": tmp_path.as_uri()})
+    widened = replace(runtime, settings=settings, prompt_roots=prompt_roots(settings))
     assert run_synthesis(widened, request, context()).uri.endswith(".wav")
+
+
+def test_symlinks_under_the_storage_prefix_that_lead_outside_are_refused(
+    runtime: WorkerRuntime, tmp_path: Path
+) -> None:
+    """A file link and a folder link under the storage prefix, pointing outside every root, are
+    refused by the synthesis and the add-voice gate; a link that stays inside is followed."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "p.wav").write_bytes((tmp_path / "model" / "prompt.wav").read_bytes())
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    (out / "file-link.wav").symlink_to(secret / "p.wav")
+    (out / "folder-link").symlink_to(secret, target_is_directory=True)
+    for uri in ((out / "file-link.wav").as_uri(), (out / "folder-link" / "p.wav").as_uri()):
+        request = {"text": "hi", "prompt_audio": uri, "prompt_text": "a test prompt"}
+        with pytest.raises(InvalidRequestError) as caught:
+            run_synthesis(runtime, request, context())
+        assert str(caught.value) == (
+            f"prompt_audio: {uri} is a symlink, or under one, that leads outside the folders "
+            "this worker reads prompts from (COSYQ_PROMPT_ROOTS)"
+        )
+        with pytest.raises(InvalidRequestError, match="symlink, or under one"):
+            check_readable_prompt(runtime, uri)
+    (out / "inside.wav").symlink_to(tmp_path / "model" / "prompt.wav")  # model dir: a root
+    request = {"text": "hi", "prompt_audio": (out / "inside.wav").as_uri(), "prompt_text": "a"}
+    assert run_synthesis(runtime, request, context()).uri.endswith(".wav")
 
 
 def test_an_add_voice_job_gets_the_same_prompt_gate(runtime: WorkerRuntime) -> None:

@@ -58,7 +58,8 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"seed": -1}, "seed: -1 is outside 0-4,294,967,295"),
     ({"seed": 2**32}, "seed: 4294967296 is outside 0-4,294,967,295"),
     ({"seed": "7"}, "seed: input should be a valid integer (got '7')"),
-    ({"seed": True}, "seed: input should be a valid integer (got True)"),
+    ({"seed": True}, "seed: must be a number, not true"),
+    ({"speed": True}, "speed: must be a number, not true"),
     (
         {"format": "aac"},
         "format: input should be 'wav', 'flac', 'ogg', 'mp3' or 'opus' (got 'aac')",

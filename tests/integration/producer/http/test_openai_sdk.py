@@ -171,4 +171,5 @@ def test_streamed_speech_as_server_sent_events(live: Front) -> None:
     assert events[-1]["type"] == "speech.audio.done"
     deltas = [base64.b64decode(e["audio"]) for e in events[:-1]]
     assert all(e["type"] == "speech.audio.delta" for e in events[:-1]) and deltas
+    assert all(deltas)  # the real worker's final entry has no samples: it sends no delta
     assert sum(len(d) for d in deltas) > 2400 * 2
