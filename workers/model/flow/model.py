@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from shared.errors import InvalidRequestError
 from workers.model.checkpoint import load_strict
 from workers.model.cpu_linear import Linear
+from workers.model.embedding import Embedding
 from workers.model.flow.config import CfmConfig, FlowConfig
 from workers.model.flow.encoder import UpsampleConformerEncoder
 from workers.model.flow.estimator import CausalConditionalDecoder
@@ -157,7 +158,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
         super().__init__()
         self.config = config
         width = config.encoder.width
-        self.input_embedding = nn.Embedding(config.vocab_size, width)
+        self.input_embedding = Embedding(config.vocab_size, width)
         self.spk_embed_affine_layer = Linear(config.spk_embed_dim, config.mel_bins)
         self.encoder = UpsampleConformerEncoder(config.encoder)
         self.encoder_proj = Linear(width, config.mel_bins)

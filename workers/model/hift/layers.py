@@ -12,9 +12,29 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
-from torch.nn.utils.parametrizations import weight_norm
 
 SNAKE_EPS = 1e-9  # upstream's no_div_by_zero in 1 / (alpha + eps)
+
+
+class WeightNorm(nn.Module):
+    """torch's weight-norm parametrization over dim 0 (same forward, same `original0/1` keys)
+    whose split of a meta weight makes empty tensors instead of computing a norm: the models are
+    built on meta, and the norm's meta kernel imports `torch._dynamo` (seconds at every worker
+    start) for values the checkpoint then replaces."""
+
+    def forward(self, weight_g: torch.Tensor, weight_v: torch.Tensor) -> torch.Tensor:
+        return torch._weight_norm(weight_v, weight_g, 0)
+
+    def right_inverse(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if weight.is_meta:
+            return weight.new_empty((weight.shape[0],) + (1,) * (weight.dim() - 1)), weight
+        return torch.norm_except_dim(weight, 2, 0), weight
+
+
+def weight_norm(conv: nn.Module) -> nn.Module:
+    """`torch.nn.utils.parametrizations.weight_norm(conv)` (dim 0), through `WeightNorm`."""
+    parametrize.register_parametrization(conv, "weight", WeightNorm(), unsafe=True)
+    return conv
 
 
 def wn_conv1d(

@@ -22,6 +22,7 @@ from torch import nn
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.checkpoint import load_strict
 from workers.model.cpu_linear import Linear, default_linear_kernel, set_linear_kernel
+from workers.model.embedding import Embedding
 from workers.model.llm.qwen2 import KVCache, Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 from workers.model.llm.sampling import SamplingConfig, ras_sampling
 
@@ -127,10 +128,10 @@ class Qwen2LM(nn.Module):
         super().__init__()
         hidden = config.backbone.hidden_size
         self.config = config
-        self.llm_embedding = nn.Embedding(2, hidden)
+        self.llm_embedding = Embedding(2, hidden)
         self.llm = Qwen2Encoder(config.backbone)
         self.llm_decoder = Linear(hidden, config.decoder_size, bias=True)
-        self.speech_embedding = nn.Embedding(config.decoder_size, hidden)
+        self.speech_embedding = Embedding(config.decoder_size, hidden)
 
     @property
     def backbone(self) -> Qwen2Model:
