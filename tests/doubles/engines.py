@@ -16,20 +16,17 @@ Factories: `fast` (loads instantly), `per_char` (audio length follows the text:
 SECONDS_PER_CHAR per character, at least MIN_PER_CHAR_SECONDS, as speech does), `slow_load`
 (TESTENGINE_LOAD_S seconds to load, for the stagger test), `failing` (ModelLoadError),
 `broken` (a plain exception while loading), `batching` (a tone that depends on text and seed,
-and a session that batches across requests in steps of TESTENGINE_STEP_S seconds, like the
-engine's continuous decode loop; each step asks the request's `should_stop`, so a job can be
-canceled mid-run, alone or as one row).
+batched across requests by the engine's own batch session over a decoder that steps every
+TESTENGINE_STEP_S seconds; each step asks the request's `should_stop`, so a job can be
+canceled mid-run, alone or as one row: tests/doubles/stepped.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-import zlib
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +37,6 @@ from shared.text_markup import parse_markup, text_of
 from workers.engine.api import (
     ModelIdentity,
     PieceSpan,
-    SynthesisCanceled,
     SynthesisInput,
     SynthesisOutput,
     VoicePrompt,
@@ -166,122 +162,12 @@ def broken(settings: Any) -> ScriptedEngine:
     raise RuntimeError("test engine crashed while loading")
 
 
-class SteppedSession:
-    """A BatchSession double that batches like the real engine's decode loop: every active
-    request advances one step per `step_s` however many share it, newcomers join between steps,
-    and each output reports the most requests that shared a step with it. The samples are the
-    ones the request gets alone (ScriptedEngine's), so batching must not change them."""
+def batching(settings: Any) -> Any:
+    """BatchingScriptedEngine (tests/doubles/stepped.py): the real batch session over a
+    scripted model step; it loads torch, as the session does, so only its workers pay."""
+    from tests.doubles.stepped import BatchingScriptedEngine  # noqa: PLC0415
 
-    def __init__(self, engine: BatchingScriptedEngine, max_batch: int) -> None:
-        self.engine = engine
-        self.max_batch = max_batch
-        self._new: list[tuple[SynthesisInput, Future[SynthesisOutput]]] = []
-        self._lock = threading.Condition()
-        self._pending = 0
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="test-model", daemon=True)
-        self._thread.start()
-
-    def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
-        future: Future[SynthesisOutput] = Future()
-        with self._lock:
-            self._pending += 1
-            self._new.append((request, future))
-            self._lock.notify()
-        return future
-
-    def in_flight(self) -> int:
-        with self._lock:
-            return self._pending
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._lock.notify()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        active: list[list[Any]] = []  # [future, output, steps left, most sharing, request]
-        while True:
-            with self._lock:
-                while not self._new and not active and not self._closed:
-                    self._lock.wait()
-                if self._closed and not self._new and not active:
-                    return
-                joining, self._new = self._new, []
-            for request, future in joining:  # prefill: directives run, errors stay per row
-                if not future.set_running_or_notify_cancel():
-                    self._done(1)
-                    continue
-                try:
-                    output = self.engine.render(request)
-                except BaseException as e:
-                    future.set_exception(e)
-                    self._done(1)
-                    continue
-                active.append([future, output, decode_steps(output), 0, request])
-            for row in [row for row in active if _stopped(row[4])]:  # leaves before the step
-                active.remove(row)
-                row[0].set_exception(SynthesisCanceled("canceled"))
-                self._done(1)
-            if not active:
-                continue
-            time.sleep(self.engine.step_s)  # one batched step, whatever the row count
-            for row in active:
-                row[2] -= 1
-                row[3] = max(row[3], len(active))
-            finished = [row for row in active if row[2] <= 0]
-            active = [row for row in active if row[2] > 0]
-            for future, output, _, most, _ in finished:
-                output.batch_size = most
-                future.set_result(output)
-            self._done(len(finished))
-
-    def _done(self, n: int) -> None:
-        with self._lock:
-            self._pending -= n
-
-
-def _stopped(request: SynthesisInput) -> bool:
-    return request.should_stop is not None and request.should_stop()
-
-
-def decode_steps(output: SynthesisOutput) -> int:
-    return max(1, output.speech_tokens // 4)
-
-
-class BatchingScriptedEngine(ScriptedEngine):
-    """ScriptedEngine whose tone depends on text and seed, with its own batched session."""
-
-    step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
-
-    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
-        """Alone: the same steps as in a batch, one after another, each after asking
-        `should_stop` (SynthesisCanceled, as the real engine's LLM loop)."""
-        output = self.render(request)
-        steps = decode_steps(output)
-        for _ in range(steps):
-            if _stopped(request):
-                raise SynthesisCanceled("canceled")
-            time.sleep(self.step_s)
-        decode_s = steps * self.step_s
-        output.stage_seconds["llm"] = output.stage_seconds.get("llm", 0.0) + decode_s
-        return output
-
-    def render(self, request: SynthesisInput) -> SynthesisOutput:
-        """The directives and the samples, without the decode time."""
-        output = super().synthesize(request)
-        hz = TONE_HZ + zlib.crc32(request.text.encode()) % 200 + (request.seed or 0) % 50
-        t = np.arange(output.samples.shape[0], dtype=np.float32) / SAMPLE_RATE
-        output.samples = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
-        return output
-
-    def open_batch_session(self, max_batch: int) -> SteppedSession:
-        return SteppedSession(self, max_batch)
-
-
-def batching(settings: Any) -> BatchingScriptedEngine:
-    return BatchingScriptedEngine(name="test-batching")
+    return BatchingScriptedEngine()
 
 
 def tiny_forced(settings: Any) -> Any:

@@ -1,7 +1,8 @@
 """The PyTorch pipeline's `BatchSession`: continuous batching on one model thread.
 
-Each admitted request is planned (front end) and its first piece joins the LLM's
-`BatchDecoder`; every loop turn is one batched decode step for all rows, after which the rows
+Each admitted request is planned (front end) and its first piece joins the LLM's row
+decoder (`BatchDecoder`, handed in as a `RowDecoder`: the tests drive this very session with a
+scripted one); every loop turn is one batched decode step for all rows, after which the rows
 that finished go through flow and HiFT and their request either joins again with its next
 piece (pieces stay in order, one row per request, so the request's generator is drawn in
 exactly the order of the alone path) or completes its future. Newcomers are admitted at every
@@ -36,17 +37,18 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+import torch
 
 from workers.engine.api import SynthesisCanceled, SynthesisInput, SynthesisOutput
 from workers.engine.requests import RequestPlan
 from workers.engine.stages import FlowStage, ModuleVocoder, VocoderStage
-from workers.model.llm.batch import BatchDecoder, FinishedRow, RowTooLong
-from workers.model.llm.model import Qwen2LM
+from workers.model.llm.batch import FinishedRow, RowTooLong
 
 
 class PlannedPipeline(Protocol):
@@ -74,6 +76,37 @@ class PlannedPipeline(Protocol):
     def synthesize_planned(self, plan: RequestPlan) -> SynthesisOutput: ...
 
 
+class KeyedRow(Protocol):
+    @property
+    def key(self) -> Hashable: ...
+
+
+class RowDecoder(Protocol):
+    """What the session needs of `BatchDecoder`: rows join between steps, one step advances
+    them all and returns those that finished, a row leaves early, or all rows at once."""
+
+    @property
+    def rows(self) -> Sequence[KeyedRow]: ...
+
+    def add(
+        self,
+        key: Hashable,
+        text: Sequence[int],
+        *,
+        prompt_text: Sequence[int],
+        prompt_speech: np.ndarray,
+        generator: torch.Generator,
+        forced_length: int | None = None,
+    ) -> None:
+        """Validate and prefill one piece; RowTooLong when it fits alone but not in a row."""
+
+    def step(self) -> list[FinishedRow]: ...
+
+    def drop(self, key: Hashable) -> bool: ...
+
+    def clear(self) -> None: ...
+
+
 @dataclass(eq=False)  # identity: a job is the key of its LLM row
 class Job:
     request: SynthesisInput
@@ -84,14 +117,13 @@ class Job:
 
 
 class PipelineBatchSession:
-    """A BatchSession over a `SynthesisPipeline` whose LLM is a torch `Qwen2LM`."""
+    """A BatchSession over a `SynthesisPipeline` and the row decoder of its LLM (a torch
+    `Qwen2LM`'s `BatchDecoder` with `max_batch` rows)."""
 
-    def __init__(
-        self, pipeline: PlannedPipeline, model: Qwen2LM, max_batch: int, positions: int
-    ) -> None:
+    def __init__(self, pipeline: PlannedPipeline, decoder: RowDecoder, max_batch: int) -> None:
         self.pipeline = pipeline
         self.max_batch = max_batch
-        self.decoder = BatchDecoder(model, max_batch, positions)
+        self.decoder = decoder
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._pending = 0
         self._lock = threading.Lock()

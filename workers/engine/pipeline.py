@@ -54,6 +54,7 @@ from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.model.directory import QWEN_DIR
+from workers.model.llm.batch import BatchDecoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
@@ -323,7 +324,8 @@ class SynthesisPipeline:
         model = getattr(self.llm, "model", None)
         if max_batch <= 1 or not isinstance(model, Qwen2LM):
             return SequentialSession(self, max_batch)
-        return PipelineBatchSession(self, model, max_batch, self.options.batch_max_positions)
+        decoder = BatchDecoder(model, max_batch, self.options.batch_max_positions)
+        return PipelineBatchSession(self, decoder, max_batch)
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
         return self.voices.extract(samples, sample_rate, transcript)

@@ -13,8 +13,8 @@ import pytest
 import redis
 from rq.job import Job
 
-from tests.doubles.engines import decode_steps
 from tests.doubles.harness import Cluster, enqueue, statuses
+from tests.doubles.stepped import decode_steps
 from workers.engine.api import SynthesisOutput
 
 STEP_S = 0.05

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from shared import keys
 from tests.doubles.batch_rig import OpenGate, batch_rig
-from tests.doubles.engines import BatchingScriptedEngine
+from tests.doubles.stepped import BatchingScriptedEngine
 
 
 class BlipAtRefusal(redis.Redis):

@@ -1,0 +1,78 @@
+"""The batching test engine (tests/doubles/stepped.py) keeps what the service's batch tests rely
+on, through the production `PipelineBatchSession`: the samples a request gets alone, the most
+requests that shared a step with it, a request's own error and cancel on its own future."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.doubles.stepped import BatchingScriptedEngine, decode_steps
+from workers.engine.api import StopCheck, SynthesisCanceled, SynthesisInput
+from workers.engine.batch_session import PipelineBatchSession
+from workers.engine.batching import open_batch_session
+
+pytestmark = pytest.mark.timeout(120)
+VOICE = BatchingScriptedEngine().extract_voice(np.zeros(24000, np.float32), 24000, "a voice")
+
+
+class StopAfter:
+    """Says "go on" `n` times, then "stop"; counts the checks."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.calls > self.n
+
+
+def request(text: str, seed: int, should_stop: StopCheck | None = None) -> SynthesisInput:
+    return SynthesisInput(text=text, prompt=VOICE, seed=seed, should_stop=should_stop)
+
+
+def test_batched_outputs_are_the_alone_ones_with_the_most_that_shared_a_step() -> None:
+    engine = BatchingScriptedEngine()
+    requests = [request(f"seconds:{1 + i} sentence {i}", seed=i) for i in range(3)]
+    alone = [engine.synthesize(r) for r in requests]
+    session = open_batch_session(engine, 3)
+    assert isinstance(session, PipelineBatchSession)
+    try:
+        outputs = [f.result(timeout=60) for f in [session.submit(r) for r in requests]]
+    finally:
+        session.close()
+    assert session.in_flight() == 0
+    for together, single in zip(outputs, alone, strict=True):
+        assert np.array_equal(together.samples, single.samples)
+        assert together.speech_tokens == single.speech_tokens
+        assert together.pieces == single.pieces
+        assert together.seed == single.seed
+        assert 1 <= together.batch_size <= 3
+        assert single.batch_size == 1
+        assert single.stage_seconds["llm"] >= decode_steps(single) * engine.step_s
+
+
+def test_a_failing_and_a_canceled_request_leave_their_neighbour_as_alone() -> None:
+    engine = BatchingScriptedEngine()
+    kept = request("seconds:2 kept", seed=5)
+    alone = engine.synthesize(kept)
+    stop = StopAfter(3)
+    session = engine.open_batch_session(3)
+    try:
+        futures = [
+            session.submit(request("seconds:4 doomed", seed=1, should_stop=stop)),
+            session.submit(request("boom", seed=2)),
+            session.submit(kept),
+        ]
+        with pytest.raises(SynthesisCanceled):
+            futures[0].result(timeout=60)
+        with pytest.raises(RuntimeError, match="test engine bug"):
+            futures[1].result(timeout=60)
+        output = futures[2].result(timeout=60)
+    finally:
+        session.close()
+    assert stop.calls == 4  # asked before each step, and no more once it said stop
+    assert np.array_equal(output.samples, alone.samples)
+    with pytest.raises(RuntimeError, match="closed"):
+        session.submit(kept)
