@@ -14,6 +14,7 @@ deleted (`rq empty`) its key is free at once.
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,7 +34,7 @@ from producer.planned import OnSubmitted, PlannedJob
 from producer.streaming import read_stream
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, remove_voice, wait_for_voice
-from shared import keys
+from shared import keys, tenants
 from shared.audio_stream import AudioChunk
 from shared.connection import follow_master, redis_connection
 from shared.document_state import DocumentResult
@@ -41,6 +42,8 @@ from shared.errors import (
     InvalidRequestError,
     QueueFullError,
     SubmitInterruptedError,
+    TenantQuotaError,
+    UnknownTenantError,
 )
 from shared.jobs import (
     RequestLimits,
@@ -63,30 +66,49 @@ _PlannedJob = PlannedJob  # the name this module has always used
 class CosyqClient:
     """Submit synthesis jobs and read their results; built from Settings.
 
-    Options (keyword-only): `connection` reuses a Redis client (else one from
-    settings.redis_url); `job_function` and `voice_function` are the dotted paths enqueued
-    (tests point them at test doubles; the product always uses workers.tasks.synthesize and
-    workers.tasks.add_voice).
+    Options (keyword-only): `tenant` is whose jobs these are ("default"; one of
+    settings.tenant_names(), else UnknownTenantError): its own queues, its quota, its name on
+    each job; `connection` reuses a Redis client (else one from settings.redis_url);
+    `job_function` and `voice_function` are the dotted paths enqueued (tests point them at
+    test doubles; the product always uses workers.tasks.synthesize and workers.tasks.add_voice).
     """
 
     def __init__(
         self,
         settings: Settings,
         *,
+        tenant: str = tenants.DEFAULT_TENANT,
         connection: redis.Redis | None = None,
         job_function: str = keys.SYNTHESIZE_FUNCTION,
         voice_function: str = keys.ADD_VOICE_FUNCTION,
     ) -> None:
         self.settings = settings
+        self.tenant = _known_tenant(settings, tenant)
         self.connection = connection if connection is not None else redis_connection(settings)
         self.job_function = job_function
         self.voice_function = voice_function
         self.limits = RequestLimits.from_settings(settings)
-        self._queues = {
-            name: Queue(name, connection=self.connection, serializer=JSONSerializer)
-            for name in keys.QUEUES_IN_PRIORITY_ORDER
-        }
+        self._queues = self._tenant_queues()
         self.tracker = JobTracker(self.connection, settings)
+
+    def _tenant_queues(self) -> dict[str, Queue]:
+        return {
+            name: Queue(name, connection=self.connection, serializer=JSONSerializer)
+            for name in tenants.tenant_queues(self.tenant)
+        }
+
+    def for_tenant(self, tenant: str) -> CosyqClient:
+        """This client (same connection, same settings) submitting as another tenant."""
+        if tenant == self.tenant:
+            return self
+        bound = copy.copy(self)
+        bound.tenant = _known_tenant(self.settings, tenant)
+        bound._queues = bound._tenant_queues()
+        return bound
+
+    def queue_for(self, priority: str) -> str:
+        """The queue this client's jobs of one priority wait in."""
+        return tenants.queue_name(keys.queue_for(priority), self.tenant)
 
     def __enter__(self) -> CosyqClient:
         return self
@@ -150,7 +172,7 @@ class CosyqClient:
                 if not indexed:
                     raise
                 raise InvalidRequestError(f"requests[{index}]: {e}") from e
-            queue = keys.queue_for(request.priority)
+            queue = self.queue_for(request.priority)
             planned.append(_PlannedJob(index, uuid.uuid4().hex, queue, request))
         return planned
 
@@ -163,18 +185,24 @@ class CosyqClient:
     ) -> list[_PlannedJob]:
         """The longest run from `start` that fits the chunk size and every queue's room."""
         deadline = time.monotonic() + self.settings.backpressure_timeout_s
+        quota = self.settings.max_queued_jobs(self.tenant)
         while True:
             room = {q: self.settings.max_queue_depth - depth for q, depth in depths.items()}
+            tenant_room = quota - sum(depths.values())
             chunk: list[_PlannedJob] = []
             for job in planned[start : start + self.settings.submit_chunk_size]:
-                if room[job.queue] <= 0:
+                if room[job.queue] <= 0 or tenant_room <= 0:
                     break
                 room[job.queue] -= 1
+                tenant_room -= 1
                 chunk.append(job)
             if chunk:
                 return chunk
             full = planned[start].queue
-            if self.settings.backpressure == "raise" or time.monotonic() >= deadline:
+            blocked = self.settings.backpressure == "raise" or time.monotonic() >= deadline
+            if blocked and tenant_room <= 0:
+                raise self._over_quota(quota, sum(depths.values()), submitted)
+            if blocked:
                 raise QueueFullError(
                     f"{full} holds {depths[full]:,} jobs (COSYQ_MAX_QUEUE_DEPTH "
                     f"{self.settings.max_queue_depth:,}); {len(submitted)} submitted",
@@ -184,6 +212,16 @@ class CosyqClient:
                 )
             time.sleep(self.settings.backpressure_poll_s)
             depths = self.queue_depths()
+
+    def _over_quota(self, quota: int, queued: int, submitted: list[str]) -> TenantQuotaError:
+        return TenantQuotaError(
+            f"tenant {self.tenant} has {queued:,} jobs queued (quota max_queued_jobs "
+            f"{quota:,}, COSYQ_TENANT_QUOTAS); {len(submitted)} submitted",
+            tenant=self.tenant,
+            quota="max_queued_jobs",
+            retry_after_s=self.settings.http_retry_after_s,
+            submitted=tuple(submitted),
+        )
 
     def _enqueue_chunk(self, chunk: list[_PlannedJob], job_ids: list[str]) -> dict[str, int]:
         """One pipeline for the chunk (plus one to reserve idempotency keys, if any).
@@ -249,7 +287,11 @@ class CosyqClient:
             result_ttl=self.settings.result_ttl_s,
             failure_ttl=self.settings.failure_ttl_s,
             description=f"synthesize {len(request.text)} chars",  # never the text itself
-            meta={keys.SUBMIT_META_KEY: _submit_meta(request), **job.meta},
+            meta={
+                keys.SUBMIT_META_KEY: _submit_meta(request),
+                tenants.TENANT_META_KEY: self.tenant,
+                **job.meta,
+            },
             retry=retry,
         )
 
@@ -278,7 +320,7 @@ class CosyqClient:
     # ---- reading back
 
     def queue_depths(self) -> dict[str, int]:
-        """Jobs waiting in each queue (high, default, low), read in one round trip."""
+        """Jobs waiting in each of this tenant's queues (high, default, low), one round trip."""
         pipe = self.connection.pipeline(transaction=False)
         for queue in self._queues.values():
             pipe.llen(queue.key)
@@ -369,6 +411,18 @@ class CosyqClient:
         """Delete a voice and its uploaded recording; UnknownVoiceError when none has that
         name (for "default": that it is the model's built-in, which cannot be removed)."""
         remove_voice(self.connection, self.settings, name)
+
+
+def _known_tenant(settings: Settings, tenant: str) -> str:
+    """The tenant if this deployment names it (COSYQ_API_KEYS, COSYQ_TENANTS)."""
+    tenants.check_tenant_name(tenant)
+    known = settings.tenant_names()
+    if tenant not in known:
+        raise UnknownTenantError(
+            f"unknown tenant {tenant!r}: known are {', '.join(known)} (COSYQ_API_KEYS, "
+            "COSYQ_TENANTS)"
+        )
+    return tenant
 
 
 def _claims(jobs: Iterable[_PlannedJob]) -> list[tuple[str, str]]:

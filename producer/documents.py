@@ -22,7 +22,6 @@ import redis
 
 from producer.planned import OnSubmitted, PlannedJob
 from producer.tracking import JobTracker
-from shared import keys
 from shared.document_state import (
     DOCUMENT_META_KEY,
     DocumentFailedError,
@@ -56,6 +55,8 @@ class CosyqClient(Protocol):
     def submit_planned(
         self, planned: list[PlannedJob], *, on_submitted: OnSubmitted | None = None
     ) -> list[str]: ...
+
+    def queue_for(self, priority: str) -> str: ...
 
 
 QUEUED_STATES = frozenset({"queued", "deferred", "scheduled"})
@@ -116,7 +117,7 @@ def submit_document(client: CosyqClient, data: Mapping[str, Any]) -> str:
             if holder is not None:
                 return holder.decode() if isinstance(holder, bytes) else str(holder)
     seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
-    queue = keys.queue_for(request.priority)
+    queue = client.queue_for(request.priority)
     segments, planned = [], []
     for segment, job in zip(plan.segments, plan.jobs, strict=True):
         seeded = job.model_copy(
@@ -284,7 +285,7 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
         )
         meta = {DOCUMENT_META_KEY: {"id": document_id, "index": index}}
         planned.append(
-            PlannedJob(index, uuid.uuid4().hex, keys.queue_for(plan.priority), request, meta)
+            PlannedJob(index, uuid.uuid4().hex, client.queue_for(plan.priority), request, meta)
         )
     if planned:
         jobs = document_key(document_id, "jobs")

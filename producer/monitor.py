@@ -62,16 +62,16 @@ class FailedJob:
     failure: JobFailure
 
 
-def _queues(connection: redis.Redis) -> list[Queue]:
-    return [
-        Queue(name, connection=connection, serializer=JSONSerializer)
-        for name in keys.QUEUES_IN_PRIORITY_ORDER
-    ]
+def _queues(connection: redis.Redis, names: Sequence[str]) -> list[Queue]:
+    return [Queue(name, connection=connection, serializer=JSONSerializer) for name in names]
 
 
-def queue_rows(connection: redis.Redis) -> list[QueueRow]:
+def queue_rows(
+    connection: redis.Redis, queue_names: Sequence[str] = keys.QUEUES_IN_PRIORITY_ORDER
+) -> list[QueueRow]:
+    """One row per queue (`queue_names`: every tenant's, shared.tenants.queue_names)."""
     rows = []
-    for queue in _queues(connection):
+    for queue in _queues(connection, queue_names):
         counts = [
             registry(queue=queue, serializer=JSONSerializer).get_job_count(cleanup=False)
             for registry in (
@@ -157,10 +157,14 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def failed_jobs(connection: redis.Redis, limit: int | None = None) -> list[FailedJob]:
+def failed_jobs(
+    connection: redis.Redis,
+    limit: int | None = None,
+    queue_names: Sequence[str] = keys.QUEUES_IN_PRIORITY_ORDER,
+) -> list[FailedJob]:
     """Failed jobs of every queue, most recent first (up to `limit` in all)."""
     found: list[FailedJob] = []
-    for queue in _queues(connection):
+    for queue in _queues(connection, queue_names):
         registry = FailedJobRegistry(queue=queue, serializer=JSONSerializer)
         end = -1 if limit is None else limit - 1
         for job_id in registry.get_job_ids(0, end, desc=True, cleanup=False):
@@ -172,11 +176,15 @@ def failed_jobs(connection: redis.Redis, limit: int | None = None) -> list[Faile
     return found if limit is None else found[:limit]
 
 
-def requeue_failed(connection: redis.Redis, job_ids: Sequence[str] | None = None) -> list[str]:
+def requeue_failed(
+    connection: redis.Redis,
+    job_ids: Sequence[str] | None = None,
+    queue_names: Sequence[str] = keys.QUEUES_IN_PRIORITY_ORDER,
+) -> list[str]:
     """Put failed jobs back on their queues (all, or the given ids); returns those requeued."""
     wanted = set(job_ids) if job_ids else None
     requeued = []
-    for queue in _queues(connection):
+    for queue in _queues(connection, queue_names):
         registry = FailedJobRegistry(queue=queue, serializer=JSONSerializer)
         for job_id in registry.get_job_ids(cleanup=False):
             if wanted is None or job_id in wanted:

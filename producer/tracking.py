@@ -30,6 +30,7 @@ from shared.errors import (
 from shared.keys import ERROR_META_KEY, SUBMIT_META_KEY, check_job_id
 from shared.results import JobFailure, SynthesisResult
 from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 
 TERMINAL_STATES = frozenset({"finished", "failed", "stopped", "canceled"})
 FIRST_POLL_S = 0.05  # polls start fast and back off to settings.result_poll_interval_s
@@ -55,6 +56,7 @@ class JobStatus:
     submitted: dict[str, Any]
     result: SynthesisResult | None = None
     failure: JobFailure | None = None
+    tenant: str = DEFAULT_TENANT  # who submitted it
 
 
 def failure_of(job: Job, state: str) -> JobFailure:
@@ -118,6 +120,7 @@ class JobTracker:
             submitted=dict(job.meta.get(SUBMIT_META_KEY) or {}),
             result=outcome if isinstance(outcome, SynthesisResult) else None,
             failure=outcome if isinstance(outcome, JobFailure) else None,
+            tenant=str(job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)),
         )
 
     def outcome(self, job_id: str) -> JobOutcome:

@@ -74,6 +74,29 @@ class QueueFullError(TransientError):
         self.submitted = submitted
 
 
+class TenantQuotaError(TransientError):
+    """A tenant is at one of its quotas (`quota`: max_queued_jobs or requests_per_minute).
+
+    `retry_after_s` is when asking again may succeed; `submitted` holds the ids a
+    `submit_many` call enqueued before the quota was reached, as QueueFullError's does.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tenant: str,
+        quota: str,
+        retry_after_s: int,
+        submitted: tuple[str, ...] = (),
+    ):
+        super().__init__(message)
+        self.tenant = tenant
+        self.quota = quota
+        self.retry_after_s = retry_after_s
+        self.submitted = submitted
+
+
 class JobNotFoundError(CosyqError):
     """No job with this id exists in Redis (never submitted, or expired after its TTL)."""
 
@@ -113,6 +136,10 @@ class EmptyTextError(InvalidRequestError):
 
 class UnknownVoiceError(InvalidRequestError):
     """A request or command names a voice that is not registered."""
+
+
+class UnknownTenantError(InvalidRequestError):
+    """A tenant name that is malformed or that this deployment does not configure."""
 
 
 class VoiceMismatchError(InvalidRequestError):

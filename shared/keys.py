@@ -46,6 +46,7 @@ WEBHOOK_OUTBOX = PREFIX + "webhooks:outbox"
 WEBHOOK_GROUP = "cosyq-webhooks"  # the dispatchers' consumer group on the outbox
 WEBHOOK_RETRY = PREFIX + "webhooks:retry"  # sorted set: delivery JSON scored by its next try
 WEBHOOK_DEAD = PREFIX + "webhooks:dead"  # hash: webhook id -> delivery JSON with why it died
+QUOTA_PREFIX = PREFIX + "quota"  # + ":" + the `limits` library's key: a tenant's request window
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
 SYNTHESIZE_FUNCTION = "workers.tasks.synthesize"

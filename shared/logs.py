@@ -21,7 +21,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 from shared.results import SynthesisResult
 from shared.settings import Settings
 
-JOB_CONTEXT_KEYS = ("job_id", "queue", "voice", "worker", "attempt")
+JOB_CONTEXT_KEYS = ("job_id", "queue", "voice", "worker", "attempt", "tenant")
 REDACTED_KEYS = frozenset({"text", "prompt_text", "instruction"})
 _HANDLER_NAME = "cosyq"
 
@@ -109,11 +109,12 @@ def bind_job_context(
     voice: str | None = None,
     worker: str | None = None,
     attempt: int | None = None,
+    tenant: str | None = None,
 ) -> None:
     """Bind the current job's identity to every log line until `clear_job_context`."""
     clear_job_context()
     values: dict[str, Any] = {"job_id": job_id, "queue": queue, "voice": voice}
-    values.update(worker=worker, attempt=attempt)
+    values.update(worker=worker, attempt=attempt, tenant=tenant)
     structlog.contextvars.bind_contextvars(**{k: v for k, v in values.items() if v is not None})
 
 

@@ -28,8 +28,11 @@ from shared.settings_env import (
 )
 from shared.settings_front import FrontSettings
 from shared.settings_quality import QualitySettings
+from shared.settings_tenants import TenantSettings
+from shared.tenants import DEFAULT_TENANT, ApiKey, parse_api_keys
 
 DEFAULT_ENV_FILE = ".env"
+_SECRET_FIELDS = frozenset({"api_keys", "webhook_secret", "s3_secret_access_key"})
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 STORAGE_SCHEMES = ("file", "s3")
@@ -47,7 +50,7 @@ def _default_hash_cache_dir() -> Path:
     return Path.home() / ".cache" / "cosyq" / "hashes"
 
 
-class Settings(FrontSettings, QualitySettings, BaseSettings):
+class Settings(FrontSettings, QualitySettings, TenantSettings, BaseSettings):
     """Every knob of a cosyq process; each limit is named here with its default.
 
     Producer side: redis_*, storage_url, s3_*, max_*_chars/bytes, max_queue_depth, backpressure*,
@@ -392,6 +395,16 @@ class Settings(FrontSettings, QualitySettings, BaseSettings):
             raise ValueError("an s3 URL needs a bucket: s3://bucket/prefix")
         return value
 
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            try:
+                parse_api_keys(value.get_secret_value())
+            except SettingsError as e:
+                raise ValueError(str(e)) from e
+        return value
+
     @field_validator("prompt_roots")
     @classmethod
     def _check_prompt_roots(cls, value: str | None) -> str | None:
@@ -429,10 +442,20 @@ class Settings(FrontSettings, QualitySettings, BaseSettings):
             )
         return self
 
-    def api_key_list(self) -> tuple[str, ...]:
-        """The HTTP front's accepted bearer keys (COSYQ_API_KEYS split at commas)."""
+    def api_key_entries(self) -> tuple[ApiKey, ...]:
+        """The HTTP front's accepted bearer keys with their tenants (COSYQ_API_KEYS)."""
         raw = self.api_keys.get_secret_value() if self.api_keys is not None else ""
-        return tuple(key.strip() for key in raw.split(",") if key.strip())
+        return parse_api_keys(raw)
+
+    def api_key_list(self) -> tuple[str, ...]:
+        """The HTTP front's accepted bearer keys alone."""
+        return tuple(key.secret for key in self.api_key_entries())
+
+    def tenant_names(self) -> tuple[str, ...]:
+        """Every tenant this deployment knows: "default", COSYQ_API_KEYS's, COSYQ_TENANTS."""
+        named = {key.tenant for key in self.api_key_entries()}
+        named |= {part.strip() for part in (self.tenants or "").split(",") if part.strip()}
+        return (DEFAULT_TENANT, *sorted(named - {DEFAULT_TENANT}))
 
     def redacted_redis_url(self) -> str:
         """The Redis URL with any password replaced by ***, for logs and `cosyq status`."""
@@ -451,5 +474,7 @@ def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: A
             given = error.get("input")
             if field == "redis_url" and isinstance(given, str):
                 given = redact_url(given)  # never echo a password
+            elif field in _SECRET_FIELDS:
+                given = "***"  # never echo a key
             problems.append(f"{name}: {error['msg']} (got {given!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from e

@@ -13,7 +13,8 @@ class FrontSettings(BaseModel):
     # HTTP front (`cosyq serve`, extra cosyq[http])
     api_keys: SecretStr | None = Field(
         None,
-        description="comma-separated bearer keys of the HTTP front (unset: loopback only)",
+        description="comma-separated bearer keys of the HTTP front, each `tenant:key` or a "
+        "plain key (tenant default); unset: loopback only",
     )
     http_wait_timeout_s: float = Field(
         60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"

@@ -37,6 +37,7 @@ from shared.prompt_uris import check_prompt_uri
 from shared.results import ModelInfo, PieceTiming, QualityReport, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 from workers.documents.job import record_finished_segment
 from workers.engine.api import (
     StopCheck,
@@ -71,6 +72,7 @@ class JobContext:
     timeout_s: float | None = None  # the job's own timeout (quality retries must fit in it)
     document: tuple[str, int] | None = None  # a document segment's (document id, index)
     should_stop: StopCheck | None = None  # its cancel flag (workers/service/cancels.py)
+    tenant: str = DEFAULT_TENANT  # who submitted it (admission has checked the name)
 
     @classmethod
     def from_job(cls, job: Job, *, cancel_check_s: float = 0.1) -> JobContext:
@@ -86,6 +88,7 @@ class JobContext:
             timeout_s=float(job.timeout) if isinstance(job.timeout, int | float) else None,
             document=_document_of(job.meta.get(DOCUMENT_META_KEY)),
             should_stop=flag if job.connection is not None else None,
+            tenant=str(job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)),
         )
 
     @property
@@ -343,6 +346,7 @@ def _logged(
     with job_context(
         job_id=context.job_id,
         queue=context.queue,
+        tenant=context.tenant,
         worker=runtime.worker_name,
         attempt=context.attempt,
     ):
@@ -427,6 +431,7 @@ def _result(
     identity = runtime.engine.identity
     return SynthesisResult(
         job_id=context.job_id,
+        tenant=context.tenant,
         uri=uri,
         bytes=len(encoded.data),
         sha256=encoded.sha256,

@@ -31,7 +31,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer, resolve_serializer
 from rq.suspension import is_suspended
 
-from shared import keys
+from shared import keys, tenants
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
@@ -91,7 +91,8 @@ class CosyqWorker(StopSafeWorker):
             kwargs["connection"] = redis_connection(self.settings)
         if kwargs.get("prepare_for_work", True):
             wait_for_redis(kwargs["connection"])  # RQ's constructor talks to Redis
-        super().__init__(_queue_names(queues), *args, **kwargs)
+        self.tenants = self.settings.tenant_names()
+        super().__init__(_queue_names(queues, self.tenants), *args, **kwargs)
         self.dequeue_poll_s = self.settings.dequeue_poll_s
         self.slot = slot
         self.control = control.ControlChannel(control_fd) if control_fd is not None else None
@@ -203,7 +204,7 @@ class CosyqWorker(StopSafeWorker):
         self.books.refuse_unreadable(job_id, queue, error)
 
     def execute_popped(self, job: Job, queue: Queue) -> None:
-        refusal = admission.screen(job)
+        refusal = admission.screen(job, self.tenants)
         if refusal is not None:
             self.books.refuse(job, queue, refusal)
         elif cancels.canceled_before_start(self.connection, job):
@@ -398,11 +399,14 @@ class CosyqWorker(StopSafeWorker):
         self.lifecycle.stop()
 
 
-def _queue_names(queues: Sequence[str | Queue] | str | Queue) -> list[str]:
-    """Queue names only: queues built by `rq worker` carry its (pickle) serializer."""
+def _queue_names(
+    queues: Sequence[str | Queue] | str | Queue, tenant_names: Sequence[str]
+) -> list[str]:
+    """Queue names only: queues built by `rq worker` carry its (pickle) serializer. None
+    given: every known tenant's queues, priority by priority."""
     items = [queues] if isinstance(queues, str | Queue) else list(queues)
     names = [item.name if isinstance(item, Queue) else item for item in items]
-    return names or list(keys.QUEUES_IN_PRIORITY_ORDER)
+    return names or list(tenants.queue_names(tenant_names))
 
 
 def _rng() -> random.Random:

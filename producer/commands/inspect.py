@@ -14,6 +14,7 @@ from producer.commands.exits import EXIT_CANCELED, EXIT_FAILED, EXIT_NOT_DONE
 from producer.monitor import failed_jobs, queue_rows, requeue_failed, worker_rows
 from producer.tracking import CANCELED_KIND, JobStatus
 from producer.webhooks.store import WebhookStore
+from shared import tenants
 from shared.captions import CAPTION_FORMATS, cues_from_pieces, render
 from shared.keys import check_job_id
 from shared.results import SynthesisResult
@@ -60,18 +61,20 @@ def _text(value: object) -> Text:
 def run_status(args: argparse.Namespace, context: CliContext) -> int:
     with context.make_client(context.settings) as client:
         connection = client.connection
-        queues, workers = queue_rows(connection), worker_rows(connection)
+        queue_names = tenants.queue_names(context.settings.tenant_names())
+        queues, workers = queue_rows(connection, queue_names), worker_rows(connection)
         cannot_start = start_failures(connection)
-        failures = failed_jobs(connection, limit=args.failed) if args.failed > 0 else []
+        failures = failed_jobs(connection, args.failed, queue_names) if args.failed > 0 else []
         webhooks = WebhookStore(connection).counts()
     context.out.print(f"Redis {context.settings.redacted_redis_url()}", markup=False)
     table = Table(title="queues")
-    names = ("queue", "queued", "started", "retry wait", "deferred", "finished", "failed")
-    for index, name in enumerate(names):
-        table.add_column(name, justify="left" if index == 0 else "right", overflow="fold")
+    names = ("queue", "tenant", "queued", "started", "retry wait", "deferred", "finished")
+    for index, name in enumerate((*names, "failed")):
+        table.add_column(name, justify="left" if index < 2 else "right", overflow="fold")
     for row in queues:
         cells = (row.queued, row.started, row.scheduled, row.deferred, row.finished, row.failed)
-        table.add_row(Text(row.name), *(_text(cell) for cell in cells))
+        tenant = tenants.tenant_of_queue(row.name)
+        table.add_row(Text(row.name), Text(tenant), *(_text(cell) for cell in cells))
     context.out.print(table)
     table = Table(title=f"workers ({len(workers)})")
     for name in ("worker", "state", "current job", "jobs done", "RSS MB", "backend", "pid"):
@@ -129,16 +132,17 @@ def _print_failures(context: CliContext, failures: list[Any], title: str) -> Non
 def run_failed(args: argparse.Namespace, context: CliContext) -> int:
     for job_id in args.job_ids:
         check_job_id(job_id)
+    queue_names = tenants.queue_names(context.settings.tenant_names())
     with context.make_client(context.settings) as client:
         connection = client.connection
         if args.requeue:
-            requeued = requeue_failed(connection, args.job_ids or None)
+            requeued = requeue_failed(connection, args.job_ids or None, queue_names)
             missing = set(args.job_ids) - set(requeued)
             context.out.print(f"requeued {len(requeued)} job(s)", markup=False)
             for job_id in sorted(missing):
                 context.err.print(f"{job_id}: not among the failed jobs", markup=False)
             return 1 if missing else 0
-        failures = failed_jobs(connection, limit=None if args.job_ids else args.limit)
+        failures = failed_jobs(connection, None if args.job_ids else args.limit, queue_names)
     if args.job_ids:
         failures = [item for item in failures if item.job_id in set(args.job_ids)]
     _print_failures(context, failures, title=f"failed jobs ({len(failures)})")
@@ -149,6 +153,7 @@ def status_record(status: JobStatus) -> dict[str, Any]:
     """A job's status as plain JSON (`cosyq result` prints it)."""
     record: dict[str, Any] = {"job_id": status.job_id, "state": status.state}
     record["queue"] = status.queue
+    record["tenant"] = status.tenant
     for name in ("enqueued_at", "started_at", "ended_at"):
         value = getattr(status, name)
         record[name] = value.isoformat() if value is not None else None

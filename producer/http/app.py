@@ -47,7 +47,7 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
         docs_url=None,
         redoc_url=None,
     )
-    check_key = Depends(KeyCheck(settings.api_key_list()))
+    check_key = Depends(KeyCheck(settings.api_key_entries()))
     app.include_router(health.router)
     app.include_router(metrics.router)  # no key, like /healthz: Prometheus scrapes it
     for router in (speech.router, voices.router, jobs.router, documents.router):

@@ -7,6 +7,7 @@ relays its stream, holds no thread, only a Redis connection blocked in XREAD.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from rq.job import Job
 from rq.results import Result
 
 from producer.client import CosyqClient
+from producer.quotas import RequestQuota
 from producer.tracking import TERMINAL_STATES
 from shared.connection import async_redis_connection
 from shared.errors import JobNotFoundError, ResultTimeoutError
@@ -40,16 +42,25 @@ class FrontContext:
     aredis: aioredis.Redis
     storage: Storage
     s3: S3Access  # one boto3 client, made on first use, for relaying S3 objects
+    quota: RequestQuota  # each tenant's requests per minute (producer/quotas.py)
 
     @classmethod
     def create(cls, settings: Settings, client: CosyqClient | None = None) -> FrontContext:
+        client = client if client is not None else CosyqClient(settings)
         return cls(
             settings=settings,
-            client=client if client is not None else CosyqClient(settings),
+            client=client,
             aredis=async_redis(settings),
             storage=open_storage(settings),
             s3=S3Access(settings),
+            quota=RequestQuota(client.connection, settings),
         )
+
+    def for_tenant(self, tenant: str) -> FrontContext:
+        """The same context, its client submitting as `tenant` (the request's key's)."""
+        if tenant == self.client.tenant:
+            return self
+        return dataclasses.replace(self, client=self.client.for_tenant(tenant))
 
     async def close(self) -> None:
         await self.aredis.aclose()
@@ -87,6 +98,8 @@ class FrontContext:
 
 
 def context_of(request: Request) -> FrontContext:
+    """The front's context, bound to the tenant the key check found (producer/http/auth.py)."""
     context = request.app.state.cosyq
     assert isinstance(context, FrontContext)
-    return context
+    tenant = getattr(request.state, "tenant", None)
+    return context if tenant is None else context.for_tenant(tenant)

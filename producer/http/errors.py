@@ -4,7 +4,8 @@
 exception classes (`BadRequestError`, `AuthenticationError`, ...). Our own exceptions map to
 statuses here, in one table, so a route raises what the producer raises and never builds a
 response by hand: InvalidRequestError 400 (UnknownVoiceError 404), JobNotFoundError 404,
-QueueFullError 429 with Retry-After, TransientError or a Redis error 503, and a failed job by
+QueueFullError 429 with Retry-After, TenantQuotaError 429 with Retry-After and the quota as
+its code, TransientError or a Redis error 503, and a failed job by
 its failure kind (FAILED_JOB_STATUS).
 """
 
@@ -27,6 +28,7 @@ from shared.errors import (
     JobFailedError,
     JobNotFoundError,
     QueueFullError,
+    TenantQuotaError,
     TransientError,
     UnknownVoiceError,
 )
@@ -102,6 +104,20 @@ def failed_job(job_id: str, kind: str, reason: str) -> ApiError:
     return ApiError(status, message, type_=SERVER_ERROR, code=kind, extra=extra)
 
 
+def quota_exceeded(error: TenantQuotaError) -> ApiError:
+    """429 naming the tenant's quota (`code`: max_queued_jobs or requests_per_minute)."""
+    extra = {"submitted": list(error.submitted)} if error.submitted else None
+    return ApiError(
+        429,
+        f"quota exceeded: {error}",
+        type_="rate_limit_error",
+        param="tenant",
+        code=error.quota,
+        headers={"Retry-After": str(error.retry_after_s)},
+        extra=extra,
+    )
+
+
 def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:
     """Our exception (or Redis's) as the API error a caller sees."""
     if isinstance(error, ApiError):
@@ -122,6 +138,8 @@ def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:
             code="queue_full",
             headers={"Retry-After": str(retry_after_s)},
         )
+    if isinstance(error, TenantQuotaError):
+        return quota_exceeded(error)
     if isinstance(error, redis.RedisError):
         return ApiError(
             503, f"Redis is unreachable: {error}", type_=SERVER_ERROR, code="unavailable"

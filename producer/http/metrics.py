@@ -2,7 +2,8 @@
 
 The front runs apart from the workers (often on other hosts), so it cannot sum their
 processes' counters as a pool does; it serves what every worker publishes in Redis:
-`cosyq_queue_depth{queue}`, `cosyq_workers{state}` and `cosyq_worker_rss_bytes{worker}` (from
+`cosyq_queue_depth{queue}` (every tenant's queues), `cosyq_tenant_queued_jobs{tenant}`,
+`cosyq_workers{state}` and `cosyq_worker_rss_bytes{worker}` (from
 the `cosyq:worker-stats:*` hashes), under the same names as the pools' `/metrics`. Job counts
 and timings come from the pools.
 """
@@ -19,7 +20,7 @@ from prometheus_client.registry import Collector
 from rq.queue import Queue
 
 from producer.http.context import context_of
-from shared import keys
+from shared import keys, tenants
 
 router = APIRouter()
 
@@ -39,11 +40,19 @@ class _Families(Collector):
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    aredis = context_of(request).aredis
+    context = context_of(request)
+    aredis = context.aredis
     depth = GaugeMetricFamily("cosyq_queue_depth", "Jobs waiting in a queue", labels=["queue"])
-    for name in keys.QUEUES_IN_PRIORITY_ORDER:
-        key = Queue.redis_queue_namespace_prefix + name
-        depth.add_metric([name], float(await aredis.llen(key)))
+    queued = GaugeMetricFamily(  # tenants come from settings: a bounded label
+        "cosyq_tenant_queued_jobs", "Jobs a tenant has waiting, all priorities", labels=["tenant"]
+    )
+    by_tenant: Counter[str] = Counter()
+    for name in tenants.queue_names(context.settings.tenant_names()):
+        waiting = float(await aredis.llen(Queue.redis_queue_namespace_prefix + name))
+        depth.add_metric([name], waiting)
+        by_tenant[tenants.tenant_of_queue(name)] += int(waiting)
+    for tenant in context.settings.tenant_names():
+        queued.add_metric([tenant], float(by_tenant[tenant]))
     states: Counter[str] = Counter()
     rss = GaugeMetricFamily(
         "cosyq_worker_rss_bytes", "Resident memory of a worker process", labels=["worker"]
@@ -60,7 +69,7 @@ async def metrics(request: Request) -> Response:
     for state in keys.WORKER_STATES:
         workers.add_metric([state], float(states[state]))
     registry = CollectorRegistry()
-    registry.register(_Families([depth, workers, rss]))
+    registry.register(_Families([depth, queued, workers, rss]))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

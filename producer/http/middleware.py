@@ -116,4 +116,5 @@ class AccessLog:
                 status=status["code"],
                 duration_ms=round(1000 * (time.perf_counter() - started), 2),
                 job_id=state.get("job_id"),
+                tenant=state.get("tenant"),  # set by the key check (producer/http/auth.py)
             )

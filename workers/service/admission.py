@@ -14,7 +14,7 @@ import importlib
 import inspect
 import json
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,6 +28,7 @@ from rq.utils import current_timestamp, now, utcformat
 
 from shared import keys
 from shared.document_state import ASSEMBLE_DOCUMENT_FUNCTION
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY, tenant_of_queue
 
 # Dotted path -> (module, attribute). The only callables a job may name.
 JOB_FUNCTIONS: dict[str, tuple[str, str]] = {
@@ -83,8 +84,10 @@ class CosyqJob(Job):
         return None
 
 
-def screen(job: Job) -> Refusal | None:
-    """None when the job may run; otherwise why not. Imports nothing the job names."""
+def screen(job: Job, tenants: Collection[str] = (DEFAULT_TENANT,)) -> Refusal | None:
+    """None when the job may run; otherwise why not. Imports nothing the job names.
+
+    `tenants` are the tenants this worker knows (Settings.tenant_names())."""
     try:
         func_name, instance, args, kwargs = job.func_name, job.instance, job.args, job.kwargs
     except DeserializationError:
@@ -106,7 +109,21 @@ def screen(job: Job) -> Refusal | None:
     hooks = _hooks_named(job)
     if hooks:
         return Refusal(f"job must not carry {', '.join(hooks)}: cosyq jobs use none")
-    return _check_signature(func_name, kwargs)
+    return _check_tenant(job, tenants) or _check_signature(func_name, kwargs)
+
+
+def _check_tenant(job: Job, known: Collection[str]) -> Refusal | None:
+    """The job's tenant (job.meta, "default" when absent) must be known and own its queue."""
+    tenant = job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)
+    if not isinstance(tenant, str) or tenant not in known:
+        listed = ", ".join(sorted(known))
+        return Refusal(f"unknown tenant {tenant!r}: this worker knows {listed} (COSYQ_TENANTS)")
+    if job.origin and tenant_of_queue(job.origin) != tenant:
+        return Refusal(
+            f"unknown tenant {tenant!r} for queue {job.origin}: a job waits in its "
+            "own tenant's queue"
+        )
+    return None
 
 
 def _hooks_named(job: Job) -> list[str]:

@@ -3,7 +3,8 @@
 RQ has no batch dequeue (rq#928) and its multi-queue pop is BLPOP: a popped job lives only in
 the worker's memory until it is registered as started. The batch runner therefore pops with
 one Lua script that takes up to `n` ids from the queues in priority order (high, default, low),
-non-blocking, inside a `ColdStopGuard`: a cold stop (second signal) that lands between the pop
+each priority's tenant queues round-robin (fair share, shared/tenants.py), non-blocking, inside
+a `ColdStopGuard`: a cold stop (second signal) that lands between the pop
 and the moment the ids are held in `PoppedJobs` waits for the guarded section to end, and
 whatever a stopping worker holds but has not started goes back to the head of its queue
 (`push_back_popped`). A Redis error while reading a popped job's hash is an outage, not a
@@ -28,25 +29,39 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.utils import as_text
 
-from shared import keys
+from shared import keys, tenants
 from shared.logs import get_logger
 from workers.service.admission import CosyqJob
 from workers.service.outage import refuse_or_wait, until_reachable
 
 log = get_logger(__name__)
 
-# Pop up to ARGV[1] ids from KEYS in order; returns a flat list key, id, key, id, ...
+# Pop up to ARGV[1] ids from KEYS; ARGV[2..] are the sizes of KEYS's priority groups, in
+# priority order. Within a group the keys are taken round-robin (one id from each non-empty key
+# in turn: fair share between tenants); a group is drained before the next is looked at.
+# Returns a flat list key, id, key, id, ...
 _POP_MANY = """
 local out = {}
-local want = tonumber(ARGV[1])
-for _, key in ipairs(KEYS) do
-  while #out < 2 * want do
-    local id = redis.call('LPOP', key)
-    if not id then break end
-    out[#out + 1] = key
-    out[#out + 1] = id
+local want = 2 * tonumber(ARGV[1])
+local first = 1
+for g = 2, #ARGV do
+  local live = {}
+  for k = first, first + tonumber(ARGV[g]) - 1 do live[#live + 1] = KEYS[k] end
+  first = first + tonumber(ARGV[g])
+  while #live > 0 and #out < want do
+    local still = {}
+    for _, key in ipairs(live) do
+      if #out >= want then break end
+      local id = redis.call('LPOP', key)
+      if id then
+        out[#out + 1] = key
+        out[#out + 1] = id
+        still[#still + 1] = key
+      end
+    end
+    live = still
   end
-  if #out >= 2 * want then break end
+  if #out >= want then break end
 end
 return out
 """
@@ -121,26 +136,41 @@ class PoppedJobs:
 
 
 class BatchDequeue:
-    """Non-blocking, priority-ordered pops of up to n jobs in one round trip."""
+    """Non-blocking, priority-ordered pops of up to n jobs in one round trip.
+
+    Within one priority the tenants' queues are taken round-robin, and the next pop starts
+    after the queue the last one ended on, so no tenant's backlog holds another's jobs back.
+    """
 
     def __init__(
         self, connection: redis.Redis, queues: Sequence[Queue], guard: ColdStopGuard
     ) -> None:
         self.connection = connection
         self.queues = {queue.key: queue for queue in queues}
+        by_name = {queue.name: queue.key for queue in queues}
+        self.groups = [
+            [by_name[name] for name in group]
+            for group in tenants.priority_groups([queue.name for queue in queues])
+        ]
         self.guard = guard
         self._pop_many = connection.register_script(_POP_MANY)
+
+    def _popped_ids(self, n: int) -> list[tuple[Queue, str]]:
+        """One script call; each group then turns to start after the last queue it gave."""
+        order = [key for group in self.groups for key in group]
+        sizes = [len(group) for group in self.groups]
+        flat = cast(list[bytes], self._pop_many(keys=order, args=[n, *sizes]))
+        pairs = [(as_text(flat[i]), as_text(flat[i + 1])) for i in range(0, len(flat), 2)]
+        for key, _ in pairs:
+            self.groups = [tenants.rotated_after(group, key) for group in self.groups]
+        return [(self.queues[key], job_id) for key, job_id in pairs]
 
     def pop(self, n: int, into: PoppedJobs, on_unreadable: Callable[[Unreadable], None]) -> int:
         """Pop up to `n` jobs into `into.held` (a cold stop waits meanwhile); returns how many."""
         if n <= 0:
             return 0
         with self.guard.held():
-            flat = cast(list[bytes], self._pop_many(keys=list(self.queues), args=[n]))
-            pairs = [
-                (self.queues[as_text(flat[i])], as_text(flat[i + 1]))
-                for i in range(0, len(flat), 2)
-            ]
+            pairs = self._popped_ids(n)
             added = 0
             for index, (queue, job_id) in enumerate(pairs):
                 try:

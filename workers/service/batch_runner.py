@@ -93,6 +93,7 @@ class BatchRunner:
         self.books = books
         self.gate = gate
         self.batch_size = settings.batch_size
+        self.tenants = settings.tenant_names()  # a job naming another one is refused
         self.wait_s = settings.batch_wait_ms / 1000
         self.poll_s = settings.batch_poll_ms / 1000
         self.guard = ColdStopGuard()  # the worker's cold stop waits while a job changes hands
@@ -172,7 +173,7 @@ class BatchRunner:
             # A cold stop must find each job in exactly one place: popped, or admitted.
             with self.guard.held():
                 job, queue_ = self.popped.held.pop(0)
-                refusal = admission.screen(job)
+                refusal = admission.screen(job, self.tenants)
                 if refusal is not None:
                     self.books.refuse(job, queue_, refusal, model_idle=not self.jobs)
                 elif cancels.canceled_before_start(self.dequeue.connection, job):

@@ -12,6 +12,8 @@ Here instead:
   deferred to the next checkpoint, milliseconds or one poll away; once the job is registered as
   started, the cold stop releases it like a dead worker's job.
 What still slips through (a pop reply lost with its connection) is found by the orphan sweep.
+Fair share: the queues of one priority (one per tenant) are taken in rotating order
+(`reorder_queues`), priorities first.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rq.queue import Queue
 from rq.utils import as_text, now
 from rq.worker import WorkerStatus
 
+from shared import tenants
 from shared.logs import get_logger
 from workers.service.outage import (
     OutageTolerantWorker,
@@ -191,6 +194,18 @@ class StopSafeWorker(OutageTolerantWorker):
         self.reorder_queues(reference_queue=queue)
         self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
         return job, queue
+
+    def reorder_queues(self, reference_queue: Queue) -> None:
+        """Fair share: the queue a job came from goes last among its priority's queues (one
+        per tenant), so the next pop looks at the other tenants first; priorities keep their
+        order. Replaces RQ's dequeue strategies, which would mix priorities."""
+        by_name = {queue.name: queue for queue in self._ordered_queues}
+        taken = reference_queue.name
+        self._ordered_queues = [
+            by_name[name]
+            for group in tenants.priority_groups(list(by_name))
+            for name in tenants.rotated_after(group, taken)
+        ]
 
     def refuse_unreadable_job(self, job_id: str, queue: Queue, error: Exception) -> None:
         """A job hash that cannot be loaded: subclasses fail it; here it is only logged."""

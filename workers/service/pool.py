@@ -36,7 +36,7 @@ from types import FrameType
 
 import redis
 
-from shared import keys
+from shared import tenants
 from shared.connection import follow_master, redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings
@@ -101,7 +101,7 @@ class Pool:
         self.slots = [Slot(index) for index in range(config.size)]
         self.signals_received = 0
         self._connection = redis_connection(settings)
-        queue_names = config.queues or keys.QUEUES_IN_PRIORITY_ORDER
+        queue_names = config.queues or tenants.queue_names(settings.tenant_names())
         self._reaper = Reaper(
             self._connection, queue_names, heartbeat_ttl_s=settings.heartbeat_ttl_s
         )

@@ -210,7 +210,8 @@ def test_status_shows_worker_stats(settings: Settings, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "mac-1.slot-0" in out and "1536" in out and "coreml/ane" in out and "abc123" in out
     queue_lines = [line for line in out.splitlines() if "cosyq-high" in line]
-    assert queue_lines and queue_lines[0].split("│")[2].strip() == "1"
+    cells = [cell.strip() for cell in queue_lines[0].split("│")] if queue_lines else []
+    assert cells[2:4] == ["default", "1"]  # queue, tenant, queued
 
 
 def test_usage_and_settings_errors(

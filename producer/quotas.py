@@ -1,0 +1,50 @@
+"""Requests per minute per tenant, counted in Redis so every `cosyq serve` process and host
+shares one count.
+
+The `limits` library's moving window on its Redis storage: each hit is one Lua script (check
+and record at once, atomic across processes), on the front's own Redis connection pool (TLS,
+Sentinel and timeouts as configured). The queued-jobs quota is the client's (producer/client.py):
+it is a count of the tenant's queues, read where the jobs are enqueued.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import redis
+from limits import RateLimitItemPerMinute
+from limits.storage import RedisStorage
+from limits.strategies import MovingWindowRateLimiter
+
+from shared import keys
+from shared.errors import TenantQuotaError
+from shared.settings import Settings
+
+MIN_RETRY_AFTER_S = 1  # a Retry-After of 0 would invite an immediate retry
+
+
+class RequestQuota:
+    """`hit(tenant)` counts one request, or raises TenantQuotaError (requests_per_minute)."""
+
+    def __init__(self, connection: redis.Redis, settings: Settings) -> None:
+        self.settings = settings
+        storage = RedisStorage(
+            "redis://", connection_pool=connection.connection_pool, key_prefix=keys.QUOTA_PREFIX
+        )
+        self.limiter = MovingWindowRateLimiter(storage)
+
+    def hit(self, tenant: str) -> None:
+        per_minute = self.settings.requests_per_minute(tenant)
+        item = RateLimitItemPerMinute(per_minute)
+        if self.limiter.hit(item, tenant):
+            return
+        reset_at = self.limiter.get_window_stats(item, tenant).reset_time
+        wait = max(MIN_RETRY_AFTER_S, math.ceil(reset_at - time.time()))
+        raise TenantQuotaError(
+            f"tenant {tenant} made {per_minute:,} requests in the last minute (quota "
+            f"requests_per_minute {per_minute:,}, COSYQ_TENANT_QUOTAS); retry in {wait} s",
+            tenant=tenant,
+            quota="requests_per_minute",
+            retry_after_s=wait,
+        )

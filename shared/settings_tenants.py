@@ -1,0 +1,75 @@
+"""Tenant settings (`COSYQ_TENANT*`): which tenants exist and their quotas, a block of
+`Settings` fields kept apart so settings.py stays small.
+
+The tenants are "default", those named in COSYQ_API_KEYS and those in COSYQ_TENANTS (for
+workers, which need the names but never the keys). Quotas are per tenant; COSYQ_TENANT_QUOTAS
+overrides the defaults for the tenants it names, as JSON:
+`{"billing": {"max_queued_jobs": 500, "requests_per_minute": 60}}`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from shared.errors import UnknownTenantError
+from shared.tenants import check_tenant_name
+
+
+class TenantQuota(BaseModel):
+    """One tenant's overrides; a field left out keeps the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queued_jobs: int | None = Field(None, gt=0)
+    requests_per_minute: int | None = Field(None, gt=0)
+
+
+class TenantSettings(BaseModel):
+    tenants: str | None = Field(
+        None,
+        description='comma-separated tenant names workers take jobs for, besides "default" '
+        "and the tenants of COSYQ_API_KEYS",
+    )
+    tenant_max_queued_jobs: int = Field(
+        10000, gt=0, description="most jobs one tenant may have waiting, all priorities together"
+    )
+    tenant_requests_per_minute: int = Field(
+        600, gt=0, description="most HTTP requests one tenant may make per minute (all routes)"
+    )
+    tenant_quotas: dict[str, TenantQuota] = Field(
+        {}, description="per-tenant overrides of the two quotas (JSON)"
+    )
+
+    @field_validator("tenants")
+    @classmethod
+    def _check_tenants(cls, value: str | None) -> str | None:
+        for part in (value or "").split(","):
+            if part.strip():
+                _named(part.strip())
+        return value
+
+    @field_validator("tenant_quotas")
+    @classmethod
+    def _check_quota_names(cls, value: dict[str, TenantQuota]) -> dict[str, TenantQuota]:
+        for name in value:
+            _named(name)
+        return value
+
+    def max_queued_jobs(self, tenant: str) -> int:
+        override = self.tenant_quotas.get(tenant)
+        if override is not None and override.max_queued_jobs is not None:
+            return override.max_queued_jobs
+        return self.tenant_max_queued_jobs
+
+    def requests_per_minute(self, tenant: str) -> int:
+        override = self.tenant_quotas.get(tenant)
+        if override is not None and override.requests_per_minute is not None:
+            return override.requests_per_minute
+        return self.tenant_requests_per_minute
+
+
+def _named(name: str) -> str:
+    try:
+        return check_tenant_name(name)
+    except UnknownTenantError as e:
+        raise ValueError(str(e)) from e

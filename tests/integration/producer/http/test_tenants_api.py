@@ -1,0 +1,86 @@
+"""Tenants over HTTP: the key names the tenant (its queue, its name on the job), and each
+quota is a 429 with Retry-After naming it, counted in Redis across `--workers 2`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import redis
+
+from tests.doubles.harness import REPO_ROOT
+from tests.integration.producer.http.conftest import front_env, start_front
+
+ALPHA_KEY, BETA_KEY = "alpha-key-" + "1" * 20, "beta-key-" + "2" * 20
+QUOTAS = {"alpha": {"max_queued_jobs": 2, "requests_per_minute": 4}}
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def test_keys_name_tenants_and_quotas_answer_429_naming_the_quota(
+    redis_url: str, tmp_path: Path
+) -> None:
+    front = start_front(
+        tmp_path / "front",
+        redis_url,
+        "--workers",
+        "2",
+        COSYQ_API_KEYS=f"alpha:{ALPHA_KEY},beta:{BETA_KEY}",
+        COSYQ_TENANT_QUOTAS=json.dumps(QUOTAS),
+        COSYQ_HTTP_RETRY_AFTER_S="7",
+    )
+    try:
+        replies = []
+        for n in range(3):  # a client per request: the two server processes share one count
+            with front.http(key=ALPHA_KEY) as http:
+                replies.append(http.post("/v1/jobs", json={"text": f"alpha {n}"}))
+        assert [r.status_code for r in replies[:2]] == [202, 202]
+        queued = _error(replies[2], 429)
+        assert queued["code"] == "max_queued_jobs" and queued["type"] == "rate_limit_error"
+        assert replies[2].headers["retry-after"] == "7" and "alpha" in queued["message"]
+        with front.http(key=ALPHA_KEY) as http:
+            job_id = replies[0].json()["id"]
+            status = http.get(f"/v1/jobs/{job_id}")  # the 4th request in this minute
+            assert status.status_code == 200
+            assert status.json()["tenant"] == "alpha"
+            assert status.json()["queue"] == "cosyq-default.alpha"
+            limited = http.get(f"/v1/jobs/{job_id}")
+        rate = _error(limited, 429)
+        assert rate["code"] == "requests_per_minute" and "requests_per_minute" in rate["message"]
+        assert 1 <= int(limited.headers["retry-after"]) <= 60
+        with front.http(key=BETA_KEY) as http:  # another tenant is not held back
+            beta = http.post("/v1/jobs", json={"text": "beta"})
+            assert beta.status_code == 202
+            assert http.get(f"/v1/jobs/{beta.json()['id']}").json()["tenant"] == "beta"
+    finally:
+        front.stop()
+    connection = redis.Redis.from_url(redis_url)
+    assert connection.llen("rq:queue:cosyq-default.alpha") == 2
+    assert connection.llen("rq:queue:cosyq-default.beta") == 1
+    logged = [e for e in front.events() if e.get("event") == "http_request"]
+    assert {e.get("tenant") for e in logged if e["path"].startswith("/v1/")} == {"alpha", "beta"}
+    connection.close()
+
+
+def test_a_malformed_key_entry_stops_serve_with_one_line(redis_url: str, tmp_path: Path) -> None:
+    secret = "sk-" + "5" * 20
+    env = front_env(redis_url, tmp_path, COSYQ_API_KEYS=f"alpha:{secret},Not Valid:{secret}x")
+    done = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "serve", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "COSYQ_API_KEYS entry 2" in lines[0], done.stderr
+    assert secret not in done.stderr + done.stdout
