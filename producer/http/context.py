@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import Request
+from fastapi import Depends, Request
 from rq.job import Job
 from rq.results import Result
 
@@ -87,6 +87,10 @@ class FrontContext:
 
 
 def context_of(request: Request) -> FrontContext:
+    """The process's context, made at start-up (app.create_app's lifespan)."""
     context = request.app.state.cosyq
     assert isinstance(context, FrontContext)
     return context
+
+
+Context = Annotated[FrontContext, Depends(context_of)]  # a route's `context: Context`
