@@ -22,6 +22,7 @@ from producer.http.errors import install_error_handlers
 from producer.http.jobs import BatchRequest
 from producer.http.middleware import AccessLog, BodyLimit
 from producer.http.openapi import install_openapi
+from producer.http.responses import RESPONSE_MODELS
 from producer.http.speech import SpeechRequest
 from producer.http.voices import VoiceUpload
 from shared.documents import DocumentRequest
@@ -66,7 +67,9 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     check_key = Depends(KeyCheck(settings.api_key_list()))
     for router in KEYED_ROUTERS:
         app.include_router(router, dependencies=[check_key])
-    install_openapi(app, REQUEST_MODELS, keyed_routers=KEYED_ROUTERS)
+    install_openapi(
+        app, REQUEST_MODELS, response_models=RESPONSE_MODELS, keyed_routers=KEYED_ROUTERS
+    )
     install_error_handlers(app, settings.http_retry_after_s)
     app.add_middleware(
         BodyLimit,

@@ -36,11 +36,14 @@ def install_openapi(
     app: FastAPI,
     request_models: Iterable[type[BaseModel]],
     *,
+    response_models: Iterable[type[BaseModel]],
     keyed_routers: Iterable[APIRouter],
 ) -> None:
     """Make `app.openapi()` (served at /openapi.json) include `request_models`, the key on
-    `keyed_routers`' routes, and our 400s in place of FastAPI's 422 (errors.validation_failed)."""
+    `keyed_routers`' routes, and our 400s in place of FastAPI's 422 (errors.validation_failed);
+    `response_models` get their examples back whole (FastAPI drops the nulls in them)."""
     models = tuple(request_models)
+    answers = tuple(response_models)
     keyed = [route for router in keyed_routers for route in router.routes]
 
     def openapi() -> dict[str, Any]:
@@ -54,13 +57,22 @@ def install_openapi(
             )
             components = schema.setdefault("components", {})
             _merge(components.setdefault("schemas", {}), request_schemas(models))
+            _restore_examples(components["schemas"], answers)
             components["securitySchemes"] = {BEARER: {"type": "http", "scheme": "bearer"}}
             _mark_keyed(schema, keyed)
             _drop_unused_422(schema)
+            _errors_as_json(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _restore_examples(schemas: dict[str, Any], models: Iterable[type[BaseModel]]) -> None:
+    for model in models:
+        examples = model.model_json_schema(mode="serialization").get("examples")
+        if examples is not None and model.__name__ in schemas:
+            schemas[model.__name__]["examples"] = examples
 
 
 def _merge(schemas: dict[str, Any], extra: dict[str, Any]) -> None:
@@ -79,6 +91,18 @@ def _mark_keyed(schema: dict[str, Any], routes: list[BaseRoute]) -> None:
             operation = schema["paths"][route.path_format].get(method.lower())
             if operation is not None:
                 operation["security"] = [{BEARER: []}]
+
+
+def _errors_as_json(schema: dict[str, Any]) -> None:
+    """An error is JSON even where the route answers audio or text: FastAPI gives an extra
+    response the route's own media type."""
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            for status, answer in operation.get("responses", {}).items():
+                content = answer.get("content", {})
+                if status >= "400" and content and "application/json" not in content:
+                    (body,) = content.values()
+                    answer["content"] = {"application/json": body}
 
 
 def _drop_unused_422(schema: dict[str, Any]) -> None:

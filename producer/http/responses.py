@@ -239,3 +239,16 @@ ERRORS: Responses = {
         (503, "Redis or the storage is unreachable"),
     )
 }
+
+# Every model above that a route answers with (their examples, published whole).
+RESPONSE_MODELS = (
+    ErrorResponse,
+    JobAccepted,
+    BatchAccepted,
+    JobStatusResponse,
+    CancelResponse,
+    DocumentAccepted,
+    DocumentStatusResponse,
+    VoiceList,
+    VoiceAdded,
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
@@ -29,10 +29,6 @@ MULTIPART = "multipart/form-data"
 
 class VoiceUpload(BaseModel):
     """The upload's form fields (read by `add_voice`, checked by `CosyqClient.add_voice`)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"name": "alice", "transcript": "A short prompt."}]}
-    )
 
     name: str = Field(description="1-64 letters, digits, '_', '.' or '-'")
     file: bytes = Field(description="the prompt recording (WAV, FLAC, ...; >= 16 kHz)")
