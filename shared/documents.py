@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, JsonValue, ValidationError, ValidationInfo, field_validator
 
 from shared.document_split import (
     DocumentSegment,
@@ -43,6 +43,16 @@ from shared.text_markup import MarkupError
 SEGMENT_FORMAT = "wav"  # lossless between synthesis and assembly
 SEGMENT_SAMPLE_FORMAT = "float32"
 DOCUMENT_PREFIX = "documents"  # storage keys: documents/<id>/...
+DOCUMENT_EXAMPLES: list[JsonValue] = [
+    {
+        "text": "# Chapter one\n\nIt was a bright cold day in April.\n\nThe clocks struck.",
+        "markup": "markdown",
+        "voice": "alice",
+        "format": "mp3",
+        "seed": 42,
+        "metadata": {"book": "example"},
+    }
+]
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,7 @@ class DocumentLimits:
 class DocumentRequest(SynthesisRequest):
     """A long text plus a job's options (every field of `SynthesisRequest` but `stream`)."""
 
+    model_config = ConfigDict(json_schema_extra={"examples": DOCUMENT_EXAMPLES})
     markup: Markup = "auto"  # auto: SSML when the text starts with <speak>, else plain text
 
     @field_validator("text")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +51,7 @@ __all__ = [
     "SynthesisResult",
     "check_output_key",
     "check_prompt_uri",
+    "describe_errors",
     "validate_request",
 ]
 
@@ -86,6 +87,35 @@ NUMERIC_FIELDS = (  # never a boolean
 _SHOWN_ERRORS = 5  # a message names the first few problems, then how many more
 _SHOWN_LOC_PARTS = 6
 _NEVER_ECHOED = frozenset({"text", "prompt_text", "instruction"})  # never repeat input text
+
+
+# The contract's examples (published in the HTTP front's OpenAPI schema, and sent to a real
+# front by its test): the least, and most fields a service sets, webhook included.
+SYNTHESIS_EXAMPLES: list[JsonValue] = [
+    {"text": "Your order has shipped."},
+    {
+        "text": '<speak>Hello <break time="300ms"/> there.</speak>',
+        "voice": "alice",
+        "language": "en",
+        "format": "mp3",
+        "sample_rate": 48000,
+        "seed": 7,
+        "priority": "high",
+        "idempotency_key": "order-1234-shipped",
+        "output_key": "orders/1234/shipped.mp3",
+        "metadata": {"order": 1234},
+        "webhook": {"url": "https://hooks.example.com/cosyq"},
+        "loudness_lufs": -16.0,
+        "on_suspect": "retry",
+    },
+    {
+        "text": "Read this slowly.",
+        "mode": "instruct2",
+        "instruction": "Speak slowly and calmly.",
+        "stream": True,
+        "format": "wav",
+    },
+]
 
 
 @dataclass(frozen=True)
@@ -188,7 +218,9 @@ def check_output_key(key: str, limit: int) -> str:
 class SynthesisRequest(BaseModel):
     """One text to synthesize and how. Version 1 of the contract; unknown fields are refused."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, json_schema_extra={"examples": SYNTHESIS_EXAMPLES}
+    )
 
     schema_version: Literal[1] = 1
     text: str
@@ -453,14 +485,19 @@ def validate_request(
     try:
         return SynthesisRequest.model_validate(dict(data), context={"limits": limits})
     except ValidationError as e:
-        errors = e.errors()
-        shown = [_describe(error) for error in errors[:_SHOWN_ERRORS]]
-        if len(errors) > _SHOWN_ERRORS:
-            shown.append(f"and {len(errors) - _SHOWN_ERRORS} more")
-        raise InvalidRequestError("; ".join(shown)) from e
+        raise InvalidRequestError(describe_errors(e.errors())) from e
 
 
-def _describe(error: Any) -> str:
+def describe_errors(errors: Sequence[Any], never_echoed: frozenset[str] = _NEVER_ECHOED) -> str:
+    """Pydantic errors as "field: rule; field: rule" (the first few, then how many more): the
+    one phrasing of every validation error, the producer's and the HTTP front's alike."""
+    shown = [_describe(error, never_echoed) for error in errors[:_SHOWN_ERRORS]]
+    if len(errors) > _SHOWN_ERRORS:
+        shown.append(f"and {len(errors) - _SHOWN_ERRORS} more")
+    return "; ".join(shown)
+
+
+def _describe(error: Any, never_echoed: frozenset[str] = _NEVER_ECHOED) -> str:
     """One pydantic error as "field: rule" (a deep location cut, the input shown short)."""
     loc = [str(part) for part in error["loc"]]
     field = ".".join(loc if len(loc) <= _SHOWN_LOC_PARTS else [*loc[:_SHOWN_LOC_PARTS], "..."])
@@ -470,7 +507,7 @@ def _describe(error: Any) -> str:
         return f"{field}: unknown field"
     if error["type"] == "missing":
         return f"{field}: required"
-    if field in _NEVER_ECHOED:
+    if field in never_echoed:
         return f"{field}: {error['msg'].lower()}"
     got = reprlib.repr(error.get("input"))  # bounded in depth and length, unlike repr
     shown = got if len(got) <= 40 else got[:37] + "..."

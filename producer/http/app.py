@@ -1,4 +1,5 @@
-"""The ASGI application of `cosyq serve`: routes, key check, error JSON, size cap, access log.
+"""The ASGI application of `cosyq serve`: routes, key check, error JSON, size cap, access log,
+and its OpenAPI schema at /openapi.json (no key needed, like /healthz).
 
 `create_app(settings)` builds it (tests pass their own settings); `app_from_environment` is the
 factory uvicorn imports in each worker process, reading COSYQ_* like every entry point.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import metadata
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
@@ -17,12 +19,24 @@ from producer.http import documents, health, jobs, metrics, speech, voices
 from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext
 from producer.http.errors import install_error_handlers
+from producer.http.jobs import BatchRequest
 from producer.http.middleware import AccessLog, BodyLimit
+from producer.http.openapi import install_openapi
+from producer.http.responses import RESPONSE_MODELS
+from producer.http.speech import SpeechRequest
+from producer.http.voices import VoiceUpload
+from shared.documents import DocumentRequest
+from shared.jobs import SynthesisRequest
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from producer.webhooks.background import BackgroundDispatcher
+
+OPEN_ROUTERS = (health.router, metrics.router)  # no key: probes, and Prometheus scrapes /metrics
+KEYED_ROUTERS = (speech.router, voices.router, jobs.router, documents.router)
+# The models the routes' bodies are checked against (each route names its own in openapi_extra).
+REQUEST_MODELS = (SpeechRequest, SynthesisRequest, BatchRequest, DocumentRequest, VoiceUpload)
 
 
 def create_app(settings: Settings, *, client: CosyqClient | None = None) -> FastAPI:
@@ -43,15 +57,19 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     app = FastAPI(
         title="cosyq",
         summary="CosyVoice 2 speech over the cosyq queue (OpenAI-compatible /v1/audio/speech)",
+        version=_version(),
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
     )
+    for router in OPEN_ROUTERS:
+        app.include_router(router)
     check_key = Depends(KeyCheck(settings.api_key_entries()))
-    app.include_router(health.router)
-    app.include_router(metrics.router)  # no key, like /healthz: Prometheus scrapes it
-    for router in (speech.router, voices.router, jobs.router, documents.router):
+    for router in KEYED_ROUTERS:
         app.include_router(router, dependencies=[check_key])
+    install_openapi(
+        app, REQUEST_MODELS, response_models=RESPONSE_MODELS, keyed_routers=KEYED_ROUTERS
+    )
     install_error_handlers(app, settings.http_retry_after_s)
     app.add_middleware(
         BodyLimit,
@@ -60,6 +78,14 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     )
     app.add_middleware(AccessLog)
     return app
+
+
+def _version() -> str:
+    """The installed cosyq's version (pyproject.toml), in the OpenAPI schema's info."""
+    try:
+        return metadata.version("cosyq")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
 
 
 def _webhook_dispatcher(settings: Settings) -> BackgroundDispatcher | None:

@@ -1,16 +1,27 @@
-"""Reading a JSON request body: an object (or, for batches, a list), or a 400 that says why.
+"""Reading a request body: JSON (an object, or for batches a list), or a 400 that says why; and
+how a route documents the model its body is checked against.
 
 The size cap is enforced before this (middleware.BodyLimit), so the whole body is in memory.
+Bodies are read here rather than by FastAPI's own body parameters for two reasons: the job
+contract is checked with the deployment's limits (`validate_request(body, limits)`, limits from
+settings), which FastAPI cannot pass to a model's validators; and a body that is empty, not
+JSON, not UTF-8 or nested too deeply gets the specific 400s below whatever its Content-Type.
+So each route takes its typed model from a dependency (`Depends`) and declares the same model
+as its OpenAPI request body with `json_body` (producer/http/openapi.py publishes the schemas).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel, ValidationError
 
-from producer.http.errors import ApiError
+from producer.http.errors import ApiError, validation_failed
+
+Model = TypeVar("Model", bound=BaseModel)
+SCHEMA_REF = "#/components/schemas/{model}"
 
 
 async def read_json(request: Request) -> Any:
@@ -35,3 +46,21 @@ async def read_json_object(request: Request) -> dict[str, Any]:
             400, f"request: must be a JSON object (got {type(body).__name__})", code="invalid_json"
         )
     return body
+
+
+def parse_body(model: type[Model], body: Any) -> Model:
+    """`body` as `model`, or the 400 of errors.validation_failed (as for FastAPI's own)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise validation_failed(e.errors()) from e
+
+
+def json_body(model: type[BaseModel], media_type: str = "application/json") -> dict[str, Any]:
+    """A route's `openapi_extra`: its body is `model` (its examples are the model's)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {media_type: {"schema": {"$ref": SCHEMA_REF.format(model=model.__name__)}}},
+        }
+    }

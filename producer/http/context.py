@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import Request
+from fastapi import Depends, Request
 from rq.job import Job
 from rq.results import Result
 
@@ -103,3 +103,6 @@ def context_of(request: Request) -> FrontContext:
     assert isinstance(context, FrontContext)
     tenant = getattr(request.state, "tenant", None)
     return context if tenant is None else context.for_tenant(tenant)
+
+
+Context = Annotated[FrontContext, Depends(context_of)]  # a route's `context: Context`

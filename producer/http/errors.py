@@ -12,7 +12,7 @@ its failure kind (FAILED_JOB_STATUS).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
@@ -32,6 +32,7 @@ from shared.errors import (
     TransientError,
     UnknownVoiceError,
 )
+from shared.jobs import describe_errors
 
 log = structlog.get_logger("cosyq.http")
 
@@ -47,6 +48,11 @@ FAILED_JOB_STATUS: dict[str, int] = {
     "internal": 500,
     "quality": 422,  # on_suspect fail: the audio was made and judged suspect
 }
+_SOURCES = ("body", "query", "path", "header")
+# Never repeated in a message: the contract's texts and their OpenAI and upload names.
+_NEVER_ECHOED = frozenset(
+    {"text", "prompt_text", "instruction", "input", "instructions", "transcript"}
+)
 _PARAM_RE = re.compile(r"(?:requests\[\d+\]: )?([A-Za-z_][A-Za-z0-9_.]*): ")
 
 
@@ -153,16 +159,23 @@ def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:
     return ApiError(500, "internal server error", type_=SERVER_ERROR, code="internal")
 
 
-def _validation_message(error: RequestValidationError) -> ApiError:
-    first = error.errors()[0] if error.errors() else {}
-    where = [str(part) for part in first.get("loc", ()) if part not in ("body", "path", "query")]
-    field = ".".join(where) or None
+def validation_failed(errors: Sequence[Any]) -> ApiError:
+    """Pydantic's errors (a body model's or FastAPI's own, for query and path parameters) as a
+    400 phrased like the producer's ("field: rule"), the first field as `param`. The one
+    mapping from validation to OpenAI's error; the request's texts are never repeated."""
+    located = [{**error, "loc": _without_source(error.get("loc", ()))} for error in errors]
+    first = located[0]["loc"] if located else ()
     return ApiError(
         400,
-        f"{field or 'request'}: {str(first.get('msg', 'invalid')).lower()}",
-        param=field,
+        describe_errors(located, _NEVER_ECHOED) if located else "request: invalid",
+        param=".".join(str(part) for part in first) or None,
         code="invalid_value",
     )
+
+
+def _without_source(loc: Sequence[Any]) -> tuple[Any, ...]:
+    """("body", "speed") -> ("speed",): the field as the caller named it."""
+    return tuple(loc[1:]) if loc and loc[0] in _SOURCES else tuple(loc)
 
 
 def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
@@ -182,7 +195,7 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
 
     async def validation_error(_: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
-        return _validation_message(error).response()
+        return validation_failed(error.errors()).response()
 
     for kind in (
         ApiError,

@@ -10,25 +10,57 @@ credentials reach.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from producer.commands.inspect import status_record
-from producer.http.body import read_json, read_json_object
-from producer.http.context import context_of
+from producer.http.body import json_body, read_json, read_json_object
+from producer.http.context import Context
 from producer.http.errors import ApiError
 from producer.http.outcomes import failure_error, job_location
+from producer.http.responses import (
+    ERRORS,
+    BatchAccepted,
+    CancelResponse,
+    ErrorResponse,
+    JobAccepted,
+    JobStatusResponse,
+    Responses,
+)
 from producer.http.storage_read import audio_response
 from producer.http.streaming import relay_response
 from producer.tracking import JobStatus
 from shared.errors import QueueFullError
-from shared.jobs import validate_request
+from shared.jobs import SynthesisRequest, validate_request
 from shared.keys import JOB_ID_RE, JOB_ID_RULE, SYNTHESIZE_FUNCTION
 
-router = APIRouter()
+router = APIRouter(responses=ERRORS)
+_AUDIO: Responses = {200: {"content": {"audio/*": {}}, "description": "the stored audio file"}}
+_NOT_READY: Responses = {
+    409: {"model": ErrorResponse, "description": "no audio: not finished, or canceled"}
+}
+
+
+class BatchRequest(BaseModel):
+    """`{"requests": [...]}`: each a SynthesisRequest, all valid or none enqueued.
+
+    The items are checked by `CosyqClient.submit_many`, so an error names its index
+    ("requests[3]: text: ...") like every producer's."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"requests": [{"text": "First sentence."}, {"text": "Second.", "format": "mp3"}]}
+            ]
+        },
+    )
+
+    requests: list[SynthesisRequest] = Field(min_length=1)
 
 
 def refuse_prompt_uri(raw: Any, where: str = "") -> None:
@@ -54,26 +86,15 @@ def checked_job_id(job_id: str) -> str:
     return job_id
 
 
-def _accepted(job_ids: list[str]) -> dict[str, Any]:
-    return {"id": job_ids[0], "status": "queued", "location": job_location(job_ids[0])}
-
-
-@router.post("/v1/jobs", status_code=202)
-async def submit_job(request: Request) -> JSONResponse:
-    context = context_of(request)
+async def job_body(request: Request, context: Context) -> SynthesisRequest:
+    """The body as a SynthesisRequest, checked with this deployment's limits."""
     body = await read_json_object(request)
     refuse_prompt_uri(body)
-    checked = validate_request(body, context.client.limits)  # its errors: "field: rule"
-    job_id = await run_in_threadpool(context.client.submit, checked)
-    request.state.job_id = job_id
-    return JSONResponse(
-        _accepted([job_id]), status_code=202, headers={"Location": job_location(job_id)}
-    )
+    return validate_request(body, context.client.limits)  # its errors: "field: rule"
 
 
-@router.post("/v1/jobs:batch", status_code=202)
-async def submit_batch(request: Request) -> JSONResponse:
-    context = context_of(request)
+async def batch_body(request: Request, context: Context) -> list[Any]:
+    """The batch's requests, not yet checked (see BatchRequest), within COSYQ_HTTP_MAX_BATCH."""
     body = await read_json(request)
     requests = body.get("requests") if isinstance(body, dict) else None
     if not isinstance(requests, list) or not requests:
@@ -93,6 +114,26 @@ async def submit_batch(request: Request) -> JSONResponse:
         )
     for index, raw in enumerate(requests):
         refuse_prompt_uri(raw, where=f"requests[{index}]: ")
+    return requests
+
+
+@router.post("/v1/jobs", status_code=202, openapi_extra=json_body(SynthesisRequest))
+async def submit_job(
+    request: Request,
+    response: Response,
+    context: Context,
+    job: Annotated[SynthesisRequest, Depends(job_body)],
+) -> JobAccepted:
+    job_id = await run_in_threadpool(context.client.submit, job)
+    request.state.job_id = job_id
+    response.headers["Location"] = job_location(job_id)
+    return JobAccepted(id=job_id, status="queued", location=job_location(job_id))
+
+
+@router.post("/v1/jobs:batch", status_code=202, openapi_extra=json_body(BatchRequest))
+async def submit_batch(
+    context: Context, requests: Annotated[list[Any], Depends(batch_body)]
+) -> BatchAccepted:
     try:
         job_ids = await run_in_threadpool(context.client.submit_many, requests)
     except QueueFullError as e:
@@ -104,37 +145,40 @@ async def submit_batch(request: Request) -> JSONResponse:
             headers={"Retry-After": str(context.settings.http_retry_after_s)},
             extra={"submitted": list(e.submitted)},
         ) from e
-    return JSONResponse({"ids": job_ids, "status": "queued"}, status_code=202)
+    return BatchAccepted(ids=job_ids, status="queued")
 
 
-async def _status(request: Request, job_id: str) -> JobStatus:
-    context = context_of(request)
+async def _status(request: Request, context: Context, job_id: str) -> JobStatus:
     request.state.job_id = checked_job_id(job_id)
     return await run_in_threadpool(context.client.status, job_id)
 
 
-@router.get("/v1/jobs/{job_id}")
-async def job_status(request: Request, job_id: str) -> JSONResponse:
-    status = await _status(request, job_id)
-    return JSONResponse(status_record(status))
+@router.get("/v1/jobs/{job_id}", response_model_exclude_unset=True)
+async def job_status(request: Request, context: Context, job_id: str) -> JobStatusResponse:
+    status = await _status(request, context, job_id)
+    return JobStatusResponse.model_validate(status_record(status))
 
 
-@router.delete("/v1/jobs/{job_id}")
-async def cancel_job(request: Request, job_id: str) -> JSONResponse:
+@router.delete(
+    "/v1/jobs/{job_id}",
+    responses={409: {"model": ErrorResponse, "description": "the job already ended"}},
+)
+async def cancel_job(request: Request, context: Context, job_id: str) -> CancelResponse:
     """Cancel: 200 with what happened (`canceled`, `stopping`, `already_canceled`), 409 when the
     job already finished or failed (nothing changed), 404 for no such job."""
-    context = context_of(request)
     request.state.job_id = checked_job_id(job_id)
     outcome = await run_in_threadpool(context.client.cancel, job_id)
     body = {"id": job_id, "result": outcome.verdict, "state": outcome.state}
     if outcome.verdict == "already_ended":
         raise ApiError(409, outcome.describe(), code="already_ended", extra=body)
-    return JSONResponse({**body, "message": outcome.describe()})
+    return CancelResponse(
+        id=job_id, result=outcome.verdict, state=outcome.state, message=outcome.describe()
+    )
 
 
-@router.get("/v1/jobs/{job_id}/audio")
-async def job_audio(request: Request, job_id: str) -> Response:
-    status = await _status(request, job_id)
+@router.get("/v1/jobs/{job_id}/audio", response_class=Response, responses={**_AUDIO, **_NOT_READY})
+async def job_audio(request: Request, context: Context, job_id: str) -> Response:
+    status = await _status(request, context, job_id)
     if status.failure is not None:
         raise failure_error(job_id, status.failure)
     if status.result is None:
@@ -145,22 +189,27 @@ async def job_audio(request: Request, job_id: str) -> Response:
             headers={"Location": job_location(job_id)},
             extra={"job_id": job_id},
         )
-    return await audio_response(context_of(request), status.result)
+    return await audio_response(context, status.result)
 
 
-@router.get("/v1/jobs/{job_id}/stream")
+@router.get(
+    "/v1/jobs/{job_id}/stream",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"audio/pcm": {}, "audio/wav": {}, "text/event-stream": {}},
+            "description": "the audio as it is made (raw, or OpenAI's speech.audio.* events)",
+        }
+    },
+)
 async def job_stream(
-    request: Request, job_id: str, format: str = "pcm", stream_format: str = "audio"
+    request: Request,
+    context: Context,
+    job_id: str,
+    format: Literal["pcm", "wav"] = "pcm",
+    stream_format: Literal["audio", "sse"] = "audio",
 ) -> StreamingResponse:
-    context = context_of(request)
     request.state.job_id = checked_job_id(job_id)
-    if format not in ("pcm", "wav") or stream_format not in ("audio", "sse"):
-        raise ApiError(
-            400,
-            "format: pcm or wav; stream_format: audio or sse",
-            param="format",
-            code="invalid_value",
-        )
     job = await run_in_threadpool(context.client.tracker.fetch, job_id)
     request_doc = job.kwargs.get("request") if job.func_name == SYNTHESIZE_FUNCTION else None
     if not isinstance(request_doc, dict) or not request_doc.get("stream"):

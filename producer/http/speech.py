@@ -10,24 +10,25 @@ producer; its errors are renamed to OpenAI's fields (text -> input, ...).
 from __future__ import annotations
 
 import io
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import soundfile as sf
-from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from producer.http.body import read_json_object
-from producer.http.context import FrontContext, context_of
+from producer.http.body import json_body, parse_body, read_json_object
+from producer.http.context import Context, FrontContext
 from producer.http.errors import ApiError
 from producer.http.outcomes import finished_result
+from producer.http.responses import ERRORS, ErrorResponse, Responses
 from producer.http.streaming import relay_response
 from shared import keys
 from shared.audio import CONTENT_TYPES
 from shared.errors import InvalidRequestError
-from shared.jobs import NATIVE_SAMPLE_RATE, validate_request
+from shared.jobs import MAX_SPEED, MIN_SPEED, NATIVE_SAMPLE_RATE, validate_request
 
-router = APIRouter()
+router = APIRouter(responses=ERRORS)
 
 MODELS = ("cosyvoice2", "tts-1", "tts-1-hd")
 RESPONSE_FORMATS = ("wav", "flac", "opus", "mp3", "pcm")
@@ -41,26 +42,41 @@ _RENAMED = {"text": "input", "instruction": "instructions", "format": "response_
 class SpeechRequest(BaseModel):
     """OpenAI's speech request; unknown fields are refused like the contract's."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "cosyvoice2",
+                    "input": "Your order has shipped.",
+                    "voice": "default",
+                    "response_format": "wav",
+                },
+                {
+                    "model": "tts-1",
+                    "input": "Streamed as it is made.",
+                    "response_format": "pcm",
+                    "stream_format": "audio",
+                },
+            ]
+        },
+    )
 
-    model: str
-    input: str
-    voice: str = DEFAULT_VOICE
-    response_format: str = "mp3"
-    speed: float = Field(1.0, strict=True)  # JSON's true is not a speed
-    instructions: str | None = None
-    stream_format: Literal["audio", "sse"] | None = None
+    model: str = Field(json_schema_extra={"enum": list(MODELS)})
+    input: str = Field(description="the text (SSML when it starts with <speak>)")
+    voice: str = Field(DEFAULT_VOICE, description="a registered voice (GET /v1/audio/voices)")
+    response_format: str = Field("mp3", json_schema_extra={"enum": list(RESPONSE_FORMATS)})
+    speed: float = Field(  # checked by the contract (its message); strict: true is not a speed
+        1.0, strict=True, json_schema_extra={"minimum": MIN_SPEED, "maximum": MAX_SPEED}
+    )
+    instructions: str | None = Field(None, description="how to speak: turns on instruct2")
+    stream_format: Literal["audio", "sse"] | None = Field(
+        None, description="relay the audio as it is made (response_format pcm or wav)"
+    )
 
 
 def parse_speech(body: dict[str, Any]) -> SpeechRequest:
-    try:
-        speech = SpeechRequest.model_validate(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "request"
-        rule = "unknown field" if first["type"] == "extra_forbidden" else first["msg"].lower()
-        rule = "required" if first["type"] == "missing" else rule
-        raise ApiError(400, f"{field}: {rule}", param=field, code="invalid_value") from e
+    speech = parse_body(SpeechRequest, body)
     if speech.model not in MODELS:
         raise ApiError(
             400,
@@ -128,10 +144,29 @@ def pcm_of(wav: bytes) -> bytes:
     return bytes(samples.astype("<i2").tobytes())
 
 
-@router.post("/v1/audio/speech")
-async def create_speech(request: Request) -> Response:
-    context = context_of(request)
-    speech = parse_speech(await read_json_object(request))
+async def speech_body(request: Request) -> SpeechRequest:
+    return parse_speech(await read_json_object(request))
+
+
+_SPEECH_RESPONSES: Responses = {
+    200: {
+        "content": {media: {} for media in (*CONTENT_TYPES.values(), PCM_CONTENT_TYPE)}
+        | {"text/event-stream": {}},
+        "description": "the audio in response_format (streamed with stream_format)",
+    },
+    504: {"model": ErrorResponse, "description": "still running: poll its Location"},
+}
+
+
+@router.post(
+    "/v1/audio/speech",
+    response_class=Response,
+    openapi_extra=json_body(SpeechRequest),
+    responses=_SPEECH_RESPONSES,
+)
+async def create_speech(
+    request: Request, context: Context, speech: Annotated[SpeechRequest, Depends(speech_body)]
+) -> Response:
     payload = job_payload(speech)
     try:
         checked = validate_request(payload, context.client.limits)

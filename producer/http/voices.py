@@ -11,36 +11,46 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from producer.http.context import context_of
+from producer.http.body import json_body
+from producer.http.context import Context
 from producer.http.errors import ApiError
 from producer.http.outcomes import wait_done
+from producer.http.responses import ERRORS, ErrorResponse, VoiceAdded, VoiceEntry, VoiceList
 from producer.http.speech import DEFAULT_VOICE
 from producer.voice_jobs import wait_for_voice
 
-router = APIRouter()
+router = APIRouter(responses=ERRORS)
+MULTIPART = "multipart/form-data"
 
 
-@router.get("/v1/audio/voices")
-async def list_voices(request: Request) -> JSONResponse:
-    context = context_of(request)
+class VoiceUpload(BaseModel):
+    """The upload's form fields (read by `add_voice`, checked by `CosyqClient.add_voice`)."""
+
+    name: str = Field(description="1-64 letters, digits, '_', '.' or '-'")
+    file: bytes = Field(description="the prompt recording (WAV, FLAC, ...; >= 16 kHz)")
+    transcript: str = Field("", description="what the recording says")
+
+
+@router.get("/v1/audio/voices", response_model_exclude_unset=True)
+async def list_voices(context: Context) -> VoiceList:
     summaries = await run_in_threadpool(context.client.list_voices)
-    voices: list[dict[str, Any]] = [{"name": DEFAULT_VOICE, "builtin": True}]
+    voices = [VoiceEntry(name=DEFAULT_VOICE, builtin=True)]
     for summary in summaries:
         voices.append(
-            {
-                "name": summary.name,
-                "builtin": False,
-                "speech_tokens": summary.speech_tokens,
-                "source_seconds": summary.source_seconds,
-                "model_name": summary.model_name,
-                "created_at": summary.created_at,
-            }
+            VoiceEntry(
+                name=summary.name,
+                builtin=False,
+                speech_tokens=summary.speech_tokens,
+                source_seconds=summary.source_seconds,
+                model_name=summary.model_name,
+                created_at=summary.created_at,
+            )
         )
-    return JSONResponse({"voices": voices})
+    return VoiceList(voices=voices)
 
 
 def _field(form: Any, name: str) -> str:
@@ -50,10 +60,17 @@ def _field(form: Any, name: str) -> str:
     return str(value)
 
 
-@router.post("/v1/audio/voices", status_code=201)
-async def add_voice(request: Request) -> JSONResponse:
-    context = context_of(request)
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+@router.post(
+    "/v1/audio/voices",
+    status_code=201,
+    openapi_extra=json_body(VoiceUpload, MULTIPART),
+    responses={
+        413: {"model": ErrorResponse, "description": "over COSYQ_HTTP_MAX_UPLOAD_BYTES"},
+        504: {"model": ErrorResponse, "description": "the profile is still being computed"},
+    },
+)
+async def add_voice(request: Request, context: Context) -> VoiceAdded:
+    if not request.headers.get("content-type", "").startswith(MULTIPART):
         raise ApiError(
             400,
             "request: send multipart/form-data with name, file and transcript",
@@ -80,4 +97,4 @@ async def add_voice(request: Request) -> JSONResponse:
     request.state.job_id = job_id
     await wait_done(context, job_id, context.settings.http_wait_timeout_s)
     summary = await run_in_threadpool(wait_for_voice, context.client.tracker, job_id, 0.0)
-    return JSONResponse({"voice": summary.to_dict(), "job_id": job_id}, status_code=201)
+    return VoiceAdded.model_validate({"voice": summary.to_dict(), "job_id": job_id})

@@ -9,10 +9,13 @@ outputs are bitwise unchanged and each call saves 82 norm computations.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+ConvT = TypeVar("ConvT", bound=nn.Module)
 SNAKE_EPS = 1e-9  # upstream's no_div_by_zero in 1 / (alpha + eps)
 
 
@@ -31,7 +34,7 @@ class WeightNorm(nn.Module):
         return torch.norm_except_dim(weight, 2, 0), weight
 
 
-def weight_norm(conv: nn.Module) -> nn.Module:
+def weight_norm(conv: ConvT) -> ConvT:
     """`torch.nn.utils.parametrizations.weight_norm(conv)` (dim 0), through `WeightNorm`."""
     parametrize.register_parametrization(conv, "weight", WeightNorm(), unsafe=True)
     return conv
