@@ -33,12 +33,12 @@ from shared.jobs import (
     RequestLimits,
     SynthesisRequest,
     _check_text_like,
-    _describe,
     _rule,
     validate_request,
 )
 from shared.settings import Settings
 from shared.text_markup import MarkupError
+from shared.validation_messages import describe_error
 
 SEGMENT_FORMAT = "wav"  # lossless between synthesis and assembly
 SEGMENT_SAMPLE_FORMAT = "float32"
@@ -149,7 +149,7 @@ def validate_document(
     try:
         request = DocumentRequest.model_validate(dict(data), context=context)
     except ValidationError as e:
-        raise InvalidRequestError("; ".join(_describe(error) for error in e.errors())) from e
+        raise InvalidRequestError("; ".join(describe_error(error) for error in e.errors())) from e
     try:
         segments = split_document(request.text, request.markup, limits.split, limits.pauses)
     except MarkupError as e:

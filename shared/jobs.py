@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-import reprlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,6 +40,7 @@ from shared.text_markup import (
     speech_limit_message,
     speech_seconds,
 )
+from shared.validation_messages import describe_errors
 from shared.webhooks import WebhookTarget, allowed_prefixes, check_webhook_url
 
 __all__ = [
@@ -84,9 +84,6 @@ NUMERIC_FIELDS = (  # never a boolean
     "loudness_lufs",
     "true_peak_dbtp",
 )
-_SHOWN_ERRORS = 5  # a message names the first few problems, then how many more
-_SHOWN_LOC_PARTS = 6
-_NEVER_ECHOED = frozenset({"text", "prompt_text", "instruction"})  # never repeat input text
 
 
 # The contract's examples (published in the HTTP front's OpenAPI schema, and sent to a real
@@ -486,29 +483,3 @@ def validate_request(
         return SynthesisRequest.model_validate(dict(data), context={"limits": limits})
     except ValidationError as e:
         raise InvalidRequestError(describe_errors(e.errors())) from e
-
-
-def describe_errors(errors: Sequence[Any], never_echoed: frozenset[str] = _NEVER_ECHOED) -> str:
-    """Pydantic errors as "field: rule; field: rule" (the first few, then how many more): the
-    one phrasing of every validation error, the producer's and the HTTP front's alike."""
-    shown = [_describe(error, never_echoed) for error in errors[:_SHOWN_ERRORS]]
-    if len(errors) > _SHOWN_ERRORS:
-        shown.append(f"and {len(errors) - _SHOWN_ERRORS} more")
-    return "; ".join(shown)
-
-
-def _describe(error: Any, never_echoed: frozenset[str] = _NEVER_ECHOED) -> str:
-    """One pydantic error as "field: rule" (a deep location cut, the input shown short)."""
-    loc = [str(part) for part in error["loc"]]
-    field = ".".join(loc if len(loc) <= _SHOWN_LOC_PARTS else [*loc[:_SHOWN_LOC_PARTS], "..."])
-    if error["type"] == "cosyq_rule":
-        return f"{field}: {error['msg']}" if field else error["msg"]
-    if error["type"] == "extra_forbidden":
-        return f"{field}: unknown field"
-    if error["type"] == "missing":
-        return f"{field}: required"
-    if field in never_echoed:
-        return f"{field}: {error['msg'].lower()}"
-    got = reprlib.repr(error.get("input"))  # bounded in depth and length, unlike repr
-    shown = got if len(got) <= 40 else got[:37] + "..."
-    return f"{field or 'request'}: {error['msg'].lower()} (got {shown})"

@@ -32,7 +32,7 @@ from shared.errors import (
     TransientError,
     UnknownVoiceError,
 )
-from shared.jobs import describe_errors
+from shared.validation_messages import describe_errors
 
 log = structlog.get_logger("cosyq.http")
 

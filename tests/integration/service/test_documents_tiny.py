@@ -67,7 +67,10 @@ def cluster(redis_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Cl
         "COSYQ_DEVICE": "cpu",
         "COSYQ_HASH_CACHE_DIR": str(tmp_path / "hashes"),
         "COSYQ_DOCUMENT_KEEP_SEGMENTS": "true",
-        "COSYQ_DOCUMENT_SEGMENT_CHARS": "400",  # the tiny tokenizer: ~0.7 tokens per character
+        "COSYQ_DOCUMENT_SEGMENT_CHARS": "1000",  # the default: ~20 segments of 20,000 chars
+        # The tiny tokenizer makes ~0.7 tokens per character, where Qwen2's makes ~0.25: its
+        # speech estimate of a 1,000-character segment (~210 s) is over the default bound.
+        "COSYQ_MAX_SPEECH_SECONDS": "400",
         "COSYQ_THREADS": "1",
         "TESTENGINE_FORCED_TOKENS": "8",
     }
