@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -64,4 +65,6 @@ def test_assembly_only_run_reports_the_host_targets_and_peak_rss(
     for run in report["assembly"]:
         assert run["duration_s"] == pytest.approx(60.0 * run["segments"], abs=1.0)
         assert 0 < run["peak_rss_mb"] < 1000 and run["wall_s"] > 0
+        # the child's own peak: ru_maxrss survives exec and would report this process's
+        assert run["peak_source"] == ("VmHWM" if sys.platform == "linux" else "ru_maxrss")
     assert any(line.startswith("2 min") for line in format_table(report))

@@ -85,7 +85,7 @@ def _document_row(run: dict[str, Any], target: float) -> tuple[str, ...]:
         f"{run['plain_wall_s']:.1f}",
         f"{run['overhead_per_segment_s'] * 1000:.0f}",
         f"{share:+.1%}",
-        "met" if abs(share) <= target else "missed",
+        "met" if share <= target else "missed",  # faster than plain jobs: noise, not a cost
     )
 
 
