@@ -163,6 +163,10 @@ def test_bench_json_has_every_figure_the_cpu_and_each_stage_beside_its_floor(
         1e3 * floors["llm_bytes_per_step"] / (floors["bandwidth_gbs"] * 1e9)
     )
     assert len(doc["runs"]) == 1 and doc["runs"][0]["speech_tokens"] == 4
+    quality, run = doc["stages"]["quality"], doc["runs"][0]
+    assert quality["s"] == pytest.approx(run["quality_s"]) and run["quality_s"] > 0
+    assert quality["share"] == pytest.approx(run["quality_s"] / run["wall_s"])
+    assert quality["target_share"] == 0.01 and quality["met"] == (quality["share"] < 0.01)
 
 
 def test_each_stage_bench_is_a_bench_subcommand_on_the_shared_arguments(

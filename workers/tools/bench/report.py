@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workers.tools.bench.engine_bench import BenchResult
+from workers.tools.bench.engine_bench import QUALITY_SHARE_TARGET, BenchResult
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,9 @@ def stage_table(result: BenchResult) -> list[str]:
             f"{r.quality_s:.4f}",
             "-",
             "-",
-            f"measures + verdict: {r.quality_share:.3%} of each run's wall time",
+            f"measures + verdict: {r.quality_share:.3%} of each run's wall time "
+            f"(target under {QUALITY_SHARE_TARGET:.0%}: "
+            f"{'met' if r.quality_share < QUALITY_SHARE_TARGET else 'missed'})",
         ),
     ]
     return _rows(rows, text_last=True)

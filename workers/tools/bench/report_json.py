@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from workers.tools.bench.engine_bench import BenchResult, RunFigures
+from workers.tools.bench.engine_bench import QUALITY_SHARE_TARGET, BenchResult, RunFigures
 from workers.tools.bench.report import ours, stage_floors
 
 
@@ -32,6 +32,12 @@ def _stages(result: BenchResult) -> dict[str, dict[str, Any]]:
     )
     if result.floors is not None:
         stages["llm"]["floor_ms_per_token"] = result.floors.llm_ms_per_token
+    stages["quality"] = {
+        "s": result.quality_s,
+        "share": result.quality_share,
+        "target_share": QUALITY_SHARE_TARGET,
+        "met": result.quality_share < QUALITY_SHARE_TARGET,
+    }
     return stages
 
 
