@@ -58,6 +58,15 @@ def test_keys_name_tenants_and_quotas_answer_429_naming_the_quota(
             beta = http.post("/v1/jobs", json={"text": "beta"})
             assert beta.status_code == 202
             assert http.get(f"/v1/jobs/{beta.json()['id']}").json()["tenant"] == "beta"
+            # ... and sees none of alpha's jobs: each answers as no such job, nothing changes
+            for method, path in (
+                ("GET", f"/v1/jobs/{job_id}"),
+                ("GET", f"/v1/jobs/{job_id}/audio"),
+                ("GET", f"/v1/jobs/{job_id}/stream"),
+                ("DELETE", f"/v1/jobs/{job_id}"),
+            ):
+                hidden = _error(http.request(method, path), 404)
+                assert hidden["code"] == "job_not_found", (method, path, hidden)
     finally:
         front.stop()
     connection = redis.Redis.from_url(redis_url)
