@@ -313,6 +313,10 @@ class CosyqClient:
         wait = self.settings.wait_timeout_s if timeout is None else timeout
         return documents.document_result(self, document_id, wait, on_progress)
 
+    def cancel_document(self, document_id: str) -> dict[int, CancelOutcome]:
+        """Cancel the segments not done yet (outcome per index); the document reads canceled."""
+        return documents.cancel_document(self, document_id)
+
     def retry_document(self, document_id: str) -> list[int]:
         """Rerun only the failed or lost segments (or the assembly); their indices."""
         return documents.retry_document(self, document_id)

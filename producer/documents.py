@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import redis
 
+from producer.cancel import CancelOutcome
 from producer.planned import OnSubmitted, PlannedJob
 from producer.tracking import JobTracker
 from shared.document_state import (
@@ -58,9 +59,12 @@ class CosyqClient(Protocol):
 
     def queue_for(self, priority: str) -> str: ...
 
+    def cancel(self, job_id: str) -> CancelOutcome: ...
+
 
 QUEUED_STATES = frozenset({"queued", "deferred", "scheduled"})
 FAILED_STATES = frozenset({"failed", "stopped", "canceled"})
+ENDED_UNASSEMBLED = frozenset({"failed", "incomplete", "canceled"})  # waits end with an error
 ASSEMBLY_GRACE_S = 10.0  # an assembly job missing this long is enqueued again by a waiter
 SHOWN_WORDS = 8  # a failed segment is named by its index and its text's first words
 
@@ -177,6 +181,8 @@ def document_status(client: CosyqClient, document_id: str) -> DocumentStatus:
         if kind in ("failed", "missing"):
             failures.append(_failure(client, segment, jobs.get(segment.index), state))
     state = _document_state(result, counts, len(done), len(plan.segments))
+    if state == "failed" and all(st == "canceled" for st in states if _kind(st) == "failed"):
+        state = "canceled"  # every failure is a cancel (cancel_document): not a fault
     if state == "assembling":
         failure = _assembly_failure(client, document_id)
         if failure is not None:
@@ -257,6 +263,11 @@ def _eta(plan: DocumentPlanRecord, done: Mapping[int, Any], state: str) -> float
 def _message(document_id: str, state: str, failures: list[SegmentFailure]) -> str:
     if not failures:
         return ""
+    if state == "canceled":
+        return (
+            f"document {document_id}: canceled ({len(failures)} segments did not run); "
+            f"`cosyq document retry {document_id}` runs them after all"
+        )
     first = failures[0]
     if first.index < 0:
         return (
@@ -294,6 +305,20 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     elif status.done == status.segments and status.result is None:
         ensure_assembly(client, plan)
     return redo
+
+
+def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOutcome]:
+    """Cancel every segment not done yet, each as `client.cancel` cancels a job (queued: never
+    runs; running or in a batch: stops at its next step); done segments and a running assembly
+    are left as they are. The outcome per segment index; the document then reads `canceled`."""
+    connection = client.connection
+    load_plan(connection, document_id)  # DocumentNotFoundError for an unknown id
+    done = done_segments(connection, document_id)
+    return {
+        index: client.cancel(job_id)
+        for index, job_id in sorted(job_ids(connection, document_id).items())
+        if index not in done
+    }
 
 
 def _assembly_lost(client: CosyqClient, document_id: str, seen: list[float]) -> bool:
@@ -346,7 +371,7 @@ def document_result(
                 on_progress(status)
             if status.result is not None:
                 return status.result
-            if status.state in ("failed", "incomplete"):
+            if status.state in ENDED_UNASSEMBLED:
                 raise DocumentFailedError(document_id, status.message)
             if status.state == "assembling" and _assembly_lost(client, document_id, lost):
                 ensure_assembly(client, load_plan(client.connection, document_id))

@@ -68,6 +68,7 @@ def register(subparsers: Any) -> None:
     for name, handler, text in (
         ("status", run_status, "segments queued / running / done / failed, time left"),
         ("retry", run_retry, "rerun only the failed or lost segments"),
+        ("cancel", run_cancel, "cancel the segments not done yet"),
         ("result", run_result, "a finished document; --out fetches its files"),
     ):
         command = commands.add_parser(name, help=text)
@@ -157,7 +158,7 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
     context.out.print_json(json.dumps(status.as_json(), ensure_ascii=False))
     if status.message:
         context.err.print(status.message, markup=False)
-    return EXIT_FAILED if status.state in ("failed", "incomplete") else 0
+    return EXIT_FAILED if status.state in ("failed", "incomplete", "canceled") else 0
 
 
 def run_retry(args: argparse.Namespace, context: CliContext) -> int:
@@ -169,6 +170,21 @@ def run_retry(args: argparse.Namespace, context: CliContext) -> int:
             return EXIT_NOT_FOUND
     shown = ", ".join(str(i) for i in redone) or "none (the assembly is checked)"
     context.out.print(f"segments re-enqueued: {shown}", markup=False)
+    return 0
+
+
+def run_cancel(args: argparse.Namespace, context: CliContext) -> int:
+    """0 when something was canceled or stops, else 0 too with "nothing to cancel" (every
+    segment already ended); 4 for no such document."""
+    with context.make_client(context.settings) as client:
+        try:
+            outcomes = client.cancel_document(args.document_id)
+        except DocumentNotFoundError as e:
+            context.err.print(f"cosyq: {e}", markup=False)
+            return EXIT_NOT_FOUND
+    changed = sorted(i for i, outcome in outcomes.items() if outcome.changed)
+    shown = ", ".join(str(i) for i in changed) or "none (every segment had ended)"
+    context.out.print(f"segments canceled: {shown}", markup=False)
     return 0
 
 

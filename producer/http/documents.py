@@ -80,10 +80,23 @@ async def document_status(context: Context, document_id: str) -> DocumentStatusR
     return await _document_status(context, document_id)
 
 
+@router.delete("/v1/documents/{document_id}")
+async def cancel_document(context: Context, document_id: str) -> DocumentStatusResponse:
+    """Cancel the segments not done yet (as DELETE /v1/jobs/{id} each); the document's status
+    after it (`canceled` once nothing runs; done segments and an assembly are left alone)."""
+    if not JOB_ID_RE.fullmatch(document_id):
+        raise ApiError(404, "no such document", code="document_not_found")
+    try:
+        await run_in_threadpool(context.client.cancel_document, document_id)
+    except DocumentNotFoundError as e:
+        raise ApiError(404, str(e), code="document_not_found") from e
+    return await _document_status(context, document_id)
+
+
 async def _result(context: Context, document_id: str) -> DocumentResult:
     status = await _document_status(context, document_id)
     if status.result is None:
-        code = 409 if status.state not in ("failed", "incomplete") else 422
+        code = 409 if status.state not in ("failed", "incomplete", "canceled") else 422
         message = status.message or f"document {document_id} is {status.state}"
         raise ApiError(
             code,

@@ -164,7 +164,7 @@ class DocumentStatusResponse(BaseModel):
     )
 
     document_id: str
-    state: str = Field(description="running, failed, incomplete, assembling, assembled")
+    state: str = Field(description="running, failed, canceled, incomplete, assembling, assembled")
     segments: int
     queued: int
     running: int
