@@ -25,6 +25,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.batch_cli",
     "workers.tools.bench.stream_cli",
     "workers.tools.bench.document_cli",
+    "workers.tools.bench.cancel_cli",
     "workers.tools.bench.stage_cli",  # llm, flow, hift
 )
 
