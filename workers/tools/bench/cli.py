@@ -26,6 +26,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.stream_cli",
     "workers.tools.bench.document_cli",
     "workers.tools.bench.cancel_cli",
+    "workers.tools.bench.tenants_cli",
     "workers.tools.bench.stage_cli",  # llm, flow, hift
 )
 
