@@ -84,7 +84,7 @@ def bench_text(chars: int) -> str:
     return "\n\n".join(" ".join(sentences[j : j + 8]) for j in range(0, len(sentences), 8))
 
 
-def _env(redis_url: str, model_dir: Path, out: Path, forced: int) -> dict[str, str]:
+def bench_env(redis_url: str, model_dir: Path, out: Path, forced: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
     env.update(
         COSYQ_REDIS_URL=redis_url,
@@ -101,7 +101,7 @@ def _env(redis_url: str, model_dir: Path, out: Path, forced: int) -> dict[str, s
     return env
 
 
-def _start_pool(env: dict[str, str], workers: int, log: Path) -> subprocess.Popen[bytes]:
+def start_pool(env: dict[str, str], workers: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as file:
         process = subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "pool", "-n", str(workers)],
@@ -118,7 +118,7 @@ def _start_pool(env: dict[str, str], workers: int, log: Path) -> subprocess.Pope
     return process
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_pool(process: subprocess.Popen[bytes]) -> None:
     process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=60)
@@ -127,7 +127,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def _client(env: dict[str, str]) -> Any:
+def bench_client(env: dict[str, str]) -> Any:
     from producer.client import CosyqClient  # noqa: PLC0415
 
     overrides = {k[len("COSYQ_") :].lower(): v for k, v in env.items() if k.startswith("COSYQ_")}
@@ -136,16 +136,16 @@ def _client(env: dict[str, str]) -> Any:
 
 def document_run(env: dict[str, str], text: str, workers: int, log: Path) -> dict[str, Any]:
     """One document on a pool of `workers`: wall seconds, segments, audio seconds."""
-    pool = _start_pool(env, workers, log)
+    pool = start_pool(env, workers, log)
     try:
-        with _client(env) as client:
+        with bench_client(env) as client:
             started = time.perf_counter()
             document_id = client.submit_document({"text": text, "seed": 1})
             result = client.document_result(document_id, timeout=READY_TIMEOUT_S * 4)
             wall = time.perf_counter() - started
             plan = client.connection.get(document_key(document_id))
     finally:
-        _stop(pool)
+        stop_pool(pool)
     record = DocumentPlanRecord.model_validate_json(plan)
     return {
         "workers": workers,
@@ -158,16 +158,16 @@ def document_run(env: dict[str, str], text: str, workers: int, log: Path) -> dic
 
 def plain_run(env: dict[str, str], plan: DocumentPlanRecord, workers: int, log: Path) -> float:
     """The document's segments as plain jobs on `workers`: wall seconds until all are done."""
-    pool = _start_pool(env, workers, log)
+    pool = start_pool(env, workers, log)
     try:
-        with _client(env) as client:
+        with bench_client(env) as client:
             requests = [{**plan.job, "text": s.text, "seed": s.seed} for s in plan.segments]
             started = time.perf_counter()
             ids = client.submit_many(requests)
             client.wait_many(ids, timeout=READY_TIMEOUT_S * 4)
             return time.perf_counter() - started
     finally:
-        _stop(pool)
+        stop_pool(pool)
 
 
 def assembly_segments(minutes: float) -> int:
@@ -259,7 +259,7 @@ def run_document_bench(
         server.start()
         try:
             model_dir = tiny_model_dir(root / "model") if synthesis else root / "model"
-            env = _env(server.url, model_dir, root / "out", forced)
+            env = bench_env(server.url, model_dir, root / "out", forced)
             report = _synthesis_report(env, bench_text(chars), root) if synthesis else {}
             connection = redis.Redis.from_url(server.url)
             assemblies = []

@@ -17,7 +17,7 @@ from typing import Any
 from rq.job import Job
 
 from workers.engine.cpu_features import host_cpu
-from workers.tools.bench.document import _client, _env, _start_pool, _stop
+from workers.tools.bench.document import bench_client, bench_env, start_pool, stop_pool
 from workers.tools.bench.queue import tiny_model_dir
 from workers.tools.local_redis import LocalRedis
 
@@ -42,7 +42,7 @@ def run_tenants_bench(
             server = LocalRedis(root / f"redis-{batch_size}")
             server.start()
             try:
-                env = _env(server.url, model_dir, root / "out", forced) | {
+                env = bench_env(server.url, model_dir, root / "out", forced) | {
                     "COSYQ_TENANTS": ",".join(TENANTS),
                     "COSYQ_MAX_JOBS": str(alpha_jobs + beta_jobs + 1),  # no recycling midway
                     "COSYQ_BATCH_SIZE": str(batch_size),
@@ -63,18 +63,18 @@ def run_tenants_bench(
 def _one(
     env: dict[str, str], alpha_jobs: int, beta_jobs: int, batch_size: int, root: Path
 ) -> dict[str, Any]:
-    with _client(env) as client:
+    with bench_client(env) as client:
         alpha, beta = client.for_tenant("alpha"), client.for_tenant("beta")
         alpha_ids = [alpha.submit({"text": f"Alpha job {n}."}) for n in range(alpha_jobs)]
         beta_ids = [beta.submit({"text": f"Beta job {n}."}) for n in range(beta_jobs)]
         start = time.monotonic()
-        pool = _start_pool(env, 1, root / f"pool-{batch_size}.log")
+        pool = start_pool(env, 1, root / f"pool-{batch_size}.log")
         try:
             for job_id in beta_ids:
                 client.result(job_id, timeout=DONE_TIMEOUT_S)
             beta_done_s = time.monotonic() - start
         finally:
-            _stop(pool)
+            stop_pool(pool)
         jobs = Job.fetch_many(alpha_ids + beta_ids, connection=client.connection)
     started = sorted(
         (job.started_at, job.id in set(beta_ids)) for job in jobs if job and job.started_at
