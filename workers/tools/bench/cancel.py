@@ -18,13 +18,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import soundfile
 import torch
 
 from workers.engine.api import SynthesisCanceled, SynthesisInput
 from workers.engine.cpu_features import host_cpu
-from workers.engine.pipeline import EngineOptions, build_engine
-from workers.tools.bench.engine_bench import BenchOptions, forced_tokens, model_directory
+from workers.tools.bench.engine_bench import BenchOptions, bench_engine_and_request
 
 TARGET_MARGIN_S = 0.2  # issue 24: one LLM step plus 0.2 s
 
@@ -60,17 +58,7 @@ def run_cancel_bench(options: BenchOptions, *, stops: int, worker_check_ms: floa
     torch.set_num_threads(options.threads)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-cancel-") as workdir:
-        root = model_directory(options, Path(workdir))
-        engine = build_engine(
-            root,
-            device=options.device,
-            dtype=options.dtype,
-            options=EngineOptions(forced_speech_tokens=forced_tokens(options)),
-            hash_cache_dir=Path(workdir) / "hashes",
-        )
-        samples, rate = soundfile.read(root / "prompt.wav", dtype="float32")
-        voice = engine.extract_voice(samples, int(rate), (root / "prompt.txt").read_text())
-        request = SynthesisInput(text=options.text, prompt=voice, seed=options.seed)
+        _, engine, request = bench_engine_and_request(options, Path(workdir))
         engine.run(request)  # warm
         _, state = engine.run(request)
         llm_s = state.clock.seconds["llm"]

@@ -199,6 +199,24 @@ def forced_tokens(options: BenchOptions) -> int | None:
     return FULL_RANDOM_TOKENS if options.config == "full-random" and not options.model_dir else None
 
 
+def bench_engine_and_request(
+    options: BenchOptions, workdir: Path
+) -> tuple[Path, SynthesisPipeline, SynthesisInput]:
+    """The model directory of `options` (made in `workdir` when it is a temporary one), its
+    engine, and the request the benches time: `options.text` in the directory's own voice."""
+    root = model_directory(options, workdir)
+    engine = build_engine(
+        root,
+        device=options.device,
+        dtype=options.dtype,
+        options=EngineOptions(forced_speech_tokens=forced_tokens(options)),
+        hash_cache_dir=workdir / "hashes",
+    )
+    samples, rate = soundfile.read(root / "prompt.wav", dtype="float32")
+    voice = engine.extract_voice(samples, int(rate), (root / "prompt.txt").read_text())
+    return root, engine, SynthesisInput(text=options.text, prompt=voice, seed=options.seed)
+
+
 def prefill_positions(engine: SynthesisPipeline, request: SynthesisInput) -> int:
     """Positions the LLM prefills for the first piece of `request` (zero_shot)."""
     piece = engine.frontend.pieces(request.text)[0]

@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soundfile
 import torch
 
 from workers.engine.api import SynthesisInput
-from workers.engine.pipeline import EngineOptions, build_engine
+from workers.engine.pipeline import build_engine
 from workers.engine.requests import RequestState
-from workers.tools.bench.engine_bench import BenchOptions, forced_tokens, model_directory
+from workers.tools.bench.engine_bench import BenchOptions, bench_engine_and_request, forced_tokens
 
 FORCED_ENV = "BENCH_STREAM_FORCED_TOKENS"  # read by `forced_engine` in the bench's worker
 FULL_RANDOM_STREAM_TOKENS = 250  # 10 s of audio: what upstream's figure was measured on
@@ -150,17 +149,7 @@ def run(
         tokens = FULL_RANDOM_STREAM_TOKENS
     options = BenchOptions(**{**options.__dict__, "tokens": tokens})
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-stream-") as workdir:
-        root = model_directory(options, Path(workdir))
-        engine = build_engine(
-            root,
-            device=options.device,
-            dtype=options.dtype,
-            options=EngineOptions(forced_speech_tokens=forced_tokens(options)),
-            hash_cache_dir=Path(workdir) / "hashes",
-        )
-        samples, rate = soundfile.read(root / "prompt.wav", dtype="float32")
-        voice = engine.extract_voice(samples, int(rate), (root / "prompt.txt").read_text())
-        request = SynthesisInput(text=options.text, prompt=voice, seed=options.seed)
+        root, engine, request = bench_engine_and_request(options, Path(workdir))
         engine.warm_up()
         start = time.perf_counter()
         engine.run(request)
