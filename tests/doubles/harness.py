@@ -6,6 +6,7 @@ tests/doubles/engines.py and JSON logs written to a file the test reads back as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -97,6 +98,32 @@ class Cluster:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
                 process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def pool_of_two(redis_url: str, root: Path, overrides: dict[str, str]) -> Iterator[Cluster]:
+    """A `cosyq-worker pool -n 2` on these settings for a test's length, stopped warmly (a
+    SIGTERM: the pool stops its workers; a SIGKILL would orphan them)."""
+    cluster = Cluster(redis_url=redis_url, root=root, overrides=overrides)
+    pool = cluster.start("pool", "-n", "2", log_name="pool.log")
+    try:
+        yield cluster
+    finally:
+        pool.send_signal(signal.SIGTERM)
+        try:
+            pool.wait(timeout=60)
+        finally:
+            cluster.stop_all()
+
+
+def client_settings(cluster: Cluster, monkeypatch: Any) -> Any:
+    """The cluster's COSYQ_ settings, set for this test's process too (producer side)."""
+    from shared.settings import load_settings  # noqa: PLC0415
+
+    for name, value in cluster.env().items():
+        if name.startswith("COSYQ_"):
+            monkeypatch.setenv(name, value)
+    return load_settings(env_file=None)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +19,8 @@ import webvtt
 from producer import CosyqClient
 from shared.document_state import DocumentFailedError, done_segments
 from shared.logs import configure_logging
-from shared.settings import Settings, load_settings
-from tests.doubles.harness import Cluster, wait_for
+from shared.settings import Settings
+from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
 
 
 def settled(client: CosyqClient, document_id: str) -> bool:
@@ -46,22 +45,13 @@ def document(extra: str = "") -> str:
 @pytest.fixture
 def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
     overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "200", "COSYQ_MAX_RETRIES": "2"}
-    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
-    pool = cluster.start("pool", "-n", "2", log_name="pool.log")
-    yield cluster
-    pool.send_signal(signal.SIGTERM)  # the pool stops its workers (SIGKILL would orphan them)
-    try:
-        pool.wait(timeout=60)
-    finally:
-        cluster.stop_all()
+    with pool_of_two(redis_url, tmp_path, overrides) as cluster:
+        yield cluster
 
 
 @pytest.fixture
 def settings(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for name, value in cluster.env().items():
-        if name.startswith("COSYQ_"):
-            monkeypatch.setenv(name, value)
-    return load_settings(env_file=None)
+    return client_settings(cluster, monkeypatch)
 
 
 def path_of(uri: str) -> Path:

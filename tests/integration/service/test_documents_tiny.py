@@ -6,7 +6,6 @@ same seed, and a segment failing once, then for good, then retried alone."""
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -17,8 +16,8 @@ import srt
 
 from producer import CosyqClient
 from shared.document_state import DocumentFailedError, done_segments, load_plan
-from shared.settings import Settings, load_settings
-from tests.doubles.harness import Cluster, wait_for
+from shared.settings import Settings
+from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
 
 
 def settled(client: CosyqClient, document_id: str) -> bool:
@@ -74,22 +73,13 @@ def cluster(redis_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Cl
         "COSYQ_THREADS": "1",
         "TESTENGINE_FORCED_TOKENS": "8",
     }
-    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
-    pool = cluster.start("pool", "-n", "2", log_name="pool.log")
-    yield cluster
-    pool.send_signal(signal.SIGTERM)  # the pool stops its workers (SIGKILL would orphan them)
-    try:
-        pool.wait(timeout=60)
-    finally:
-        cluster.stop_all()
+    with pool_of_two(redis_url, tmp_path, overrides) as cluster:
+        yield cluster
 
 
 @pytest.fixture
 def settings(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for name, value in cluster.env().items():
-        if name.startswith("COSYQ_"):
-            monkeypatch.setenv(name, value)
-    return load_settings(env_file=None)
+    return client_settings(cluster, monkeypatch)
 
 
 def path_of(uri: str) -> Path:
