@@ -9,7 +9,7 @@ One canonical `synthesis_finished` log line per job: lengths and timings, never 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -160,12 +160,18 @@ class PreparedSynthesis:
 
 
 def run_synthesis(
-    runtime: WorkerRuntime, payload: Mapping[str, Any], context: JobContext
+    runtime: WorkerRuntime,
+    payload: Mapping[str, Any],
+    context: JobContext,
+    *,
+    owned: Callable[[], bool] = lambda: True,
 ) -> SynthesisResult:
     """Validate, resolve the voice, synthesize, encode, store; log one synthesis_finished.
 
-    A request with `stream: true` (never batched) also appends its chunks to its audio
-    stream; a failed attempt ends that stream with its error before the error propagates.
+    A request with `stream: true` (never batched into rows) also appends its chunks to its
+    audio stream; a failed attempt ends that stream with its error before the error
+    propagates, unless the attempt is no longer `owned` (a batch window timed it out: the
+    retry owns the stream now).
     """
     writer = _open_stream(runtime, payload, context)
     try:
@@ -181,7 +187,7 @@ def run_synthesis(
             resynthesize=runtime.engine.synthesize if writer is None else None,
         )
     except Exception as e:
-        if writer is not None:
+        if writer is not None and owned():
             failure = classify(e, timeout_s=runtime.settings.job_timeout_s)
             writer.fail(failure.kind, failure.message)
         raise

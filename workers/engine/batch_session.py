@@ -24,6 +24,10 @@ go to a thread of their own (`cosyq-model-alone`, one at a time, its front end m
 model thread first), so the batch keeps decoding and admitting beside them: a long request
 never stalls the others.
 
+`run_first` hands the model thread a whole task (a streamed job's synthesis, whose chunks go
+out as they are made): it runs at the next step boundary, ahead of every row, which pause
+meanwhile; a streamed job never waits for the batch to drain.
+
 Stage seconds per request are its share of each batched call (call time / rows in it; its own
 prefill counts whole), so the requests' stage seconds add up to the model's busy time, and a
 request alone (n = 1) gets each stage's wall time: one definition for both paths
@@ -37,10 +41,10 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -107,6 +111,17 @@ class RowDecoder(Protocol):
     def clear(self) -> None: ...
 
 
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class FirstTask:
+    """A task for the model thread ahead of the rows (`run_first`)."""
+
+    task: Callable[[], Any]
+    future: Future[Any]
+
+
 @dataclass(eq=False)  # identity: a job is the key of its LLM row
 class Job:
     request: SynthesisInput
@@ -124,7 +139,8 @@ class PipelineBatchSession:
         self.pipeline = pipeline
         self.max_batch = max_batch
         self.decoder = decoder
-        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._queue: queue.Queue[Job | FirstTask | None] = queue.Queue()
+        self._first: deque[FirstTask] = deque()
         self._pending = 0
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # admitted, each with exactly one row in the decoder
@@ -142,6 +158,16 @@ class PipelineBatchSession:
                 raise RuntimeError("the batch session is closed")
             self._pending += 1
         self._queue.put(Job(request, future))
+        return future
+
+    def run_first(self, task: Callable[[], T]) -> Future[T]:
+        """Run `task` on the model thread at the next step boundary, ahead of every row."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the batch session is closed")
+            self._pending += 1
+        self._queue.put(FirstTask(task, future))
         return future
 
     def in_flight(self) -> int:
@@ -164,6 +190,9 @@ class PipelineBatchSession:
             self.decoder.clear()
             for job in [*self._jobs, *self._waiting, *self._drain_all()]:
                 self._done(job, error=e)
+            for first in self._first:
+                if not first.future.done():
+                    first.future.set_exception(e)
             raise
 
     def _loop(self) -> None:
@@ -171,6 +200,8 @@ class PipelineBatchSession:
         while True:
             closed = self._take(block=not self._jobs and not self._waiting) or closed
             start = time.perf_counter()
+            while self._first:
+                self._run_first(self._first.popleft())
             while self._waiting and len(self._jobs) < self.max_batch:
                 self._admit(self._waiting.popleft())
             if self._jobs:
@@ -186,7 +217,10 @@ class PipelineBatchSession:
             while True:
                 if item is None:
                     return True
-                self._waiting.append(item)
+                if isinstance(item, FirstTask):
+                    self._first.append(item)
+                else:
+                    self._waiting.append(item)
                 item = self._queue.get_nowait()
         except queue.Empty:
             return False
@@ -198,8 +232,22 @@ class PipelineBatchSession:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return jobs
-            if item is not None:
+            if isinstance(item, FirstTask):
+                self._first.append(item)
+            elif item is not None:
                 jobs.append(item)
+
+    def _run_first(self, first: FirstTask) -> None:
+        """A task ahead of the rows, whole; its outcome (or exception) on its future."""
+        try:
+            if first.future.set_running_or_notify_cancel():
+                try:
+                    first.future.set_result(first.task())
+                except BaseException as e:  # the caller's job boundary classifies it
+                    first.future.set_exception(e)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
     def _admit(self, job: Job) -> None:
         if not job.future.set_running_or_notify_cancel():

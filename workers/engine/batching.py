@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Protocol, runtime_checkable
+from functools import partial
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from workers.engine.api import SynthesisEngine, SynthesisInput, SynthesisOutput
+
+T = TypeVar("T")
+_WAKE = object()  # a queue item that only wakes the model thread for a `run_first` task
 
 
 class BatchSession(Protocol):
@@ -27,8 +33,13 @@ class BatchSession(Protocol):
         """Queue one request; its output (or exception) arrives on the future."""
         ...
 
+    def run_first(self, task: Callable[[], T]) -> Future[T]:
+        """Run `task` on the model thread at the next request or step boundary, ahead of every
+        request in flight (they pause meanwhile); its outcome arrives on the future."""
+        ...
+
     def in_flight(self) -> int:
-        """Requests submitted whose futures are not done yet."""
+        """Requests and tasks submitted whose futures are not done yet."""
         ...
 
     def close(self) -> None:
@@ -49,9 +60,8 @@ class SequentialSession:
     def __init__(self, engine: SynthesisEngine, max_batch: int = 1) -> None:
         self.engine = engine
         self.max_batch = max_batch
-        self._queue: queue.Queue[tuple[SynthesisInput, Future[SynthesisOutput]] | None] = (
-            queue.Queue()
-        )
+        self._queue: queue.Queue[Any] = queue.Queue()  # (request, future), _WAKE or None
+        self._first: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._pending = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="cosyq-model", daemon=True)
@@ -64,6 +74,14 @@ class SequentialSession:
         self._queue.put((request, future))
         return future
 
+    def run_first(self, task: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            self._pending += 1
+            self._first.append((task, future))
+        self._queue.put(_WAKE)
+        return future
+
     def in_flight(self) -> int:
         with self._lock:
             return self._pending
@@ -74,14 +92,29 @@ class SequentialSession:
 
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
+            self._run_firsts()
+            if item is _WAKE:
+                continue
             request, future = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(self.engine.synthesize(request))
-                except BaseException as e:  # the job boundary classifies it
-                    future.set_exception(e)
+            self._settle(future, partial(self.engine.synthesize, request))
+        self._run_firsts()
+
+    def _run_firsts(self) -> None:
+        while True:
             with self._lock:
-                self._pending -= 1
+                if not self._first:
+                    return
+                task, future = self._first.popleft()
+            self._settle(future, task)
+
+    def _settle(self, future: Future[Any], task: Callable[[], Any]) -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(task())
+            except BaseException as e:  # the job boundary classifies it
+                future.set_exception(e)
+        with self._lock:
+            self._pending -= 1
 
 
 def open_batch_session(engine: SynthesisEngine, max_batch: int) -> BatchSession:

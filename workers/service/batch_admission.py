@@ -68,13 +68,19 @@ return out
 
 
 def batchable(job: Job) -> bool:
-    """Only synthesize jobs share the model; anything else (add_voice) runs alone, and so does
-    a streamed synthesis (`stream: true`): its chunks go out as they are made. Popped during a
-    window, such a job goes back to the head of its queue and is taken next, alone."""
+    """Only synthesize jobs share the model as rows; anything else (add_voice) runs alone, and
+    so does a streamed synthesis (`stream: true`): its chunks go out as they are made."""
+    return job.func_name == keys.SYNTHESIZE_FUNCTION and not streamed(job)
+
+
+def streamed(job: Job) -> bool:
+    """A streamed synthesis: popped during a window, it runs on the model thread ahead of the
+    rows (`BatchSession.run_first`), so it never waits for the window to drain. Anything else
+    that cannot join goes back to the head of its queue and is taken next, alone."""
     if job.func_name != keys.SYNTHESIZE_FUNCTION:
         return False
     request = job.kwargs.get("request") if isinstance(job.kwargs, dict) else None
-    return not (isinstance(request, dict) and request.get("stream") is True)
+    return isinstance(request, dict) and request.get("stream") is True
 
 
 def synthesis_payload(job: Job) -> Any:

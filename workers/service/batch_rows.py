@@ -31,6 +31,7 @@ class BatchJob:
     done: bool = False  # outcome recorded (or timed out): later events about it are dropped
     expired: bool = False  # failed as timed out: its audio must not be stored
     storing: bool = False  # the model is done with it, its store is next: never expired now
+    streamed: bool = False  # run ahead of the rows (workers/service/streamed_first.py)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

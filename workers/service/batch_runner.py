@@ -10,9 +10,11 @@ and the worker is seen only through a narrow `WindowGate`. Threads:
 - a small I/O pool: validation and voice lookup before the model, encoding and storage after.
 Timeouts are per-job deadlines checked here (SIGALRM cannot time one of several jobs): a job
 past its deadline fails as timed out and the worker retires; its audio, if the model still
-makes it, is dropped (the retry owns the key). A job that cannot join (`stream: true`,
-`add_voice`) goes straight back to the head of its queue and admission closes: once the rows in
-flight are done, the worker takes it next, alone. A stop closes admission too: popped jobs not
+makes it, is dropped (the retry owns the key). A streamed job (`stream: true`) runs on the
+model thread ahead of the rows, which pause meanwhile (workers/service/streamed_first.py), so
+its first chunk never waits for the window. A job that cannot join at all (`add_voice`) goes
+straight back to the head of its queue and admission closes: once the rows in flight are done,
+the worker takes it next, alone. A stop closes admission too: popped jobs not
 yet started go back to the head of their queue in order, started ones are finished; so does a
 row whose store failed for good (the worker probes storage once the window drained). A cold stop
 waits (`guard`) while a job moves from popped to registered, so it finds each job in one place:
@@ -22,6 +24,7 @@ its queue, or the started registry under a live heartbeat.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import sys
 import time
@@ -49,11 +52,13 @@ from workers.service.batch_admission import (
     Unreadable,
     admission_room,
     batchable,
+    streamed,
     synthesis_payload,
 )
 from workers.service.batch_rows import BatchJob, BusyClock, Event
 from workers.service.job_runtime import WorkerRuntime, current_runtime
 from workers.service.outage import REDIS_OUTAGE
+from workers.service.streamed_first import AttemptDropped, StreamedFirst
 
 log = get_logger(__name__)
 
@@ -102,6 +107,8 @@ class BatchRunner:
         self.parked: list[tuple[Job, Queue]] = []  # cannot join: going back to their queues
         self.events: queue.Queue[Event] = queue.Queue()
         self.pool = ThreadPoolExecutor(settings.batch_io_threads, "cosyq-batch-io")
+        # streamed jobs, one at a time (the model thread runs them one at a time anyway)
+        self.streams = ThreadPoolExecutor(1, "cosyq-batch-stream")
         self.session: BatchSession | None = None
         self.jobs: dict[str, BatchJob] = {}  # admitted, outcome not yet recorded
         self.waiting: list[BatchJob] = []  # prepared, held back for company
@@ -178,10 +185,10 @@ class BatchRunner:
                     self.books.refuse(job, queue_, refusal, model_idle=not self.jobs)
                 elif cancels.canceled_before_start(self.dequeue.connection, job):
                     cancels.record_canceled(self.dequeue.connection, job, queue_)
-                elif not batchable(job):
-                    self.parked.append((job, queue_))
-                else:
+                elif batchable(job) or streamed(job):
                     self._admit(job, queue_, runtime)
+                else:
+                    self.parked.append((job, queue_))
         if self.parked:
             self._hand_back_parked()
 
@@ -200,7 +207,7 @@ class BatchRunner:
             attempt = self.books.begin(job, queue_)
             if attempt is None:
                 return
-            entry = BatchJob(attempt)
+            entry = BatchJob(attempt, streamed=streamed(job))
             self.jobs[job.id] = entry
             if not self.books.register(attempt):
                 self._end(entry)
@@ -216,7 +223,10 @@ class BatchRunner:
         context = tasks.JobContext.from_job(
             job, cancel_check_s=self.settings.cancel_check_ms / 1000
         )
-        self.pool.submit(self._prepare, entry, runtime, payload, context)
+        if entry.streamed:
+            self.streams.submit(self._run_streamed, entry, runtime, payload, context)
+        else:
+            self.pool.submit(self._prepare, entry, runtime, payload, context)
 
     # -- beside the model ----------------------------------------------------------------------
 
@@ -229,6 +239,34 @@ class BatchRunner:
             self.events.put(Event("failed", entry, sys.exc_info()))
         else:
             self.events.put(Event("prepared", entry, prepared))
+
+    def _run_streamed(
+        self, entry: BatchJob, runtime: WorkerRuntime, payload: Any, context: tasks.JobContext
+    ) -> None:
+        """A streamed job whole, as alone, its synthesis one `run_first` task of the session."""
+        assert self.session is not None
+        engine = StreamedFirst(
+            runtime.engine,
+            self.session,
+            owned=lambda: not entry.expired,
+            claim_store=entry.claim_store,
+        )
+        self.clock.enter()
+        try:
+            result = tasks.run_synthesis(
+                dataclasses.replace(runtime, engine=engine),
+                payload,
+                context,
+                owned=lambda: not entry.expired,
+            )
+        except AttemptDropped:
+            log.warning("batch_row_dropped", job_id=entry.job_id, why="past its deadline")
+        except BaseException:
+            self.events.put(Event("failed", entry, sys.exc_info()))
+        else:
+            self.events.put(Event("finished", entry, result.model_dump(mode="json")))
+        finally:
+            self.clock.leave()
 
     def _on_synthesized(self, entry: BatchJob, future: Future[SynthesisOutput]) -> None:
         """On the model thread: claim the store (a row already failed as timed out drops its
@@ -294,7 +332,9 @@ class BatchRunner:
         if not self.waiting or self.session is None:
             return
         busy = self.session.in_flight() > 0
-        preparing = sum(1 for e in self.jobs.values() if e.prepared is None and not e.done)
+        preparing = sum(
+            1 for e in self.jobs.values() if e.prepared is None and not e.done and not e.streamed
+        )
         alone = preparing == 0 and self._queues_empty
         full = len(self.waiting) >= self.batch_size
         first = min(entry.attempt.began_at for entry in self.waiting)
@@ -338,6 +378,8 @@ class BatchRunner:
             future = entry.future
             if future is not None and not future.cancel() and future.running():
                 self.abandoned = True  # the model is still on it and cannot be interrupted
+            if entry.streamed:
+                self.abandoned = True  # it stops at its next chunk, if the model gets there
             timeout = entry.attempt.job.timeout
             error = JobTimeoutException(f"Task exceeded maximum timeout value ({timeout} seconds)")
             self._record_failure(entry, (JobTimeoutException, error, None))
@@ -399,5 +441,6 @@ class BatchRunner:
     def close(self) -> None:
         """Worker exit: stop the model thread, unless a timed-out job may still hold it."""
         self.pool.shutdown(wait=not self.abandoned, cancel_futures=True)
+        self.streams.shutdown(wait=not self.abandoned, cancel_futures=True)
         if self.session is not None and not self.abandoned:
             self.session.close()

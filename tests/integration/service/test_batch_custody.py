@@ -1,9 +1,10 @@
 """A batching worker's custody of each job: in its queue, or started under a live heartbeat.
 
-Workers load `tests.doubles.engines:batching`. Jobs that cannot join a batch (`stream: true`)
-popped during a window go straight back to the head of their queue, so the orphan sweep (at
-3 s here) never finds them nowhere and a second copy never runs; a row past its deadline stores
-nothing; a cold stop leaves every job in a list or a registry.
+Workers load `tests.doubles.engines:batching`. A job that cannot join a batch (`add_voice`)
+popped during a window goes straight back to the head of its queue, so the orphan sweep (at
+3 s here) never finds it nowhere and a second copy never runs; a streamed job popped during a
+window runs in it, ahead of the rows, once; a row past its deadline stores nothing; a cold stop
+leaves every job finished or in its queue.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 import pytest
 import redis
+import soundfile as sf
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 
@@ -48,6 +51,18 @@ def finished_lines(cluster: Cluster, logs: list[str], job: Job) -> list[dict]:
     return [e for e in lines if e.get("job_id") == job.id]
 
 
+def enqueue_voice(cluster: Cluster, connection: redis.Redis, name: str) -> Job:
+    """An add_voice job (it never joins a batch) on a one-second prompt in the storage folder."""
+    prompt = cluster.root / "out" / f"{name}.wav"
+    prompt.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(prompt, 0.3 * np.sin(np.arange(24000) / 24000 * 2 * np.pi * 220), 24000)
+    job = json_queue(connection).enqueue(
+        "workers.tasks.add_voice", name=name, prompt_audio=prompt.as_uri(), transcript="a voice"
+    )
+    record_submitted(connection, [job.id])
+    return job
+
+
 def all_events(cluster: Cluster, logs: list[str], name: str) -> list[dict]:
     return [e for log_name in logs for e in named(cluster.events(log_name), name)]
 
@@ -59,17 +74,35 @@ def test_a_job_that_cannot_join_the_window_runs_exactly_once(
     long = [enqueue(connection, f"seconds:40 long {i}", seed=i) for i in range(2)]
     cluster.start("run", log_name="w1.log", **BATCHING, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: statuses(connection, long) == ["started"] * 2, 30, "the window")
-    streamed = enqueue(connection, "seconds:1 streamed", stream=True, seed=7)
+    voice = enqueue_voice(cluster, connection, "parked")
     logs = ["w1.log"]
     if workers == 2:
         time.sleep(1.0)  # popped by the first worker's window by now
         cluster.start("run", log_name="w2.log", **BATCHING, TESTENGINE_STEP_S="0.001")
         logs.append("w2.log")
-    wait_for(lambda: statuses(connection, [*long, streamed]) == ["finished"] * 3, 60, "all")
+    wait_for(lambda: statuses(connection, [*long, voice]) == ["finished"] * 3, 60, "all")
     time.sleep(4.0)  # a second, orphaned copy would have run by now (sweep at 3 s)
-    assert len(finished_lines(cluster, logs, streamed)) == 1
-    assert result(streamed)["attempt"] == 1
+    assert len(all_events(cluster, logs, "voice_added")) == 1
+    assert len(voice.results()) == 1
     assert all_events(cluster, logs, "job_orphan_requeued") == []
+
+
+def test_a_streamed_job_popped_during_a_window_runs_ahead_of_the_rows_once(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    long = [enqueue(connection, f"seconds:80 long {i}", seed=i) for i in range(2)]
+    cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
+    wait_for(lambda: statuses(connection, long) == ["started"] * 2, 30, "the window")
+    streamed = enqueue(connection, "seconds:1 streamed", stream=True, seed=7)
+    # the rows need 500 steps of 0.05 s (25 s); the streamed job 6, ahead of them
+    wait_for(lambda: streamed.get_status() == "finished", 20, "the streamed job")
+    assert statuses(connection, long) == ["started"] * 2
+    stored = result(streamed)
+    assert stored["attempt"] == 1 and stored["timings"]["first_chunk_s"] < 10
+    wait_for(lambda: statuses(connection, long) == ["finished"] * 2, 90, "the rows")
+    time.sleep(4.0)  # a second, orphaned copy would have run by now (sweep at 3 s)
+    assert len(finished_lines(cluster, ["w.log"], streamed)) == 1
+    assert all_events(cluster, ["w.log"], "job_orphan_requeued") == []
 
 
 def test_a_job_cancelled_after_the_window_popped_it_does_not_run(
@@ -78,13 +111,13 @@ def test_a_job_cancelled_after_the_window_popped_it_does_not_run(
     long = enqueue(connection, "seconds:20 long", seed=1)
     cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: long.get_status() == "started", 30, "the window")
-    streamed = enqueue(connection, "seconds:1 streamed", stream=True)
+    voice = enqueue_voice(cluster, connection, "canceled")
     time.sleep(1.0)  # popped by the window by now
-    streamed.cancel()
+    voice.cancel()
     wait_for(lambda: long.get_status() == "finished", 60, "the window to drain")
     time.sleep(2.0)
-    assert streamed.get_status() == "canceled"
-    assert finished_lines(cluster, ["w.log"], streamed) == []
+    assert voice.get_status() == "canceled"
+    assert all_events(cluster, ["w.log"], "voice_added") == []
 
 
 def test_redis_away_during_a_window_fails_no_job_and_the_worker_stays(
@@ -133,19 +166,22 @@ def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
     assert [e["job_id"] for e in named(cluster.events("w1.log"), "batch_row_dropped")] == [slow.id]
 
 
-def test_a_cold_stop_after_the_window_leaves_every_job_in_its_queue_in_order(
+def test_a_cold_stop_during_a_window_leaves_every_job_finished_or_in_its_queue_in_order(
     cluster: Cluster, connection: redis.Redis
 ) -> None:
     batched = enqueue(connection, "seconds:2 batched", seed=1)
     first = enqueue(connection, "sleep:8 streamed one", stream=True)
     second = enqueue(connection, "sleep:8 streamed two", stream=True)
+    jobs = [batched, first, second]
     worker = cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: first.get_status() == "started", 30, "the first streamed job")
     worker.send_signal(signal.SIGTERM)
     time.sleep(1.2)  # a second signal within 1 s is treated as the same Ctrl+C
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=10) == 1
-    assert statuses(connection, [batched, first, second]) == ["finished", "queued", "queued"]
+    found = statuses(connection, jobs)
+    assert set(found) <= {"finished", "queued"}, found
+    assert found[1:] == ["queued", "queued"]  # each sleeps 8 s: neither could have finished
     queued = [raw.decode() for raw in connection.lrange(QUEUE_KEY, 0, -1)]
-    assert queued == [first.id, second.id]
+    assert queued == [job.id for job, status in zip(jobs, found, strict=True) if status == "queued"]
     assert len(StartedJobRegistry("cosyq-default", connection=connection)) == 0

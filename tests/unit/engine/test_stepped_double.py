@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.doubles.stepped import BatchingScriptedEngine, decode_steps
-from workers.engine.api import StopCheck, SynthesisCanceled, SynthesisInput
+from workers.engine.api import StopCheck, SynthesisCanceled, SynthesisInput, SynthesisOutput
 from workers.engine.batch_session import PipelineBatchSession
-from workers.engine.batching import open_batch_session
+from workers.engine.batching import SequentialSession, open_batch_session
 
 pytestmark = pytest.mark.timeout(120)
 VOICE = BatchingScriptedEngine().extract_voice(np.zeros(24000, np.float32), 24000, "a voice")
@@ -76,3 +76,39 @@ def test_a_failing_and_a_canceled_request_leave_their_neighbour_as_alone() -> No
     assert np.array_equal(output.samples, alone.samples)
     with pytest.raises(RuntimeError, match="closed"):
         session.submit(kept)
+
+
+def test_a_task_run_first_runs_between_steps_while_the_rows_wait() -> None:
+    engine = BatchingScriptedEngine()
+    session = open_batch_session(engine, 2)
+    try:
+        rows = [session.submit(request(f"seconds:8 row {i}", seed=i)) for i in range(2)]
+        # 200 steps each: the task is taken at the next step boundary, long before they end
+        seen = session.run_first(lambda: [row.done() for row in rows]).result(timeout=60)
+        assert seen == [False, False]
+        assert session.in_flight() == 2  # the rows, still in flight after the task
+        outputs = [row.result(timeout=120) for row in rows]
+    finally:
+        session.close()
+    assert [o.batch_size for o in outputs] == [2, 2]
+
+
+def test_the_sequential_session_runs_a_first_task_before_the_requests_still_queued() -> None:
+    order: list[str] = []
+
+    class Recording(BatchingScriptedEngine):
+        def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+            order.append(request.text)
+            return super().synthesize(request)
+
+    session = SequentialSession(Recording(), 1)
+    try:
+        futures = [session.submit(request(f"seconds:0.2 n{i}", seed=i)) for i in range(3)]
+        first = session.run_first(lambda: order.append("first"))
+        first.result(timeout=60)
+        for future in futures:
+            future.result(timeout=60)
+    finally:
+        session.close()
+    assert order.index("first") <= 1  # after the request already running, if any
+    assert [text for text in order if text != "first"] == [f"seconds:0.2 n{i}" for i in range(3)]

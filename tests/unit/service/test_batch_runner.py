@@ -2,8 +2,8 @@
 
 No worker process and no test engine (tests/doubles/batch_rig.py). Checked: jobs share the
 model, each ends finished in RQ's registries with its heartbeat dropped and its recycling count;
-a job that cannot join goes back to its queue's head at once; a row expired before its store
-never stores.
+a job that cannot join (add_voice) goes back to its queue's head at once, a streamed one runs in
+the window ahead of the rows; a row expired before its store never stores.
 """
 
 from __future__ import annotations
@@ -57,14 +57,33 @@ def test_jobs_share_the_real_session_and_each_is_kept_whole(rig: Rig) -> None:
 
 def test_a_job_that_cannot_join_goes_back_to_the_head_of_its_queue_at_once(rig: Rig) -> None:
     batched = rig.enqueue("a batched sentence.", seed=1)
-    streamed = rig.enqueue("a streamed sentence.", stream=True)
+    voice = rig.queue.enqueue(
+        "workers.tasks.add_voice", name="v", prompt_audio=str(rig.out / "none.wav")
+    )
     later = rig.enqueue("a later sentence.", seed=2)
     rig.runner.run(rig.first_job(), rig.queue)
     batched.refresh()
     assert batched.get_status() == "finished"
     queued = [raw.decode() for raw in rig.connection.lrange(rig.queue.key, 0, -1)]
-    assert queued[0] == streamed.id and set(queued) <= {streamed.id, later.id}
-    assert streamed.get_status() == "queued"
+    assert queued[0] == voice.id and set(queued) <= {voice.id, later.id}
+    assert voice.get_status() == "queued"
+
+
+def test_a_streamed_job_popped_during_the_window_runs_in_it_ahead_of_the_rows(rig: Rig) -> None:
+    batched = [rig.enqueue(f"batched sentence {i}.", seed=i) for i in range(2)]
+    streamed = rig.enqueue("a streamed sentence.", stream=True, seed=5)
+    rig.runner.run(rig.first_job(), rig.queue)
+    for job in [*batched, streamed]:
+        job.refresh()
+        assert job.get_status() == "finished", job.id
+        assert job.meta[keys.ATTEMPT_META_KEY] == 1
+    assert rig.connection.llen(rig.queue.key) == 0  # it ran in the window, not after it
+    result = streamed.latest_result().return_value  # type: ignore[union-attr]
+    assert result["stream"] == keys.audio_stream_key(streamed.id)
+    entries = rig.connection.xrange(result["stream"])
+    assert entries and entries[-1][1][b"final"] == b"1"
+    assert result["timings"]["first_chunk_s"] is not None
+    assert len(rig.ends) == 3
 
 
 def test_a_row_expired_before_its_store_stores_nothing_and_one_being_stored_is_not_expired(

@@ -1,0 +1,77 @@
+"""A streamed job popped during a batch window: its synthesis on the model thread, first.
+
+`StreamedFirst` is the engine as such a job's `tasks.run_synthesis` sees it. Each synthesis is
+one `run_first` task of the window's BatchSession: the rows in flight pause while it runs, so
+its first chunk comes about as soon as an idle worker's would (plus at most the step under
+way), instead of after the whole window. Its chunks go out from the model thread as they are
+made. Once its attempt is past its deadline nothing more of it is written: the next chunk, or
+the store claim after the model, raises `AttemptDropped`, and the retry owns the stream and
+the key (the same rule as a batched row's, workers/service/batch_rows.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from workers.engine.api import (
+    ChunkSink,
+    ModelIdentity,
+    StreamingEngine,
+    SynthesisEngine,
+    SynthesisInput,
+    SynthesisOutput,
+    VoicePrompt,
+)
+from workers.engine.batching import BatchSession
+
+
+class AttemptDropped(Exception):
+    """The attempt timed out in its window: its audio is dropped, its retry owns the key."""
+
+
+class StreamedFirst:
+    """The worker's engine, each synthesis run by `session.run_first` for one attempt."""
+
+    def __init__(
+        self,
+        engine: SynthesisEngine,
+        session: BatchSession,
+        *,
+        owned: Callable[[], bool],  # False once the window expired the attempt
+        claim_store: Callable[[], bool],  # after the model: False when expired meanwhile
+    ) -> None:
+        self.engine = engine
+        self.session = session
+        self.owned = owned
+        self.claim_store = claim_store
+        self.identity: ModelIdentity = engine.identity
+        self.sample_rate: int = engine.sample_rate
+
+    def warm_up(self) -> None:
+        """Warmed up with the worker already."""
+
+    def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
+        return self.engine.extract_voice(samples, sample_rate, transcript)
+
+    def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
+        return self.synthesize_streaming(request, lambda samples: None)
+
+    def synthesize_streaming(self, request: SynthesisInput, on_chunk: ChunkSink) -> SynthesisOutput:
+        def sink(samples: np.ndarray) -> None:
+            if not self.owned():
+                raise AttemptDropped("past its deadline: the retry owns its stream")
+            on_chunk(samples)
+
+        def task() -> SynthesisOutput:
+            if isinstance(self.engine, StreamingEngine):
+                return self.engine.synthesize_streaming(request, sink)
+            output = self.engine.synthesize(request)  # an engine that cannot stream: one chunk
+            sink(output.samples)
+            return output
+
+        output = self.session.run_first(task).result()
+        if not self.claim_store():
+            raise AttemptDropped("past its deadline: the retry owns its key")
+        return output
