@@ -2,13 +2,16 @@
 
 Conversion is the slow part of these tests, so one session-scoped fixture converts the micro
 model once (fp16, flexible lengths) through the `cosyq-worker convert` command and every test
-reads that folder.
+reads that folder. Under pytest-xdist the test processes share it: the first to need it
+converts under a file lock in the run's common temp folder, the others wait and read it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,17 +44,40 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """A folder every test process of this run sees, held under an exclusive lock meanwhile
+    (xdist gives each process its own basetemp below one common parent)."""
+    common = tmp_path_factory.getbasetemp().parent
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        common = tmp_path_factory.getbasetemp()
+    with open(common / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield common / name
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_micro_model_dir(tmp_path_factory.mktemp("micro-model"))
+    with shared_folder(tmp_path_factory, "micro-model") as folder:
+        if not (folder / "config.json").exists():
+            folder.mkdir(exist_ok=True)
+            write_micro_model_dir(folder)
+        return folder
 
 
 @pytest.fixture(scope="session")
 def converted(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Converted:
-    """The micro model converted once: fp16, no weight compression, flexible lengths."""
-    out_dir = tmp_path_factory.mktemp("micro-coreml")
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        status = worker_cli(["convert", str(micro_model_dir), str(out_dir)])
-    assert status == 0, printed.getvalue()
-    return Converted(micro_model_dir, out_dir, read_manifest(out_dir), printed.getvalue())
+    """The micro model converted once per run: fp16, no weight compression, flexible lengths."""
+    with shared_folder(tmp_path_factory, "micro-coreml") as out_dir:
+        printed_file = out_dir.with_suffix(".printed")
+        if not printed_file.exists():
+            out_dir.mkdir(exist_ok=True)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                status = worker_cli(["convert", str(micro_model_dir), str(out_dir)])
+            assert status == 0, printed.getvalue()
+            printed_file.write_text(printed.getvalue())
+        return Converted(micro_model_dir, out_dir, read_manifest(out_dir), printed_file.read_text())
