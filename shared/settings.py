@@ -301,6 +301,13 @@ class Settings(FrontSettings, QualitySettings, TenantSettings, BaseSettings):
     batch_poll_ms: float = Field(
         10.0, gt=0, le=1000, description="how often a batching worker looks for jobs to add"
     )
+    batch_stream_peek_ms: float = Field(
+        100.0,
+        gt=0,
+        le=5000,
+        description="how often a full batch window looks for a streamed job at a queue's head "
+        "(it runs ahead of the rows: its first chunk waits at most this much more)",
+    )
     batch_io_threads: int = Field(
         2, ge=1, le=32, description="threads that validate, encode and store beside the model"
     )

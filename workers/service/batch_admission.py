@@ -160,6 +160,7 @@ class BatchDequeue:
         ]
         self.guard = guard
         self._pop_many = connection.register_script(_POP_MANY)
+        self._not_streamed: dict[str, str] = {}  # queue key -> its head, known not streamed
 
     def _popped_ids(self, n: int) -> list[tuple[Queue, str]]:
         """One script call; each group then turns to start after the last queue it gave."""
@@ -196,6 +197,38 @@ class BatchDequeue:
                 into.held.append((job, queue))
                 added += 1
         return added
+
+    def pop_streamed_head(self, into: PoppedJobs) -> bool:
+        """With the window full: take the first queue head (priority order) that is a streamed
+        job, so it never waits for a row to free up (it runs ahead of the rows, not in one).
+        `LREM` is the claim: of two workers peeking at the same head, one gets it. A head that
+        is not streamed is remembered and not fetched again; one that will not load is left
+        for the ordinary pop to refuse."""
+        order = [key for group in self.groups for key in group]
+        with self.connection.pipeline(transaction=False) as pipe:
+            for key in order:
+                pipe.lindex(key, 0)
+            heads = pipe.execute()
+        with self.guard.held():
+            for key, raw in zip(order, heads, strict=True):
+                if raw is None or self._not_streamed.get(key) == as_text(raw):
+                    continue
+                job_id = as_text(raw)
+                try:
+                    job = CosyqJob.fetch(
+                        job_id, connection=self.connection, serializer=JSONSerializer
+                    )
+                except redis.RedisError:
+                    raise  # an outage: the caller waits it out
+                except Exception:
+                    continue
+                if not streamed(job):
+                    self._not_streamed[key] = job_id
+                    continue
+                if self.connection.lrem(key, 1, job_id) == 1:
+                    into.held.append((job, self.queues[key]))
+                    return True
+        return False
 
     def push_back_popped(self, popped: Sequence[tuple[Job, Queue]]) -> None:
         """Put popped, unstarted jobs back at the head of their queues, first one first."""

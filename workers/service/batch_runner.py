@@ -12,8 +12,9 @@ Timeouts are per-job deadlines checked here (SIGALRM cannot time one of several 
 past its deadline fails as timed out and the worker retires; its audio, if the model still
 makes it, is dropped (the retry owns the key). A streamed job (`stream: true`) runs on the
 model thread ahead of the rows, which pause meanwhile (workers/service/streamed_first.py), so
-its first chunk never waits for the window. A job that cannot join at all (`add_voice`) goes
-straight back to the head of its queue and admission closes: once the rows in flight are done,
+its first chunk never waits for the window (a full window still takes one from a queue's head
+every COSYQ_BATCH_STREAM_PEEK_MS). A job that cannot join at all (`add_voice`) goes straight
+back to the head of its queue and admission closes: once the rows in flight are done,
 the worker takes it next, alone. A stop closes admission too: popped jobs not
 yet started go back to the head of their queue in order, started ones are finished; so does a
 row whose store failed for good (the worker probes storage once the window drained). A cold stop
@@ -101,6 +102,8 @@ class BatchRunner:
         self.tenants = settings.tenant_names()  # a job naming another one is refused
         self.wait_s = settings.batch_wait_ms / 1000
         self.poll_s = settings.batch_poll_ms / 1000
+        self.peek_s = settings.batch_stream_peek_ms / 1000
+        self._peeked_at = 0.0
         self.guard = ColdStopGuard()  # the worker's cold stop waits while a job changes hands
         self.dequeue = BatchDequeue(connection, queues, self.guard)
         self.popped = PoppedJobs()
@@ -169,6 +172,23 @@ class BatchRunner:
                 log.warning("batch_dequeue_failed", error=str(e))
                 got = 0
             self._queues_empty = got == 0
+        elif self._streamed_lane_open() and time.monotonic() >= self._peeked_at + self.peek_s:
+            self._peeked_at = time.monotonic()
+            try:
+                self.dequeue.pop_streamed_head(self.popped)
+            except REDIS_OUTAGE as e:
+                log.warning("batch_dequeue_failed", error=str(e))
+
+    def _streamed_lane_open(self) -> bool:
+        """A full window still takes a streamed job at a queue's head (one at a time, within
+        the recycling budget): it runs ahead of the rows, it does not need one."""
+        held = len(self.jobs) + len(self.popped.held)
+        return (
+            self._admitting()
+            and not self.popped.held
+            and not any(entry.streamed for entry in self.jobs.values())
+            and self.gate.jobs_left() > held
+        )
 
     def _admit_popped(self, runtime: WorkerRuntime) -> None:
         """Start what was popped; give it back if the worker is stopping or retiring."""
@@ -389,6 +409,8 @@ class BatchRunner:
         wake = IDLE_WAKE_S
         if self._room() > 0:
             wake = min(wake, self.poll_s)
+        elif self._streamed_lane_open():
+            wake = min(wake, self._peeked_at + self.peek_s - moment)
         if self.waiting:
             first = min(entry.attempt.began_at for entry in self.waiting)
             wake = min(wake, first + self.wait_s - moment)

@@ -87,11 +87,12 @@ def test_a_job_that_cannot_join_the_window_runs_exactly_once(
     assert all_events(cluster, logs, "job_orphan_requeued") == []
 
 
-def test_a_streamed_job_popped_during_a_window_runs_ahead_of_the_rows_once(
+def test_a_streamed_job_sent_to_a_full_window_runs_ahead_of_the_rows_once(
     cluster: Cluster, connection: redis.Redis
 ) -> None:
     long = [enqueue(connection, f"seconds:80 long {i}", seed=i) for i in range(2)]
-    cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
+    full = {**BATCHING, "COSYQ_BATCH_SIZE": "2"}  # no room left: it is taken from the head
+    cluster.start("run", log_name="w.log", **full, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: statuses(connection, long) == ["started"] * 2, 30, "the window")
     streamed = enqueue(connection, "seconds:1 streamed", stream=True, seed=7)
     # the rows need 500 steps of 0.05 s (25 s); the streamed job 6, ahead of them

@@ -72,3 +72,22 @@ def test_queue_jobs_are_listed_one_line_each_and_in_the_json() -> None:
     assert "job 2: first chunk 1.50 s after submit (n/a after job start" in table
     doc = json.loads(json.dumps(asdict(bench)))
     assert [job["first_from_start_s"] for job in doc["queue"]["jobs"]] == [2.0, None]
+
+
+def test_the_backlog_job_is_judged_against_the_idle_worker_s_last_job() -> None:
+    import json  # noqa: PLC0415
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from workers.tools.bench.stream_bench import QueueFigures, QueueRuns  # noqa: PLC0415
+
+    jobs = [QueueFigures(2.5, 2.2, 9.0, 4, 0.1), QueueFigures(1.5, 2.0, 8.0, 4, 0.0)]
+    queue = QueueRuns(jobs=jobs, backlog=QueueFigures(3.4, 2.9, 12.0, 4, 0.0), backlog_jobs=8)
+    bench = StreamBench("m", 250, 5.0, [run([0.5], [1.0], 5.0)], (1.0, 1.0), queue=queue)
+    table = format_table(bench)
+    assert "behind a backlog (8 non-streamed jobs queued" in table
+    assert "<= 1.5x an idle worker's (job start to first chunk): met (1.45x)" in table
+    queue.backlog = QueueFigures(9.0, 4.0, 12.0, 4, 0.0)
+    assert "MISSED (2.00x)" in format_table(bench)
+    doc = json.loads(json.dumps(asdict(bench)))
+    assert doc["queue"]["backlog"]["first_from_start_s"] == 4.0
+    assert doc["queue"]["backlog_jobs"] == 8

@@ -8,17 +8,20 @@ chunk's position; `--compare-recompute` adds one run without it) and whether pla
 started at the first chunk would ever stall. Then, unless skipped, the same through the real
 queue: a private redis-server, one `cosyq-worker run` process, a producer submitting
 `stream: true` and reading with `CosyqClient.stream`: first chunk from submit, and
-`timings.first_chunk_s` from job start.
+`timings.first_chunk_s` from job start; then (`backlog_jobs` > 0) one streamed job sent to a
+`COSYQ_BATCH_SIZE=8` worker already decoding a backlog of non-streamed jobs (`queue.backlog`).
 The machine's load average is printed beside the figures: compare ratios within one run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from workers.tools.bench.engine_bench import BenchOptions, bench_engine_and_requ
 
 FORCED_ENV = "BENCH_STREAM_FORCED_TOKENS"  # read by `forced_engine` in the bench's worker
 FULL_RANDOM_STREAM_TOKENS = 250  # 10 s of audio: what upstream's figure was measured on
+BACKLOG_BATCH_SIZE = 8  # the batching worker of `queue.backlog` (README's backlog setting)
 
 
 @dataclass
@@ -82,6 +86,8 @@ class QueueRuns:
     first pays what a voice's first job pays, the later ones show the steady state."""
 
     jobs: list[QueueFigures]
+    backlog: QueueFigures | None = None  # one streamed job to a batching worker with a backlog
+    backlog_jobs: int = 0  # the non-streamed jobs queued before it
 
 
 @dataclass
@@ -141,6 +147,7 @@ def run(
     through_queue: bool,
     compare_recompute: bool = False,
     queue_jobs: int = 2,
+    backlog_jobs: int = 8,
 ) -> StreamBench:
     torch.set_num_threads(options.threads)
     load_before = os.getloadavg()[0]
@@ -157,7 +164,11 @@ def run(
         runs = [_streamed(engine, request) for _ in range(jobs)]
         recompute = _recomputed(engine, request) if compare_recompute else None
         del engine
-        queue = _through_queue(root, options, Path(workdir), queue_jobs) if through_queue else None
+        queue = (
+            _through_queue(root, options, Path(workdir), queue_jobs, backlog_jobs)
+            if through_queue
+            else None
+        )
     return StreamBench(
         model=root.name,
         tokens=forced_tokens(options),
@@ -179,9 +190,11 @@ def _recomputed(engine: Any, request: SynthesisInput) -> StreamRun:
         engine.flow.stream_cache = True
 
 
-def _through_queue(root: Path, options: BenchOptions, workdir: Path, jobs: int) -> QueueRuns:
+def _through_queue(
+    root: Path, options: BenchOptions, workdir: Path, jobs: int, backlog_jobs: int
+) -> QueueRuns:
     """`jobs` streamed jobs, one after another, through a real redis-server and one real
-    `cosyq-worker run`."""
+    `cosyq-worker run`; then one streamed job to a fresh batching worker with a backlog."""
     import redis  # noqa: PLC0415
 
     from producer.client import CosyqClient  # noqa: PLC0415
@@ -198,22 +211,51 @@ def _through_queue(root: Path, options: BenchOptions, workdir: Path, jobs: int) 
         )
         if options.tokens is not None:
             env[FORCED_ENV] = str(options.tokens)
-        log = (workdir / "worker.log").open("wb")
+        settings = load_settings(env_file=None).model_copy(
+            update={"redis_url": server.url, "storage_url": (workdir / "out").as_uri()}
+        )
+        with CosyqClient(settings, connection=redis.Redis.from_url(server.url)) as client:
+            with _worker(env, workdir / "worker.log", client, stop=True):
+                figures = [_queue_job(client, options) for _ in range(jobs)]
+            backlog = None
+            if backlog_jobs > 0:
+                batching = {**env, "COSYQ_BATCH_SIZE": str(BACKLOG_BATCH_SIZE)}
+                with _worker(batching, workdir / "batching.log", client, stop=False):
+                    backlog = _behind_a_backlog(client, options, backlog_jobs)
+    return QueueRuns(jobs=figures, backlog=backlog, backlog_jobs=backlog_jobs)
+
+
+@contextlib.contextmanager
+def _worker(env: dict[str, str], log_path: Path, client: Any, *, stop: bool) -> Iterator[None]:
+    """One `cosyq-worker run` until the block ends: stopped (SIGTERM, its job finished) or,
+    with `stop` False, killed (a backlog it was decoding is of no more use)."""
+    with log_path.open("wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "run"], env=env, stdout=log, stderr=log
         )
         try:
-            settings = load_settings(env_file=None).model_copy(
-                update={"redis_url": server.url, "storage_url": (workdir / "out").as_uri()}
-            )
-            with CosyqClient(settings, connection=redis.Redis.from_url(server.url)) as client:
-                _wait_ready(client, worker, workdir / "worker.log")
-                figures = [_queue_job(client, options) for _ in range(jobs)]
+            _wait_ready(client, worker, log_path)
+            yield
         finally:
-            worker.terminate()
+            if stop:
+                worker.terminate()
+            else:
+                worker.kill()
             worker.wait(timeout=60)
-            log.close()
-    return QueueRuns(jobs=figures)
+
+
+def _behind_a_backlog(client: Any, options: BenchOptions, backlog_jobs: int) -> QueueFigures:
+    """`backlog_jobs` non-streamed jobs first; once the worker's window runs, one streamed."""
+    backlog = [
+        client.submit({"text": options.text, "seed": options.seed + 1 + i})
+        for i in range(backlog_jobs)
+    ]
+    deadline = time.monotonic() + 3600
+    while not any(client.status(job).state == "started" for job in backlog):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the batching worker never started its backlog")
+        time.sleep(0.2)
+    return _queue_job(client, options)
 
 
 def _queue_job(client: Any, options: BenchOptions) -> QueueFigures:
@@ -232,11 +274,9 @@ def _queue_job(client: Any, options: BenchOptions) -> QueueFigures:
 
 
 def _wait_ready(client: Any, worker: subprocess.Popen[bytes], log: Path) -> None:
-    """Until the worker process has registered with RQ (its model loaded and warmed up)."""
-    from rq import Worker  # noqa: PLC0415
-
+    """Until this worker process says it is ready (its model loaded and warmed up)."""
     deadline = time.monotonic() + 3600
-    while not Worker.all(connection=client.connection):
+    while '"worker_ready"' not in log.read_text(encoding="utf-8", errors="replace"):
         if worker.poll() is not None or time.monotonic() > deadline:
             tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
             raise RuntimeError(f"the bench's worker did not start:\n{tail}")

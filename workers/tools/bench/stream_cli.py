@@ -12,6 +12,7 @@ from workers.tools.bench.cli import set_omp_wait_policy
 FIRST_CHUNK_TARGET_S = 3.0
 FIRST_CHUNK_SHARE = 0.15  # of the non-streaming job's time
 TOTAL_SLACK = 0.15  # the stream's total within 15% of the non-streaming job
+BACKLOG_FACTOR = 1.5  # first chunk behind a batch backlog: at most this times an idle worker's
 
 
 def register_bench(commands: Any) -> None:
@@ -34,6 +35,13 @@ def register_bench(commands: Any) -> None:
         help="streamed jobs of the same voice sent one after another to the worker (default 2)",
     )
     stream.add_argument(
+        "--backlog-jobs",
+        type=int,
+        default=8,
+        help="non-streamed jobs queued to a COSYQ_BATCH_SIZE=8 worker before one streamed job "
+        "(queue.backlog; default 8, 0 skips it)",
+    )
+    stream.add_argument(
         "--compare-recompute",
         action="store_true",
         help="one more streamed run without the flow cache (every hop re-runs the prefix)",
@@ -45,6 +53,8 @@ def register_bench(commands: Any) -> None:
 def run_stream_bench(args: argparse.Namespace) -> int:
     if args.jobs < 1 or args.queue_jobs < 1:
         raise SystemExit("cosyq-worker bench stream: --jobs and --queue-jobs must be at least 1")
+    if args.backlog_jobs < 0:
+        raise SystemExit("cosyq-worker bench stream: --backlog-jobs must be 0 or more")
     set_omp_wait_policy(args.omp_wait_policy)
     from workers.tools.bench import stream_bench  # noqa: PLC0415 (torch only when it runs)
     from workers.tools.bench.engine_bench import BenchOptions  # noqa: PLC0415
@@ -56,6 +66,7 @@ def run_stream_bench(args: argparse.Namespace) -> int:
         through_queue=not args.no_queue,
         compare_recompute=args.compare_recompute,
         queue_jobs=args.queue_jobs,
+        backlog_jobs=args.backlog_jobs,
     )
     print(json.dumps(asdict(result)) if args.json else format_table(result))
     return 0
@@ -128,4 +139,31 @@ def format_table(result: Any) -> str:
                 f"({start} after job start, queue wait {q.queue_wait_s:.2f} s), "
                 f"last {q.last_from_submit_s:.2f} s, {q.chunks} entries"
             )
+        lines += _backlog_lines(result.queue)
     return "\n".join(lines)
+
+
+def _backlog_lines(queue: Any) -> list[str]:
+    """The streamed job behind a batch backlog against the idle worker's last job."""
+    backlog, idle = queue.backlog, queue.jobs[-1]
+    if backlog is None:
+        return []
+    lines = [
+        "",
+        f"behind a backlog ({queue.backlog_jobs} non-streamed jobs queued to a "
+        "COSYQ_BATCH_SIZE=8 worker first):",
+        f"  first chunk {backlog.first_from_submit_s:.2f} s after submit "
+        f"({_seconds(backlog.first_from_start_s)} after job start), "
+        f"last {backlog.last_from_submit_s:.2f} s, {backlog.chunks} entries",
+    ]
+    if backlog.first_from_start_s is not None and idle.first_from_start_s is not None:
+        ratio = backlog.first_from_start_s / idle.first_from_start_s
+        lines.append(
+            f"target first chunk behind a backlog <= {BACKLOG_FACTOR:g}x an idle worker's "
+            f"(job start to first chunk): {_verdict(ratio <= BACKLOG_FACTOR)} ({ratio:.2f}x)"
+        )
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
