@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.ndimage import minimum_filter1d, uniform_filter1d
+from scipy.signal import resample_poly
 
 from workers.engine.quality import integrated_loudness, silence_runs, true_peak
 
@@ -63,16 +65,12 @@ def limit_peaks(samples: np.ndarray, sample_rate: int, ceiling: float) -> np.nda
     if samples.size == 0:
         return samples
     factor = 4
-    from scipy.signal import resample_poly  # noqa: PLC0415 - scipy costs a worker start ~1 s
-
     upsampled = np.abs(resample_poly(samples, factor, 1))[: samples.size * factor]
     peaks = np.maximum(upsampled.reshape(samples.size, factor).max(axis=1), np.abs(samples))
     need = np.minimum(1.0, ceiling / np.maximum(peaks, 1e-12))
     if need.min() >= 1.0:
         return samples
     radius = max(1, round(LIMITER_SMOOTH_S * sample_rate))
-    from scipy.ndimage import minimum_filter1d, uniform_filter1d  # noqa: PLC0415 - as above
-
     held = minimum_filter1d(need, size=4 * radius + 1, mode="nearest")
     gain = uniform_filter1d(held, size=2 * radius + 1, mode="nearest")
     return samples * gain

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyloudnorm
+from scipy.signal import resample_poly
 
 FRAME_S = 0.02
 CLIP_LEVEL = 0.989  # HiFT clamps to its audio_limit (0.99): a sample there was cut off
@@ -103,8 +105,6 @@ def integrated_loudness(samples: np.ndarray, sample_rate: int) -> float | None:
     """ITU-R BS.1770-4 integrated loudness (LUFS) by pyloudnorm; None when undefined."""
     if samples.size < LOUDNESS_MIN_S * sample_rate:
         return None
-    import pyloudnorm  # noqa: PLC0415 - it imports scipy: ~1 s off every worker start
-
     value = float(pyloudnorm.Meter(sample_rate).integrated_loudness(samples.astype(np.float64)))
     return value if math.isfinite(value) else None
 
@@ -115,8 +115,6 @@ def true_peak(samples: np.ndarray, sample_rate: int) -> float:
     if samples.size == 0:
         return 0.0
     factor = TRUE_PEAK_OVERSAMPLING * (2 if sample_rate < 48_000 else 1)
-    from scipy.signal import resample_poly  # noqa: PLC0415 - scipy costs a worker start ~1 s
-
     upsampled = resample_poly(samples.astype(np.float64), factor, 1)
     return float(max(np.max(np.abs(upsampled)), np.max(np.abs(samples))))
 
@@ -139,11 +137,3 @@ def tail_repetition(tokens: Sequence[int] | np.ndarray) -> float:
 
 def _db(linear: float) -> float | None:
     return 20.0 * math.log10(linear) if linear > 0 else None
-
-
-def preload_measures() -> None:
-    """Import what the measures use (pyloudnorm, scipy: ~1-3 s) on a thread of its own once the
-    worker is ready, so neither the worker's start nor its first job waits for it."""
-    import pyloudnorm  # noqa: F401, PLC0415
-    import scipy.ndimage  # noqa: PLC0415
-    import scipy.signal  # noqa: F401, PLC0415

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,7 +33,6 @@ from shared.storage import Storage, open_storage
 from shared.storage_probe import ProbeOutcome, wait_for_storage
 from shared.storage_retry import Backoff
 from shared.voices import VoiceRegistry
-from workers.engine.quality import preload_measures
 from workers.service import control, host, metrics
 from workers.service.admission import CosyqJob
 from workers.service.engine_loading import LoadedEngine, load_engine
@@ -245,7 +243,6 @@ class WorkerLifecycle:
             clear_start_failure(self.housekeeper.connection, **self._place())
         except redis.RedisError as e:
             log.warning("start_failure_not_cleared", error=str(e))
-        threading.Thread(target=preload_measures, name="cosyq-preload", daemon=True).start()
         log.info(
             "worker_ready",
             worker=self.identity.name,
