@@ -153,22 +153,22 @@ class PipelineBatchSession:
 
     def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
         future: Future[SynthesisOutput] = Future()
-        with self._lock:
-            if self._closing:
-                raise RuntimeError("the batch session is closed")
-            self._pending += 1
-        self._queue.put(Job(request, future))
+        self._enqueue(Job(request, future))
         return future
 
     def run_first(self, task: Callable[[], T]) -> Future[T]:
         """Run `task` on the model thread at the next step boundary, ahead of every row."""
         future: Future[T] = Future()
+        self._enqueue(FirstTask(task, future))
+        return future
+
+    def _enqueue(self, item: Job | FirstTask) -> None:
+        """Count the item in flight and hand it to the model thread (refused once closing)."""
         with self._lock:
             if self._closing:
                 raise RuntimeError("the batch session is closed")
             self._pending += 1
-        self._queue.put(FirstTask(task, future))
-        return future
+        self._queue.put(item)
 
     def in_flight(self) -> int:
         with self._lock:
