@@ -265,6 +265,13 @@ class Settings(FrontSettings, QualitySettings, TenantSettings, BaseSettings):
         "per second of prompt + speech); never passed: the chunk that would need more and the "
         "piece's later ones recompute the prefix",
     )
+    stream_voice_cache_max_mb: float = Field(
+        1024.0,
+        ge=0,
+        description="primed flow prompt prefixes kept per worker process, least recently used "
+        "voice first out (full model in fp32: ~0.23 GB per prompt second); a voice's later "
+        "streamed pieces skip its prompt's frames in their first chunk; 0 turns it off",
+    )
     stream_block_ms: int = Field(
         1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
     )

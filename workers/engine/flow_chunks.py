@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from workers.engine.api import VoicePrompt
+from workers.engine.voice_prefixes import PrefixUse, VoicePrefixes
 from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.model.flow.stream import FlowStreamCache
 from workers.model.flow.stream_layers import CacheFull
@@ -63,16 +64,25 @@ class CachedFlowChunks:
         device: torch.device,
         *,
         max_bytes: int | None = None,
+        prefixes: VoicePrefixes | None = None,
     ) -> None:
         self.device = device
-        with torch.inference_mode():
-            self.cache = FlowStreamCache(
+
+        def fresh() -> FlowStreamCache:
+            return FlowStreamCache(
                 model,
                 _tensor(prompt.speech_tokens.astype(np.int32), device),
                 _tensor(prompt.mel, device),
                 _tensor(prompt.embedding, device),
                 max_bytes=max_bytes,
             )
+
+        self.prefix_use: PrefixUse | None = None  # None: no voice store
+        with torch.inference_mode():
+            if prefixes is None:
+                self.cache = fresh()
+            else:
+                self.cache, self.prefix_use = prefixes.stream(prompt, fresh, max_bytes=max_bytes)
 
     @torch.inference_mode()
     def mel(self, tokens: np.ndarray, *, finalize: bool) -> np.ndarray:
@@ -96,6 +106,7 @@ class BoundedFlowChunks:
         self.fallback = fallback
         self.switched_at: int | None = None
         self.peak_bytes = 0
+        self.prefix_use = cached.prefix_use
         self._given: list[np.ndarray] = []
 
     def mel(self, tokens: np.ndarray, *, finalize: bool) -> np.ndarray:

@@ -53,6 +53,7 @@ from workers.engine.streaming import PieceStream, StreamSchedule
 from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
+from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.directory import QWEN_DIR
 from workers.model.llm.batch import BatchDecoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
@@ -377,6 +378,13 @@ def _check_request(request: SynthesisInput) -> None:
         raise InvalidRequestError(f"seed: {request.seed} is outside 0-{2**32 - 1:,}")
 
 
+def voice_prefixes(schedule: StreamSchedule) -> VoicePrefixes | None:
+    """The per-voice store of primed flow streams the schedule asks for (None: off)."""
+    if schedule.voice_cache_max_mb <= 0:
+        return None
+    return VoicePrefixes(int(schedule.voice_cache_max_mb * 2**20))
+
+
 def build_engine(
     model_dir: Path,
     *,
@@ -426,7 +434,7 @@ def build_engine(
         frontend=frontend,
         voices=voices,
         llm=llm or ModuleSpeechTokens(loaded.llm),
-        flow=flow or ModuleFlow(loaded.flow),
+        flow=flow or ModuleFlow(loaded.flow, voice_prefixes=voice_prefixes(options.stream)),
         vocoder=vocoder or ModuleVocoder(loaded.hift),
         identity=identity,
         sample_rate=configs.hift.sampling_rate,

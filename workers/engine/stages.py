@@ -25,6 +25,7 @@ from workers.engine.flow_chunks import (
     CachedFlowChunks,
     RecomputedFlowChunks,
 )
+from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.flow.batch import FlowRow, batched_inference
 from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.model.hift.config import HiFTConfig
@@ -152,6 +153,8 @@ class ModuleFlow:
 
     `stream_cache` (default on): a streamed piece runs our torch flow incrementally
     (`FlowStreamCache`); off, every hop re-runs the flow over the whole prefix (`mel_chunk`).
+    `voice_prefixes`: the per-voice store of primed streams the cached path starts from (None:
+    every piece computes its prompt's frames).
     """
 
     def __init__(
@@ -161,11 +164,13 @@ class ModuleFlow:
         name: str = "torch",
         device: torch.device | None = None,
         stream_cache: bool = True,
+        voice_prefixes: VoicePrefixes | None = None,
     ):
         self.model = model
         self.name = name
         self.device = device or module_device(model)
         self.stream_cache = stream_cache
+        self.voice_prefixes = voice_prefixes
 
     @torch.inference_mode()
     def mel(self, tokens: np.ndarray, prompt: VoicePrompt) -> np.ndarray:
@@ -198,9 +203,12 @@ class ModuleFlow:
         past `cache_max_bytes` and the piece's later hops are recomputed instead."""
         if not (self.stream_cache and isinstance(self.model, CausalMaskedDiffWithXvec)):
             return RecomputedFlowChunks(self, prompt)
+        prefixes = self.voice_prefixes
         if cache_max_bytes is None:
-            return CachedFlowChunks(self.model, prompt, self.device)
-        cached = CachedFlowChunks(self.model, prompt, self.device, max_bytes=cache_max_bytes)
+            return CachedFlowChunks(self.model, prompt, self.device, prefixes=prefixes)
+        cached = CachedFlowChunks(
+            self.model, prompt, self.device, max_bytes=cache_max_bytes, prefixes=prefixes
+        )
         return BoundedFlowChunks(cached, RecomputedFlowChunks(self, prompt))
 
     @torch.inference_mode()

@@ -44,12 +44,15 @@ class StreamSchedule:
     scale: int = 2
     mel_cache_frames: int = 8
     flow_cache_max_mb: float = 2048.0  # per piece; past it later hops recompute the prefix
+    voice_cache_max_mb: float = 1024.0  # primed prompt prefixes kept per process (0: none)
 
     def __post_init__(self) -> None:
         if self.first_hop < 1 or self.max_hop < self.first_hop or self.scale < 1:
             raise ValueError("stream schedule: need 1 <= first_hop <= max_hop and scale >= 1")
         if not self.flow_cache_max_mb > 0:
             raise ValueError("stream schedule: flow_cache_max_mb must be > 0")
+        if self.voice_cache_max_mb < 0:
+            raise ValueError("stream schedule: voice_cache_max_mb must be >= 0")
 
     def hops(self, prompt_tokens: int, chunk_tokens: int) -> Iterator[int]:
         """Hop lengths in tokens; the first is padded by ceil(P/C)·C − P (P prompt tokens, C
@@ -125,9 +128,11 @@ class PieceStream:
         self.prompt = prompt
         self.generator = generator
         self.timed = timed
-        self.flow_chunks = flow.open_stream(
-            prompt, cache_max_bytes=int(schedule.flow_cache_max_mb * 2**20)
-        )
+        with timed("flow"):  # a voice's first piece primes its prompt's frames here
+            self.flow_chunks = flow.open_stream(
+                prompt, cache_max_bytes=int(schedule.flow_cache_max_mb * 2**20)
+            )
+        self.prefix_use = getattr(self.flow_chunks, "prefix_use", None)  # bench, tests
         self.tokens: list[int] = []
         self.offset = 0  # tokens whose mel frames were emitted
         self.given = 0  # tokens handed to the flow (the look-ahead ones too)

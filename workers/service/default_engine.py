@@ -45,6 +45,7 @@ def engine_options(settings: Settings) -> EngineOptions:
             first_hop=settings.stream_first_hop_tokens,
             max_hop=max(settings.stream_max_hop_tokens, settings.stream_first_hop_tokens),
             flow_cache_max_mb=settings.stream_flow_cache_max_mb,
+            voice_cache_max_mb=settings.stream_voice_cache_max_mb,
         ),
     )
 

@@ -25,10 +25,16 @@ raises `CacheFull` before it is made), the encoder's ~30 KB per frame; a piece's
 is bounded by its speech tokens (the LLM's maximum per piece) and the noise buffer (15000
 frames). The cache is per request (per piece), never on the shared model; drop it after the
 final pass.
+
+The prompt's own positions before the last chunk edge that its look-ahead does not cross
+(`voice_edge`) depend on the voice alone (prompt tokens, prompt mel, speaker embedding, the
+fixed noise): `prime` computes them once, and `fork` gives each later request of the voice a
+cache that starts there (`workers.engine.voice_prefixes` keeps them per voice).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -92,6 +98,33 @@ class FlowStreamCache:
         ]
         self.finished = False
 
+    def voice_edge(self) -> int:
+        """Tokens of the prompt whose states depend on the voice alone: the last chunk edge
+        at or before P - look-ahead (0: none, or no chunk masks)."""
+        if self.period == 0:
+            return 0
+        return max(0, (self.prompt_token.size(1) - self.lookahead) // self.period * self.period)
+
+    def prime(self) -> int:
+        """Compute the voice-only prefix (before any target token); returns its tokens."""
+        edge = self.voice_edge()
+        if edge == 0 or self.kept or self.pending.size(1) != self.prompt_token.size(1):
+            return 0
+        self._pass(Span(0, edge, edge), finalize=False)
+        self.kept, self.pending = edge, self.pending[:, edge:]
+        return edge
+
+    def fork(self, *, max_bytes: int | None = None) -> FlowStreamCache:
+        """A new request's cache going on from this one's kept positions (a primed prefix),
+        under its own byte limit; this one is only read (its buffers are copied on write)."""
+        if self.finished:
+            raise ValueError("flow stream: cannot fork a finished stream")
+        forked = copy.copy(self)  # the prompt tensors and counters; `pending` is never mutated
+        forked.budget = CacheBudget(max_bytes)
+        forked.encoder = self.encoder.fork(forked.budget)
+        forked.steps = [step.fork(forked.budget) for step in self.steps]
+        return forked
+
     def advance(self, tokens: Tensor, *, finalize: bool) -> Tensor:
         """New target tokens (1, n) -> mel (1, 80, frames) float32 not returned before."""
         self._check(tokens, finalize)
@@ -119,7 +152,7 @@ class FlowStreamCache:
         """Encoder, then the 10 Euler steps, over the span's tokens -> mel (1, 80, frames)."""
         flow = self.flow
         h = flow.embed_tokens(self.pending)  # (1, m, D)
-        context = None if finalize else h[:, span.length :]
+        context = None if finalize else h[:, span.length : span.length + self.lookahead]
         mu = flow.encoder_proj(self.encoder(h[:, : span.length], context, span))  # (1, f, 80)
         frames = span.scaled(self.ratio)
         cond = self._condition(frames, like=mu)

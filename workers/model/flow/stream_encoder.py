@@ -57,6 +57,12 @@ class EncoderStream:
         self.net = net
         self.cache = LayerCache(budget)
 
+    def fork(self, budget: CacheBudget) -> EncoderStream:
+        """Another request's stream going on from this one's kept positions."""
+        copy = EncoderStream(self.net, budget)
+        copy.cache = self.cache.fork(budget)
+        return copy
+
     def __call__(self, x: Tensor, context: Tensor | None, span: Span) -> Tensor:
         """Token embeddings x (1, n, D) of the span's tokens, context (1, L, D) the look-ahead
         tokens after them (None on the final pass) -> encoder states (1, stride*n, D)."""

@@ -37,6 +37,12 @@ class EstimatorStream:
         self.span = Span(0, 0, 0)
         self._mask: Tensor | None = None  # the span's chunk mask, made once per pass
 
+    def fork(self, budget: CacheBudget) -> EstimatorStream:
+        """Another request's step going on from this one's kept positions."""
+        copy = EstimatorStream(self.net, budget)
+        copy.cache = self.cache.fork(budget)
+        return copy
+
     def __call__(  # noqa: PLR0917 - called as the estimator is (`ConditionalFlowMatching.solve`)
         self,
         x: Tensor,

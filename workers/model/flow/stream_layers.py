@@ -10,7 +10,9 @@ full are computed again by the next pass, which starts at that edge. Per module:
   copies no more than a bounded share of them, amortised).
 Every allocation asks the piece's `CacheBudget` first: a buffer that would take the cache past
 its byte limit is not allocated (`CacheFull`), so the cache never holds more than the limit.
-All of it is per-request state: the model's modules are only read.
+All of it is per-request state: the model's modules are only read. A voice's prompt prefix
+can be computed once and `fork`ed by every request of that voice: a fork reads the shared
+buffers and copies them before its first write (conv tails are never written in place).
 """
 
 from __future__ import annotations
@@ -88,6 +90,13 @@ class KeyValues:
         self.keys: Tensor | None = None  # (B, H, capacity, d); positions >= length unused
         self.values: Tensor | None = None
         self.length = 0
+        self.shared = False  # the buffers belong to the prefix this was forked from: copy first
+
+    def fork(self, budget: CacheBudget) -> KeyValues:
+        """A copy that reads these buffers' kept positions and copies them before it writes."""
+        copy = KeyValues(budget)
+        copy.keys, copy.values, copy.length, copy.shared = self.keys, self.values, self.length, True
+        return copy
 
     def extend(self, keys: Tensor, values: Tensor, keep: int) -> tuple[Tensor, Tensor]:
         """New keys/values (B, H, n, d) -> every position's (B, H, length + n, d), as views;
@@ -102,7 +111,8 @@ class KeyValues:
     def _buffers(self, keys: Tensor, values: Tensor, need: int) -> tuple[Tensor, Tensor]:
         """The buffers, reallocated (x GROWTH, kept positions copied) when `need` exceeds them;
         just `need` when the growth would pass the budget, CacheFull when even that would."""
-        if self.keys is not None and self.values is not None and need <= self.keys.size(2):
+        fits = self.keys is not None and need <= self.keys.size(2)
+        if fits and not self.shared and self.keys is not None and self.values is not None:
             return self.keys, self.values
         capacity = need if self.keys is None else max(need, int(GROWTH * self.keys.size(2)))
         batch, heads, _, dim = keys.shape
@@ -117,12 +127,13 @@ class KeyValues:
         if self.keys is not None and self.values is not None:
             new_keys[:, :, : self.length] = self.keys[:, :, : self.length]
             new_values[:, :, : self.length] = self.values[:, :, : self.length]
-        self.keys, self.values = new_keys, new_values
+        self.keys, self.values, self.shared = new_keys, new_values, False
         return new_keys, new_values
 
     @property
     def nbytes(self) -> int:
-        if self.keys is None or self.values is None:
+        """Bytes of buffers this owns (a fork's shared ones count for the prefix)."""
+        if self.keys is None or self.values is None or self.shared:
             return 0
         return self.keys.nbytes + self.values.nbytes
 
@@ -134,6 +145,15 @@ class LayerCache:
         self.budget = budget
         self._tails: dict[nn.Module, Tensor] = {}
         self._attention: dict[nn.Module, KeyValues] = {}
+
+    def fork(self, budget: CacheBudget) -> LayerCache:
+        """A copy for another request going on from the same positions: the tails are shared
+        (never written in place), the keys/values copied on the fork's first write."""
+        copy = LayerCache(budget)
+        copy._tails = dict(self._tails)
+        copy._attention = {module: kv.fork(budget) for module, kv in self._attention.items()}
+        budget.replace(0, sum(tail.nbytes for tail in copy._tails.values()))
+        return copy
 
     def conv(self, conv: nn.Conv1d, x: Tensor, keep: int) -> Tensor:
         """Causal `conv` (stride 1, no padding of its own, left context kernel-1) on new inputs
