@@ -128,6 +128,8 @@ def release_job(
     worker_name = job.worker_name or ""
     error = {"kind": kind, "message": message}
     retry = bool(job.retries_left and job.retries_left > 0)
+    # The stream's error entry first: a reader that sees the job failed finds it there.
+    _end_stream(connection, job, kind=kind, message=message, retry=retry)
     with connection.pipeline() as pipe:
         _forget_execution(connection, job, execution_id, pipe)
         if not retry:
@@ -136,7 +138,6 @@ def release_job(
             record_job_failure(job, message, pipe)
             pipe.hset(job.key, "meta", json.dumps(job.meta))
         pipe.execute()
-    _end_stream(connection, job, kind=kind, message=message, retry=retry)
     outcome: Outcome = "failed"
     if retry:
         # After the pipeline: RQ's enqueue WATCHes dependencies, so it cannot join one.
