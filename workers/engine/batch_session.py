@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from workers.engine.api import SynthesisCanceled, SynthesisInput, SynthesisOutput
+from workers.engine.openmp_pool import release_thread_team
 from workers.engine.requests import RequestPlan
 from workers.engine.stages import FlowStage, ModuleVocoder, VocoderStage
 from workers.model.llm.batch import FinishedRow, RowTooLong
@@ -147,6 +148,7 @@ class PipelineBatchSession:
         self._waiting: deque[Job] = deque()
         self._closing = False
         self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
+        release_thread_team()  # the model moves to its own thread: one OpenMP team
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-alone")
         self._thread = threading.Thread(target=self._run, name="cosyq-model", daemon=True)
         self._thread.start()

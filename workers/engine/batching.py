@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from workers.engine.api import SynthesisEngine, SynthesisInput, SynthesisOutput
+from workers.engine.openmp_pool import release_thread_team
 
 T = TypeVar("T")
 _WAKE = object()  # a queue item that only wakes the model thread for a `run_first` task
@@ -64,6 +65,7 @@ class SequentialSession:
         self._first: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._pending = 0
         self._lock = threading.Lock()
+        release_thread_team()  # the model moves to its own thread: one OpenMP team
         self._thread = threading.Thread(target=self._loop, name="cosyq-model", daemon=True)
         self._thread.start()
 
