@@ -2,14 +2,14 @@
 
 PyTorch's CPU build runs its parallel regions on OpenMP (libgomp on Linux). Each thread that
 starts a parallel region gets a team of its own, and the team's workers stay parked after it.
-Once a process has more OpenMP threads than CPUs, libgomp's workers barely spin before they
-sleep (its throttled spin count, which neither `GOMP_SPINCOUNT` nor `OMP_WAIT_POLICY` lifts),
-so every parallel region of the model thread pays a futex wake-up: measured with the main
-thread's team parked, elementwise ops on a second thread took 2x as long and a whole
-full-random request 16-34% longer (docs/benchmarks.md). The model is loaded and warmed up on
-the main thread, then a batch session runs it on its model thread: releasing the main
-thread's team at that hand-over (`omp_pause_resource_all`, OpenMP 5.0) leaves one team in the
-process. A later parallel region on the releasing thread builds a new team; nothing breaks.
+Measured with the main thread's team parked: elementwise ops on a second thread took 2x as
+long and a whole full-random request 16-34% longer; `GOMP_SPINCOUNT` did not remove that
+(docs/benchmarks.md). The likely mechanism (inferred, not traced): with more OpenMP threads
+than CPUs libgomp cuts its spin-wait short, so each parallel region pays a futex wake-up.
+The model is loaded and warmed up on the main thread, then a batch session runs it on its
+model thread: releasing the main thread's team at that hand-over (`omp_pause_resource_all`,
+OpenMP 5.0) leaves one team in the process. A later parallel region on the releasing thread
+builds a new team; nothing breaks.
 """
 
 from __future__ import annotations
