@@ -139,12 +139,34 @@ def _package(entry: dict[str, Any]) -> PackageEntry:
     )
 
 
+def is_transient_package_file(name: str) -> bool:
+    """coremltools rewrites a package's Manifest.json each time it opens it, by writing
+    `Manifest.<uuid>` beside it and renaming that over it: such a file is there for
+    milliseconds, while another process (a worker, a pool sibling) has the package open, and
+    is not part of the package."""
+    return name.startswith("Manifest.") and name != "Manifest.json"
+
+
+def ignore_transient_package_files(directory: str, names: list[str]) -> set[str]:
+    """`shutil.copytree(..., ignore=...)` for a package folder another process may open."""
+    return {name for name in names if is_transient_package_file(name)}
+
+
+def package_files(path: Path) -> list[Path]:
+    """The files that make an .mlpackage, sorted, without coremltools' transient manifests."""
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not (p.parent == path and is_transient_package_file(p.name))
+    )
+
+
 def package_sha256(path: Path, cache_dir: Path | None = None) -> str:
     """Content hash of an .mlpackage folder: every file's relative path and SHA-256, sorted."""
     if not path.is_dir():
         raise ModelLoadError(f"{path}: Core ML package missing")
     digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+    for file in package_files(path):
         digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
         digest.update(file_sha256(file, cache_dir).encode())
     return digest.hexdigest()

@@ -19,6 +19,8 @@ from workers.coreml.manifest import (
     PackageEntry,
     check_packages,
     check_sources,
+    ignore_transient_package_files,
+    package_sha256,
     read_manifest,
 )
 from workers.coreml.stages import TensorSpec
@@ -87,7 +89,8 @@ def test_a_conversion_of_other_weights_is_refused(converted: Converted, tmp_path
 
 def test_a_modified_package_is_refused(converted: Converted, tmp_path: Path) -> None:
     folder = tmp_path / "coreml"
-    shutil.copytree(converted.out_dir, folder)
+    # another test process may have a package of this shared folder open meanwhile
+    shutil.copytree(converted.out_dir, folder, ignore=ignore_transient_package_files)
     check_packages(converted.manifest, folder)
     weights = folder / "hift_decode.mlpackage" / "Data/com.apple.CoreML/weights/weight.bin"
     data = bytearray(weights.read_bytes())
@@ -95,6 +98,23 @@ def test_a_modified_package_is_refused(converted: Converted, tmp_path: Path) -> 
     weights.write_bytes(bytes(data))
     with pytest.raises(ModelLoadError, match="package for hift_decode differs"):
         check_packages(converted.manifest, folder)
+
+
+def test_coremltools_transient_manifest_is_not_part_of_the_package(
+    converted: Converted, tmp_path: Path
+) -> None:
+    """Opening a package makes coremltools write `Manifest.<uuid>` into it and rename it over
+    Manifest.json: a worker hashing the package meanwhile must not call it modified."""
+    package = tmp_path / "hift_decode.mlpackage"
+    shutil.copytree(
+        converted.out_dir / "hift_decode.mlpackage", package, ignore=ignore_transient_package_files
+    )
+    expected = converted.manifest.packages["hift_decode"].sha256
+    assert package_sha256(package) == expected
+    (package / "Manifest.2fc9dd45-00ba-4b87-8714-6ac214a47b93").write_text("{}")
+    assert package_sha256(package) == expected
+    (package / "Data" / "Manifest.extra").write_text("{}")  # below the root: package content
+    assert package_sha256(package) != expected
 
 
 def test_the_json_names_every_documented_field(converted: Converted) -> None:
