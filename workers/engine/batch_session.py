@@ -26,7 +26,9 @@ never stalls the others.
 
 `run_first` hands the model thread a whole task (a streamed job's synthesis, whose chunks go
 out as they are made): it runs at the next step boundary, ahead of every row, which pause
-meanwhile; a streamed job never waits for the batch to drain.
+meanwhile; a streamed job never waits for the batch to drain. Nor for a long batched call: the
+model thread also takes such tasks between the batched flow's Euler steps and between the
+pieces that finished in one step (eight rows' flow is ~10 s on the full model on a CPU).
 
 Stage seconds per request are its share of each batched call (call time / rows in it; its own
 prefill counts whole), so the requests' stage seconds add up to the model's busy time, and a
@@ -147,6 +149,9 @@ class PipelineBatchSession:
         self._jobs: list[Job] = []  # admitted, each with exactly one row in the decoder
         self._waiting: deque[Job] = deque()
         self._closing = False
+        self._close_seen = False  # the model thread took the close marker off the queue
+        self._serving_first = False
+        self._first_s = 0.0  # seconds of `run_first` tasks, nested ones included
         self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
         release_thread_team()  # the model moves to its own thread: one OpenMP team
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-alone")
@@ -198,34 +203,50 @@ class PipelineBatchSession:
             raise
 
     def _loop(self) -> None:
-        closed = False
         while True:
-            closed = self._take(block=not self._jobs and not self._waiting) or closed
+            self._take(block=not self._jobs and not self._waiting)
             start = time.perf_counter()
-            while self._first:
-                self._run_first(self._first.popleft())
+            self._serve_first()
             while self._waiting and len(self._jobs) < self.max_batch:
                 self._admit(self._waiting.popleft())
             if self._jobs:
                 self._step()
             self.busy_s += time.perf_counter() - start
-            if closed and not self._jobs and not self._waiting:
+            if self._close_seen and not self._jobs and not self._waiting:
                 return
 
-    def _take(self, *, block: bool) -> bool:
-        """Move queued jobs to `_waiting`; True once the close marker was seen."""
+    def _take(self, *, block: bool) -> None:
+        """Move queued jobs to `_waiting` and tasks to `_first`; note the close marker."""
+        if self._close_seen:
+            block = False  # nothing comes after the marker
         try:
             item = self._queue.get(block=block)
             while True:
                 if item is None:
-                    return True
-                if isinstance(item, FirstTask):
+                    self._close_seen = True
+                elif isinstance(item, FirstTask):
                     self._first.append(item)
                 else:
                     self._waiting.append(item)
                 item = self._queue.get_nowait()
         except queue.Empty:
-            return False
+            return
+
+    def _serve_first(self) -> None:
+        """Run every `run_first` task queued so far. Also called from inside long batched work
+        (between flow steps, between pieces): jobs that come in meanwhile wait in `_waiting`
+        for the next step boundary; a task never runs inside another task."""
+        if self._serving_first:
+            return
+        self._take(block=False)
+        self._serving_first = True
+        try:
+            while self._first:
+                start = time.perf_counter()
+                self._run_first(self._first.popleft())
+                self._first_s += time.perf_counter() - start
+        finally:
+            self._serving_first = False
 
     def _drain_all(self) -> list[Job]:
         jobs: list[Job] = []
@@ -317,17 +338,19 @@ class PipelineBatchSession:
         flow = self.pipeline.flow
         many = getattr(flow, "mels", None) if getattr(flow, "batches", False) else None
         if len(batch) > 1 and many is not None:
-            start = time.perf_counter()
+            start, first_before = time.perf_counter(), self._first_s
             try:
                 made = many(
                     [
                         (np.asarray(rows[i].tokens, np.int32), _job(rows[i]).request.prompt)
                         for i in batch
-                    ]
+                    ],
+                    between_steps=self._serve_first,
                 )
             except Exception:  # rerun one by one: each piece's own flow call, as alone
                 made = [None] * len(batch)
-            share = (time.perf_counter() - start) / len(batch)
+            nested = self._first_s - first_before  # tasks run between steps: not the rows'
+            share = (time.perf_counter() - start - nested) / len(batch)
             for i, mel in zip(batch, made, strict=True):
                 mels[i] = mel
                 if mel is not None:
@@ -337,6 +360,7 @@ class PipelineBatchSession:
             self._vocode_together(vocoder, rows, mels)
             return
         for row, mel in zip(rows, mels, strict=True):
+            self._serve_first()
             self._piece_done(row, mel)
 
     def _vocode_together(

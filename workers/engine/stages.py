@@ -12,7 +12,7 @@ all per-request state (generator, KV cache, noise) is created per call.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -242,8 +242,16 @@ class ModuleFlow:
             return next(self.model.parameters()).dtype == torch.float32
         return bool(getattr(self.model, "batched", False))
 
-    def mels(self, pieces: Sequence[tuple[np.ndarray, VoicePrompt]]) -> list[np.ndarray]:
-        """Many (tokens, prompt) pieces in one padded batch -> each one's `mel`."""
+    def mels(
+        self,
+        pieces: Sequence[tuple[np.ndarray, VoicePrompt]],
+        *,
+        between_steps: Callable[[], None] | None = None,
+    ) -> list[np.ndarray]:
+        """Many (tokens, prompt) pieces in one padded batch -> each one's `mel`.
+
+        `between_steps` runs between the torch flow's Euler steps (a batched Core ML flow's
+        packages run each call whole, so there it is not called)."""
         rows = [
             FlowRow(
                 torch.from_numpy(np.asarray(tokens, dtype=np.int32))[None],
@@ -254,7 +262,7 @@ class ModuleFlow:
             for tokens, prompt in pieces
         ]
         if isinstance(self.model, CausalMaskedDiffWithXvec):
-            mels = batched_inference(self.model, rows)
+            mels = batched_inference(self.model, rows, between_steps=between_steps)
         else:
             mels = self.model.batched_inference(rows)
         return [mel.cpu().numpy() for mel in mels]

@@ -393,9 +393,9 @@ def test_rows_finishing_together_share_one_flow_batch(
     batches: list[int] = []
     mels = flow.mels  # type: ignore[attr-defined]
 
-    def counting(pieces: list[Any]) -> list[np.ndarray]:
+    def counting(pieces: list[Any], *, between_steps: Any = None) -> list[np.ndarray]:
         batches.append(len(pieces))
-        return mels(pieces)  # type: ignore[no-any-return]
+        return mels(pieces, between_steps=between_steps)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(flow, "mels", counting)
     requests = mixed_requests(voices)
@@ -410,7 +410,7 @@ def test_a_failing_flow_batch_reruns_each_piece_alone(
     tokens: Tokens,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def broken(pieces: list[Any]) -> list[np.ndarray]:
+    def broken(pieces: list[Any], *, between_steps: Any = None) -> list[np.ndarray]:
         raise RuntimeError("batched flow blew up")
 
     monkeypatch.setattr(forced_engine.flow, "mels", broken)

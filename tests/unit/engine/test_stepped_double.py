@@ -4,6 +4,9 @@ requests that shared a step with it, a request's own error and cancel on its own
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -112,3 +115,63 @@ def test_the_sequential_session_runs_a_first_task_before_the_requests_still_queu
         session.close()
     assert order.index("first") <= 1  # after the request already running, if any
     assert [text for text in order if text != "first"] == [f"seconds:0.2 n{i}" for i in range(3)]
+
+
+class SlowBatchedFlow:
+    """A flow that batches: `steps` Euler steps per `mels` call, `step_s` each, calling
+    `between_steps` after each but the last as the torch flow does. It holds its first step
+    until `hold` is set, so a test can hand the session a task while the call is running."""
+
+    name = "slow-batched"
+    batches = True
+
+    def __init__(self, steps: int = 10, step_s: float = 0.01) -> None:
+        self.steps, self.step_s = steps, step_s
+        self.started, self.hold = threading.Event(), threading.Event()
+        self.steps_done = 0
+        self.calls = 0
+
+    def mels(self, pieces, *, between_steps=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        self.steps_done = 0
+        self.started.set()
+        assert self.hold.wait(60)
+        for step in range(1, self.steps + 1):
+            time.sleep(self.step_s)
+            self.steps_done = step
+            if step < self.steps and between_steps is not None:
+                between_steps()
+        return [np.zeros((80, 2), np.float32) for _ in pieces]
+
+
+def test_a_task_run_first_runs_inside_a_batched_flow_call_and_is_not_the_rows_flow_time() -> None:
+    engine = BatchingScriptedEngine()
+    flow = SlowBatchedFlow()
+    engine.pipeline.flow = flow  # type: ignore[assignment]
+    session = open_batch_session(engine, 2)
+    task_s = 3.0
+    try:
+        # hold the model thread in a task so both rows are admitted at one boundary and
+        # finish their decode in the same step: their flow is one `mels` call
+        gate = threading.Event()
+        holding = session.run_first(lambda: gate.wait(60))
+        rows = [session.submit(request(f"seconds:0.2 row {i}", seed=i)) for i in range(2)]
+        gate.set()
+        holding.result(timeout=60)
+        assert flow.started.wait(60)
+
+        def inside() -> tuple[int, list[bool]]:
+            time.sleep(task_s)
+            return flow.steps_done, [row.done() for row in rows]
+
+        task = session.run_first(inside)
+        flow.hold.set()
+        steps_seen, rows_done = task.result(timeout=60)
+        outputs = [row.result(timeout=60) for row in rows]
+    finally:
+        session.close()
+    assert flow.calls == 1
+    assert 1 <= steps_seen < flow.steps  # between two Euler steps of the rows' call
+    assert rows_done == [False, False]
+    for output in outputs:  # each row's share of the call, the task's seconds taken out
+        assert output.stage_seconds["flow"] < task_s / 2

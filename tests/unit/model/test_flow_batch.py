@@ -71,3 +71,20 @@ def test_a_bad_row_is_refused_before_any_compute(flow: CausalMaskedDiffWithXvec)
     bad = FlowRow(good.token, good.prompt_token, good.prompt_feat[:, :3], good.embedding)
     with pytest.raises(InvalidRequestError, match="flow prompt_feat"):
         batched_inference(flow, [good, bad])
+
+
+def test_between_steps_runs_after_each_euler_step_but_the_last_and_changes_nothing(
+    flow: CausalMaskedDiffWithXvec,
+) -> None:
+    rows = [make_row(flow, 7, tokens=12, prompt=6), make_row(flow, 8, tokens=9, prompt=4)]
+    calls: list[int] = []
+
+    def elsewhere() -> None:  # other work on the same thread, as a batch session's task is
+        calls.append(len(calls))
+        alone(flow, make_row(flow, 9, tokens=5, prompt=3))
+
+    plain = batched_inference(flow, rows)
+    with_calls = batched_inference(flow, rows, between_steps=elsewhere)
+    assert len(calls) == flow.config.cfm.n_timesteps - 1
+    for a, b in zip(plain, with_calls, strict=True):
+        assert torch.equal(a, b)

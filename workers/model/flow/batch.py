@@ -12,7 +12,7 @@ Outputs equal the alone ones up to matmul rounding (tests bound them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +32,15 @@ class FlowRow:
 
 
 @torch.inference_mode()
-def batched_inference(flow: CausalMaskedDiffWithXvec, rows: Sequence[FlowRow]) -> list[Tensor]:
-    """Mel (80, 2N_i) float32 per row, prompt frames excluded; validated per row as alone."""
+def batched_inference(
+    flow: CausalMaskedDiffWithXvec,
+    rows: Sequence[FlowRow],
+    *,
+    between_steps: Callable[[], None] | None = None,
+) -> list[Tensor]:
+    """Mel (80, 2N_i) float32 per row, prompt frames excluded; validated per row as alone.
+
+    `between_steps` runs between the Euler steps (`ConditionalFlowMatching.solve`)."""
     for row in rows:
         flow._check_inputs(row.token, row.prompt_token, row.prompt_feat, row.embedding)
         flow._check_length(row.token.size(1) + row.prompt_token.size(1), row.token.size(1), True)
@@ -55,7 +62,9 @@ def batched_inference(flow: CausalMaskedDiffWithXvec, rows: Sequence[FlowRow]) -
         prompt = row.prompt_feat[0].to(device, mu.dtype)  # (2P, 80)
         cond[b, :, : prompt.size(0)] = prompt.transpose(0, 1)
         noise[b, :, :n] = flow.decoder.noise(n)[0].to(device, mu.dtype)
-    mel = flow.decoder.solve(noise, mu.transpose(1, 2), mask, spks, cond)  # padding: zeros
+    mel = flow.decoder.solve(  # padding: zeros
+        noise, mu.transpose(1, 2), mask, spks, cond, between_steps=between_steps
+    )
     return [
         mel[b, :, ratio * row.prompt_token.size(1) : n].float()
         for b, (row, n) in enumerate(zip(rows, frame_lengths, strict=True))

@@ -110,11 +110,14 @@ class ConditionalFlowMatching(nn.Module):
         streaming: bool = False,
         record: list[EulerStep] | None = None,
         step_estimators: Sequence[Callable[..., Tensor]] | None = None,
+        between_steps: Callable[[], None] | None = None,
     ) -> Tensor:
         """Integrate from `noise` with Euler steps; optionally append each step to `record`.
 
         `step_estimators` (one per step, called as the estimator is) replace the estimator:
-        the incremental streaming flow passes its per-step caches (`flow_stream`)."""
+        the incremental streaming flow passes its per-step caches (`flow_stream`).
+        `between_steps` is called after every step but the last: a batch session runs a
+        streamed job's work there instead of after the whole batched call."""
         t_span = cosine_schedule(self.cfm.n_timesteps, like=mu)
         rate = self.cfm.inference_cfg_rate
         # Rows :B are conditional; rows B: drop mu, speaker and prompt (zeros): the CFG baseline.
@@ -136,6 +139,8 @@ class ConditionalFlowMatching(nn.Module):
             t = t + dt
             if step < self.cfm.n_timesteps:
                 dt = t_span[step + 1] - t
+                if between_steps is not None:
+                    between_steps()
         return x
 
 
