@@ -27,8 +27,9 @@ never stalls the others.
 `run_first` hands the model thread a whole task (a streamed job's synthesis, whose chunks go
 out as they are made): it runs at the next step boundary, ahead of every row, which pause
 meanwhile; a streamed job never waits for the batch to drain. Nor for a long batched call: the
-model thread also takes such tasks between the batched flow's Euler steps and between the
-pieces that finished in one step (eight rows' flow is ~10 s on the full model on a CPU).
+model thread also takes such tasks between the batched flow's Euler steps, between the pieces
+that finished in one step and between admissions (eight rows' flow is ~10 s on the full model
+on a CPU, eight prefills a few).
 
 Stage seconds per request are its share of each batched call (call time / rows in it; its own
 prefill counts whole), so the requests' stage seconds add up to the model's busy time, and a
@@ -208,7 +209,8 @@ class PipelineBatchSession:
             start = time.perf_counter()
             self._serve_first()
             while self._waiting and len(self._jobs) < self.max_batch:
-                self._admit(self._waiting.popleft())
+                self._admit(self._waiting.popleft())  # its front end and prefill
+                self._serve_first()
             if self._jobs:
                 self._step()
             self.busy_s += time.perf_counter() - start

@@ -81,9 +81,15 @@ def test_the_backlog_job_is_judged_against_the_idle_worker_s_last_job() -> None:
     from workers.tools.bench.stream_bench import QueueFigures, QueueRuns  # noqa: PLC0415
 
     jobs = [QueueFigures(2.5, 2.2, 9.0, 4, 0.1), QueueFigures(1.5, 2.0, 8.0, 4, 0.0)]
-    queue = QueueRuns(jobs=jobs, backlog=QueueFigures(3.4, 2.9, 12.0, 4, 0.0), backlog_jobs=8)
+    queue = QueueRuns(
+        jobs=jobs,
+        backlog=QueueFigures(3.4, 2.9, 12.0, 4, 0.0),
+        backlog_jobs=8,
+        backlog_primer=QueueFigures(7.5, 7.25, 20.0, 4, 0.0),
+    )
     bench = StreamBench("m", 250, 5.0, [run([0.5], [1.0], 5.0)], (1.0, 1.0), queue=queue)
     table = format_table(bench)
+    assert "first streamed job of the voice, idle (keeps its prefix): first chunk 7.25 s" in table
     assert "behind a backlog (8 non-streamed jobs queued" in table
     assert "<= 1.5x an idle worker's (job start to first chunk): met (1.45x)" in table
     queue.backlog = QueueFigures(9.0, 4.0, 12.0, 4, 0.0)
@@ -91,3 +97,4 @@ def test_the_backlog_job_is_judged_against_the_idle_worker_s_last_job() -> None:
     doc = json.loads(json.dumps(asdict(bench)))
     assert doc["queue"]["backlog"]["first_from_start_s"] == 4.0
     assert doc["queue"]["backlog_jobs"] == 8
+    assert doc["queue"]["backlog_primer"]["first_from_start_s"] == 7.25

@@ -10,6 +10,9 @@ queue: a private redis-server, one `cosyq-worker run` process, a producer submit
 `stream: true` and reading with `CosyqClient.stream`: first chunk from submit, and
 `timings.first_chunk_s` from job start; then (`backlog_jobs` > 0) one streamed job sent to a
 `COSYQ_BATCH_SIZE=8` worker already decoding a backlog of non-streamed jobs (`queue.backlog`).
+That worker first gets one streamed job of the voice while idle (`queue.backlog_primer`), so
+the measured one finds the voice's flow prefix kept, as the idle worker's last job does: the
+ratio compares waiting, not a voice's first-job cost.
 The machine's load average is printed beside the figures: compare ratios within one run.
 """
 
@@ -88,6 +91,7 @@ class QueueRuns:
     jobs: list[QueueFigures]
     backlog: QueueFigures | None = None  # one streamed job to a batching worker with a backlog
     backlog_jobs: int = 0  # the non-streamed jobs queued before it
+    backlog_primer: QueueFigures | None = None  # the batching worker's first (idle) job
 
 
 @dataclass
@@ -217,12 +221,15 @@ def _through_queue(
         with CosyqClient(settings, connection=redis.Redis.from_url(server.url)) as client:
             with _worker(env, workdir / "worker.log", client, stop=True):
                 figures = [_queue_job(client, options) for _ in range(jobs)]
-            backlog = None
+            backlog = primer = None
             if backlog_jobs > 0:
                 batching = {**env, "COSYQ_BATCH_SIZE": str(BACKLOG_BATCH_SIZE)}
                 with _worker(batching, workdir / "batching.log", client, stop=False):
+                    primer = _queue_job(client, options)  # the voice's first job there
                     backlog = _behind_a_backlog(client, options, backlog_jobs)
-    return QueueRuns(jobs=figures, backlog=backlog, backlog_jobs=backlog_jobs)
+    return QueueRuns(
+        jobs=figures, backlog=backlog, backlog_jobs=backlog_jobs, backlog_primer=primer
+    )
 
 
 @contextlib.contextmanager

@@ -148,10 +148,15 @@ def _backlog_lines(queue: Any) -> list[str]:
     backlog, idle = queue.backlog, queue.jobs[-1]
     if backlog is None:
         return []
-    lines = [
-        "",
-        f"behind a backlog ({queue.backlog_jobs} non-streamed jobs queued to a "
-        "COSYQ_BATCH_SIZE=8 worker first):",
+    lines = [""]
+    primer = getattr(queue, "backlog_primer", None)
+    if primer is not None:
+        lines.append(
+            "a COSYQ_BATCH_SIZE=8 worker's first streamed job of the voice, idle (keeps its "
+            f"prefix): first chunk {_seconds(primer.first_from_start_s)} after job start"
+        )
+    lines += [
+        f"behind a backlog ({queue.backlog_jobs} non-streamed jobs queued to that worker first):",
         f"  first chunk {backlog.first_from_submit_s:.2f} s after submit "
         f"({_seconds(backlog.first_from_start_s)} after job start), "
         f"last {backlog.last_from_submit_s:.2f} s, {backlog.chunks} entries",
