@@ -36,6 +36,7 @@ from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
 from shared.webhooks import allowed_prefixes
+from workers.engine.openmp_pool import release_thread_team
 from workers.service import admission, cancels, control, host, metrics, outcomes, webhook_events
 from workers.service.attempts import AttemptBooks
 from workers.service.batch_admission import batchable
@@ -212,7 +213,13 @@ class CosyqWorker(StopSafeWorker):
         elif self._batch is not None and batchable(job):
             self._batch.run(job, queue)  # its books end each job it admits
         else:
-            self.books.run_alone(job, queue, self._execute_alone)
+            try:
+                self.books.run_alone(job, queue, self._execute_alone)
+            finally:
+                if self._batch is not None:
+                    # the batch session's model thread runs the windows: this thread's team,
+                    # parked, would slow every parallel region there (workers/engine/openmp_pool)
+                    release_thread_team()
 
     def _execute_alone(self, job: Job, queue: Queue) -> None:
         """RQ's SimpleWorker execute, the started job noted for a cold stop meanwhile."""

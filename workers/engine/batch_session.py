@@ -205,7 +205,12 @@ class PipelineBatchSession:
 
     def _loop(self) -> None:
         while True:
-            self._take(block=not self._jobs and not self._waiting)
+            idle = not self._jobs and not self._waiting
+            if idle and self._queue.empty():
+                # nothing to run: give the team back before waiting, so a job the worker runs
+                # on another thread meanwhile (alone) is not slowed by this parked team
+                release_thread_team()
+            self._take(block=idle)
             start = time.perf_counter()
             self._serve_first()
             while self._waiting and len(self._jobs) < self.max_batch:

@@ -93,13 +93,20 @@ class SequentialSession:
         self._thread.join()
 
     def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
+        while (item := self._next()) is not None:
             self._run_firsts()
             if item is _WAKE:
                 continue
             request, future = item
             self._settle(future, partial(self.engine.synthesize, request))
         self._run_firsts()
+
+    def _next(self) -> Any:
+        """The next item; an idle model thread gives its OpenMP team back before it waits, so
+        a job the worker runs on another thread meanwhile is not slowed by it."""
+        if self._queue.empty():
+            release_thread_team()
+        return self._queue.get()
 
     def _run_firsts(self) -> None:
         while True:

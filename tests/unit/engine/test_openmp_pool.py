@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -54,4 +55,40 @@ def test_both_sessions_release_the_opening_threads_team(monkeypatch: pytest.Monk
     pipeline = open_batch_session(BatchingScriptedEngine(), 2)
     assert isinstance(pipeline, batch_session.PipelineBatchSession)
     pipeline.close()
-    assert callers == [threading.current_thread().name] * 2
+    opener = threading.current_thread().name
+    assert callers.count(opener) == 2  # each session's opener, in its __init__
+    assert set(callers) <= {opener, "cosyq-model"}  # and an idle model thread, before it waits
+
+
+@pytest.mark.parametrize("kind", ["sequential", "pipeline"])
+def test_an_idle_model_thread_gives_its_team_back_before_it_waits(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batching worker runs a job that cannot join (a streamed or add_voice job while no
+    window is open) on its main thread: the model thread's parked team must not slow it."""
+    callers: list[str] = []
+
+    def record() -> bool:
+        callers.append(threading.current_thread().name)
+        return True
+
+    monkeypatch.setattr(batching, "release_thread_team", record)
+    monkeypatch.setattr(batch_session, "release_thread_team", record)
+
+    def model_releases(count: int) -> bool:
+        deadline = time.monotonic() + 60
+        while callers.count("cosyq-model") < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return callers.count("cosyq-model") >= count
+
+    engine = BatchingScriptedEngine()
+    session = (
+        SequentialSession(engine, 1) if kind == "sequential" else open_batch_session(engine, 2)
+    )
+    try:
+        assert model_releases(1)  # idle from the start
+        done = callers.count("cosyq-model")
+        session.run_first(lambda: torch.ones(4).sum()).result(timeout=60)
+        assert model_releases(done + 1)  # idle again after a task
+    finally:
+        session.close()

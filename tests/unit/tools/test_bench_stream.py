@@ -83,7 +83,7 @@ def test_the_backlog_job_is_judged_against_the_idle_worker_s_last_job() -> None:
     jobs = [QueueFigures(2.5, 2.2, 9.0, 4, 0.1), QueueFigures(1.5, 2.0, 8.0, 4, 0.0)]
     queue = QueueRuns(
         jobs=jobs,
-        backlog=QueueFigures(3.4, 2.9, 12.0, 4, 0.0),
+        backlog=QueueFigures(3.4, 2.9, 12.0, 4, 0.0, {"llm": 1.5, "flow": 0.75, "hift": 0.25}),
         backlog_jobs=8,
         backlog_primer=QueueFigures(7.5, 7.25, 20.0, 4, 0.0),
     )
@@ -91,6 +91,7 @@ def test_the_backlog_job_is_judged_against_the_idle_worker_s_last_job() -> None:
     table = format_table(bench)
     assert "first streamed job of the voice, idle (keeps its prefix): first chunk 7.25 s" in table
     assert "behind a backlog (8 non-streamed jobs queued" in table
+    assert "4 entries; model s: llm 1.50, flow 0.75, hift 0.25" in table
     assert "<= 1.5x an idle worker's (job start to first chunk): met (1.45x)" in table
     queue.backlog = QueueFigures(9.0, 4.0, 12.0, 4, 0.0)
     assert "MISSED (2.00x)" in format_table(bench)

@@ -81,6 +81,9 @@ class QueueFigures:
     last_from_submit_s: float
     chunks: int
     queue_wait_s: float
+    # the job's model seconds per stage (its result's timings): with first_from_start_s they
+    # say whether a slower first chunk waited or computed more slowly
+    stage_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,6 +280,10 @@ def _queue_job(client: Any, options: BenchOptions) -> QueueFigures:
         last_from_submit_s=arrivals[-1],
         chunks=len(arrivals),
         queue_wait_s=result.timings.queue_wait_s,
+        stage_s={
+            stage: getattr(result.timings, f"{stage}_s")
+            for stage in ("frontend", "llm", "flow", "hift", "total")
+        },
     )
 
 

@@ -137,7 +137,7 @@ def format_table(result: Any) -> str:
             lines.append(
                 f"  job {index}: first chunk {q.first_from_submit_s:.2f} s after submit "
                 f"({start} after job start, queue wait {q.queue_wait_s:.2f} s), "
-                f"last {q.last_from_submit_s:.2f} s, {q.chunks} entries"
+                f"last {q.last_from_submit_s:.2f} s, {q.chunks} entries{_stages(q)}"
             )
         lines += _backlog_lines(result.queue)
     return "\n".join(lines)
@@ -159,7 +159,7 @@ def _backlog_lines(queue: Any) -> list[str]:
         f"behind a backlog ({queue.backlog_jobs} non-streamed jobs queued to that worker first):",
         f"  first chunk {backlog.first_from_submit_s:.2f} s after submit "
         f"({_seconds(backlog.first_from_start_s)} after job start), "
-        f"last {backlog.last_from_submit_s:.2f} s, {backlog.chunks} entries",
+        f"last {backlog.last_from_submit_s:.2f} s, {backlog.chunks} entries{_stages(backlog)}",
     ]
     if backlog.first_from_start_s is not None and idle.first_from_start_s is not None:
         ratio = backlog.first_from_start_s / idle.first_from_start_s
@@ -168,6 +168,13 @@ def _backlog_lines(queue: Any) -> list[str]:
             f"(job start to first chunk): {_verdict(ratio <= BACKLOG_FACTOR)} ({ratio:.2f}x)"
         )
     return lines
+
+
+def _stages(figures: Any) -> str:
+    """The job's model seconds per stage, as its result reports them."""
+    stages = getattr(figures, "stage_s", None) or {}
+    shown = [f"{name} {stages[name]:.2f}" for name in ("llm", "flow", "hift") if name in stages]
+    return f"; model s: {', '.join(shown)}" if shown else ""
 
 
 def _seconds(value: float | None) -> str:
