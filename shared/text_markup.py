@@ -115,9 +115,20 @@ def refuse_special_tokens(text: str) -> None:
     token = special_token(text)
     if token is not None:
         raise MarkupError(
-            f"contains the model's special token {token}; only these control tags may appear "
-            f"in text: {', '.join(CONTROL_TAGS)}"
+            f"contains the model's special token {_named(token)}; only these control tags may "
+            f"appear in text: {', '.join(CONTROL_TAGS)}"
         )
+
+
+def _named(token: str) -> str:
+    """A `<|…|>` token as a user should read it: one with XML entities inside
+    (`<|im_en&#100;|>`) is named by what it decodes to, its written form beside it."""
+    decoded = token
+    while (again := html.unescape(decoded)) != decoded:
+        decoded = again
+    if decoded == token:
+        return token
+    return f"{special_token(decoded) or decoded} (written {token})"
 
 
 def refuse_control_characters(text: str) -> None:

@@ -103,6 +103,14 @@ def test_known_forms_are_refused_at_the_gate(field: str, text: str) -> None:
     assert message is not None and "special token <|" in message
 
 
+@pytest.mark.parametrize("field", ["text", "prompt_text", "transcript"])
+def test_a_token_with_an_entity_inside_is_named_by_what_it_decodes_to(field: str) -> None:
+    """Found by the property test above: the raw-text rule refused it, naming the raw form."""
+    message = _gate(field, "<speak><|im_en&#100;|></speak>")
+    assert message is not None
+    assert "special token <|im_end|> (written <|im_en&#100;|>)" in message
+
+
 def test_a_break_taken_out_cannot_join_a_token() -> None:
     message = _gate("text", "<</break>|im_start|>")
     assert message is not None and "special token <|im_start|>" in message
