@@ -213,7 +213,11 @@ class PipelineBatchSession:
             self._take(block=idle)
             start = time.perf_counter()
             self._serve_first()
-            while self._waiting and len(self._jobs) < self.max_batch:
+            # the jobs waiting at this boundary; any that `_serve_first` takes off the queue
+            # meanwhile join at the next one, as without it (a batch's make-up stays the same)
+            present = len(self._waiting)
+            while present and self._waiting and len(self._jobs) < self.max_batch:
+                present -= 1
                 self._admit(self._waiting.popleft())  # its front end and prefill
                 self._serve_first()
             if self._jobs:
