@@ -36,8 +36,8 @@ def read_state_dict(
     """
     if not path.is_file():
         raise ModelLoadError(f"{path}: file missing (expected a torch.save state_dict)")
-    mmap = mmap and zipfile.is_zipfile(path)  # the legacy (non-zip) torch.save format cannot be
-    try:  # memory-mapped: read it into memory instead
+    mmap = mmap and can_map(path)
+    try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # pickle errors, truncated zip, unsafe globals ...
         raise ModelLoadError(f"{path}: not a readable torch checkpoint ({e})") from e
@@ -49,6 +49,12 @@ def read_state_dict(
     if dtype is not None:
         return convert_state_dict(obj, dtype, mapped=mmap, keep=keep)
     return dict(obj)
+
+
+def can_map(path: Path) -> bool:
+    """Whether `read_state_dict` can memory-map `path`: the legacy (non-zip) torch.save format
+    cannot be, and is read into memory instead."""
+    return zipfile.is_zipfile(path)
 
 
 def _names(keys: list[str]) -> str:

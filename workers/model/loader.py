@@ -2,7 +2,8 @@
 
 `dims -> modules on meta -> strict load (assign, no second copy) -> device/dtype`, per stage.
 Below fp32, the LLM's and the flow's checkpoints are converted tensor by tensor as they are read
-from the mapped file (its fp32 pages released as they go), so fp32 never sits beside bf16.
+from the mapped file (its fp32 pages released as they go), so fp32 never sits beside bf16; on
+CPU the LLM's text table stays in the mapped file and only the rows looked up become resident.
 Hyperparameters come only from the directory (`cosyvoice2.yaml` read as plain data and
 `CosyVoice-BlankEN/config.json`); any missing or inconsistent file raises `ModelLoadError`
 naming it, before a worker takes a job.
@@ -15,14 +16,14 @@ from pathlib import Path
 
 import torch
 
-from workers.model.checkpoint import read_state_dict
+from workers.model.checkpoint import can_map, read_state_dict
 from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
 from workers.model.features import MelConfig
 from workers.model.flow.config import FlowConfig
 from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
 from workers.model.hift.config import HiFTConfig
 from workers.model.hift.model import HiFTGenerator, build_hift
-from workers.model.llm.model import TIED_HEAD_KEY, LLMConfig, Qwen2LM, build_llm
+from workers.model.llm.model import TEXT_TABLE_KEY, TIED_HEAD_KEY, LLMConfig, Qwen2LM, build_llm
 
 
 @dataclass(frozen=True)
@@ -82,18 +83,29 @@ def load_model(
     device = torch.device(device)
     llm_path, flow_path, hift_path = (directory.checkpoint(s) for s in ("llm", "flow", "hift"))
     convert = None if dtype == torch.float32 else dtype  # fp32 keeps the mapped tensors
-    llm_state = read_state_dict(llm_path, dtype=convert, keep=(TIED_HEAD_KEY,))
-    llm = build_llm(configs.llm, llm_state, source=llm_path, device=device, dtype=dtype)
-    del llm_state  # the last reference to the mapped file: its mapping goes now
+    mapped_text_table = convert is not None and device.type == "cpu" and can_map(llm_path)
+    keep = (TIED_HEAD_KEY, TEXT_TABLE_KEY) if mapped_text_table else (TIED_HEAD_KEY,)
+    llm_state = read_state_dict(llm_path, dtype=convert, keep=keep)
+    llm = build_llm(
+        configs.llm,
+        llm_state,
+        source=llm_path,
+        device=device,
+        dtype=dtype,
+        mapped_text_table=mapped_text_table,
+    )
+    del llm_state  # the mapping stays only for what the model still uses of it
     flow = hift = None
     if "flow" in torch_stages:
         flow_state = read_state_dict(flow_path, dtype=convert)
         flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
         del flow_state
     if "hift" in torch_stages:
-        hift = build_hift(
-            configs.hift, read_state_dict(hift_path), device=device, dtype=dtype, source=hift_path
-        )
+        # Read into memory, not mapped: every weight-normed kernel is folded into a new tensor
+        # (and below fp32 converted), so mapped pages would stay resident beside the results.
+        hift_state = read_state_dict(hift_path, mmap=False)
+        hift = build_hift(configs.hift, hift_state, device=device, dtype=dtype, source=hift_path)
+        del hift_state
     return LoadedModel(
         directory=directory,
         configs=configs,

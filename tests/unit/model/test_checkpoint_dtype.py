@@ -65,7 +65,8 @@ def test_bf16_model_keeps_the_head_tied_and_f0_in_fp32(tiny_model_dir: Path) -> 
     loaded = load_model(tiny_model_dir, dtype=torch.bfloat16)
     backbone = loaded.llm.llm.model
     assert backbone.lm_head.weight is backbone.model.embed_tokens.weight
-    assert {p.dtype for p in loaded.llm.parameters()} == {torch.bfloat16}
+    table = backbone.model.embed_tokens.weight
+    assert {p.dtype for p in loaded.llm.parameters() if p is not table} == {torch.bfloat16}
     assert loaded.flow is not None and loaded.hift is not None
     assert {p.dtype for p in loaded.flow.parameters()} == {torch.bfloat16}
     assert loaded.hift.m_source.l_linear.weight.dtype is torch.float32
@@ -73,3 +74,22 @@ def test_bf16_model_keeps_the_head_tied_and_f0_in_fp32(tiny_model_dir: Path) -> 
     fp32 = read_state_dict(ModelDirectory(tiny_model_dir).checkpoint("llm"))
     key = "llm.model.model.layers.0.mlp.up_proj.weight"
     assert torch.equal(backbone.model.layers[0].mlp.up_proj.weight, fp32[key].to(torch.bfloat16))
+
+
+def test_bf16_model_reads_its_text_table_from_the_mapped_file(tiny_model_dir: Path) -> None:
+    """The text table stays fp32 in the checkpoint's mapping (its pages resident only where
+    rows are read), and the rows it gives are those of the table converted to bf16."""
+    loaded = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    embed = loaded.llm.backbone.embed_tokens
+    fp32 = read_state_dict(ModelDirectory(tiny_model_dir).checkpoint("llm"))
+    stored = fp32["llm.model.model.embed_tokens.weight"]
+    assert embed.weight.dtype is torch.float32 and torch.equal(embed.weight, stored)
+    ids = torch.tensor([0, 5, 3, stored.shape[0] - 1])
+    rows = embed(ids)
+    assert rows.dtype is torch.bfloat16
+    assert torch.equal(rows, stored.to(torch.bfloat16)[ids])
+    # fp32 models and the prefix the LLM builds are unchanged by it
+    prefix = loaded.llm.prefix_embeddings(ids[:2], ids[2:], torch.tensor([1, 2]))
+    assert prefix.dtype is torch.bfloat16
+    plain = load_model(tiny_model_dir).llm.backbone.embed_tokens
+    assert plain.output_dtype is None and plain(ids).dtype is torch.float32

@@ -29,6 +29,7 @@ from workers.model.llm.sampling import SamplingConfig, ras_sampling
 SOS_ROW = 0  # rows of llm_embedding
 TASK_ID_ROW = 1
 TIED_HEAD_KEY = "llm.model.lm_head.weight"  # the file's copy of embed_tokens: checked, not used
+TEXT_TABLE_KEY = "llm.model.model.embed_tokens.weight"  # Qwen's text table: 136 M of 494 M
 STOP_TOKEN_COUNT = 3  # speech_token_size + 0 (EOS), + 1, + 2 (FILL) all end generation
 
 # How one piece's decoding ended: the model sampled a stop id, or it reached its length bound
@@ -205,19 +206,25 @@ def build_llm(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     kernel: str | None = None,
+    mapped_text_table: bool = False,
 ) -> Qwen2LM:
     """Build on meta, assign the checkpoint's tensors (no copy for fp32 cpu), eval mode.
 
     `lm_head.weight` must be in `state` (strict load) but is then re-aliased to embed_tokens;
     the file's copy is dropped (it is tied in official files and never used). `kernel` picks
     the Linear matmul ("torch" or "onednn"); default: oneDNN for float32 on CPU.
+    `mapped_text_table`: `state`'s text table (`TEXT_TABLE_KEY`) is a mapped fp32 tensor that
+    stays as it is, its rows cast to `dtype` as they are looked up (see `MappedTableEmbedding`).
     """
     device = torch.device(device)
     with torch.device("meta"):
         model = Qwen2LM(config)
     load_strict(model, state, source=source, assign=True)
+    text_table = model.backbone.embed_tokens.take_table() if mapped_text_table else None
     model.llm.model.tie_weights()  # before `to`: the file's own head copy is never converted
     model.to(device=device, dtype=dtype)
+    if text_table is not None:
+        model.backbone.embed_tokens.keep_mapped_table(text_table, dtype)
     model.llm.model.tie_weights()
     model.eval().requires_grad_(False)
     set_linear_kernel(model, kernel or default_linear_kernel(device, dtype))

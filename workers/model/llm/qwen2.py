@@ -24,7 +24,7 @@ from torch import nn
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.cpu_linear import Linear
-from workers.model.embedding import Embedding
+from workers.model.embedding import mapped_table_embedding
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ class Qwen2Model(nn.Module):
     def __init__(self, config: Qwen2Config) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = mapped_table_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen2DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
