@@ -88,6 +88,9 @@ class EstimatorConfig:
     ff_mult: int = 4  # diffusers FeedForward default
     static_chunk_size: int = 50  # mel frames per streaming attention chunk
     layer_norm_eps: float = 1e-5
+    # CPU attention makes its fp32 scores a block of queries at a time, at most this many MB
+    # per block (`workers/model/cpu_attention.py`): not a model size, a memory bound
+    attention_score_block_mb: int = 64
 
     @property
     def time_embed_dim(self) -> int:

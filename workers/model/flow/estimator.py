@@ -8,7 +8,8 @@ back in time; attention is full, or limited to static chunks when streaming.
 
 Written for Core ML conversion later: attention is `scaled_dot_product_attention` with a
 boolean mask (upstream adds a -1e10 bias, which becomes -inf in fp16; a boolean mask gives the
-same probabilities in fp32), and nothing in `forward` depends on tensor values.
+same probabilities in fp32), and nothing in a traced `forward` depends on tensor values. On CPU
+outside tracing, attention runs as `cpu_attention.attention` (the same function, faster there).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from workers.model.cpu_attention import attention
 from workers.model.cpu_linear import Linear
 from workers.model.flow.config import EstimatorConfig
 from workers.model.flow.encoder import chunk_mask
@@ -104,10 +106,11 @@ class CausalResnetBlock1D(nn.Module):
 class SelfAttention(nn.Module):
     """diffusers-style attention: bias-free q/k/v, `to_out.0` projection with bias."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+    def __init__(self, dim: int, heads: int, head_dim: int, score_block_mb: int = 64) -> None:
         super().__init__()
         inner = heads * head_dim
         self.heads = heads
+        self.score_block_bytes = score_block_mb * 1024 * 1024
         self.to_q = Linear(dim, inner, bias=False)
         self.to_k = Linear(dim, inner, bias=False)
         self.to_v = Linear(dim, inner, bias=False)
@@ -121,7 +124,7 @@ class SelfAttention(nn.Module):
             return h.view(batch, -1, self.heads, h.size(-1) // self.heads).transpose(1, 2)
 
         q, k, v = split(self.to_q(x)), split(self.to_k(x)), split(self.to_v(x))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, T, hd)
+        out = attention(q, k, v, mask, score_block_bytes=self.score_block_bytes)  # (B, H, T, hd)
         return self.to_out[0](out.transpose(1, 2).flatten(2))
 
 
@@ -156,7 +159,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         dim, eps = config.channels, config.layer_norm_eps
         self.norm1 = nn.LayerNorm(dim, eps=eps)
-        self.attn1 = SelfAttention(dim, config.num_heads, config.attention_head_dim)
+        self.attn1 = SelfAttention(
+            dim, config.num_heads, config.attention_head_dim, config.attention_score_block_mb
+        )
         self.norm3 = nn.LayerNorm(dim, eps=eps)
         self.ff = FeedForward(dim, config.ff_mult)
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from workers.model.cpu_attention import attention
 from workers.model.flow.estimator import (
     CausalBlock1D,
     CausalConditionalDecoder,
@@ -96,14 +97,16 @@ class EstimatorStream:
         x = x + self._attention(block.attn1, block.norm1(x))
         return x + block.ff(block.norm3(x))
 
-    def _attention(self, attention: SelfAttention, x: Tensor) -> Tensor:
+    def _attention(self, layer: SelfAttention, x: Tensor) -> Tensor:
         """New queries against the kept and the new keys, chunk-masked: (B, n, dim)."""
         batch = x.size(0)
 
         def split(h: Tensor) -> Tensor:  # (B, n, H*hd) -> (B, H, n, hd)
-            return h.view(batch, -1, attention.heads, h.size(-1) // attention.heads).transpose(1, 2)
+            return h.view(batch, -1, layer.heads, h.size(-1) // layer.heads).transpose(1, 2)
 
-        q, k, v = split(attention.to_q(x)), split(attention.to_k(x)), split(attention.to_v(x))
-        keys, values = self.cache.keys_values(attention, k, v, self.span.keep)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self._mask)  # (B, H, n, hd)
-        return attention.to_out[0](out.transpose(1, 2).flatten(2))
+        q, k, v = split(layer.to_q(x)), split(layer.to_k(x)), split(layer.to_v(x))
+        keys, values = self.cache.keys_values(layer, k, v, self.span.keep)
+        out = attention(  # (B, H, n, hd)
+            q, keys, values, self._mask, score_block_bytes=layer.score_block_bytes
+        )
+        return layer.to_out[0](out.transpose(1, 2).flatten(2))

@@ -1,0 +1,67 @@
+"""Self-attention for the flow's estimator on CPU: batched products and a softmax, in blocks.
+
+PyTorch's CPU `scaled_dot_product_attention` (its flash kernel) runs the flow's attention shapes
+(8 heads of 64, a few hundred frames) at ~58 GFLOP/s on a 2-core AMD EPYC (Zen 4) in fp32 and in
+bf16 alike, where the same work as two `bmm`s and a softmax takes 0.55x the time in bf16 and
+0.65x in fp32 (probe at 2 x 8 heads x 350 frames: 10.8 -> 5.9 ms bf16, 10.0 -> 6.5 ms fp32);
+attention was 39% of a bf16 flow pass. The arithmetic keeps the kernel's precision: scores and
+softmax in fp32, probabilities cast to the values' dtype for the second product (the flash
+kernel does the same), so the output's SNR against fp64 is 45.7 dB in bf16 against the
+kernel's 46.2, and fp32 is unchanged to rounding order.
+
+Scores are made a block of queries at a time so no block holds more than
+`score_block_bytes` (a setting of the estimator's config): a long piece in a wide batch
+would otherwise hold B x H x T x T floats at once. Anywhere else (MPS, CUDA, fp16, tracing for
+Core ML, autograd) this is `scaled_dot_product_attention` itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+BLOCKED_DTYPES = (torch.float32, torch.bfloat16)
+SCORE_BYTES = 4  # scores are fp32 whatever the inputs' dtype
+
+
+def _use_blocked(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype in BLOCKED_DTYPES
+        and q.dtype == k.dtype == v.dtype
+        and not torch.jit.is_tracing()
+        and not torch.jit.is_scripting()
+        and not torch.compiler.is_compiling()
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+    )
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, score_block_bytes: int
+) -> Tensor:
+    """q (B, H, Lq, D), k/v (B, H, Lk, D), bool mask (True = attend) broadcastable to
+    (B, H, Lq, Lk) or None -> (B, H, Lq, D): what `scaled_dot_product_attention` returns."""
+    if not _use_blocked(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    batch, heads, lq, dim = q.shape
+    lk = k.size(-2)
+    if mask is not None and bool(mask.all()):
+        mask = None  # no padded keys, no chunks: nothing to fill
+    queries = (q.float() * (1.0 / math.sqrt(dim))).reshape(batch * heads, lq, dim)
+    keys_t = k.float().reshape(batch * heads, lk, dim).transpose(1, 2)
+    values = v.reshape(batch * heads, lk, v.size(-1))
+    per_query = batch * heads * lk * SCORE_BYTES
+    block = max(1, min(lq, score_block_bytes // per_query))
+    out = torch.empty(batch * heads, lq, v.size(-1), dtype=v.dtype)
+    for start in range(0, lq, block):
+        stop = min(lq, start + block)
+        scores = torch.bmm(queries[:, start:stop], keys_t)  # (B*H, n, Lk) fp32
+        if mask is not None:
+            rows = mask if mask.size(-2) == 1 else mask[..., start:stop, :]
+            scores.view(batch, heads, stop - start, lk).masked_fill_(~rows, -math.inf)
+        torch.softmax(scores, dim=-1, out=scores)
+        torch.bmm(scores.to(v.dtype), values, out=out[:, start:stop])
+    return out.view(batch, heads, lq, -1)
