@@ -1,18 +1,18 @@
-"""Self-attention for the flow's estimator on CPU: batched products and a softmax, in blocks.
+"""bf16 self-attention for the flow's estimator on CPU: two batched products and an fp32
+softmax, in blocks of queries.
 
-PyTorch's CPU `scaled_dot_product_attention` (its flash kernel) runs the flow's attention shapes
-(8 heads of 64, a few hundred frames) at ~58 GFLOP/s on a 2-core AMD EPYC (Zen 4) in fp32 and in
-bf16 alike, where the same work as two `bmm`s and a softmax takes 0.55x the time in bf16 and
-0.65x in fp32 (probe at 2 x 8 heads x 350 frames: 10.8 -> 5.9 ms bf16, 10.0 -> 6.5 ms fp32);
-attention was 39% of a bf16 flow pass. The arithmetic keeps the kernel's precision: scores and
-softmax in fp32, probabilities cast to the values' dtype for the second product (the flash
-kernel does the same), so the output's SNR against fp64 is 45.7 dB in bf16 against the
-kernel's 46.2, and fp32 is unchanged to rounding order.
+PyTorch's CPU `scaled_dot_product_attention` (its flash kernel) was 35-39% of a bf16 flow pass.
+Done as `bmm`, softmax, `bmm`, the full-size estimator's forward (2 rows, 300 frames, random
+weights, AMD EPYC Zen 4, 2 threads, six interleaved passes each) took a median 590 ms against
+680 ms. The arithmetic keeps the kernel's precision: scores and softmax in fp32, probabilities
+cast to bf16 for the second product (as the kernel does); the output's SNR against fp64 is
+45.7 dB against the kernel's 46.2 (probe at 16 heads x 350 frames). In fp32 the two ran equal,
+so fp32 keeps the kernel (and check-reference its exact path).
 
 Scores are made a block of queries at a time so no block holds more than
 `score_block_bytes` (a setting of the estimator's config): a long piece in a wide batch
-would otherwise hold B x H x T x T floats at once. Anywhere else (MPS, CUDA, fp16, tracing for
-Core ML, autograd) this is `scaled_dot_product_attention` itself.
+would otherwise hold B x H x T x T floats at once. Anywhere else (fp32, fp16, MPS, CUDA,
+tracing for Core ML, autograd) this is `scaled_dot_product_attention` itself.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-BLOCKED_DTYPES = (torch.float32, torch.bfloat16)
+BLOCKED_DTYPES = (torch.bfloat16,)
 SCORE_BYTES = 4  # scores are fp32 whatever the inputs' dtype
+ATTENTION_RANGE = "cosyq::cpu_attention"  # profiler range: the bench counts its ops as attention
 
 
 def _use_blocked(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -46,6 +47,13 @@ def attention(
     (B, H, Lq, Lk) or None -> (B, H, Lq, D): what `scaled_dot_product_attention` returns."""
     if not _use_blocked(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with torch.profiler.record_function(ATTENTION_RANGE):
+        return _blocked(q, k, v, mask, score_block_bytes)
+
+
+def _blocked(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score_block_bytes: int
+) -> Tensor:
     batch, heads, lq, dim = q.shape
     lk = k.size(-2)
     if mask is not None and bool(mask.all()):

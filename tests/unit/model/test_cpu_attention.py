@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from workers.model import cpu_attention
 from workers.model.cpu_attention import attention
 from workers.model.flow.encoder import chunk_mask
 
@@ -34,10 +35,11 @@ def _masks(lk: int) -> dict[str, torch.Tensor | None]:
 
 @pytest.mark.parametrize("mask_name", ["none", "all true", "padded keys", "chunks and padding"])
 @pytest.mark.parametrize("block_bytes", [1, 4 * B * H * LQ * 5, 1 << 30])
-def test_fp32_equals_the_fused_kernel(mask_name: str, block_bytes: int) -> None:
+def test_blocked_arithmetic_equals_the_fused_kernel(mask_name: str, block_bytes: int) -> None:
+    """The blocks' arithmetic, run on fp32 inputs (fp32 itself keeps the kernel)."""
     q, k, v = _inputs(torch.float32)
     mask = _masks(LQ)[mask_name]
-    got = attention(q, k, v, mask, score_block_bytes=block_bytes)
+    got = cpu_attention._blocked(q, k, v, mask, block_bytes)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -47,10 +49,16 @@ def test_queries_against_more_keys_than_queries() -> None:
     """The streamed estimator's case: new frames' queries against kept plus new keys."""
     q, k, v = _inputs(torch.float32, lk=LQ + 20)
     mask = _masks(LQ + 20)["padded keys"]
-    got = attention(q, k, v, mask, score_block_bytes=4 * B * H * (LQ + 20) * 3)
+    got = cpu_attention._blocked(q, k, v, mask, 4 * B * H * (LQ + 20) * 3)
     torch.testing.assert_close(
         got, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), rtol=1e-5, atol=1e-5
     )
+
+
+def test_fp32_keeps_the_fused_kernel() -> None:
+    q, k, v = _inputs(torch.float32)
+    got = attention(q, k, v, None, score_block_bytes=1)
+    assert torch.equal(got, F.scaled_dot_product_attention(q, k, v))
 
 
 @pytest.mark.parametrize("mask_name", ["none", "padded keys", "chunks and padding"])
@@ -71,7 +79,7 @@ def test_bf16_is_as_close_to_fp32_as_the_fused_kernel(mask_name: str) -> None:
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
 def test_traced_attention_is_the_plain_op() -> None:
     """Core ML converts a traced graph: it must see scaled_dot_product_attention."""
-    q, k, v = _inputs(torch.float32)
+    q, k, v = _inputs(torch.bfloat16)
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return attention(q, k, v, None, score_block_bytes=1 << 20)

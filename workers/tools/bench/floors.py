@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
+from workers.model.cpu_attention import ATTENTION_RANGE
 from workers.model.cpu_linear import linear
 
 BANDWIDTH_BYTES = 512 * 1024 * 1024  # 16x a 32 MB L3
@@ -117,6 +118,32 @@ class OpShares:
         return 1.0 - self.matmul
 
 
+def _group(key: str) -> str | None:
+    if key in MATMUL_OPS:
+        return "matmul"
+    if key in ATTENTION_OPS:
+        return "attention"
+    if key.startswith(("aten::", "mkldnn::")):
+        return "other"
+    return None
+
+
+def _inside_attention_ranges(events: Any) -> list[tuple[str, float]]:
+    """(group, self seconds) of every op run inside a `cpu_attention` range."""
+    found: list[tuple[str, float]] = []
+    for event in events:
+        if event.name != ATTENTION_RANGE:
+            continue
+        stack = list(event.cpu_children)
+        while stack:
+            child = stack.pop()
+            stack.extend(child.cpu_children)
+            group = _group(child.name)
+            if group is not None and group != "attention":
+                found.append((group, child.self_cpu_time_total / 1e6))
+    return found
+
+
 def op_shares(step: Callable[[], object]) -> OpShares:
     """Profile one call of `step` (CPU ops' self time, grouped)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -125,13 +152,12 @@ def op_shares(step: Callable[[], object]) -> OpShares:
         wall = time.perf_counter() - start
     groups = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
     for event in prof.key_averages():
-        seconds = event.self_cpu_time_total / 1e6
-        if event.key in MATMUL_OPS:
-            groups["matmul"] += seconds
-        elif event.key in ATTENTION_OPS:
-            groups["attention"] += seconds
-        elif event.key.startswith(("aten::", "mkldnn::")):
-            groups["other"] += seconds
+        group = _group(event.key)
+        if group is not None:
+            groups[group] += event.self_cpu_time_total / 1e6
+    for inner, seconds in _inside_attention_ranges(prof.events()):
+        groups[inner] -= seconds  # the blocked CPU attention's products and softmax
+        groups["attention"] += seconds
     share = {k: v / wall for k, v in groups.items()}
     return OpShares(
         wall_s=wall,
