@@ -9,7 +9,7 @@ import psutil
 import pytest
 import torch
 
-from workers.model import checkpoint_dtype
+from workers.model import checkpoint_dtype, cpu_linear
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
 from workers.model.loader import load_model
@@ -73,7 +73,13 @@ def test_bf16_model_keeps_the_head_tied_and_f0_in_fp32(tiny_model_dir: Path) -> 
     assert loaded.hift.f0_predictor.classifier.weight.dtype is torch.float32
     fp32 = read_state_dict(ModelDirectory(tiny_model_dir).checkpoint("llm"))
     key = "llm.model.model.layers.0.mlp.up_proj.weight"
-    assert torch.equal(backbone.model.layers[0].mlp.up_proj.weight, fp32[key].to(torch.bfloat16))
+    mlp = backbone.model.layers[0].mlp
+    if cpu_linear.bf16_packing_available():  # gate/up fused and packed: up is the second half
+        assert mlp.gate_up_proj is not None and mlp.gate_up_proj.weight.is_mkldnn
+        up = mlp.gate_up_proj.weight.to_dense().chunk(2)[1]
+    else:
+        up = mlp.up_proj.weight
+    assert torch.equal(up, fp32[key].to(torch.bfloat16))
 
 
 def test_bf16_model_reads_its_text_table_from_the_mapped_file(tiny_model_dir: Path) -> None:

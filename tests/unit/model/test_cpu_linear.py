@@ -91,3 +91,57 @@ def test_llm_and_flow_share_one_linear() -> None:
         plain = [name for name, m in model.named_modules() if type(m) is nn.Linear]
         assert not plain, plain[:3]  # a bare nn.Linear would miss the oneDNN path
         assert any(isinstance(m, Linear) for m in model.modules())
+
+
+needs_bf16_packing = pytest.mark.skipif(
+    not cpu_linear.bf16_packing_available(),
+    reason="this CPU runs no native bf16 in oneDNN (no AVX512-BF16 or AMX): nothing is packed",
+)
+
+
+def _bf16_pair() -> tuple[Linear, torch.Tensor]:
+    torch.manual_seed(1)
+    layer = Linear(48, 24).bfloat16().requires_grad_(False)
+    return layer, layer.weight.detach().clone()
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("shape", [(48,), (7, 48), (2, 9, 48)])
+def test_packed_bf16_weight_gives_the_plain_weights_result(shape: tuple[int, ...]) -> None:
+    """Bitwise for rows (B, in): the same oneDNN product; 1-D and 3-D inputs take other
+    `F.linear` paths there (bias added after rounding), so within one bf16 rounding."""
+    layer, plain = _bf16_pair()
+    assert cpu_linear.pack_linear_weights(layer) == 1
+    assert layer.weight.is_mkldnn
+    assert layer.weight.shape == plain.shape and layer.weight.dtype == torch.bfloat16
+    x = torch.randn(*shape).bfloat16()
+    strided = torch.randn(*shape[:-1], 96).bfloat16()[..., ::2]
+    with torch.inference_mode():
+        for inputs in (x, strided):
+            got = layer(inputs)
+            want = torch.nn.functional.linear(inputs, plain, layer.bias)
+            exact = torch.nn.functional.linear(inputs.float(), plain.float(), layer.bias.float())
+            if len(shape) == 2:
+                assert torch.equal(got, want)
+            torch.testing.assert_close(got.float(), exact, rtol=1.6e-2, atol=1e-2)
+    assert torch.equal(layer.weight.to_dense(), plain)
+
+
+@needs_bf16_packing
+def test_torch_kernel_unpacks_and_a_second_pack_is_a_no_op() -> None:
+    layer, plain = _bf16_pair()
+    cpu_linear.pack_linear_weights(layer)
+    assert cpu_linear.pack_linear_weights(layer) == 0  # already packed
+    cpu_linear.set_linear_kernel(layer, "torch")
+    assert not layer.weight.is_mkldnn and torch.equal(layer.weight, plain)
+    assert cpu_linear.pack_linear_weights(layer) == 0  # "torch" layers stay plain
+
+
+def test_fp32_weights_and_hosts_without_native_bf16_stay_plain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fp32 = Linear(48, 24)
+    assert cpu_linear.pack_linear_weights(fp32) == 0 and not fp32.weight.is_mkldnn
+    layer, _ = _bf16_pair()
+    monkeypatch.setattr(cpu_linear, "bf16_packing_available", lambda: False)
+    assert cpu_linear.pack_linear_weights(layer) == 0 and not layer.weight.is_mkldnn
