@@ -3,7 +3,8 @@
 `dims -> modules on meta -> strict load (assign, no second copy) -> device/dtype`, per stage.
 Below fp32, the LLM's and the flow's checkpoints are converted tensor by tensor as they are read
 from the mapped file (its fp32 pages released as they go), so fp32 never sits beside bf16; on
-CPU the LLM's text table stays in the mapped file and only the rows looked up become resident.
+CPU the LLM's text table stays in the mapped file and only the rows looked up become resident,
+and bf16 linear weights are then packed in oneDNN's layout (`cpu_linear.pack_linear_weights`).
 Hyperparameters come only from the directory (`cosyvoice2.yaml` read as plain data and
 `CosyVoice-BlankEN/config.json`); any missing or inconsistent file raises `ModelLoadError`
 naming it, before a worker takes a job.
@@ -17,12 +18,15 @@ from pathlib import Path
 import torch
 
 from workers.model.checkpoint import can_map, read_state_dict
+from workers.model.cpu_linear import pack_linear_weights
 from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
 from workers.model.features import MelConfig
 from workers.model.flow.config import FlowConfig
 from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
+from workers.model.heap import release_freed_heap
 from workers.model.hift.config import HiFTConfig
 from workers.model.hift.model import HiFTGenerator, build_hift
+from workers.model.llm.fused_projections import fuse_projections
 from workers.model.llm.model import TEXT_TABLE_KEY, TIED_HEAD_KEY, LLMConfig, Qwen2LM, build_llm
 
 
@@ -95,17 +99,21 @@ def load_model(
         mapped_text_table=mapped_text_table,
     )
     del llm_state  # the mapping stays only for what the model still uses of it
+    fuse_projections(llm)  # bf16 on CPU: q/k/v and gate/up as one product each, then
+    pack_linear_weights(llm)  # oneDNN's layout, once nothing else holds the plain weights
     flow = hift = None
     if "flow" in torch_stages:
         flow_state = read_state_dict(flow_path, dtype=convert)
         flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
         del flow_state
+        pack_linear_weights(flow)
     if "hift" in torch_stages:
         # Read into memory, not mapped: every weight-normed kernel is folded into a new tensor
         # (and below fp32 converted), so mapped pages would stay resident beside the results.
         hift_state = read_state_dict(hift_path, mmap=False)
         hift = build_hift(configs.hift, hift_state, device=device, dtype=dtype, source=hift_path)
         del hift_state
+    release_freed_heap()  # what conversion, fusion and packing freed
     return LoadedModel(
         directory=directory,
         configs=configs,

@@ -263,9 +263,10 @@ def _batched_attention(  # noqa: PLR0917 - one call site, the layer loop's value
     n = x.shape[0]
     groups = c.num_heads // c.num_kv_heads
     cos, sin = rotary
-    q = _rotate(attn.q_proj(x).view(n, 1, c.num_heads, c.head_dim), cos, sin)
-    k = _rotate(attn.k_proj(x).view(n, 1, c.num_kv_heads, c.head_dim), cos, sin)
-    v = attn.v_proj(x).view(n, 1, c.num_kv_heads, c.head_dim)
+    q_rows, k_rows, v_rows = attn.qkv(x)
+    q = _rotate(q_rows.view(n, 1, c.num_heads, c.head_dim), cos, sin)
+    k = _rotate(k_rows.view(n, 1, c.num_kv_heads, c.head_dim), cos, sin)
+    v = v_rows.view(n, 1, c.num_kv_heads, c.head_dim)
     slots = torch.arange(n, device=x.device)
     cache.keys[layer, slots, :, lengths] = k[:, 0]
     cache.values[layer, slots, :, lengths] = v[:, 0]

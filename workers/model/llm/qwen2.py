@@ -185,6 +185,15 @@ class Qwen2Attention(nn.Module):
         self.k_proj = Linear(config.hidden_size, config.kv_dim, bias=True)
         self.v_proj = Linear(config.hidden_size, config.kv_dim, bias=True)
         self.o_proj = Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.qkv_proj: Linear | None = None  # set by `fuse_projections` (then q/k/v are empty)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., hidden) -> q (..., hidden), k and v (..., kv_dim): one product when fused."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        c = self.config
+        q, k, v = self.qkv_proj(x).split([c.hidden_size, c.kv_dim, c.kv_dim], dim=-1)
+        return q, k, v
 
     def forward(
         self,
@@ -198,9 +207,10 @@ class Qwen2Attention(nn.Module):
         c = self.config
         b, t, _ = x.shape
         groups = c.num_heads // c.num_kv_heads
-        q = apply_rotary(self.q_proj(x).view(b, t, c.num_heads, c.head_dim), *rotary)
-        k = apply_rotary(self.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim), *rotary)
-        v = self.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim)
+        q_rows, k_rows, v_rows = self.qkv(x)
+        q = apply_rotary(q_rows.view(b, t, c.num_heads, c.head_dim), *rotary)
+        k = apply_rotary(k_rows.view(b, t, c.num_kv_heads, c.head_dim), *rotary)
+        v = v_rows.view(b, t, c.num_kv_heads, c.head_dim)
         start = 0 if cache is None else cache.length - t
         if cache is None:
             keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (B, kvh, T, hd)
@@ -228,10 +238,14 @@ class Qwen2MLP(nn.Module):
         self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: Linear | None = None  # set by `fuse_projections`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, T, hidden) -> (B, T, hidden)."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Qwen2DecoderLayer(nn.Module):
