@@ -58,8 +58,11 @@ def _blocked(
     lk = k.size(-2)
     if mask is not None and bool(mask.all()):
         mask = None  # no padded keys, no chunks: nothing to fill
-    queries = (q.float() * (1.0 / math.sqrt(dim))).reshape(batch * heads, lq, dim)
-    keys_t = k.float().reshape(batch * heads, lk, dim).transpose(1, 2)
+    # one pass each: the strided bf16 views copied into contiguous fp32, then scaled in place
+    queries = torch.empty(q.shape, dtype=torch.float32).copy_(q).mul_(1.0 / math.sqrt(dim))
+    queries = queries.view(batch * heads, lq, dim)
+    keys_t = torch.empty(k.shape, dtype=torch.float32).copy_(k).view(batch * heads, lk, dim)
+    keys_t = keys_t.transpose(1, 2)
     values = v.reshape(batch * heads, lk, v.size(-1))
     per_query = batch * heads * lk * SCORE_BYTES
     block = max(1, min(lq, score_block_bytes // per_query))
