@@ -55,7 +55,6 @@ from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.directory import QWEN_DIR
-from workers.model.heap import release_freed_heap
 from workers.model.llm.batch import BatchDecoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import load_model
@@ -286,15 +285,11 @@ class SynthesisPipeline:
             return change_speed(mel, plan.request.speed)
 
     def finish(self, audio: list[np.ndarray], plan: RequestPlan) -> np.ndarray:
-        """The pieces' samples joined into the request's utterance (with the text's pauses).
-
-        Then the heap's freed pages go back to the kernel: a request's activations are freed
-        in the middle of glibc's heaps (one per thread that ran them), which kept a bf16 worker
-        ~0.1 GB above what it holds after each job (`workers/model/heap.py`)."""
+        """The pieces' samples joined into the request's utterance (with the text's pauses)."""
         pieces = plan.pieces
         self.place_pieces([a.shape[0] for a in audio], plan)
         with plan.state.clock.timed("join"):
-            joined = join_pieces(
+            return join_pieces(
                 audio,
                 self.sample_rate,
                 self.options.join,
@@ -302,8 +297,6 @@ class SynthesisPipeline:
                 lead_s=pieces[0].pause_before_s or 0.0,
                 tail_s=pieces[-1].pause_after_s,
             )
-        release_freed_heap()
-        return joined
 
     def place_pieces(self, lengths: list[int], plan: RequestPlan) -> None:
         """Each piece's text and where its samples lie in the joined utterance, set on the
