@@ -51,6 +51,11 @@ from workers.service.storage_check import StorageCheck
 
 log = get_logger(__name__)
 
+# How often the thread that listens on the worker's RQ channel (`rq suspend`, kill-horse) looks
+# at its socket and at its stop flag. RQ starts it with 60 s, and from redis-py 8.2 on
+# `PubSubWorkerThread.stop()` waits for the thread: every worker's exit took up to 60 s.
+PUBSUB_POLL_S = 0.5
+
 
 def default_worker_name() -> str:
     """host.pid.random: readable in `cosyq status`, unique even when a pid is reused."""
@@ -168,6 +173,15 @@ class CosyqWorker(StopSafeWorker):
         except BaseException:
             self._close()
             raise
+
+    def subscribe(self) -> None:
+        """RQ's channel listener, polling every PUBSUB_POLL_S so that exit never waits long."""
+        log.debug("worker_subscribing", channel=self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
         """RQ's scheduler forks: never started here (retries are promoted by housekeeping)."""
