@@ -179,7 +179,8 @@ class CosyqWorker(StopSafeWorker):
         log.debug("worker_subscribing", channel=self.pubsub_channel_name)
         self.pubsub = self.connection.pubsub()
         self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-        self.pubsub_thread = self.pubsub.run_in_thread(
+        # RQ declares the attribute as None until it subscribes, as here
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
             sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
         )
 
