@@ -22,6 +22,9 @@ from tests.unit.coreml.micro import Converted, write_micro_model_dir
 from workers.cli import main as worker_cli
 from workers.coreml.manifest import read_manifest
 
+# Marks a finished micro model folder. Rewriting it would truncate checkpoints that another
+# test process has memory-mapped (a SIGBUS, or NaN weights mid-conversion).
+MODEL_WRITTEN = ".written"
 CONVERSION_TIMEOUT_S = 600  # the first test to use `converted` pays for the conversion
 
 
@@ -62,9 +65,11 @@ def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterat
 @pytest.fixture(scope="session")
 def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with shared_folder(tmp_path_factory, "micro-model") as folder:
-        if not (folder / "config.json").exists():
+        written = folder / MODEL_WRITTEN
+        if not written.exists():
             folder.mkdir(exist_ok=True)
             write_micro_model_dir(folder)
+            written.touch()  # last: never write again, another process may have it mapped
         return folder
 
 
