@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from xdist.scheduler import LoadFileScheduling
 
 from shared.errors import CosyqError
 from workers.tools.local_redis import LocalRedis, free_port
@@ -16,6 +17,24 @@ from workers.tools.local_redis import LocalRedis, free_port
 __all__ = ["RedisServer", "free_port"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Test files that share one expensive session fixture made under a file lock (the Core ML
+# conversion, ~45 s): one test process runs them all, so no second process sits waiting on it.
+SHARED_CONVERSION_FOLDER = "tests/unit/coreml/"
+
+
+class FilesAndConversionScheduling(LoadFileScheduling):
+    """xdist's `--dist loadfile` (a file's tests on one process: they share its module
+    fixtures), with every file under SHARED_CONVERSION_FOLDER as one unit."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return SHARED_CONVERSION_FOLDER if scope.startswith(SHARED_CONVERSION_FOLDER) else scope
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileScheduling | None:
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own for any other mode
+    return FilesAndConversionScheduling(config, log)
 
 
 def find_reference_dir() -> Path | None:
