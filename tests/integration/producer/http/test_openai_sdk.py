@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from tests.integration.producer.http.conftest import API_KEY, Front
+from tests.integration.producer.http.test_jobs_api import wait_finished
 
 pytestmark = pytest.mark.slow
 
@@ -147,7 +148,10 @@ def test_streamed_speech_arrives_in_chunks_equal_to_the_stored_file(
         parts = list(response.iter_bytes())
     pcm = b"".join(parts)
     with live.http() as http:
-        result = http.get(f"/v1/jobs/{job_id}").json()["result"]
+        # the stream ends at the attempt's final entry; the job's record is finished just after
+        doc = wait_finished(http, job_id)
+        assert doc["state"] == "finished", doc
+        result = doc["result"]
         stored = http.get(f"/v1/jobs/{job_id}/audio").content
     samples, rate = sf.read(io.BytesIO(stored), dtype="int16")
     assert rate == 24000 and result["format"] == "wav"
