@@ -99,9 +99,10 @@ class MarkupError(ValueError):
 def special_token(text: str) -> str | None:
     """The first `<|…|>` token in `text` (shortened for messages), or None."""
     found = SPECIAL_TOKEN_RE.search(text)
-    if found is None:
-        return None
-    token = found.group()
+    return None if found is None else _shown_token(found.group())
+
+
+def _shown_token(token: str) -> str:
     return token if len(token) <= _SHOWN_TOKEN_CHARS else token[: _SHOWN_TOKEN_CHARS - 5] + "...|>"
 
 
@@ -112,23 +113,24 @@ def _shown(markup: str) -> str:
 
 
 def refuse_special_tokens(text: str) -> None:
-    token = special_token(text)
-    if token is not None:
+    found = SPECIAL_TOKEN_RE.search(text)
+    if found is not None:
         raise MarkupError(
-            f"contains the model's special token {_named(token)}; only these control tags may "
-            f"appear in text: {', '.join(CONTROL_TAGS)}"
+            f"contains the model's special token {_named(found.group())}; only these control "
+            f"tags may appear in text: {', '.join(CONTROL_TAGS)}"
         )
 
 
 def _named(token: str) -> str:
-    """A `<|…|>` token as a user should read it: one with XML entities inside
-    (`<|im_en&#100;|>`) is named by what it decodes to, its written form beside it."""
+    """A whole `<|…|>` token as a user should read it, shortened: one with XML entities inside
+    (`<|im_en&#100;|>`) is named by what it decodes to, its written form beside it. Decoded
+    before shortening: a cut through an entity would decode to another name."""
     decoded = token
     while (again := html.unescape(decoded)) != decoded:
         decoded = again
     if decoded == token:
-        return token
-    return f"{special_token(decoded) or decoded} (written {token})"
+        return _shown_token(token)
+    return f"{special_token(decoded) or _shown_token(decoded)} (written {_shown_token(token)})"
 
 
 def refuse_control_characters(text: str) -> None:

@@ -111,6 +111,16 @@ def test_a_token_with_an_entity_inside_is_named_by_what_it_decodes_to(field: str
     assert "special token <|im_end|> (written <|im_en&#100;|>)" in message
 
 
+@pytest.mark.parametrize("field", ["text", "prompt_text", "transcript"])
+def test_a_long_entity_form_is_named_by_what_it_decodes_to_not_by_a_cut(field: str) -> None:
+    """Found by the property test above: the written form was shortened for the message before
+    it was decoded, and the cut through an entity decoded to another name."""
+    written = "<|endofpro&amp;#109;&amp;#112;&amp;#116;|>"
+    message = _gate(field, f"<speak>{written}</speak>")
+    assert message is not None
+    assert "special token <|endofprompt|> (written <|endofpro&amp;#109;&amp;" in message
+
+
 def test_a_break_taken_out_cannot_join_a_token() -> None:
     message = _gate("text", "<</break>|im_start|>")
     assert message is not None and "special token <|im_start|>" in message
