@@ -272,6 +272,20 @@ class Settings(FrontSettings, QualitySettings, TenantSettings, BaseSettings):
         "voice first out (full model in fp32: ~0.23 GB per prompt second); a voice's later "
         "streamed pieces skip its prompt's frames in their first chunk; 0 turns it off",
     )
+    malloc_mmap_threshold_mb: int = Field(
+        32,
+        ge=0,
+        le=32,
+        description="glibc (Linux): blocks up to this come from the heap, not a fresh mapping "
+        "each (0: glibc's dynamic 128 KB-32 MB); a streamed flow pass otherwise page-faults in "
+        "its keys/values again every time",
+    )
+    malloc_trim_threshold_mb: int = Field(
+        1024,
+        ge=0,
+        description="glibc (Linux): freed heap top kept mapped for the next request up to this "
+        "(0: glibc's default, twice the mmap threshold); recycling bounds what a worker keeps",
+    )
     stream_block_ms: int = Field(
         1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
     )

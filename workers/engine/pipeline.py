@@ -55,6 +55,7 @@ from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.directory import QWEN_DIR
+from workers.model.heap import HeapPolicy, keep_freed_heap
 from workers.model.llm.batch import BatchDecoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import load_model
@@ -80,6 +81,7 @@ class EngineOptions:
     max_batch: int = 16  # the most requests one batch session may hold (KV cache rows)
     batch_max_positions: int = 2048  # KV positions per batch row; longer pieces run alone
     stream: StreamSchedule = field(default_factory=StreamSchedule)  # streamed requests' hops
+    heap: HeapPolicy = field(default_factory=HeapPolicy)  # glibc: freed memory kept for reuse
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_max_positions < 1:
@@ -403,6 +405,7 @@ def build_engine(
     `backend` and `reported_device` then say so in the engine's identity ("coreml", "ane/cpu").
     """
     options = options or EngineOptions()
+    keep_freed_heap(options.heap)  # process-wide, before the model's buffers are allocated
     torch_device = resolve_device(device)
     replaced = {"flow": flow, "hift": vocoder}
     loaded = load_model(

@@ -15,6 +15,7 @@ from workers.engine.assembly import JoinConfig
 from workers.engine.pipeline import EngineOptions, build_engine
 from workers.engine.streaming import StreamSchedule
 from workers.engine.text_split import SplitConfig
+from workers.model.heap import HeapPolicy
 from workers.service.backend import select_backend
 
 log = get_logger(__name__)
@@ -46,6 +47,10 @@ def engine_options(settings: Settings) -> EngineOptions:
             max_hop=max(settings.stream_max_hop_tokens, settings.stream_first_hop_tokens),
             flow_cache_max_mb=settings.stream_flow_cache_max_mb,
             voice_cache_max_mb=settings.stream_voice_cache_max_mb,
+        ),
+        heap=HeapPolicy(
+            mmap_threshold_mb=settings.malloc_mmap_threshold_mb,
+            trim_threshold_mb=settings.malloc_trim_threshold_mb,
         ),
     )
 
