@@ -13,6 +13,10 @@ to the fp32 estimator's as before (30.3 against 30.2 dB SNR; the bf16 products a
 that figure), and `cosyq-worker bench --compare-fp32` prints the SNR per stage. fp32 keeps
 the fused kernel (and check-reference its exact path).
 
+A chunk mask over a streamed pass's new queries comes as `KeyLimits` (each chunk's queries see
+a prefix of the keys): only the hidden tail of each chunk's rows is filled, and nothing is
+checked per call (a bool mask's fill and all() were ~0.1 s of a 1.1 s first-chunk flow pass).
+
 Scores are made a block of queries at a time so no block holds more than
 `score_block_bytes` (a setting of the estimator's config): a long piece in a wide batch
 would otherwise hold B x H x T x T scores at once. Anywhere else (fp32, fp16, MPS, CUDA,
@@ -22,6 +26,7 @@ tracing for Core ML, autograd) this is `scaled_dot_product_attention` itself.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +34,30 @@ from torch import Tensor
 
 BLOCKED_DTYPES = (torch.bfloat16,)
 ATTENTION_RANGE = "cosyq::cpu_attention"  # profiler range: the bench counts its ops as attention
+
+
+@dataclass(frozen=True)
+class KeyLimits:
+    """Queries in runs, each seeing a prefix of the keys: rows start..stop see keys < visible
+    (runs in row order, covering every row once); `keys` is the key count."""
+
+    runs: tuple[tuple[int, int, int], ...]
+    keys: int
+
+    @property
+    def hides_any(self) -> bool:
+        return any(visible < self.keys for _, _, visible in self.runs)
+
+    def dense(self, device: torch.device | str = "cpu") -> Tensor:
+        """The same as a bool mask (rows, keys), True = attend."""
+        rows = self.runs[-1][1] if self.runs else 0
+        limit = torch.empty(rows, dtype=torch.long, device=device)
+        for start, stop, visible in self.runs:
+            limit[start:stop] = visible
+        return torch.arange(self.keys, device=device).unsqueeze(0) < limit.unsqueeze(1)
+
+
+Mask = Tensor | KeyLimits | None
 
 
 def _use_blocked(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -43,24 +72,27 @@ def _use_blocked(q: Tensor, k: Tensor, v: Tensor) -> bool:
     )
 
 
-def attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, score_block_bytes: int
-) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, score_block_bytes: int) -> Tensor:
     """q (B, H, Lq, D), k/v (B, H, Lk, D), bool mask (True = attend) broadcastable to
-    (B, H, Lq, Lk) or None -> (B, H, Lq, D): what `scaled_dot_product_attention` returns."""
+    (B, H, Lq, Lk), `KeyLimits` over (Lq, Lk), or None -> (B, H, Lq, D): what
+    `scaled_dot_product_attention` returns."""
     if not _use_blocked(q, k, v):
+        if isinstance(mask, KeyLimits):
+            mask = mask.dense(q.device) if mask.hides_any else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     with torch.profiler.record_function(ATTENTION_RANGE):
         return _blocked(q, k, v, mask, score_block_bytes)
 
 
-def _blocked(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, score_block_bytes: int
-) -> Tensor:
+def _blocked(q: Tensor, k: Tensor, v: Tensor, mask: Mask, score_block_bytes: int) -> Tensor:
     """Scores, softmax and the weighted sum in q's dtype, a block of queries at a time."""
     batch, heads, lq, dim = q.shape
     lk = k.size(-2)
-    if mask is not None and bool(mask.all()):
+    if isinstance(mask, KeyLimits):
+        if mask.keys != lk:
+            raise ValueError(f"attention: key limits over {mask.keys} keys, given {lk}")
+        mask = mask if mask.hides_any else None
+    elif mask is not None and bool(mask.all()):
         mask = None  # no padded keys, no chunks: nothing to fill
     # the scale is a power of two for the estimator's head sizes (64: 1/8), so exact in bf16
     queries = (q * (1.0 / math.sqrt(dim))).reshape(batch * heads, lq, dim)
@@ -72,9 +104,19 @@ def _blocked(
     for start in range(0, lq, block):
         stop = min(lq, start + block)
         scores = torch.bmm(queries[:, start:stop], keys_t)  # (B*H, n, Lk)
-        if mask is not None:
+        if isinstance(mask, KeyLimits):
+            _hide_tails(scores, mask, start, stop)
+        elif mask is not None:
             rows = mask if mask.size(-2) == 1 else mask[..., start:stop, :]
             scores.view(batch, heads, stop - start, lk).masked_fill_(~rows, -math.inf)
         torch.softmax(scores, dim=-1, out=scores)
         torch.bmm(scores, values, out=out[:, start:stop])
     return out.view(batch, heads, lq, -1)
+
+
+def _hide_tails(scores: Tensor, limits: KeyLimits, start: int, stop: int) -> None:
+    """-inf on the keys each run of rows start..stop (the block's) does not see."""
+    for run_start, run_stop, visible in limits.runs:
+        first, last = max(run_start, start), min(run_stop, stop)
+        if first < last and visible < limits.keys:
+            scores[:, first - start : last - start, visible:] = -math.inf

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from workers.model import cpu_attention
-from workers.model.cpu_attention import attention
+from workers.model.cpu_attention import KeyLimits, attention
 from workers.model.flow.encoder import chunk_mask
+from workers.model.flow.stream_layers import Span, key_limits, visible_keys
 
 B, H, LQ, D = 2, 3, 37, 16
 
@@ -125,3 +126,38 @@ def test_traced_attention_is_the_plain_op() -> None:
     traced = torch.jit.trace(fn, (q, k, v), check_trace=False)
     assert "scaled_dot_product_attention" in str(traced.graph)
     assert "bmm" not in str(traced.graph)
+
+
+@pytest.mark.parametrize(
+    ("start", "new", "chunk"), [(0, 37, 10), (20, 17, 10), (40, 23, 50), (7, 30, 4)]
+)
+@pytest.mark.parametrize("block_bytes", [1, 4 * B * H * 60 * 5, 1 << 30])
+def test_key_limits_hide_what_the_chunk_mask_hides(
+    start: int, new: int, chunk: int, block_bytes: int
+) -> None:
+    """A streamed pass's chunk mask as runs of rows (`key_limits`): the same mask as
+    `visible_keys`, and the blocked attention over it gives what the fused kernel gives
+    over the bool mask, in every block split."""
+    span = Span(start, start + new, 0)
+    limits = key_limits(span, chunk)
+    dense = visible_keys(span, chunk, device=torch.device("cpu"))
+    assert limits is not None and dense is not None
+    assert torch.equal(limits.dense(), dense)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, H, new, D, generator=g)
+    k, v = (torch.randn(B, H, span.end, D, generator=g) for _ in range(2))
+    got = cpu_attention._blocked(q, k, v, limits, block_bytes)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    fused = attention(q, k, v, limits, score_block_bytes=block_bytes)  # fp32: the kernel
+    torch.testing.assert_close(fused, want, rtol=1e-5, atol=1e-5)
+
+
+def test_key_limits_that_hide_nothing_and_a_wrong_key_count() -> None:
+    assert key_limits(Span(0, 10, 0), 0) is None  # chunk 0: full attention
+    limits = key_limits(Span(10, 20, 0), 10)  # one whole chunk: sees every key
+    assert limits is not None and not limits.hides_any
+    q, k, v = _inputs(torch.bfloat16, lk=LQ)
+    wrong = KeyLimits(((0, LQ, 5),), LQ + 1)
+    with pytest.raises(ValueError, match="key limits over"):
+        attention(q, k, v, wrong, score_block_bytes=1 << 30)

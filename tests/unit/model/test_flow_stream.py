@@ -8,6 +8,7 @@ given so far, with hops off the chunk edges too (partly full chunks computed aga
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,3 +179,24 @@ def test_the_cache_never_holds_more_than_its_limit(flow: CausalMaskedDiffWithXve
                 assert np.abs(mel - expected).max() <= TOLERANCE
         assert 0 < bounded.peak_bytes <= limit
         assert bounded.switched_at is not None and bounded.switched_at >= cuts[0]
+
+
+def _snr_db(mine: np.ndarray, reference: np.ndarray) -> float:
+    return float(10 * np.log10((reference**2).sum() / ((mine - reference) ** 2).sum()))
+
+
+def test_a_bf16_stream_matches_its_recompute(flow: CausalMaskedDiffWithXvec) -> None:
+    """bf16 runs the blocked CPU attention, the streamed passes with their chunk mask as key
+    limits: the hops' mel is as close to fp32's as the whole-prefix recompute's is, and close
+    to that recompute (a chunk's queries seeing the wrong keys falls far below either)."""
+    arrays = piece(13, 130, seed=13)
+    low = copy.deepcopy(flow).to(torch.bfloat16)
+    with torch.inference_mode():
+        full, _ = chunked_mels(flow, arrays, StreamSchedule())
+        cached, _ = chunked_mels(low, arrays, StreamSchedule())
+        recomputed, _ = chunked_mels(low, arrays, StreamSchedule(), cached=False)
+    full_mel, cached_mel, recomputed_mel = (
+        np.concatenate(mels, axis=1) for mels in (full, cached, recomputed)
+    )
+    assert _snr_db(cached_mel, recomputed_mel) >= 35
+    assert _snr_db(cached_mel, full_mel) >= _snr_db(recomputed_mel, full_mel) - 1

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model.cpu_attention import attention
+from workers.model.cpu_attention import KeyLimits, attention
 from workers.model.flow.estimator import (
     CausalBlock1D,
     CausalConditionalDecoder,
@@ -26,7 +26,7 @@ from workers.model.flow.estimator import (
     UNetStage,
     timestep_embedding,
 )
-from workers.model.flow.stream_layers import CacheBudget, LayerCache, Span, visible_keys
+from workers.model.flow.stream_layers import CacheBudget, LayerCache, Span, key_limits
 
 
 class EstimatorStream:
@@ -36,7 +36,7 @@ class EstimatorStream:
         self.net = net
         self.cache = LayerCache(budget)
         self.span = Span(0, 0, 0)
-        self._mask: Tensor | None = None  # the span's chunk mask, made once per pass
+        self._mask: KeyLimits | None = None  # the span's chunk mask, made once per pass
 
     def fork(self, budget: CacheBudget) -> EstimatorStream:
         """Another request's step going on from this one's kept positions."""
@@ -62,7 +62,7 @@ class EstimatorStream:
         if not streaming or x.size(-1) != self.span.length:
             raise ValueError(f"estimator stream: {x.size(-1)} frames for span {self.span}")
         net = self.net
-        self._mask = visible_keys(self.span, net.config.static_chunk_size, device=x.device)
+        self._mask = key_limits(self.span, net.config.static_chunk_size)
         time_emb = net.time_mlp(timestep_embedding(t, net.config.in_channels))
         spks = spks.unsqueeze(-1).expand(-1, -1, x.size(-1))
         h = torch.cat([x, mu, spks, cond], dim=1)  # (B, 320, n)

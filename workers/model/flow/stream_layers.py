@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from workers.model.cpu_attention import KeyLimits
+
 GROWTH = 1.5  # key/value buffer capacity factor when a pass needs more
 
 
@@ -80,6 +82,21 @@ def visible_keys(span: Span, chunk: int, *, device: torch.device) -> Tensor | No
     query = torch.arange(span.start, span.end, device=device)
     chunk_end = (torch.div(query, chunk, rounding_mode="floor") + 1) * chunk
     return torch.arange(span.end, device=device).unsqueeze(0) < chunk_end.unsqueeze(1)
+
+
+def key_limits(span: Span, chunk: int) -> KeyLimits | None:
+    """`visible_keys` as runs of rows (one per chunk the new queries fall in) that each see a
+    prefix of the keys: what the estimator's attention fills cheaply."""
+    if chunk <= 0:
+        return None
+    runs = []
+    row = span.start
+    while row < span.end:
+        chunk_end = (row // chunk + 1) * chunk
+        stop = min(span.end, chunk_end)
+        runs.append((row - span.start, stop - span.start, min(chunk_end, span.end)))
+        row = stop
+    return KeyLimits(tuple(runs), span.end)
 
 
 class KeyValues:
