@@ -31,6 +31,8 @@ from workers.model.llm.qwen2 import (
     Qwen2Attention,
     Qwen2Config,
     Qwen2DecoderLayer,
+    compiles_per_shape,
+    decode_key_span,
     rotary_at,
 )
 from workers.model.llm.sampling import SamplingConfig, ras_sampling
@@ -230,6 +232,8 @@ class BatchDecoder:
         backbone = model.backbone
         cos, sin = rotary_at(backbone.config, lengths, x.dtype)
         span = int(lengths.max()) + 1
+        if compiles_per_shape(x):  # whole buckets of keys (the rows' ends masked as before)
+            span = decode_key_span(span, self.cache.positions)
         hidden_mask = torch.arange(span, device=x.device)[None, :] > lengths[:, None]
         for index, module in enumerate(backbone.layers):
             layer = cast(Qwen2DecoderLayer, module)

@@ -84,6 +84,25 @@ class Qwen2Config:
             raise ModelLoadError(f"{source}: head_dim {self.head_dim} must be even for RoPE")
 
 
+# A one-query (decode) attention in bf16/fp16 on CPU reads keys in multiples of this many
+# positions, the ones past the cache's length masked: oneDNN compiles its matmuls per shape and
+# keeps them, so reading exactly `length` keys built two new kernels every decode step (0.2-0.36
+# ms each, ~1 ms of a 20-30 ms step with their dispatch) and held ~90 MB of them after one
+# request (full-random bf16, AMD EPYC Zen 5). fp32 runs MKL's GEMM, which compiles nothing.
+DECODE_KEY_BUCKET = 64
+
+
+def decode_key_span(end: int, capacity: int) -> int:
+    """Keys a one-query attention reads when the cache holds `end`: the next multiple of
+    `DECODE_KEY_BUCKET` (at most `capacity`)."""
+    return min(capacity, -(-end // DECODE_KEY_BUCKET) * DECODE_KEY_BUCKET)
+
+
+def compiles_per_shape(t: torch.Tensor) -> bool:
+    """Whether a matmul on `t` goes through oneDNN's per-shape kernels (reduced precision, CPU)."""
+    return t.device.type == "cpu" and t.dtype in (torch.bfloat16, torch.float16)
+
+
 class KVCache:
     """Preallocated keys/values of one request; `forward` writes in place and advances `length`.
 
@@ -106,11 +125,13 @@ class KVCache:
                 f"{config.max_position_embeddings}"
             )
         shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
-        # Uninitialised on purpose: attention only ever reads positions already written.
+        # Uninitialised on purpose: attention reads positions already written, and a decode
+        # step's key span past them only once `readable` has zeroed it.
         self.keys = torch.empty(shape, device=device, dtype=dtype)
         self.values = torch.empty(shape, device=device, dtype=dtype)
         self.capacity = capacity
         self.length = 0
+        self.zeroed = 0  # positions from `length` up to here are zeros (or written since)
 
     @classmethod
     def over(cls, keys: torch.Tensor, values: torch.Tensor) -> KVCache:
@@ -120,7 +141,17 @@ class KVCache:
         cache.keys, cache.values = keys, values
         cache.capacity = keys.shape[3]
         cache.length = 0
+        cache.zeroed = 0
         return cache
+
+    def readable(self, span: int) -> None:
+        """Make positions up to `span` finite (zeros where nothing was written): a masked key's
+        probability is exactly 0, but 0 x an uninitialised NaN is not."""
+        if span > self.zeroed:
+            first = max(self.length, self.zeroed)
+            self.keys[..., first:span, :].zero_()
+            self.values[..., first:span, :].zero_()
+            self.zeroed = span
 
     def reserve(self, new_positions: int) -> int:
         """Claim the next `new_positions` positions: returns where they start, advances `length`."""
@@ -217,12 +248,18 @@ class Qwen2Attention(nn.Module):
         else:
             cache.keys[layer, :, :, start : start + t].copy_(k.transpose(1, 2))
             cache.values[layer, :, :, start : start + t].copy_(v.transpose(1, 2))
-            keys = cache.keys[layer, :, :, : start + t]
-            values = cache.values[layer, :, :, : start + t]
+            span = start + t
+            if t == 1 and compiles_per_shape(x):
+                span = decode_key_span(start + t, cache.capacity)
+                cache.readable(span)  # all layers at once, when the step enters a new bucket
+            keys = cache.keys[layer, :, :, :span]
+            values = cache.values[layer, :, :, :span]
         # Query head h uses KV head h // groups: fold the groups into the query rows.
         q = q.view(b, t, c.num_kv_heads, groups, c.head_dim).permute(0, 2, 3, 1, 4)
         q = q.reshape(b, c.num_kv_heads, groups * t, c.head_dim)  # rows ordered (group, t)
         scores = torch.matmul(q, keys.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))
+        if keys.size(2) > start + t:  # a decode step's bucket: the positions past the end
+            scores[..., start + t :] = float("-inf")
         if t > 1:  # query i (absolute start+i) sees keys 0..start+i; one query sees all
             allowed = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
             scores = scores.masked_fill(~allowed.repeat(groups, 1), float("-inf"))
