@@ -27,6 +27,7 @@ from shared.settings_env import (
     reject_unknown_variables,
 )
 from shared.settings_front import FrontSettings
+from shared.settings_memory import MemorySettings
 from shared.settings_quality import QualitySettings
 from shared.settings_tenants import TenantSettings
 from shared.tenants import DEFAULT_TENANT, ApiKey, parse_api_keys
@@ -50,7 +51,7 @@ def _default_hash_cache_dir() -> Path:
     return Path.home() / ".cache" / "cosyq" / "hashes"
 
 
-class Settings(FrontSettings, QualitySettings, TenantSettings, BaseSettings):
+class Settings(FrontSettings, QualitySettings, TenantSettings, MemorySettings, BaseSettings):
     """Every knob of a cosyq process; each limit is named here with its default.
 
     Producer side: redis_*, storage_url, s3_*, max_*_chars/bytes, max_queue_depth, backpressure*,
@@ -271,20 +272,6 @@ class Settings(FrontSettings, QualitySettings, TenantSettings, BaseSettings):
         description="primed flow prompt prefixes kept per worker process, least recently used "
         "voice first out (full model in fp32: ~0.23 GB per prompt second); a voice's later "
         "streamed pieces skip its prompt's frames in their first chunk; 0 turns it off",
-    )
-    malloc_mmap_threshold_mb: int = Field(
-        32,
-        ge=0,
-        le=32,
-        description="glibc (Linux): blocks up to this come from the heap, not a fresh mapping "
-        "each (0: glibc's dynamic 128 KB-32 MB); a streamed flow pass otherwise page-faults in "
-        "its keys/values again every time",
-    )
-    malloc_trim_threshold_mb: int = Field(
-        1024,
-        ge=0,
-        description="glibc (Linux): freed heap top kept mapped for the next request up to this "
-        "(0: glibc's default, twice the mmap threshold); recycling bounds what a worker keeps",
     )
     stream_block_ms: int = Field(
         1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
