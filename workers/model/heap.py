@@ -13,7 +13,7 @@ row at 0.94-1.02 of plain against 1.01-1.06: not used.
 requests: by default every block over 128 KB-32 MB (its dynamic threshold) is mapped fresh and
 unmapped on free, and the heap's top is trimmed above twice that, so each streamed flow pass
 faulted in its keys/values buffers again: 210,000 page faults (~860 MB) in the first chunk's
-flow pass of a voice's second request, 1.39-2.75 s per pass against 1.14-1.17 s with no faults
+flow pass of a voice's second request, 1.26-2.59 s per pass against 1.08-1.18 s with no faults
 (full-random bf16, AMD EPYC Zen 5, 2 threads, six passes each). Blocks up to `mmap_threshold_mb`
 then come from the heap, and up to `trim_threshold_mb` of freed top stays mapped for the next.
 """
