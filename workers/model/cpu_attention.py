@@ -26,6 +26,7 @@ tracing for Core ML, autograd) this is `scaled_dot_product_attention` itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,12 @@ class KeyLimits:
 Mask = Tensor | KeyLimits | None
 
 
+def reads_segments(t: Tensor) -> bool:
+    """Whether attention on `t`'s dtype and device reads key segments apart (the blocked
+    path); elsewhere `attention_over` joins them, so a cache should hold them joined."""
+    return t.device.type == "cpu" and t.dtype in BLOCKED_DTYPES
+
+
 def _use_blocked(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return (
         q.device.type == "cpu"
@@ -84,10 +91,38 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, score_block_bytes:
         return _blocked(q, k, v, mask, score_block_bytes)
 
 
+def attention_over(
+    q: Tensor, segments: Sequence[tuple[Tensor, Tensor]], mask: Mask, *, score_block_bytes: int
+) -> Tensor:
+    """`attention` over keys/values given as segments of consecutive positions, in order
+    (each (B, H, L_i, D)): a streamed pass of a primed voice reads the voice's kept positions
+    where they are. Where the blocked path runs, two or more segments are never joined: each
+    gets its own score product and its share of the weighted sum; elsewhere (fp32, whose
+    fused kernel was faster over a whole piece than blocked products over segments: 11-14
+    against 13-16 s per fp32 piece) they are joined first."""
+    if len(segments) == 1:
+        (k, v) = segments[0]
+        return attention(q, k, v, mask, score_block_bytes=score_block_bytes)
+    if not all(_use_blocked(q, k, v) for k, v in segments):
+        k = torch.cat([k for k, _ in segments], dim=2)
+        v = torch.cat([v for _, v in segments], dim=2)
+        return attention(q, k, v, mask, score_block_bytes=score_block_bytes)
+    with torch.profiler.record_function(ATTENTION_RANGE):
+        return _blocked_over(q, segments, mask, score_block_bytes)
+
+
 def _blocked(q: Tensor, k: Tensor, v: Tensor, mask: Mask, score_block_bytes: int) -> Tensor:
-    """Scores, softmax and the weighted sum in q's dtype, a block of queries at a time."""
+    return _blocked_over(q, [(k, v)], mask, score_block_bytes)
+
+
+def _blocked_over(
+    q: Tensor, segments: Sequence[tuple[Tensor, Tensor]], mask: Mask, score_block_bytes: int
+) -> Tensor:
+    """Scores, softmax and the weighted sum in q's dtype, a block of queries at a time; with
+    several segments, the scores are joined (not the keys) and the sum is accumulated."""
     batch, heads, lq, dim = q.shape
-    lk = k.size(-2)
+    lengths = [k.size(-2) for k, _ in segments]
+    lk = sum(lengths)
     if isinstance(mask, KeyLimits):
         if mask.keys != lk:
             raise ValueError(f"attention: key limits over {mask.keys} keys, given {lk}")
@@ -96,21 +131,34 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, mask: Mask, score_block_bytes: int
         mask = None  # no padded keys, no chunks: nothing to fill
     # the scale is a power of two for the estimator's head sizes (64: 1/8), so exact in bf16
     queries = (q * (1.0 / math.sqrt(dim))).reshape(batch * heads, lq, dim)
-    keys_t = k.reshape(batch * heads, lk, dim).transpose(1, 2)
-    values = v.reshape(batch * heads, lk, v.size(-1))
+    keys_t = [k.reshape(batch * heads, k.size(-2), dim).transpose(1, 2) for k, _ in segments]
+    values = [v.reshape(batch * heads, v.size(-2), v.size(-1)) for _, v in segments]
     per_query = batch * heads * lk * q.element_size()
     block = max(1, min(lq, score_block_bytes // per_query))
-    out = torch.empty(batch * heads, lq, v.size(-1), dtype=v.dtype)
+    out = torch.empty(batch * heads, lq, values[0].size(-1), dtype=q.dtype)
     for start in range(0, lq, block):
         stop = min(lq, start + block)
-        scores = torch.bmm(queries[:, start:stop], keys_t)  # (B*H, n, Lk)
+        rows = queries[:, start:stop]
+        if len(keys_t) == 1:
+            scores = torch.bmm(rows, keys_t[0])  # (B*H, n, Lk)
+        else:
+            scores = torch.cat([torch.bmm(rows, keys) for keys in keys_t], dim=-1)
         if isinstance(mask, KeyLimits):
             _hide_tails(scores, mask, start, stop)
         elif mask is not None:
-            rows = mask if mask.size(-2) == 1 else mask[..., start:stop, :]
-            scores.view(batch, heads, stop - start, lk).masked_fill_(~rows, -math.inf)
+            hidden = mask if mask.size(-2) == 1 else mask[..., start:stop, :]
+            scores.view(batch, heads, stop - start, lk).masked_fill_(~hidden, -math.inf)
         torch.softmax(scores, dim=-1, out=scores)
-        torch.bmm(scores, values, out=out[:, start:stop])
+        block_out = out[:, start:stop]
+        offset = 0
+        for index, part in enumerate(values):
+            n = part.size(1)
+            weights = scores[:, :, offset : offset + n]
+            if index == 0:
+                torch.bmm(weights, part, out=block_out)
+            else:
+                block_out.baddbmm_(weights, part)
+            offset += n
     return out.view(batch, heads, lq, -1)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from workers.model import cpu_attention
-from workers.model.cpu_attention import KeyLimits, attention
+from workers.model.cpu_attention import KeyLimits, attention, attention_over
 from workers.model.flow.encoder import chunk_mask
 from workers.model.flow.stream_layers import Span, key_limits, visible_keys
 
@@ -161,3 +163,27 @@ def test_key_limits_that_hide_nothing_and_a_wrong_key_count() -> None:
     wrong = KeyLimits(((0, LQ, 5),), LQ + 1)
     with pytest.raises(ValueError, match="key limits over"):
         attention(q, k, v, wrong, score_block_bytes=1 << 30)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cuts", [[20], [7, 30], [0, 57]])
+def test_attention_over_segments_equals_attention_over_the_joined_keys(
+    dtype: torch.dtype, cuts: list[int]
+) -> None:
+    """A primed voice's kept keys read where they are: the same as one joined segment (fp32
+    to rounding; bf16 as close to fp32 as the joined keys are), masks and blocks included."""
+    lk = 57
+    span = Span(lk - LQ, lk, 0)
+    limits = key_limits(span, 10)
+    q, k, v = _inputs(dtype, lk=lk)
+    edges = [0, *cuts, lk]
+    segments = [(k[:, :, a:b], v[:, :, a:b]) for a, b in itertools.pairwise(edges)]
+    got = attention_over(q, segments, limits, score_block_bytes=4 * B * H * lk * 5)
+    joined = attention(q, k, v, limits, score_block_bytes=1 << 30)
+    exact = F.scaled_dot_product_attention(
+        *(t.float() for t in (q, k, v)), attn_mask=limits.dense()
+    )
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, joined, rtol=1e-5, atol=1e-5)
+    else:
+        assert _snr_db(exact, got.float()) >= _snr_db(exact, joined.float()) - 3

@@ -9,6 +9,7 @@ stored prefix; the store is bounded in bytes, least recently used voice out firs
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,6 +114,10 @@ def test_forks_of_one_prefix_run_interleaved_without_touching_it(
         held = primed.nbytes
         snapshot = [kv.keys.clone() for kv in primed.steps[0].cache._attention.values()]
         first, second = primed.fork(), primed.fork()
+        layer, kept_by_primed = next(iter(primed.steps[0].cache._attention.items()))
+        shared_keys = first.steps[0].cache._attention[layer].shared[0][0]
+        assert shared_keys.data_ptr() == kept_by_primed.keys.data_ptr()  # read, not copied
+        assert first.nbytes < held  # its own conv tails only, before its first pass
         one, two = torch.from_numpy(tokens(100, 1))[None], torch.from_numpy(tokens(100, 2))[None]
         out_one = [first.advance(one[:, :40], finalize=False)]
         out_two = [second.advance(two[:, :40], finalize=False)]
@@ -162,5 +167,40 @@ def test_a_fork_over_its_piece_limit_hands_the_piece_to_the_recompute(
     assert chunks.prefix_use.hit
     ids = tokens(130, seed=5)
     mine = mels(chunks, ids)
-    assert chunks.switched_at == 0  # the copy of the prefix would not fit
+    assert chunks.switched_at == 0  # fp32 copies the prefix at its first pass: no room
     assert_same(mine, plain(flow, prompt, ids))
+
+
+def test_a_bf16_fork_reads_the_prefix_in_place_and_holds_only_its_own_positions(
+    flow: CausalMaskedDiffWithXvec,
+) -> None:
+    """bf16 (the blocked attention) reads a primed voice's keys/values where they are: a
+    fork's cache holds only what it adds, and its mel is the one an unprimed bf16 stream
+    gives, to bf16 rounding (the weighted sum is accumulated over two segments)."""
+    low = copy.deepcopy(flow).to(torch.bfloat16)
+    prompt = voice(60, seed=7)
+    arrays = [torch.from_numpy(a)[None] for a in (prompt.speech_tokens, prompt.mel)]
+    embedding = torch.from_numpy(prompt.embedding)[None]
+    ids = torch.from_numpy(tokens(100, 3))[None]
+
+    def run(stream: FlowStreamCache) -> np.ndarray:
+        mel = [stream.advance(ids[:, :40], finalize=False)]
+        mel.append(stream.advance(ids[:, 40:], finalize=True))
+        return torch.cat(mel, dim=2)[0].float().numpy()
+
+    with torch.inference_mode():
+        primed = FlowStreamCache(low, *arrays, embedding)
+        assert primed.prime() == 50
+        fork = primed.fork()
+        forked = run(fork)
+        alone = FlowStreamCache(low, *arrays, embedding)
+        unprimed = run(alone)
+        full = run(FlowStreamCache(flow, *arrays, embedding))
+    layer, kept_by_primed = next(iter(primed.steps[0].cache._attention.items()))
+    shared_keys = fork.steps[0].cache._attention[layer].shared[0][0]
+    assert shared_keys.data_ptr() == kept_by_primed.keys.data_ptr()
+    assert fork.budget.peak <= alone.budget.peak - primed.nbytes + primed.nbytes // 10
+    error = forked - unprimed
+    assert 10 * np.log10((unprimed**2).sum() / (error**2).sum()) >= 35
+    own_error, alone_error = forked - full, unprimed - full
+    assert (own_error**2).sum() <= 1.3 * (alone_error**2).sum()

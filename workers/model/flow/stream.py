@@ -116,7 +116,8 @@ class FlowStreamCache:
 
     def fork(self, *, max_bytes: int | None = None) -> FlowStreamCache:
         """A new request's cache going on from this one's kept positions (a primed prefix),
-        under its own byte limit; this one is only read (its buffers are copied on write)."""
+        under its own byte limit, which counts only what the fork adds: this one's keys and
+        values are read where they are (never copied, never written)."""
         if self.finished:
             raise ValueError("flow stream: cannot fork a finished stream")
         forked = copy.copy(self)  # the prompt tensors and counters; `pending` is never mutated

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model.cpu_attention import KeyLimits, attention
+from workers.model.cpu_attention import KeyLimits, attention_over
 from workers.model.flow.estimator import (
     CausalBlock1D,
     CausalConditionalDecoder,
@@ -105,8 +105,8 @@ class EstimatorStream:
             return h.view(batch, -1, layer.heads, h.size(-1) // layer.heads).transpose(1, 2)
 
         q, k, v = split(layer.to_q(x)), split(layer.to_k(x)), split(layer.to_v(x))
-        keys, values = self.cache.keys_values(layer, k, v, self.span.keep)
-        out = attention(  # (B, H, n, hd)
-            q, keys, values, self._mask, score_block_bytes=layer.score_block_bytes
+        segments = self.cache.key_value_segments(layer, k, v, self.span.keep)
+        out = attention_over(  # (B, H, n, hd)
+            q, segments, self._mask, score_block_bytes=layer.score_block_bytes
         )
         return layer.to_out[0](out.transpose(1, 2).flatten(2))

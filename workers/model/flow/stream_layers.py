@@ -12,7 +12,10 @@ Every allocation asks the piece's `CacheBudget` first: a buffer that would take 
 its byte limit is not allocated (`CacheFull`), so the cache never holds more than the limit.
 All of it is per-request state: the model's modules are only read. A voice's prompt prefix
 can be computed once and `fork`ed by every request of that voice: a fork reads the shared
-buffers and copies them before its first write (conv tails are never written in place).
+keys/values where they are and keeps its own positions in buffers of its own (the estimator's
+attention reads both segments, `cpu_attention.attention_over`; the small encoder joins them),
+so a piece of a primed voice holds only its own positions (conv tails are never written in
+place either).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model.cpu_attention import KeyLimits
+from workers.model.cpu_attention import KeyLimits, reads_segments
 
 GROWTH = 1.5  # key/value buffer capacity factor when a pass needs more
 
@@ -99,37 +102,78 @@ def key_limits(span: Span, chunk: int) -> KeyLimits | None:
     return KeyLimits(tuple(runs), span.end)
 
 
+Segment = tuple[Tensor, Tensor]  # keys and values (B, H, T, d) of consecutive positions
+
+
 class KeyValues:
-    """One attention's keys and values (B, H, T, d) for the positions kept so far."""
+    """One attention's keys and values (B, H, T, d) for the positions kept so far: the kept
+    positions of the stream this was forked from (read only, shared, never copied), then its
+    own buffers."""
 
     def __init__(self, budget: CacheBudget) -> None:
         self.budget = budget
-        self.keys: Tensor | None = None  # (B, H, capacity, d); positions >= length unused
+        self.shared: tuple[Segment, ...] = ()  # the forked-from stream's kept positions
+        self.keys: Tensor | None = None  # own (B, H, capacity, d); positions >= length unused
         self.values: Tensor | None = None
-        self.length = 0
-        self.shared = False  # the buffers belong to the prefix this was forked from: copy first
+        self.length = 0  # own kept positions, after the shared ones
 
     def fork(self, budget: CacheBudget) -> KeyValues:
-        """A copy that reads these buffers' kept positions and copies them before it writes."""
+        """A copy going on from these kept positions: it reads them where they are (this one
+        only ever writes past its own `length`) and keeps its own positions apart."""
         copy = KeyValues(budget)
-        copy.keys, copy.values, copy.length, copy.shared = self.keys, self.values, self.length, True
+        copy.shared = self.kept()
         return copy
 
-    def extend(self, keys: Tensor, values: Tensor, keep: int) -> tuple[Tensor, Tensor]:
-        """New keys/values (B, H, n, d) -> every position's (B, H, length + n, d), as views;
-        the first `keep` new positions stay (the rest are overwritten by the next pass)."""
+    def kept(self) -> tuple[Segment, ...]:
+        """Every kept position, as segments in order (views, no copy)."""
+        if self.keys is None or self.values is None or self.length == 0:
+            return self.shared
+        return (*self.shared, (self.keys[:, :, : self.length], self.values[:, :, : self.length]))
+
+    def extend_segments(self, keys: Tensor, values: Tensor, keep: int) -> list[Segment]:
+        """New keys/values (B, H, n, d) -> every position's, as segments in order (views); the
+        first `keep` new positions stay (the rest are overwritten by the next pass)."""
+        if self.shared and not reads_segments(keys):
+            self._take_in_shared(keys, values)  # joined once, not at every pass
         need = self.length + keys.size(2)
         key_buffer, value_buffer = self._buffers(keys, values, need)
         key_buffer[:, :, self.length : need] = keys
         value_buffer[:, :, self.length : need] = values
         self.length += keep
-        return key_buffer[:, :, :need], value_buffer[:, :, :need]
+        return [*self.shared, (key_buffer[:, :, :need], value_buffer[:, :, :need])]
+
+    def extend(self, keys: Tensor, values: Tensor, keep: int) -> tuple[Tensor, Tensor]:
+        """`extend_segments` joined into one (B, H, all, d) pair (a copy when forked)."""
+        segments = self.extend_segments(keys, values, keep)
+        if len(segments) == 1:
+            return segments[0]
+        return torch.cat([k for k, _ in segments], 2), torch.cat([v for _, v in segments], 2)
+
+    def _take_in_shared(self, keys: Tensor, values: Tensor) -> None:
+        """Copy the shared positions into own buffers (before any own position: a fork's
+        first write), for an attention that would otherwise join them at every pass."""
+        if self.keys is not None:
+            raise RuntimeError("flow stream: shared keys taken in after own positions")
+        shared, self.shared = self.shared, ()
+        self.length = sum(k.size(2) for k, _ in shared)
+        need = self.length + keys.size(2)
+        try:  # room to grow, as the shared buffer would have got
+            grown = max(need, int(GROWTH * self.length))
+            key_buffer, value_buffer = self._buffers(keys, values, grown)
+        except CacheFull:
+            key_buffer, value_buffer = self._buffers(keys, values, need)
+        start = 0
+        for shared_keys, shared_values in shared:
+            stop = start + shared_keys.size(2)
+            key_buffer[:, :, start:stop] = shared_keys
+            value_buffer[:, :, start:stop] = shared_values
+            start = stop
 
     def _buffers(self, keys: Tensor, values: Tensor, need: int) -> tuple[Tensor, Tensor]:
-        """The buffers, reallocated (x GROWTH, kept positions copied) when `need` exceeds them;
-        just `need` when the growth would pass the budget, CacheFull when even that would."""
-        fits = self.keys is not None and need <= self.keys.size(2)
-        if fits and not self.shared and self.keys is not None and self.values is not None:
+        """The own buffers, reallocated (x GROWTH, kept positions copied) when `need` exceeds
+        them; just `need` when the growth would pass the budget, CacheFull when even that
+        would."""
+        if self.keys is not None and self.values is not None and need <= self.keys.size(2):
             return self.keys, self.values
         capacity = need if self.keys is None else max(need, int(GROWTH * self.keys.size(2)))
         batch, heads, _, dim = keys.shape
@@ -144,13 +188,13 @@ class KeyValues:
         if self.keys is not None and self.values is not None:
             new_keys[:, :, : self.length] = self.keys[:, :, : self.length]
             new_values[:, :, : self.length] = self.values[:, :, : self.length]
-        self.keys, self.values, self.shared = new_keys, new_values, False
+        self.keys, self.values = new_keys, new_values
         return new_keys, new_values
 
     @property
     def nbytes(self) -> int:
-        """Bytes of buffers this owns (a fork's shared ones count for the prefix)."""
-        if self.keys is None or self.values is None or self.shared:
+        """Bytes of the buffers this owns (the shared ones count for the stream they are of)."""
+        if self.keys is None or self.values is None:
             return 0
         return self.keys.nbytes + self.values.nbytes
 
@@ -164,8 +208,8 @@ class LayerCache:
         self._attention: dict[nn.Module, KeyValues] = {}
 
     def fork(self, budget: CacheBudget) -> LayerCache:
-        """A copy for another request going on from the same positions: the tails are shared
-        (never written in place), the keys/values copied on the fork's first write."""
+        """A copy for another request going on from the same positions: the tails and the kept
+        keys/values are shared (never written in place), new positions go to its own buffers."""
         copy = LayerCache(budget)
         copy._tails = dict(self._tails)
         copy._attention = {module: kv.fork(budget) for module, kv in self._attention.items()}
@@ -187,11 +231,20 @@ class LayerCache:
     def keys_values(
         self, attention: nn.Module, keys: Tensor, values: Tensor, keep: int
     ) -> tuple[Tensor, Tensor]:
-        """`KeyValues.extend` of `attention`'s buffers."""
+        """`KeyValues.extend` of `attention`'s buffers (one joined pair)."""
+        return self._keys_values(attention).extend(keys, values, keep)
+
+    def key_value_segments(
+        self, attention: nn.Module, keys: Tensor, values: Tensor, keep: int
+    ) -> list[Segment]:
+        """`KeyValues.extend_segments` of `attention`'s buffers (shared ones not copied)."""
+        return self._keys_values(attention).extend_segments(keys, values, keep)
+
+    def _keys_values(self, attention: nn.Module) -> KeyValues:
         cache = self._attention.get(attention)
         if cache is None:
             cache = self._attention[attention] = KeyValues(self.budget)
-        return cache.extend(keys, values, keep)
+        return cache
 
     @property
     def nbytes(self) -> int:
