@@ -23,7 +23,7 @@ def test_same_state_dict_keys_as_nn_linear() -> None:
     assert list(ours.state_dict()) == list(reference.state_dict()) == ["weight", "bias"]
 
 
-@pytest.mark.parametrize("shape", [(48,), (7, 48), (2, 9, 48)])
+@pytest.mark.parametrize("shape", [(48,), (1, 48), (7, 48), (16, 48), (130, 48), (2, 9, 48)])
 def test_matches_nn_linear_in_inference(shape: tuple[int, ...]) -> None:
     ours, reference = _pair()
     x = torch.randn(*shape)
@@ -106,7 +106,7 @@ def _bf16_pair() -> tuple[Linear, torch.Tensor]:
 
 
 @needs_bf16_packing
-@pytest.mark.parametrize("shape", [(48,), (7, 48), (2, 9, 48)])
+@pytest.mark.parametrize("shape", [(48,), (1, 48), (7, 48), (16, 48), (130, 48), (2, 9, 48)])
 def test_packed_bf16_weight_gives_the_plain_weights_result(shape: tuple[int, ...]) -> None:
     """Bitwise for rows (B, in): the same oneDNN product; 1-D and 3-D inputs take other
     `F.linear` paths there (bias added after rounding), so within one bf16 rounding."""
