@@ -16,3 +16,14 @@ def published_yaml(tmp_path: Path) -> Path:
     path = tmp_path / "cosyvoice2.yaml"
     path.write_text(render_yaml(PUBLISHED_SPEC))
     return path
+
+
+@pytest.fixture(params=["blocked", "fused"])
+def bf16_attention_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a bf16 CPU test under each attention kernel a host may pick (blocked on AVX512-BF16,
+    the fused flash kernel on AMX), whatever this host picks."""
+    from workers.model import cpu_attention  # noqa: PLC0415
+
+    kernel: str = request.param
+    monkeypatch.setattr(cpu_attention, "blocked_attention_pays", lambda: kernel == "blocked")
+    return kernel

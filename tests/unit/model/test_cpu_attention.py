@@ -70,7 +70,7 @@ def _snr_db(reference: torch.Tensor, got: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("mask_name", ["none", "padded keys", "chunks and padding"])
-def test_bf16_attention_stays_close_to_fp32(mask_name: str) -> None:
+def test_bf16_attention_stays_close_to_fp32(mask_name: str, bf16_attention_kernel: str) -> None:
     """bf16 scores: within 6 dB of the fused kernel's error against fp32, and well above
     what the bf16 products around attention keep (~30 dB at the estimator's output)."""
     q, k, v = _inputs(torch.bfloat16)
@@ -87,7 +87,9 @@ def test_bf16_estimator_is_as_close_to_fp32_with_blocked_attention(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What the precision of the scores is for: a bf16 estimator's output against the fp32
-    estimator's is as close with the blocked attention as with the fused kernel."""
+    estimator's is as close with the blocked attention as with the fused kernel (blocked
+    forced, so an AMX host, which picks the fused one, tests it too)."""
+    monkeypatch.setattr(cpu_attention, "blocked_attention_pays", lambda: True)
     from workers.model.flow import estimator as estimator_module  # noqa: PLC0415
     from workers.model.flow.config import EstimatorConfig  # noqa: PLC0415
     from workers.model.flow.estimator import CausalConditionalDecoder  # noqa: PLC0415
@@ -168,7 +170,7 @@ def test_key_limits_that_hide_nothing_and_a_wrong_key_count() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cuts", [[20], [7, 30], [0, 57]])
 def test_attention_over_segments_equals_attention_over_the_joined_keys(
-    dtype: torch.dtype, cuts: list[int]
+    dtype: torch.dtype, cuts: list[int], bf16_attention_kernel: str
 ) -> None:
     """A primed voice's kept keys read where they are: the same as one joined segment (fp32
     to rounding; bf16 as close to fp32 as the joined keys are), masks and blocks included."""
@@ -187,3 +189,30 @@ def test_attention_over_segments_equals_attention_over_the_joined_keys(
         torch.testing.assert_close(got, joined, rtol=1e-5, atol=1e-5)
     else:
         assert _snr_db(exact, got.float()) >= _snr_db(exact, joined.float()) - 3
+
+
+def test_amx_hosts_pick_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's choice comes from PyTorch's AMX probe; a torch without it keeps blocked."""
+    for has_amx, pays in ((True, False), (False, True)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda h=has_amx: h)
+        cpu_attention.blocked_attention_pays.cache_clear()
+        assert cpu_attention.blocked_attention_pays() is pays
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    cpu_attention.blocked_attention_pays.cache_clear()
+    assert cpu_attention.blocked_attention_pays() is True
+    monkeypatch.undo()
+    cpu_attention.blocked_attention_pays.cache_clear()
+
+
+def test_the_fused_choice_runs_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the fused kernel is picked, bf16 attention (chunk limits, segments) is exactly
+    `scaled_dot_product_attention` over the joined keys with the limits as a dense mask."""
+    monkeypatch.setattr(cpu_attention, "blocked_attention_pays", lambda: False)
+    lk = 57
+    limits = key_limits(Span(lk - LQ, lk, 0), 10)
+    assert limits is not None and limits.hides_any
+    q, k, v = _inputs(torch.bfloat16, lk=lk)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=limits.dense())
+    segments = [(k[:, :, :20], v[:, :, :20]), (k[:, :, 20:], v[:, :, 20:])]
+    assert torch.equal(attention(q, k, v, limits, score_block_bytes=1), want)
+    assert torch.equal(attention_over(q, segments, limits, score_block_bytes=1), want)

@@ -185,10 +185,13 @@ def _snr_db(mine: np.ndarray, reference: np.ndarray) -> float:
     return float(10 * np.log10((reference**2).sum() / ((mine - reference) ** 2).sum()))
 
 
-def test_a_bf16_stream_matches_its_recompute(flow: CausalMaskedDiffWithXvec) -> None:
-    """bf16 runs the blocked CPU attention, the streamed passes with their chunk mask as key
-    limits: the hops' mel is as close to fp32's as the whole-prefix recompute's is, and close
-    to that recompute (a chunk's queries seeing the wrong keys falls far below either)."""
+def test_a_bf16_stream_matches_its_recompute(
+    flow: CausalMaskedDiffWithXvec, bf16_attention_kernel: str
+) -> None:
+    """bf16 runs the host's CPU attention (blocked: the streamed passes' chunk mask as key
+    limits; fused: the same limits as a dense mask): the hops' mel is as close to fp32's as
+    the whole-prefix recompute's is, and close to that recompute (a chunk's queries seeing
+    the wrong keys falls far below either)."""
     arrays = piece(13, 130, seed=13)
     low = copy.deepcopy(flow).to(torch.bfloat16)
     with torch.inference_mode():

@@ -172,11 +172,11 @@ def test_a_fork_over_its_piece_limit_hands_the_piece_to_the_recompute(
 
 
 def test_a_bf16_fork_reads_the_prefix_in_place_and_holds_only_its_own_positions(
-    flow: CausalMaskedDiffWithXvec,
+    flow: CausalMaskedDiffWithXvec, bf16_attention_kernel: str
 ) -> None:
-    """bf16 (the blocked attention) reads a primed voice's keys/values where they are: a
-    fork's cache holds only what it adds, and its mel is the one an unprimed bf16 stream
-    gives, to bf16 rounding (the weighted sum is accumulated over two segments)."""
+    """bf16 reads a primed voice's keys/values where they are (blocked attention: per
+    segment; fused: joined per call): a fork's cache holds only what it adds, and its mel is
+    the one an unprimed bf16 stream gives, to bf16 rounding."""
     low = copy.deepcopy(flow).to(torch.bfloat16)
     prompt = voice(60, seed=7)
     arrays = [torch.from_numpy(a)[None] for a in (prompt.speech_tokens, prompt.mel)]
