@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from workers.model.cpu_isa import has_amx_tiles
+
 BLOCKED_DTYPES = (torch.bfloat16,)
 ATTENTION_RANGE = "cosyq::cpu_attention"  # profiler range: the bench counts its ops as attention
 
@@ -75,8 +77,7 @@ def blocked_attention_pays() -> bool:
     """False on CPUs with AMX tiles, where the fused flash kernel was 1.4-2.4x faster (see the
     module docstring); True elsewhere (AVX512-BF16 without AMX: blocked 418 against 584 ms a
     pass). Read once from PyTorch's own CPU probe."""
-    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return not (callable(has_amx) and bool(has_amx()))
+    return not has_amx_tiles()
 
 
 def reads_segments(t: Tensor) -> bool:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.model import cpu_attention
+from workers.model import cpu_attention, cpu_isa
 from workers.model.cpu_attention import KeyLimits, attention, attention_over
 from workers.model.flow.encoder import chunk_mask
 from workers.model.flow.stream_layers import Span, key_limits, visible_keys
@@ -195,12 +195,17 @@ def test_amx_hosts_pick_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
     """The host's choice comes from PyTorch's AMX probe; a torch without it keeps blocked."""
     for has_amx, pays in ((True, False), (False, True)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda h=has_amx: h)
-        cpu_attention.blocked_attention_pays.cache_clear()
+        _clear_host_probes()
         assert cpu_attention.blocked_attention_pays() is pays
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
-    cpu_attention.blocked_attention_pays.cache_clear()
+    _clear_host_probes()
     assert cpu_attention.blocked_attention_pays() is True
     monkeypatch.undo()
+    _clear_host_probes()
+
+
+def _clear_host_probes() -> None:
+    cpu_isa.has_amx_tiles.cache_clear()
     cpu_attention.blocked_attention_pays.cache_clear()
 
 
