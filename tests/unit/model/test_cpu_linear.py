@@ -145,3 +145,39 @@ def test_fp32_weights_and_hosts_without_native_bf16_stay_plain(
     layer, _ = _bf16_pair()
     monkeypatch.setattr(cpu_linear, "bf16_packing_available", lambda: False)
     assert cpu_linear.pack_linear_weights(layer) == 0 and not layer.weight.is_mkldnn
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_rows_get_the_same_bits_whatever_rows_come_with_them(bias: bool) -> None:
+    """The "gemv" kernel (plain bf16 weight as the left operand): one row, a batch of rows and
+    a prefill's many rows each give a row the same bits (a batched decode step is the alone
+    one), within bf16 rounding of fp32."""
+    torch.manual_seed(3)
+    layer = Linear(64, 40, bias=bias).bfloat16().requires_grad_(False)
+    if bias:
+        torch.nn.init.normal_(layer.bias)
+    cpu_linear.set_linear_kernel(layer, "gemv")
+    assert not layer.weight.is_mkldnn
+    rows = torch.randn(40, 64).bfloat16()
+    with torch.inference_mode():
+        every = layer(rows)
+        exact = torch.nn.functional.linear(rows.float(), layer.weight.float())
+        if bias:
+            exact = exact + layer.bias.float()
+        torch.testing.assert_close(every.float(), exact, rtol=1.6e-2, atol=2e-2)
+        for count in (1, 3, 16):
+            assert torch.equal(layer(rows[:count]), every[:count])
+            assert torch.equal(layer(rows[:count].unsqueeze(0))[0], every[:count])
+        assert torch.equal(layer(rows[5]), every[5])  # a 1-D input
+
+
+def test_the_llm_decodes_with_gemv_only_in_bf16_on_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    for amx in (False, True):
+        monkeypatch.setattr(cpu_linear, "has_amx_tiles", lambda a=amx: a)
+        want = "gemv" if amx and cpu_linear.bf16_packing_available() else None
+        got = cpu_linear.llm_linear_kernel(cpu, torch.bfloat16)
+        assert got == (want or cpu_linear.default_linear_kernel(cpu, torch.bfloat16))
+        assert cpu_linear.llm_linear_kernel(cpu, torch.float32) == "onednn" or not (
+            cpu_linear.onednn_available()
+        )

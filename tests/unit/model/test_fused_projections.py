@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from workers.model import cpu_linear
+from workers.model.cpu_linear import Linear
 from workers.model.llm.fused_projections import fuse_projections
 from workers.model.llm.qwen2 import Qwen2Config, Qwen2DecoderLayer, rotary_cos_sin
 from workers.model.loader import load_model
@@ -74,9 +75,20 @@ def test_fp32_and_hosts_without_native_bf16_are_not_fused(
 
 
 @needs_bf16_packing
-def test_a_loaded_bf16_model_is_fused_and_packed(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("amx", [False, True])
+def test_a_loaded_bf16_model_is_fused_and_packed(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, amx: bool
+) -> None:
+    """Fused either way; the LLM's products packed, or plain under "gemv" on AMX hosts (the
+    flow's stay packed on both)."""
+    monkeypatch.setattr(cpu_linear, "has_amx_tiles", lambda: amx)
     loaded = load_model(tiny_model_dir, dtype=torch.bfloat16)
     layers = loaded.llm.backbone.layers
     assert all(layer.self_attn.qkv_proj is not None for layer in layers)
     assert all(layer.mlp.gate_up_proj is not None for layer in layers)
-    assert all(layer.mlp.gate_up_proj.weight.is_mkldnn for layer in layers)
+    fused = [p for layer in layers for p in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj)]
+    assert all(p.kernel == ("gemv" if amx else "onednn") for p in fused)
+    assert all(p.weight.is_mkldnn is not amx for p in fused)
+    assert loaded.flow is not None
+    flow_linears = [m for m in loaded.flow.modules() if isinstance(m, Linear)]
+    assert flow_linears and all(m.weight.is_mkldnn for m in flow_linears if m.weight.dim() == 2)

@@ -23,6 +23,7 @@ def _concatenated(parts: list[Linear]) -> Linear:
     bias = parts[0].bias
     with torch.device("meta"):
         fused = Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    fused.kernel = parts[0].kernel
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if bias is not None:
         biases = [part.bias.detach() for part in parts if part.bias is not None]
@@ -40,7 +41,8 @@ def _fusable(parts: list[Linear]) -> bool:
         and part.weight.dtype == torch.bfloat16
         and not part.weight.is_mkldnn
         and part.weight.numel() > 0
-        and part.kernel == "onednn"
+        and part.kernel in ("onednn", "gemv")
+        and len({p.kernel for p in parts}) == 1
         for part in parts
     )
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.checkpoint import load_strict
-from workers.model.cpu_linear import Linear, default_linear_kernel, set_linear_kernel
+from workers.model.cpu_linear import Linear, llm_linear_kernel, set_linear_kernel
 from workers.model.embedding import Embedding
 from workers.model.llm.qwen2 import KVCache, Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 from workers.model.llm.sampling import SamplingConfig, ras_sampling
@@ -212,7 +212,7 @@ def build_llm(
 
     `lm_head.weight` must be in `state` (strict load) but is then re-aliased to embed_tokens;
     the file's copy is dropped (it is tied in official files and never used). `kernel` picks
-    the Linear matmul ("torch" or "onednn"); default: oneDNN for float32 on CPU.
+    the Linear matmul ("torch", "onednn" or "gemv"); default: `llm_linear_kernel`.
     `mapped_text_table`: `state`'s text table (`TEXT_TABLE_KEY`) is a mapped fp32 tensor that
     stays as it is, its rows cast to `dtype` as they are looked up (see `MappedTableEmbedding`).
     """
@@ -227,7 +227,7 @@ def build_llm(
         model.backbone.embed_tokens.keep_mapped_table(text_table, dtype)
     model.llm.model.tie_weights()
     model.eval().requires_grad_(False)
-    set_linear_kernel(model, kernel or default_linear_kernel(device, dtype))
+    set_linear_kernel(model, kernel or llm_linear_kernel(device, dtype))
     return model
 
 

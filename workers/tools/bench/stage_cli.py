@@ -24,7 +24,7 @@ def register_bench(commands: Any) -> None:
     )
     llm.add_argument("--prefill", type=int, default=42, help="prefix positions (default 42)")
     llm.add_argument("--tokens", type=int, default=100, help="forced decode tokens (default 100)")
-    llm.add_argument("--kernel", choices=["torch", "onednn"], default=None)
+    llm.add_argument("--kernel", choices=["torch", "onednn", "gemv"], default=None)
     llm.set_defaults(handler=run_llm, runs=3)
     flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
     flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
