@@ -87,16 +87,25 @@ def bf16_packing_available() -> bool:
     return bool(torch.equal(y, F.linear(x, w)))
 
 
-def _use_onednn(x: Tensor, weight: Tensor) -> bool:
-    """Tracing is ruled out before the probe: a first probe inside torch.jit.trace asserts."""
+def _cpu_inference(x: Tensor, weight: Tensor) -> bool:
+    """A CPU input outside tracing, scripting, compiling and autograd: where a kernel of our
+    own choosing may replace `F.linear` (converters must see the plain op; ours have no
+    backward)."""
     return (
         not torch.jit.is_tracing()
         and not torch.jit.is_scripting()
         and not torch.compiler.is_compiling()
         and x.device.type == "cpu"
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    )
+
+
+def _use_onednn(x: Tensor, weight: Tensor) -> bool:
+    """Tracing is ruled out before the probe: a first probe inside torch.jit.trace asserts."""
+    return (
+        _cpu_inference(x, weight)
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and onednn_available()
     )
 
@@ -109,15 +118,7 @@ def _packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def _use_gemv(x: Tensor, weight: Tensor) -> bool:
-    return (
-        not torch.jit.is_tracing()
-        and not torch.jit.is_scripting()
-        and not torch.compiler.is_compiling()
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype
-        and not weight.is_mkldnn
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-    )
+    return _cpu_inference(x, weight) and x.dtype == weight.dtype and not weight.is_mkldnn
 
 
 def weight_first_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
