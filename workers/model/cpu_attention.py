@@ -114,6 +114,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, score_block_bytes:
             if mask.keys != k.size(-2):
                 raise ValueError(f"attention: key limits over {mask.keys} keys, given {k.size(-2)}")
             mask = mask.dense(q.device) if mask.hides_any else None
+        elif _hides_nothing(mask, q):
+            mask = None  # the same bits, and the fused kernel skips adding a zero mask
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     with torch.profiler.record_function(ATTENTION_RANGE):
         return _blocked(q, k, v, mask, score_block_bytes)
@@ -137,6 +139,21 @@ def attention_over(
         return attention(q, k, v, mask, score_block_bytes=score_block_bytes)
     with torch.profiler.record_function(ATTENTION_RANGE):
         return _blocked_over(q, segments, mask, score_block_bytes)
+
+
+def _hides_nothing(mask: Mask, q: Tensor) -> bool:
+    """A bool mask that attends everywhere (one request's non-streaming pass), on CPU outside
+    tracing (a traced graph keeps its mask input). Full-size estimator call on an AMX Xeon
+    (2 rows x 8 heads x 300 frames, bf16): 822 against 947 us with the all-true mask."""
+    return (
+        isinstance(mask, Tensor)
+        and mask.dtype == torch.bool
+        and q.device.type == "cpu"
+        and not torch.jit.is_tracing()
+        and not torch.jit.is_scripting()
+        and not torch.compiler.is_compiling()
+        and bool(mask.all())
+    )
 
 
 def _blocked(q: Tensor, k: Tensor, v: Tensor, mask: Mask, score_block_bytes: int) -> Tensor:

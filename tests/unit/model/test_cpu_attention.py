@@ -221,3 +221,29 @@ def test_the_fused_choice_runs_the_fused_kernel(monkeypatch: pytest.MonkeyPatch)
     segments = [(k[:, :, :20], v[:, :, :20]), (k[:, :, 20:], v[:, :, 20:])]
     assert torch.equal(attention(q, k, v, limits, score_block_bytes=1), want)
     assert torch.equal(attention_over(q, segments, limits, score_block_bytes=1), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mask_that_hides_nothing_reaches_the_fused_kernel_as_none(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """An all-true mask is dropped before the fused kernel (same bits, no mask to add); one
+    that hides a key is passed on."""
+    monkeypatch.setattr(cpu_attention, "blocked_attention_pays", lambda: False)
+    q, k, v = _inputs(dtype)
+    masks = _masks(LQ)
+    with_mask = F.scaled_dot_product_attention(q, k, v, attn_mask=masks["all true"])
+    padded = F.scaled_dot_product_attention(q, k, v, attn_mask=masks["padded keys"])
+    seen: list[torch.Tensor | None] = []
+    fused = F.scaled_dot_product_attention
+
+    def spy(*args: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        seen.append(attn_mask)
+        return fused(*args, attn_mask=attn_mask)
+
+    monkeypatch.setattr(cpu_attention.F, "scaled_dot_product_attention", spy)
+    with torch.inference_mode():
+        assert torch.equal(attention(q, k, v, masks["all true"], score_block_bytes=1), with_mask)
+        assert torch.equal(attention(q, k, v, masks["padded keys"], score_block_bytes=1), padded)
+    assert seen[0] is None
+    assert seen[1] is masks["padded keys"]
