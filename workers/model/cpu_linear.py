@@ -87,7 +87,7 @@ def bf16_packing_available() -> bool:
     return bool(torch.equal(y, F.linear(x, w)))
 
 
-def _cpu_inference(x: Tensor, weight: Tensor) -> bool:
+def cpu_inference(x: Tensor, weight: Tensor) -> bool:
     """A CPU input outside tracing, scripting, compiling and autograd: where a kernel of our
     own choosing may replace `F.linear` (converters must see the plain op; ours have no
     backward)."""
@@ -103,7 +103,7 @@ def _cpu_inference(x: Tensor, weight: Tensor) -> bool:
 def _use_onednn(x: Tensor, weight: Tensor) -> bool:
     """Tracing is ruled out before the probe: a first probe inside torch.jit.trace asserts."""
     return (
-        _cpu_inference(x, weight)
+        cpu_inference(x, weight)
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and onednn_available()
@@ -118,7 +118,7 @@ def _packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def _use_gemv(x: Tensor, weight: Tensor) -> bool:
-    return _cpu_inference(x, weight) and x.dtype == weight.dtype and not weight.is_mkldnn
+    return cpu_inference(x, weight) and x.dtype == weight.dtype and not weight.is_mkldnn
 
 
 def weight_first_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -4,7 +4,8 @@
 Below fp32, the LLM's and the flow's checkpoints are converted tensor by tensor as they are read
 from the mapped file (its fp32 pages released as they go), so fp32 never sits beside bf16; on
 CPU the LLM's text table stays in the mapped file and only the rows looked up become resident,
-and bf16 linear weights are then packed in oneDNN's layout (`cpu_linear.pack_linear_weights`).
+and bf16 linear and flow convolution weights are then packed in oneDNN's layout
+(`cpu_linear.pack_linear_weights`, `cpu_conv.pack_conv_weights`).
 Hyperparameters come only from the directory (`cosyvoice2.yaml` read as plain data and
 `CosyVoice-BlankEN/config.json`); any missing or inconsistent file raises `ModelLoadError`
 naming it, before a worker takes a job.
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from workers.model.checkpoint import can_map, read_state_dict
+from workers.model.cpu_conv import pack_conv_weights
 from workers.model.cpu_linear import pack_linear_weights
 from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
 from workers.model.features import MelConfig
@@ -107,12 +109,14 @@ def load_model(
         flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
         del flow_state
         pack_linear_weights(flow)
+        pack_conv_weights(flow)  # the estimator's convolutions likewise
     if "hift" in torch_stages:
         # Read into memory, not mapped: every weight-normed kernel is folded into a new tensor
         # (and below fp32 converted), so mapped pages would stay resident beside the results.
         hift_state = read_state_dict(hift_path, mmap=False)
         hift = build_hift(configs.hift, hift_state, device=device, dtype=dtype, source=hift_path)
         del hift_state
+        pack_conv_weights(hift)
     release_freed_heap()  # what conversion, fusion and packing freed
     return LoadedModel(
         directory=directory,

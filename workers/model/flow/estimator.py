@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.model.cpu_attention import attention
+from workers.model.cpu_conv import Conv1d
 from workers.model.cpu_linear import Linear
 from workers.model.flow.config import EstimatorConfig
 from workers.model.flow.encoder import chunk_mask
@@ -50,7 +51,7 @@ class TimestepMLP(nn.Module):
         return self.linear_2(F.silu(self.linear_1(x)))
 
 
-class CausalConv1d(nn.Conv1d):
+class CausalConv1d(Conv1d):
     """Conv1d (stride 1) left-padded by kernel-1 zeros: output t sees inputs <= t."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
@@ -95,7 +96,7 @@ class CausalResnetBlock1D(nn.Module):
         self.mlp = nn.Sequential(nn.Mish(), Linear(time_dim, dim_out))
         self.block1 = CausalBlock1D(dim, dim_out, eps)
         self.block2 = CausalBlock1D(dim_out, dim_out, eps)
-        self.res_conv = nn.Conv1d(dim, dim_out, 1)
+        self.res_conv = Conv1d(dim, dim_out, 1)
 
     def forward(self, x: Tensor, mask: Tensor, time_emb: Tensor) -> Tensor:
         """x (B, C_in, T), mask (B, 1, T), time_emb (B, time_dim) -> (B, C_out, T)."""
@@ -210,7 +211,7 @@ class CausalConditionalDecoder(nn.Module):
         )
         self.up_blocks = nn.ModuleList([UNetStage(config, 2 * ch, with_conv=True)])
         self.final_block = CausalBlock1D(ch, ch, eps)
-        self.final_proj = nn.Conv1d(ch, config.out_channels, 1)
+        self.final_proj = Conv1d(ch, config.out_channels, 1)
 
     def attention_mask(self, mask: Tensor, streaming: bool) -> Tensor:
         """mask (B, 1, T) float -> bool (B, 1, 1|T, T): padded keys off, chunks when streaming."""

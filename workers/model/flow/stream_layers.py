@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.model.cpu_attention import KeyLimits, reads_segments
+from workers.model.cpu_conv import conv1d
 
 GROWTH = 1.5  # key/value buffer capacity factor when a pass needs more
 
@@ -226,7 +226,7 @@ class LayerCache:
             self.budget.replace(0, tail.nbytes)
         full = torch.cat([tail, x], dim=2)  # (B, C_in, width + n): index j is position j-width
         self._tails[conv] = full[:, :, keep : keep + width].clone()
-        return F.conv1d(full, conv.weight, conv.bias)
+        return conv1d(conv, full)
 
     def keys_values(
         self, attention: nn.Module, keys: Tensor, values: Tensor, keep: int

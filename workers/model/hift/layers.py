@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from workers.model.cpu_conv import Conv1d
+
 ConvT = TypeVar("ConvT", bound=nn.Module)
 SNAKE_EPS = 1e-9  # upstream's no_div_by_zero in 1 / (alpha + eps)
 
@@ -48,8 +50,9 @@ def wn_conv1d(
     dilation: int = 1,
     padding: int = 0,
 ) -> nn.Conv1d:
-    """A Conv1d with weight norm over dim 0 (g has shape (out, 1, 1))."""
-    conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, padding=padding)
+    """A Conv1d with weight norm over dim 0 (g has shape (out, 1, 1)); `cpu_conv.Conv1d`, so a
+    bf16 CPU vocoder can pack its folded weight."""
+    conv = Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, padding=padding)
     return weight_norm(conv)
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from shared.errors import ModelLoadError
 from workers.model.checkpoint import load_strict
+from workers.model.cpu_conv import Conv1d
 from workers.model.hift.config import HiFTConfig
 from workers.model.hift.istft import ConvISTFT, SourceSTFT
 from workers.model.hift.layers import ResBlock, fold_weight_norm, wn_conv1d, wn_conv_transpose1d
@@ -176,8 +177,8 @@ def _source_down_rates(upsample_rates: tuple[int, ...]) -> list[int]:
 
 def _source_down(in_channels: int, out_channels: int, rate: int) -> nn.Conv1d:
     if rate == 1:
-        return nn.Conv1d(in_channels, out_channels, 1)
-    return nn.Conv1d(in_channels, out_channels, rate * 2, rate, padding=rate // 2)
+        return Conv1d(in_channels, out_channels, 1)
+    return Conv1d(in_channels, out_channels, rate * 2, rate, padding=rate // 2)
 
 
 def normalize_hift_key(key: str) -> str:

@@ -34,6 +34,7 @@ REPEATS = 5
 EMBEDDING_TABLES = ("embed_tokens", "speech_embedding", "llm_embedding", "lm_head")
 MATMUL_OPS = (
     "mkldnn::_linear_pointwise",
+    "mkldnn::_convolution_pointwise",
     "aten::mm",
     "aten::addmm",
     "aten::bmm",
@@ -86,6 +87,14 @@ def _linear_flops(x_shape: Any, w_shape: Any, *_args: Any, **_kwargs: Any) -> in
     return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
 
 
+def _packed_conv_flops(
+    _x_shape: Any, w_shape: Any, *_args: Any, out_shape: Any, **_kwargs: Any
+) -> int:
+    """A packed-weight convolution (`cpu_conv`): each output element is C_in/groups x kernel
+    multiply-adds (the weight is (C_out, C_in/groups, 1, k))."""
+    return 2 * math.prod(out_shape) * math.prod(w_shape[1:])
+
+
 def _sdpa_flops(q_shape: Any, k_shape: Any, v_shape: Any, *_args: Any, **_kwargs: Any) -> int:
     """Q·Kᵀ and P·V: 2·B·H·Lq·Lk·(dk + dv)."""
     *batch, lq, dk = q_shape
@@ -96,6 +105,7 @@ def count_flops(step: Callable[[], object]) -> int:
     """FLOPs of one call of `step` (matmuls, convolutions, our oneDNN linear, CPU attention)."""
     mapping = {
         torch.ops.mkldnn._linear_pointwise: _linear_flops,
+        torch.ops.mkldnn._convolution_pointwise: _packed_conv_flops,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops,
     }
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:

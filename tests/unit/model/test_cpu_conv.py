@@ -1,0 +1,161 @@
+"""The packed-weight Conv1d: nn.Conv1d's keys and bits, a plain conv when traced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.model import cpu_conv, cpu_linear
+from workers.model.cpu_conv import Conv1d, conv1d, pack_conv_weights
+from workers.model.loader import load_model
+
+needs_conv_packing = pytest.mark.skipif(
+    not cpu_conv.conv_packing_pays(),
+    reason="packed bf16 convolutions are used only on CPUs with AMX tiles (this one has none): "
+    "elsewhere weights stay plain, which the tests without this mark check",
+)
+
+# (in, out, kernel, stride, padding, dilation): the flow's causal k3 and 1x1, HiFT's dilated
+# resblock convs and its strided source downsampling
+SHAPES = [
+    (32, 16, 3, 1, 0, 1),
+    (32, 16, 1, 1, 0, 1),
+    (16, 16, 7, 1, 9, 3),
+    (9, 16, 10, 5, 2, 1),
+]
+
+
+def _bf16_conv(shape: tuple[int, ...], seed: int = 0) -> tuple[Conv1d, torch.Tensor]:
+    cin, cout, kernel, stride, padding, dilation = shape
+    torch.manual_seed(seed)
+    conv = Conv1d(cin, cout, kernel, stride, padding, dilation).bfloat16().requires_grad_(False)
+    return conv, conv.weight.detach().clone()
+
+
+def test_same_state_dict_keys_as_nn_conv1d() -> None:
+    assert list(Conv1d(4, 3, 3).state_dict()) == list(nn.Conv1d(4, 3, 3).state_dict())
+
+
+@needs_conv_packing
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("rows", "frames"), [(1, 1), (1, 37), (2, 300), (16, 411)])
+def test_packed_weight_gives_nn_conv1ds_bits(
+    shape: tuple[int, ...], rows: int, frames: int
+) -> None:
+    conv, plain = _bf16_conv(shape)
+    assert pack_conv_weights(conv) == 1
+    assert conv.weight.is_mkldnn and conv.weight.dtype == torch.bfloat16
+    cin, _, kernel, stride, padding, dilation = shape
+    frames = max(frames, dilation * (kernel - 1) + 1 - 2 * padding)
+    x = torch.randn(rows, cin, frames).bfloat16()
+    transposed = torch.randn(rows, frames, cin).bfloat16().transpose(1, 2)
+    with torch.inference_mode():
+        for inputs in (x, transposed):
+            want = F.conv1d(inputs, plain, conv.bias, stride, padding, dilation)
+            assert torch.equal(conv(inputs), want)
+            assert torch.equal(conv1d(conv, inputs), want)
+            alone = torch.cat([conv(inputs[row : row + 1]) for row in range(rows)])
+            assert torch.equal(alone, want)  # a row's bits do not depend on the batch
+
+
+@needs_conv_packing
+def test_a_second_pack_is_a_no_op_and_fp32_or_plain_convs_stay_plain() -> None:
+    conv, _ = _bf16_conv(SHAPES[0])
+    assert pack_conv_weights(conv) == 1
+    assert pack_conv_weights(conv) == 0
+    fp32 = Conv1d(4, 3, 3)
+    assert pack_conv_weights(fp32) == 0 and not fp32.weight.is_mkldnn
+    torch_conv = nn.Conv1d(4, 3, 3).bfloat16()
+    assert pack_conv_weights(torch_conv) == 0 and not torch_conv.weight.is_mkldnn
+    reflect = Conv1d(4, 3, 3, padding=1, padding_mode="reflect").bfloat16()
+    assert pack_conv_weights(reflect) == 0
+
+
+@pytest.mark.parametrize(("amx", "native_bf16"), [(False, True), (True, False)])
+def test_hosts_without_amx_or_native_bf16_keep_plain_weights(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, native_bf16: bool
+) -> None:
+    conv, _ = _bf16_conv(SHAPES[0])
+    monkeypatch.setattr(cpu_conv, "has_amx_tiles", lambda: amx)
+    monkeypatch.setattr(cpu_linear, "bf16_packing_available", lambda: native_bf16)
+    assert pack_conv_weights(conv) == 0 and not conv.weight.is_mkldnn
+
+
+@needs_conv_packing
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
+def test_traced_graph_holds_a_plain_convolution() -> None:
+    """Converters (Core ML) must see aten convolution, never the private oneDNN op."""
+    conv, plain = _bf16_conv(SHAPES[0])
+    pack_conv_weights(conv)
+    x = torch.randn(1, 32, 20).bfloat16()
+    with torch.inference_mode():
+        traced = torch.jit.trace(conv, x)
+        graph = str(traced.inlined_graph)
+        assert torch.equal(traced(x), F.conv1d(x, plain, conv.bias))
+    assert "_convolution" in graph
+    assert "mkldnn" not in graph
+
+
+def test_fp32_forward_is_nn_conv1ds() -> None:
+    torch.manual_seed(0)
+    ours, reference = Conv1d(8, 4, 3, padding=1), nn.Conv1d(8, 4, 3, padding=1)
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 8, 30)
+    with torch.inference_mode():
+        assert torch.equal(ours(x), reference(x))
+    assert cpu_conv.pack_conv_weights(ours) == 0
+
+
+def _unpack(module: nn.Module) -> None:
+    for sub in module.modules():
+        if isinstance(sub, Conv1d) and sub.weight.is_mkldnn:
+            sub.weight = nn.Parameter(sub.weight.to_dense().squeeze(2), requires_grad=False)
+
+
+@needs_conv_packing
+def test_a_loaded_bf16_model_packs_the_estimators_and_vocoders_convs_with_the_same_bits(
+    tiny_model_dir: Path,
+) -> None:
+    """Every estimator conv and every bf16 vocoder conv packed (HiFT's fp32 F0 predictor stays
+    plain); the flow's mel and the waveform equal those of the same model with plain weights."""
+    loaded = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    assert loaded.flow is not None and loaded.hift is not None
+    estimator = [m for m in loaded.flow.decoder.estimator.modules() if isinstance(m, Conv1d)]
+    assert estimator and all(m.weight.is_mkldnn for m in estimator)
+    vocoder = [m for m in loaded.hift.modules() if isinstance(m, Conv1d)]
+    assert any(m.weight.is_mkldnn for m in vocoder)
+    assert all(m.weight.is_mkldnn is (m.weight.dtype == torch.bfloat16) for m in vocoder)
+    assert not any(p.is_mkldnn for p in loaded.hift.f0_predictor.parameters())
+
+    plain = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    assert plain.flow is not None and plain.hift is not None
+    _unpack(plain.flow)
+    _unpack(plain.hift)
+    g = torch.Generator().manual_seed(0)
+    token, prompt = (
+        torch.randint(0, 50, (1, 12), generator=g),
+        torch.randint(0, 50, (1, 6), generator=g),
+    )
+    feat = torch.randn(1, 2 * 6, loaded.flow.config.mel_bins, generator=g)
+    speaker = torch.randn(1, loaded.flow.config.spk_embed_dim, generator=g)
+    with torch.inference_mode():
+        mel, _ = loaded.flow.inference(token, prompt, feat, speaker)
+        want, _ = plain.flow.inference(token, prompt, feat, speaker)
+        assert torch.equal(mel, want)
+        wav = loaded.hift.inference(mel.float(), generator=torch.Generator().manual_seed(1)).wav
+        same = plain.hift.inference(mel.float(), generator=torch.Generator().manual_seed(1)).wav
+        assert torch.equal(wav, same)
+
+
+def test_an_fp32_model_keeps_plain_convs(tiny_model_dir: Path) -> None:
+    loaded = load_model(tiny_model_dir, dtype=torch.float32)
+    assert loaded.flow is not None and loaded.hift is not None
+    convs = [
+        m for part in (loaded.flow, loaded.hift) for m in part.modules() if isinstance(m, Conv1d)
+    ]
+    assert convs and not any(m.weight.is_mkldnn for m in convs)
