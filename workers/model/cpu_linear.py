@@ -14,7 +14,9 @@ every intra-op thread and reaches memory bandwidth (~2x faster LLM decoding).
 - not inside `torch.jit.trace`/`script` or `torch.compile`: converters (Core ML) must see a plain
   linear op.
 Both compute in float32 with float32 accumulation (PyTorch's default oneDNN fp32 math mode);
-results differ only in rounding order, which the reference parity checks cover.
+results differ only in rounding order, which the reference parity checks cover. On Intel hosts
+with AMX, MKL's gemv uses every thread and one fp32 row reads faster through `torch.mv`
+(`fp32_row_as_mv_pays`: the LLM's fp32 decode 0.85x the time); more rows stay on oneDNN.
 
 bf16 on CPU: `pack_linear_weights` replaces each bf16 weight by oneDNN's packed (blocked) copy
 of it, in place of the plain one (no second copy), where the CPU has native bf16 dot products.
@@ -147,11 +149,26 @@ def gemv_pays(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and has_amx_tiles()
 
 
+def fp32_row_as_mv_pays() -> bool:
+    """Whether one fp32 row should go through `torch.mv` (`weight_first_linear`) rather than
+    oneDNN: on CPUs with AMX tiles (Intel Xeon 4th gen and later, where MKL's gemv runs on
+    every intra-op thread). Intel Xeon with AMX (family 6 model 207), 2 threads, one row
+    against oneDNN: 0.94x the time (9728 x 896), 0.95 (896 x 4864), 0.62 (1152 x 896), 0.65
+    (896 x 896), 0.93 (6564 x 896); the full LLM's fp32 decode 62.3 and 59.7 against 71.7 and
+    72.5 ms/token (`bench llm --dtype fp32 --kernel gemv` / `onednn`, alternating). More rows
+    stay on oneDNN, which was faster there (8 rows 0.85x, 112 rows 0.84x of `W @ X.T`). On the
+    AMD EPYC hosts MKL's gemv ran on one core: they keep oneDNN for every row count."""
+    return has_amx_tiles()
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """`F.linear(x, weight, bias)`, through oneDNN when `_use_onednn` allows it."""
+    """`F.linear(x, weight, bias)`, through oneDNN when `_use_onednn` allows it (one fp32 row
+    through `torch.mv` where `fp32_row_as_mv_pays`)."""
     if weight.is_mkldnn:
         return _packed_linear(x, weight, bias)
     if _use_onednn(x, weight):
+        if x.numel() == weight.size(1) and fp32_row_as_mv_pays():
+            return weight_first_linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -181,3 +181,27 @@ def test_the_llm_decodes_with_gemv_only_in_bf16_on_amx(monkeypatch: pytest.Monke
         assert cpu_linear.llm_linear_kernel(cpu, torch.float32) == "onednn" or not (
             cpu_linear.onednn_available()
         )
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_one_fp32_row_goes_through_mv_only_on_amx_hosts(
+    monkeypatch: pytest.MonkeyPatch, amx: bool
+) -> None:
+    """On AMX hosts one fp32 row of a "onednn" layer is `torch.mv` (bias added after), more
+    rows stay on oneDNN; elsewhere every row count is oneDNN. Either way `F.linear`'s values."""
+    monkeypatch.setattr(cpu_linear, "has_amx_tiles", lambda: amx)
+    ours, reference = _pair()
+    calls: list[int] = []
+    mv = torch.mv
+
+    def spy(weight: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        calls.append(row.numel())
+        return mv(weight, row)
+
+    monkeypatch.setattr(cpu_linear.torch, "mv", spy)
+    with torch.inference_mode():
+        for shape in [(48,), (1, 48), (1, 1, 48), (2, 48), (3, 1, 48)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(ours(x), reference(x), rtol=1e-5, atol=1e-5)
+    wanted = cpu_linear.onednn_available() and amx
+    assert calls == ([48, 48, 48] if wanted else [])
