@@ -117,12 +117,15 @@ class HiFTGenerator(nn.Module):
         mel = mel.to(self.conv_pre.weight.dtype)
         spec = self.stft(source[:, 0, :].float()).to(mel.dtype)  # (B, 2·bins, 120·T + 1)
         x = self.conv_pre(mel)
+        time_major = self.conv_pre.weight.is_mkldnn  # packed convs (`cpu_conv`) on this host
         per_stage = len(self.config.resblock_kernel_sizes)
         last = len(self.ups) - 1
         for i, up in enumerate(self.ups):
             x = up(F.leaky_relu(x, self.config.lrelu_slope))
             if i == last:
                 x = F.pad(x, (1, 0), mode="reflect")
+            if time_major:  # as the packed convs' outputs it meets, so no add mixes layouts
+                x = x.transpose(1, 2).contiguous().transpose(1, 2)
             x.add_(self.source_resblocks[i](self.source_downs[i](spec)))  # x is fresh
             blocks = self.resblocks[i * per_stage : (i + 1) * per_stage]
             total = blocks[0](x)
