@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workers.model.cpu_isa import has_amx_tiles
+from workers.model.cpu_linear import cpu_inference
 
 BLOCKED_DTYPES = (torch.bfloat16,)
 ATTENTION_RANGE = "cosyq::cpu_attention"  # profiler range: the bench counts its ops as attention
@@ -148,10 +149,7 @@ def _hides_nothing(mask: Mask, q: Tensor) -> bool:
     return (
         isinstance(mask, Tensor)
         and mask.dtype == torch.bool
-        and q.device.type == "cpu"
-        and not torch.jit.is_tracing()
-        and not torch.jit.is_scripting()
-        and not torch.compiler.is_compiling()
+        and cpu_inference(q, q)
         and bool(mask.all())
     )
 
