@@ -27,3 +27,11 @@ class MemorySettings(BaseModel):
         description="glibc (Linux): freed heap top kept mapped for the next request up to this "
         "(0: glibc's default, twice the mmap threshold); recycling bounds what a worker keeps",
     )
+    malloc_build_mmap_threshold_kb: int = Field(
+        256,
+        ge=0,
+        le=32 * 1024,
+        description="glibc (Linux): while the model is built, blocks over this are mapped one by "
+        "one, so the plain weights conversion, fusion and packing free go back to the kernel "
+        "instead of holding the build's peak above a request's (0: the policy above throughout)",
+    )

@@ -55,7 +55,7 @@ from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.directory import QWEN_DIR
-from workers.model.heap import HeapPolicy, keep_freed_heap
+from workers.model.heap import HeapPolicy, building_model
 from workers.model.llm.batch import BatchDecoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import load_model
@@ -405,16 +405,16 @@ def build_engine(
     `backend` and `reported_device` then say so in the engine's identity ("coreml", "ane/cpu").
     """
     options = options or EngineOptions()
-    keep_freed_heap(options.heap)  # process-wide, before the model's buffers are allocated
     torch_device = resolve_device(device)
     replaced = {"flow": flow, "hift": vocoder}
-    loaded = load_model(
-        model_dir,
-        device=torch_device,
-        dtype=resolve_dtype(dtype),
-        hash_cache_dir=hash_cache_dir,
-        torch_stages=frozenset(stage for stage, other in replaced.items() if other is None),
-    )
+    with building_model(options.heap):  # process-wide; the request policy from its end on
+        loaded = load_model(
+            model_dir,
+            device=torch_device,
+            dtype=resolve_dtype(dtype),
+            hash_cache_dir=hash_cache_dir,
+            torch_stages=frozenset(stage for stage, other in replaced.items() if other is None),
+        )
     configs = loaded.configs
     frontend = TextFrontend(
         load_text_tokenizer(loaded.directory.root / QWEN_DIR),

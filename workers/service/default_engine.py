@@ -51,6 +51,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         heap=HeapPolicy(
             mmap_threshold_mb=settings.malloc_mmap_threshold_mb,
             trim_threshold_mb=settings.malloc_trim_threshold_mb,
+            build_mmap_threshold_kb=settings.malloc_build_mmap_threshold_kb,
         ),
     )
 

@@ -35,6 +35,8 @@ def test_no_glibc_means_no_trim_and_no_policy(monkeypatch: pytest.MonkeyPatch) -
         assert heap._malloc_trim() is None
         assert heap.release_freed_heap() is False
         assert heap.keep_freed_heap(heap.HeapPolicy()) == {}
+        with heap.building_model(heap.HeapPolicy()) as applied:
+            assert applied == {}
     finally:
         heap._glibc.cache_clear()
 
@@ -88,11 +90,66 @@ def test_an_operators_malloc_variable_wins_and_zero_leaves_glibcs_default() -> N
     assert _rounds(0, 0)["applied"] == {}
 
 
+# The same rounds while a model is being built, then after: inside, every freed block goes back
+# to the kernel (each round faults its pages in again); after it, the request policy keeps them.
+BUILD_THEN_ROUNDS = textwrap.dedent(
+    """
+    import json, resource, sys
+    import numpy as np
+    from workers.model.heap import HeapPolicy, building_model
+
+    def rounds():
+        faults = []
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            blocks = [np.full(2**17, 1.0) for _ in range(96)]
+            del blocks
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return faults
+
+    with building_model(HeapPolicy(32, 1024, int(sys.argv[1]))) as applied:
+        inside = rounds()
+    print(json.dumps({"applied": applied, "inside": inside, "after": rounds()}))
+    """
+)
+
+
+def _build_rounds(build_kb: int, env: dict[str, str] | None = None) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", BUILD_THEN_ROUNDS, str(build_kb)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    return json.loads(done.stdout)
+
+
+@GLIBC
+def test_a_build_hands_freed_blocks_back_then_requests_keep_them() -> None:
+    pages = 96 * 2**20 // 4096
+    built = _build_rounds(256)
+    assert built["applied"] == {"MALLOC_MMAP_THRESHOLD_": 256 * 1024}
+    assert min(built["inside"][1:]) > pages // 2, built  # freed blocks were unmapped
+    assert max(built["after"][1:]) < pages // 10, built  # the request policy from then on
+
+
+@GLIBC
+def test_a_build_threshold_of_zero_or_an_operators_variable_leaves_the_build_alone() -> None:
+    assert _build_rounds(0)["applied"] == {}
+    env = {"MALLOC_MMAP_THRESHOLD_": "1048576", "PATH": "/usr/bin:/bin"}
+    assert _build_rounds(256, env)["applied"] == {}
+
+
 def test_heap_policy_bounds_and_settings() -> None:
     with pytest.raises(ValueError, match="0-32 MB"):
         heap.HeapPolicy(mmap_threshold_mb=33)
     with pytest.raises(ValueError, match=">= 0"):
         heap.HeapPolicy(trim_threshold_mb=-1)
-    settings = Settings(malloc_mmap_threshold_mb=8, malloc_trim_threshold_mb=256)
-    assert engine_options(settings).heap == heap.HeapPolicy(8, 256)
+    with pytest.raises(ValueError, match="0-32768 KB"):
+        heap.HeapPolicy(build_mmap_threshold_kb=-1)
+    settings = Settings(
+        malloc_mmap_threshold_mb=8, malloc_trim_threshold_mb=256, malloc_build_mmap_threshold_kb=0
+    )
+    assert engine_options(settings).heap == heap.HeapPolicy(8, 256, 0)
     assert engine_options(Settings()).heap == heap.HeapPolicy()
