@@ -191,6 +191,19 @@ def test_attention_over_segments_equals_attention_over_the_joined_keys(
         assert _snr_db(exact, got.float()) >= _snr_db(exact, joined.float()) - 3
 
 
+@pytest.mark.parametrize("lengths", [[30, 12], [0, 25, 9], [40]])
+def test_segment_scores_written_in_place_equal_the_joined_products(lengths: list[int]) -> None:
+    """Each segment's score product written into its columns of one buffer: the same bits as
+    joining the products, keys given as the transposed views a key cache holds."""
+    torch.manual_seed(3)
+    rows = torch.randn(B * H, LQ, D).bfloat16()
+    keys_t = [torch.randn(B * H, n + 4, D).bfloat16()[:, :n].transpose(1, 2) for n in lengths]
+    want = torch.cat([torch.bmm(rows, keys) for keys in keys_t], dim=-1)
+    got = cpu_attention._joined_scores(rows, keys_t, sum(lengths))
+    assert got.is_contiguous()
+    assert torch.equal(got, want)
+
+
 def test_amx_hosts_pick_the_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The host's choice comes from PyTorch's AMX probe; a torch without it keeps blocked."""
     for has_amx, pays in ((True, False), (False, True)):
