@@ -12,8 +12,9 @@ over channels that follows an estimator conv reads as a contiguous (B, T, C).
 Intel Xeon with AMX (family 6 model 207), 2 threads, full-size random weights, interleaved:
 a (2, 256, 300) k3 conv 284 against 478 us; a non-streaming flow pass 1.78 against 1.91 s
 (medians of six), HiFT on 200 frames 0.184 against 0.277 s (eight); the mel and the waveform
-bit for bit the plain weights' ones. Only AMX hosts pack (`conv_packing_pays`). Anywhere else
-(fp32, other devices, tracing for Core ML, autograd) it is `nn.Conv1d`.
+bit for bit the plain weights' ones. With AVX512-BF16 alone (AMD EPYC) only the flow packs, whose
+rows never share a call in bf16 (`conv_packing_pays`). Anywhere else (fp32, other devices,
+tracing for Core ML, autograd) it is `nn.Conv1d`.
 """
 
 from __future__ import annotations
@@ -55,21 +56,30 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
     return conv._conv_forward(x, conv.weight, conv.bias)
 
 
-def conv_packing_pays() -> bool:
-    """True on CPUs with AMX tiles (where packed bf16 convolutions gave `F.conv1d`'s bits, a
-    row alone the same bits as in a batch, and 0.6-0.7x the time); False elsewhere. With
-    oneDNN capped at AVX512-BF16 (an EPYC's ISA, emulated on the AMX host) the packed result
-    differed from the plain one in the last bits and, for a dilated k7 conv, a row alone from
-    the same row in a batch of 16, for 1-4% less time: batched requests must stay bit for bit
-    what they give alone, so those hosts keep plain weights."""
-    return cpu_linear.bf16_packing_available() and has_amx_tiles()
+def conv_packing_pays(*, rows_alone: bool = False) -> bool:
+    """Whether bf16 conv weights should be packed, for a module whose rows share calls (HiFT
+    in a batch) or, `rows_alone`, never do (the flow: in bf16 each piece's flow runs alone,
+    `ModuleFlow.batches`).
+
+    On CPUs with AMX tiles, always: packed convolutions gave `F.conv1d`'s bits, a row alone the
+    same bits as in a batch, and 0.6-0.7x the time. With AVX512-BF16 alone the packed result
+    differs from the plain one in the last bits (so the mel moves by bf16 rounding: 43.6 dB
+    from the plain weights' over a full-size flow pass, where bf16 itself is 39.5 dB from
+    fp32) and, for a dilated k7 conv (HiFT's), a row alone from the same row in a batch of 16
+    (oneDNN capped at that ISA on an AMX host): a batched request must stay bit for bit what it
+    gives alone, so only modules whose rows run alone pack there. AMD EPYC Zen 4, 2 threads,
+    interleaved in one process: a non-streaming flow pass 4.011 against 4.194 s, a streamed
+    first pass 1.650 against 1.711 s (medians of five)."""
+    if not cpu_linear.bf16_packing_available():
+        return False
+    return has_amx_tiles() or rows_alone
 
 
-def pack_conv_weights(module: nn.Module) -> int:
+def pack_conv_weights(module: nn.Module, *, rows_alone: bool = False) -> int:
     """Replace every CPU bf16 `Conv1d` weight under `module` by oneDNN's packed copy, one at a
     time (the plain one is freed as it goes); the count packed. A no-op where
-    `conv_packing_pays` is false, and for padding modes other than zeros."""
-    if not conv_packing_pays():
+    `conv_packing_pays(rows_alone=...)` is false, and for padding modes other than zeros."""
+    if not conv_packing_pays(rows_alone=rows_alone):
         return 0
     packed = 0
     for sub in module.modules():

@@ -83,6 +83,69 @@ def test_hosts_without_amx_or_native_bf16_keep_plain_weights(
     monkeypatch.setattr(cpu_conv, "has_amx_tiles", lambda: amx)
     monkeypatch.setattr(cpu_linear, "bf16_packing_available", lambda: native_bf16)
     assert pack_conv_weights(conv) == 0 and not conv.weight.is_mkldnn
+    # a module whose rows run alone packs without AMX, never without native bf16
+    assert pack_conv_weights(conv, rows_alone=True) == int(native_bf16)
+    assert conv.weight.is_mkldnn is native_bf16
+
+
+needs_native_bf16 = pytest.mark.skipif(
+    not cpu_linear.bf16_packing_available(),
+    reason="packed bf16 convolutions need a CPU with native bf16 (AVX512-BF16 or AMX)",
+)
+
+
+@needs_native_bf16
+@pytest.mark.parametrize("shape", SHAPES[:2])
+@pytest.mark.parametrize(("rows", "frames"), [(1, 1), (2, 102), (2, 300), (16, 411)])
+def test_packed_flow_convs_round_like_plain_ones_and_a_row_alone_as_in_a_batch(
+    shape: tuple[int, ...], rows: int, frames: int
+) -> None:
+    """The flow's causal k3 and 1x1 convs packed where rows run alone (any native-bf16 CPU):
+    within bf16 rounding of the exact product, as the plain weight is, and a row's bits the
+    same alone as in a batch (so a later batched flow could not tell them apart)."""
+    conv, plain = _bf16_conv(shape)
+    assert pack_conv_weights(conv, rows_alone=True) == 1
+    cin, kernel = shape[0], shape[2]
+    x = torch.randn(rows, cin, max(frames, kernel)).bfloat16()
+    with torch.inference_mode():
+        exact = F.conv1d(x.double(), plain.double(), conv.bias.double())
+        got, want = conv(x), F.conv1d(x, plain, conv.bias)
+        got_error = (got.double() - exact).abs().max().item()
+        plain_error = (want.double() - exact).abs().max().item()
+        assert got_error <= 2 * plain_error + 1e-6, (got_error, plain_error)
+        alone = torch.cat([conv(x[row : row + 1]) for row in range(rows)])
+        assert torch.equal(alone, got)
+
+
+@needs_native_bf16
+def test_without_amx_a_loaded_bf16_model_packs_the_flows_convs_not_the_vocoders(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AVX512-BF16 host: the flow (each piece alone in bf16) packs, HiFT (rows batched)
+    stays plain; the mel within bf16 rounding of the plain weights' mel."""
+    monkeypatch.setattr(cpu_conv, "has_amx_tiles", lambda: False)
+    loaded = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    assert loaded.flow is not None and loaded.hift is not None
+    estimator = [m for m in loaded.flow.decoder.estimator.modules() if isinstance(m, Conv1d)]
+    assert estimator and all(m.weight.is_mkldnn for m in estimator)
+    assert not any(m.weight.is_mkldnn for m in loaded.hift.modules() if isinstance(m, Conv1d))
+
+    plain = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    assert plain.flow is not None
+    _unpack(plain.flow)
+    g = torch.Generator().manual_seed(0)
+    token, prompt = (
+        torch.randint(0, 50, (1, 12), generator=g),
+        torch.randint(0, 50, (1, 6), generator=g),
+    )
+    feat = torch.randn(1, 2 * 6, loaded.flow.config.mel_bins, generator=g)
+    speaker = torch.randn(1, loaded.flow.config.spk_embed_dim, generator=g)
+    with torch.inference_mode():
+        mel, _ = loaded.flow.inference(token, prompt, feat, speaker)
+        want, _ = plain.flow.inference(token, prompt, feat, speaker)
+    mel, want = mel.double(), want.double()
+    snr = 10 * torch.log10(want.pow(2).sum() / (mel - want).pow(2).sum().clamp_min(1e-30))
+    assert snr > 30, float(snr)
 
 
 @needs_conv_packing
