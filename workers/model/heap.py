@@ -21,10 +21,11 @@ While a model is built (`building_model`) the policy is the opposite: every bloc
 `build_mmap_threshold_kb` is mapped on its own, so the plain weights that conversion, fusion
 and packing free go straight back to the kernel. Kept in the heap, each freed weight left a
 hole that the next, larger fused or packed one did not fit: a bf16 build of the full model
-peaked at 1.69-1.81 GB (2.0 in some `cosyq-worker bench` processes) for 1.52 GB live, above
-what a request adds later; mapped per block it peaks at 1.63-1.64 and the request's own peak
-is the process's (1.69 against 1.72-1.77), for 0.3-0.6 s more load (fresh pages are faulted in
-where freed ones were reused). AMD EPYC Zen 4, 2 threads, three processes each.
+peaked at 1.67-1.81 GB (1.95-2.0 in some `cosyq-worker bench` processes) for 1.52 GB live,
+above what a request adds later; mapped per block it peaks at 1.62-1.64 and the request's own
+peak is the process's (1.68-1.70 against 1.68-1.77). Load 1.57-1.74 against 1.59-1.60 s
+(56,000 more page faults: freed pages are faulted in afresh, not reused), requests as fast.
+AMD EPYC Zen 4, 2 threads, alternating processes.
 """
 
 from __future__ import annotations
