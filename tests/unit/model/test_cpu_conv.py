@@ -15,9 +15,16 @@ from workers.model.loader import load_model
 
 needs_conv_packing = pytest.mark.skipif(
     not cpu_conv.conv_packing_pays(),
-    reason="packed bf16 convolutions are used only on CPUs with AMX tiles (this one has none): "
-    "elsewhere weights stay plain, which the tests without this mark check",
+    reason="packed bf16 convolutions give F.conv1d's bits, for every module, only on CPUs with "
+    "AMX tiles (this one has none): elsewhere only modules whose rows run alone pack, which "
+    "the tests marked needs_native_bf16 check",
 )
+
+needs_native_bf16 = pytest.mark.skipif(
+    not cpu_linear.bf16_packing_available(),
+    reason="packed bf16 convolutions need a CPU with native bf16 (AVX512-BF16 or AMX)",
+)
+
 
 # (in, out, kernel, stride, padding, dilation): the flow's causal k3 and 1x1, HiFT's dilated
 # resblock convs and its strided source downsampling
@@ -88,12 +95,6 @@ def test_hosts_without_amx_or_native_bf16_keep_plain_weights(
     assert conv.weight.is_mkldnn is native_bf16
 
 
-needs_native_bf16 = pytest.mark.skipif(
-    not cpu_linear.bf16_packing_available(),
-    reason="packed bf16 convolutions need a CPU with native bf16 (AVX512-BF16 or AMX)",
-)
-
-
 @needs_native_bf16
 @pytest.mark.parametrize("shape", SHAPES[:2])
 @pytest.mark.parametrize(("rows", "frames"), [(1, 1), (2, 102), (2, 300), (16, 411)])
@@ -118,21 +119,24 @@ def test_packed_flow_convs_round_like_plain_ones_and_a_row_alone_as_in_a_batch(
 
 
 @needs_native_bf16
-def test_without_amx_a_loaded_bf16_model_packs_the_flows_convs_not_the_vocoders(
+def test_without_amx_a_loaded_bf16_model_packs_the_flows_and_vocoders_convs(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An AVX512-BF16 host: the flow (each piece alone in bf16) packs, HiFT (rows batched)
-    stays plain; the mel within bf16 rounding of the plain weights' mel."""
+    """An AVX512-BF16 host: the flow and HiFT (each piece alone through both) pack; the mel and
+    the waveform within bf16 rounding of the plain weights' ones."""
     monkeypatch.setattr(cpu_conv, "has_amx_tiles", lambda: False)
     loaded = load_model(tiny_model_dir, dtype=torch.bfloat16)
     assert loaded.flow is not None and loaded.hift is not None
     estimator = [m for m in loaded.flow.decoder.estimator.modules() if isinstance(m, Conv1d)]
     assert estimator and all(m.weight.is_mkldnn for m in estimator)
-    assert not any(m.weight.is_mkldnn for m in loaded.hift.modules() if isinstance(m, Conv1d))
+    vocoder = [m for m in loaded.hift.modules() if isinstance(m, Conv1d)]
+    assert all(m.weight.is_mkldnn is (m.weight.dtype == torch.bfloat16) for m in vocoder)
+    assert any(m.weight.is_mkldnn for m in vocoder)
 
     plain = load_model(tiny_model_dir, dtype=torch.bfloat16)
-    assert plain.flow is not None
+    assert plain.flow is not None and plain.hift is not None
     _unpack(plain.flow)
+    _unpack(plain.hift)
     g = torch.Generator().manual_seed(0)
     token, prompt = (
         torch.randint(0, 50, (1, 12), generator=g),
@@ -143,18 +147,24 @@ def test_without_amx_a_loaded_bf16_model_packs_the_flows_convs_not_the_vocoders(
     with torch.inference_mode():
         mel, _ = loaded.flow.inference(token, prompt, feat, speaker)
         want, _ = plain.flow.inference(token, prompt, feat, speaker)
-    mel, want = mel.double(), want.double()
-    snr = 10 * torch.log10(want.pow(2).sum() / (mel - want).pow(2).sum().clamp_min(1e-30))
-    assert snr > 30, float(snr)
+        wav = loaded.hift.inference(want.float(), generator=torch.Generator().manual_seed(1)).wav
+        same = plain.hift.inference(want.float(), generator=torch.Generator().manual_seed(1)).wav
+    assert _snr_db(want, mel) > 30
+    assert _snr_db(same, wav) > 30
 
 
-@needs_conv_packing
+def _snr_db(want: torch.Tensor, got: torch.Tensor) -> float:
+    want, got = want.double(), got.double()
+    return float(10 * torch.log10(want.pow(2).sum() / (got - want).pow(2).sum().clamp_min(1e-30)))
+
+
+@needs_native_bf16
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
 def test_traced_graph_holds_a_plain_convolution() -> None:
     """Converters (Core ML) must see aten convolution, never the private oneDNN op."""
     conv, plain = _bf16_conv(SHAPES[0])
-    pack_conv_weights(conv)
+    assert pack_conv_weights(conv, rows_alone=True) == 1
     x = torch.randn(1, 32, 20).bfloat16()
     with torch.inference_mode():
         traced = torch.jit.trace(conv, x)
