@@ -12,9 +12,9 @@ over channels that follows an estimator conv reads as a contiguous (B, T, C).
 Intel Xeon with AMX (family 6 model 207), 2 threads, full-size random weights, interleaved:
 a (2, 256, 300) k3 conv 284 against 478 us; a non-streaming flow pass 1.78 against 1.91 s
 (medians of six), HiFT on 200 frames 0.184 against 0.277 s (eight); the mel and the waveform
-bit for bit the plain weights' ones. With AVX512-BF16 alone (AMD EPYC) the flow and HiFT pack too,
-as each piece runs alone through them in bf16 (`conv_packing_pays`). Anywhere else (fp32,
-other devices, tracing for Core ML, autograd) it is `nn.Conv1d`.
+bit for bit the plain weights' ones. With AVX512-BF16 alone (AMD EPYC) the flow packs too, as each
+piece runs alone through it in bf16 (`conv_packing_pays`). Anywhere else (fp32, other devices,
+tracing for Core ML, autograd) it is `nn.Conv1d`.
 """
 
 from __future__ import annotations
@@ -57,21 +57,21 @@ def conv1d(conv: nn.Conv1d, x: Tensor) -> Tensor:
 
 
 def conv_packing_pays(*, rows_alone: bool = False) -> bool:
-    """Whether bf16 conv weights should be packed: for a module whose rows may share a call,
-    only with AMX tiles; for one whose rows never do (`rows_alone`: in bf16 each piece's flow
-    runs alone, `ModuleFlow.batches`, and the torch HiFT runs every piece alone,
-    `ModuleVocoder.batches`), on any CPU with native bf16.
+    """Whether bf16 conv weights should be packed: on CPUs with AMX tiles, always; with native
+    bf16 but no AMX, for a module whose rows never share a call (`rows_alone`: in bf16 each
+    piece's flow runs alone, `ModuleFlow.batches`).
 
     On CPUs with AMX tiles packed convolutions gave `F.conv1d`'s bits, a row alone the same
     bits as in a batch, and 0.6-0.7x the time. With AVX512-BF16 alone the packed result
     differs from the plain one in the last bits (the flow's mel 43.6 dB from the plain
-    weights' over a full-size pass, where bf16 itself is 39.5 dB from fp32; HiFT's waveform
-    99.5 dB) and, for a dilated k7 conv, a row alone from the same row in a batch of 16
-    (oneDNN capped at that ISA on an AMX host): a batched request must stay bit for bit what
-    it gives alone, so rows that share calls keep plain weights there. AMD EPYC Zen 4, 2
-    threads, interleaved in one process: a non-streaming flow pass 4.011 against 4.194 s, a
-    streamed first pass 1.650 against 1.711 s (medians of five), HiFT on 200 frames 0.379
-    against 0.416 s (medians of eight)."""
+    weights' over a full-size pass, where bf16 itself is 39.5 dB from fp32) and, for a dilated
+    k7 conv, a row alone from the same row in a batch of 16 (oneDNN capped at that ISA on an
+    AMX host): a batched request must stay bit for bit what it gives alone, so rows that may
+    share calls keep plain weights there. AMD EPYC Zen 4, 2 threads, interleaved in one
+    process: a non-streaming flow pass 4.011 against 4.194 s, a streamed first pass 1.650
+    against 1.711 s (medians of five). HiFT, which runs each piece alone too, stays plain
+    there: 0.379 against 0.416 s on 200 frames, but its first call's working memory rose from
+    45-52 to 82-95 MB and `bench batch`'s B=1 peak to 1.81-1.85 GB (the 1.8 GB mark)."""
     if not cpu_linear.bf16_packing_available():
         return False
     return has_amx_tiles() or rows_alone

@@ -119,24 +119,21 @@ def test_packed_flow_convs_round_like_plain_ones_and_a_row_alone_as_in_a_batch(
 
 
 @needs_native_bf16
-def test_without_amx_a_loaded_bf16_model_packs_the_flows_and_vocoders_convs(
+def test_without_amx_a_loaded_bf16_model_packs_the_flows_convs_not_the_vocoders(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An AVX512-BF16 host: the flow and HiFT (each piece alone through both) pack; the mel and
-    the waveform within bf16 rounding of the plain weights' ones."""
+    """An AVX512-BF16 host: the flow (each piece alone in bf16) packs, HiFT stays plain; the
+    mel within bf16 rounding of the plain weights' mel."""
     monkeypatch.setattr(cpu_conv, "has_amx_tiles", lambda: False)
     loaded = load_model(tiny_model_dir, dtype=torch.bfloat16)
     assert loaded.flow is not None and loaded.hift is not None
     estimator = [m for m in loaded.flow.decoder.estimator.modules() if isinstance(m, Conv1d)]
     assert estimator and all(m.weight.is_mkldnn for m in estimator)
-    vocoder = [m for m in loaded.hift.modules() if isinstance(m, Conv1d)]
-    assert all(m.weight.is_mkldnn is (m.weight.dtype == torch.bfloat16) for m in vocoder)
-    assert any(m.weight.is_mkldnn for m in vocoder)
+    assert not any(m.weight.is_mkldnn for m in loaded.hift.modules() if isinstance(m, Conv1d))
 
     plain = load_model(tiny_model_dir, dtype=torch.bfloat16)
-    assert plain.flow is not None and plain.hift is not None
+    assert plain.flow is not None
     _unpack(plain.flow)
-    _unpack(plain.hift)
     g = torch.Generator().manual_seed(0)
     token, prompt = (
         torch.randint(0, 50, (1, 12), generator=g),
@@ -147,10 +144,7 @@ def test_without_amx_a_loaded_bf16_model_packs_the_flows_and_vocoders_convs(
     with torch.inference_mode():
         mel, _ = loaded.flow.inference(token, prompt, feat, speaker)
         want, _ = plain.flow.inference(token, prompt, feat, speaker)
-        wav = loaded.hift.inference(want.float(), generator=torch.Generator().manual_seed(1)).wav
-        same = plain.hift.inference(want.float(), generator=torch.Generator().manual_seed(1)).wav
     assert _snr_db(want, mel) > 30
-    assert _snr_db(same, wav) > 30
 
 
 def _snr_db(want: torch.Tensor, got: torch.Tensor) -> float:
