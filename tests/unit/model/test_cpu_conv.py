@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -134,16 +135,10 @@ def test_without_amx_a_loaded_bf16_model_packs_the_flows_convs_not_the_vocoders(
     plain = load_model(tiny_model_dir, dtype=torch.bfloat16)
     assert plain.flow is not None
     _unpack(plain.flow)
-    g = torch.Generator().manual_seed(0)
-    token, prompt = (
-        torch.randint(0, 50, (1, 12), generator=g),
-        torch.randint(0, 50, (1, 6), generator=g),
-    )
-    feat = torch.randn(1, 2 * 6, loaded.flow.config.mel_bins, generator=g)
-    speaker = torch.randn(1, loaded.flow.config.spk_embed_dim, generator=g)
+    inputs = _flow_inputs(loaded.flow.config)
     with torch.inference_mode():
-        mel, _ = loaded.flow.inference(token, prompt, feat, speaker)
-        want, _ = plain.flow.inference(token, prompt, feat, speaker)
+        mel, _ = loaded.flow.inference(*inputs)
+        want, _ = plain.flow.inference(*inputs)
     assert _snr_db(want, mel) > 30
 
 
@@ -178,6 +173,16 @@ def test_fp32_forward_is_nn_conv1ds() -> None:
     assert cpu_conv.pack_conv_weights(ours) == 0
 
 
+def _flow_inputs(config: Any) -> tuple[torch.Tensor, ...]:
+    """A small request for a tiny flow: 12 speech tokens, 6 prompt tokens, their mel, a speaker."""
+    g = torch.Generator().manual_seed(0)
+    token = torch.randint(0, 50, (1, 12), generator=g)
+    prompt = torch.randint(0, 50, (1, 6), generator=g)
+    feat = torch.randn(1, 2 * 6, config.mel_bins, generator=g)
+    speaker = torch.randn(1, config.spk_embed_dim, generator=g)
+    return token, prompt, feat, speaker
+
+
 def _unpack(module: nn.Module) -> None:
     for sub in module.modules():
         if isinstance(sub, Conv1d) and sub.weight.is_mkldnn:
@@ -203,16 +208,10 @@ def test_a_loaded_bf16_model_packs_the_estimators_and_vocoders_convs_with_the_sa
     assert plain.flow is not None and plain.hift is not None
     _unpack(plain.flow)
     _unpack(plain.hift)
-    g = torch.Generator().manual_seed(0)
-    token, prompt = (
-        torch.randint(0, 50, (1, 12), generator=g),
-        torch.randint(0, 50, (1, 6), generator=g),
-    )
-    feat = torch.randn(1, 2 * 6, loaded.flow.config.mel_bins, generator=g)
-    speaker = torch.randn(1, loaded.flow.config.spk_embed_dim, generator=g)
+    inputs = _flow_inputs(loaded.flow.config)
     with torch.inference_mode():
-        mel, _ = loaded.flow.inference(token, prompt, feat, speaker)
-        want, _ = plain.flow.inference(token, prompt, feat, speaker)
+        mel, _ = loaded.flow.inference(*inputs)
+        want, _ = plain.flow.inference(*inputs)
         assert torch.equal(mel, want)
         wav = loaded.hift.inference(mel.float(), generator=torch.Generator().manual_seed(1)).wav
         same = plain.hift.inference(mel.float(), generator=torch.Generator().manual_seed(1)).wav

@@ -44,32 +44,44 @@ def test_no_glibc_means_no_trim_and_no_policy(monkeypatch: pytest.MonkeyPatch) -
 # Rounds of 96 touched 1 MB blocks, all freed after each round: the page faults of the later
 # rounds. glibc's defaults hand the freed top back (each round faults its ~24,600 pages in
 # again, as each streamed flow pass did); with the policy the pages stay mapped.
-ROUNDS = textwrap.dedent(
+FAULT_ROUNDS = textwrap.dedent(
     """
     import json, resource, sys
     import numpy as np
+
+    def rounds(count):
+        faults = []
+        for _ in range(count):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            blocks = [np.full(2**17, 1.0) for _ in range(96)]
+            del blocks
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        return faults
+    """
+)
+ROUNDS = FAULT_ROUNDS + textwrap.dedent(
+    """
     from workers.model.heap import HeapPolicy, keep_freed_heap
     applied = keep_freed_heap(HeapPolicy(*map(int, sys.argv[1:3])))
-    faults = []
-    for _ in range(4):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        blocks = [np.full(2**17, 1.0) for _ in range(96)]
-        del blocks
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    print(json.dumps({"applied": applied, "faults": faults}))
+    print(json.dumps({"applied": applied, "faults": rounds(4)}))
     """
 )
 
 
-def _rounds(mmap_mb: int, trim_mb: int, env: dict[str, str] | None = None) -> dict:
+def _script(script: str, *args: int, env: dict[str, str] | None = None) -> dict:
+    """Run `script` in a fresh interpreter (the heap policy is process-wide); its JSON line."""
     done = subprocess.run(
-        [sys.executable, "-c", ROUNDS, str(mmap_mb), str(trim_mb)],
+        [sys.executable, "-c", script, *map(str, args)],
         capture_output=True,
         text=True,
         check=True,
         env=env,
     )
     return json.loads(done.stdout)
+
+
+def _rounds(mmap_mb: int, trim_mb: int, env: dict[str, str] | None = None) -> dict:
+    return _script(ROUNDS, mmap_mb, trim_mb, env=env)
 
 
 @GLIBC
@@ -92,37 +104,18 @@ def test_an_operators_malloc_variable_wins_and_zero_leaves_glibcs_default() -> N
 
 # The same rounds while a model is being built, then after: inside, every freed block goes back
 # to the kernel (each round faults its pages in again); after it, the request policy keeps them.
-BUILD_THEN_ROUNDS = textwrap.dedent(
+BUILD_THEN_ROUNDS = FAULT_ROUNDS + textwrap.dedent(
     """
-    import json, resource, sys
-    import numpy as np
     from workers.model.heap import HeapPolicy, building_model
-
-    def rounds():
-        faults = []
-        for _ in range(3):
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            blocks = [np.full(2**17, 1.0) for _ in range(96)]
-            del blocks
-            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        return faults
-
     with building_model(HeapPolicy(32, 1024, int(sys.argv[1]))) as applied:
-        inside = rounds()
-    print(json.dumps({"applied": applied, "inside": inside, "after": rounds()}))
+        inside = rounds(3)
+    print(json.dumps({"applied": applied, "inside": inside, "after": rounds(3)}))
     """
 )
 
 
 def _build_rounds(build_kb: int, env: dict[str, str] | None = None) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", BUILD_THEN_ROUNDS, str(build_kb)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    return json.loads(done.stdout)
+    return _script(BUILD_THEN_ROUNDS, build_kb, env=env)
 
 
 @GLIBC
