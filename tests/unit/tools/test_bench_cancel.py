@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from workers.tools.bench import cancel
 from workers.tools.bench.cancel import (
     CancelFigures,
     format_json,
@@ -46,3 +47,25 @@ def test_a_tiny_run_stops_mid_llm_and_reports_every_figure() -> None:
     data = json.loads(format_json(result))
     assert data["worst_s"] == max(data["latencies_s"]) and isinstance(data["met"], bool)
     assert "stop latency" in format_table(result)
+
+
+def test_a_run_that_ends_before_its_flag_is_stopped_again_earlier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run quicker than the timed one ends before its flag: the stop is tried again with the
+    flag at half the time, and only after STOP_TRIES such runs does the bench give up."""
+    tried: list[float] = []
+
+    def third_run_stops(_engine: object, _request: object, after_s: float) -> float | None:
+        tried.append(after_s)
+        return 0.01 if len(tried) == 3 else None
+
+    monkeypatch.setattr(cancel, "_stop_once", third_run_stops)
+    assert cancel._one_stop(None, None, 0.8) == 0.01  # type: ignore[arg-type]
+    assert tried == [0.8, 0.4, 0.2]
+
+    tried.clear()
+    monkeypatch.setattr(cancel, "_stop_once", lambda _e, _r, after_s: tried.append(after_s))
+    with pytest.raises(SystemExit, match="ended before"):
+        cancel._one_stop(None, None, 0.8)  # type: ignore[arg-type]
+    assert len(tried) == cancel.STOP_TRIES
