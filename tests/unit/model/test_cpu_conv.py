@@ -83,7 +83,23 @@ def test_a_second_pack_is_a_no_op_and_fp32_or_plain_convs_stay_plain() -> None:
     assert pack_conv_weights(reflect) == 0
 
 
-@pytest.mark.parametrize(("amx", "native_bf16"), [(False, True), (True, False)])
+@pytest.mark.parametrize("amx", [False, True])
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_packing_pays_with_amx_for_any_module_without_it_only_where_rows_run_alone(
+    monkeypatch: pytest.MonkeyPatch, amx: bool, native_bf16: bool
+) -> None:
+    """The decision alone, on any host (packing itself needs real native bf16, below)."""
+    monkeypatch.setattr(cpu_conv, "has_amx_tiles", lambda: amx)
+    monkeypatch.setattr(cpu_linear, "bf16_packing_available", lambda: native_bf16)
+    assert cpu_conv.conv_packing_pays() is (native_bf16 and amx)
+    assert cpu_conv.conv_packing_pays(rows_alone=True) is native_bf16
+
+
+@pytest.mark.parametrize(
+    ("amx", "native_bf16"),
+    # packing really runs in the first case: oneDNN refuses a bf16 reorder without native bf16
+    [pytest.param(False, True, marks=needs_native_bf16), (True, False)],
+)
 def test_hosts_without_amx_or_native_bf16_keep_plain_weights(
     monkeypatch: pytest.MonkeyPatch, amx: bool, native_bf16: bool
 ) -> None:
