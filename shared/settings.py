@@ -299,6 +299,12 @@ class Settings(FrontSettings, QualitySettings, TenantSettings, MemorySettings, B
     batch_wait_ms: float = Field(
         20.0, ge=0, le=5000, description="how long a batch's first job waits for company"
     )
+    batch_flow: Literal["exact", "joined"] = Field(
+        "exact",
+        description="the flow of a batch's pieces below fp32: exact (each piece alone, so its "
+        "audio is bit for bit its alone run) or joined (one padded call for all: less flow time, "
+        "and a piece's mel differs from alone by about one bf16 rounding step); fp32 joins always",
+    )
     batch_max_positions: int = Field(
         2048,
         ge=64,

@@ -80,6 +80,7 @@ class EngineOptions:
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
     max_batch: int = 16  # the most requests one batch session may hold (KV cache rows)
     batch_max_positions: int = 2048  # KV positions per batch row; longer pieces run alone
+    join_reduced_precision_flow: bool = False  # bf16/fp16: one flow call per batch, not per piece
     stream: StreamSchedule = field(default_factory=StreamSchedule)  # streamed requests' hops
     heap: HeapPolicy = field(default_factory=HeapPolicy)  # glibc: freed memory kept for reuse
 
@@ -437,7 +438,12 @@ def build_engine(
         frontend=frontend,
         voices=voices,
         llm=llm or ModuleSpeechTokens(loaded.llm),
-        flow=flow or ModuleFlow(loaded.flow, voice_prefixes=voice_prefixes(options.stream)),
+        flow=flow
+        or ModuleFlow(
+            loaded.flow,
+            voice_prefixes=voice_prefixes(options.stream),
+            join_reduced_precision=options.join_reduced_precision_flow,
+        ),
         vocoder=vocoder or ModuleVocoder(loaded.hift),
         identity=identity,
         sample_rate=configs.hift.sampling_rate,

@@ -154,7 +154,8 @@ class ModuleFlow:
     `stream_cache` (default on): a streamed piece runs our torch flow incrementally
     (`FlowStreamCache`); off, every hop re-runs the flow over the whole prefix (`mel_chunk`).
     `voice_prefixes`: the per-voice store of primed streams the cached path starts from (None:
-    every piece computes its prompt's frames).
+    every piece computes its prompt's frames). `join_reduced_precision`: batch pieces in bf16 or
+    fp16 too (`batches`), trading each piece's independence from its neighbours for speed.
     """
 
     def __init__(
@@ -165,8 +166,10 @@ class ModuleFlow:
         device: torch.device | None = None,
         stream_cache: bool = True,
         voice_prefixes: VoicePrefixes | None = None,
+        join_reduced_precision: bool = False,
     ):
         self.model = model
+        self.join_reduced_precision = join_reduced_precision
         self.name = name
         self.device = device or module_device(model)
         self.stream_cache = stream_cache
@@ -235,11 +238,13 @@ class ModuleFlow:
     def batches(self) -> bool:
         """Whether `mels` can run many pieces at once: our torch flow module in float32, or a
         stand-in with its own `batched_inference` (a batched Core ML conversion). In bf16 or
-        fp16 a row padded beside longer ones differs from alone by a whole rounding step
-        (~0.035 after HiFT on the tiny model), so its audio would depend on its neighbours:
-        there each piece's flow runs alone (fp32 padding stays within 1e-4 of alone)."""
+        fp16 a row beside others differs from alone by a whole rounding step (~0.035 after
+        HiFT on the tiny model; equal lengths too, as the products' blocking changes), so its
+        audio would depend on its neighbours: there each piece's flow runs alone unless
+        `join_reduced_precision` (fp32 padding stays within 1e-4 of alone)."""
         if isinstance(self.model, CausalMaskedDiffWithXvec):
-            return next(self.model.parameters()).dtype == torch.float32
+            exact = next(self.model.parameters()).dtype == torch.float32
+            return exact or self.join_reduced_precision
         return bool(getattr(self.model, "batched", False))
 
     def mels(

@@ -109,7 +109,8 @@ def load_model(
         flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
         del flow_state
         pack_linear_weights(flow)
-        pack_conv_weights(flow, rows_alone=True)  # in bf16 each piece's flow runs alone
+        # In bf16 each piece's flow runs alone (COSYQ_BATCH_FLOW=joined gives up the bits anyway)
+        pack_conv_weights(flow, rows_alone=True)
     if "hift" in torch_stages:
         # Read into memory, not mapped: every weight-normed kernel is folded into a new tensor
         # (and below fp32 converted), so mapped pages would stay resident beside the results.

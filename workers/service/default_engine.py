@@ -42,6 +42,7 @@ def engine_options(settings: Settings) -> EngineOptions:
         max_speech_seconds=settings.max_speech_seconds,
         max_batch=settings.batch_size,
         batch_max_positions=settings.batch_max_positions,
+        join_reduced_precision_flow=settings.batch_flow == "joined",
         stream=StreamSchedule(
             first_hop=settings.stream_first_hop_tokens,
             max_hop=max(settings.stream_max_hop_tokens, settings.stream_first_hop_tokens),
