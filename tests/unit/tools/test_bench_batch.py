@@ -19,6 +19,7 @@ def test_json_has_the_plain_run_and_the_listed_keys_per_batch_size(
     assert main([*ARGS, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["dtype"] == "fp32" and doc["tokens"] == 5 and len(doc["load_average"]) == 2
+    assert doc["flow"] == "exact"  # COSYQ_BATCH_FLOW's default
     assert doc["plain_throughput"] == pytest.approx(
         doc["plain_audio_s"] / doc["plain_wall_s"], rel=1e-3
     )
@@ -44,6 +45,12 @@ def test_the_table_has_every_column_and_the_plain_run(capsys: pytest.CaptureFixt
         assert column in out
     assert "plain engine.run" in out and "B=1 / plain:" in out and "load average" in out
     assert " 1.00x " in out  # B=1 against itself
+
+
+def test_the_joined_flow_is_named_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ARGS, "--dtype", "bf16", "--flow", "joined", "--batch-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16, 5 tokens per piece, batch flow joined" in out
 
 
 def test_batch_sizes_must_be_positive_integers() -> None:

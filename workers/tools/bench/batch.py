@@ -84,6 +84,7 @@ class BatchBench:
     rows: tuple[BatchRow, ...]
     load_average: tuple[float, float]
     omp_wait_policy: str = "(unset)"
+    flow: str = "exact"  # COSYQ_BATCH_FLOW's choice the rows ran with
 
     @property
     def plain_throughput(self) -> float:
@@ -151,7 +152,8 @@ def _stamp(done: list[float], index: int) -> Callable[[Future[SynthesisOutput]],
     return stamp
 
 
-def run(options: BenchOptions, batch_sizes: Sequence[int]) -> BatchBench:
+def run(options: BenchOptions, batch_sizes: Sequence[int], *, flow: str = "exact") -> BatchBench:
+    """`flow`: as `COSYQ_BATCH_FLOW` (exact: below fp32 each piece's flow runs alone)."""
     torch.set_num_threads(options.threads)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-batch-") as workdir:
@@ -162,7 +164,11 @@ def run(options: BenchOptions, batch_sizes: Sequence[int]) -> BatchBench:
             root,
             device=options.device,
             dtype=options.dtype,
-            options=EngineOptions(forced_speech_tokens=tokens, max_batch=max(*batch_sizes, 1)),
+            options=EngineOptions(
+                forced_speech_tokens=tokens,
+                max_batch=max(*batch_sizes, 1),
+                join_reduced_precision_flow=flow == "joined",
+            ),
             hash_cache_dir=Path(workdir) / "hashes" if temporary else options.hash_cache_dir,
         )
         samples, rate = soundfile.read(root / "prompt.wav", dtype="float32")
@@ -185,6 +191,7 @@ def run(options: BenchOptions, batch_sizes: Sequence[int]) -> BatchBench:
         rows=rows,
         load_average=(load_before, os.getloadavg()[0]),
         omp_wait_policy=options.omp_wait_policy,
+        flow=flow,
     )
 
 
@@ -198,6 +205,7 @@ def format_json(result: BatchBench) -> str:
             "model": result.model,
             "device": result.device,
             "dtype": result.dtype,
+            "flow": result.flow,
             "tokens": result.tokens,
             "plain_wall_s": round(result.plain_wall_s, 4),
             "plain_audio_s": round(result.plain_audio_s, 4),
@@ -246,7 +254,7 @@ def format_table(result: BatchBench) -> str:
     return "\n".join(
         [
             f"cosyq-worker bench batch: {result.model} on {result.device}, {result.dtype}, "
-            f"{result.tokens or 'unforced'} tokens per piece",
+            f"{result.tokens or 'unforced'} tokens per piece, batch flow {result.flow}",
             *_rows(lines),
             f"plain engine.run (what `cosyq-worker bench` times): {result.plain_wall_s:.2f} s "
             f"for {result.plain_audio_s:.2f} s of audio = {plain:.3f} audio s/s; {lone}",

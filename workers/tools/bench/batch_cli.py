@@ -42,6 +42,13 @@ def register_bench(commands: Any) -> None:
         "as the environment has it); the rows run on a model thread, the plain run on the "
         "main thread, and the policy changes how much that costs (docs/benchmarks.md)",
     )
+    batch.add_argument(
+        "--flow",
+        choices=["exact", "joined"],
+        default="exact",
+        help="as COSYQ_BATCH_FLOW: exact (default; below fp32 each piece's flow runs alone, "
+        "bit for bit its alone run) or joined (one flow call per batch in every precision)",
+    )
     batch.add_argument("--json", action="store_true", help="print only the rows as JSON")
     batch.set_defaults(handler=run_batch_bench)
 
@@ -65,6 +72,6 @@ def run_batch_bench(args: argparse.Namespace) -> int:
 
     sizes = parse_batch_sizes(args.batch_sizes)
     options = BenchOptions.from_args(args, omp_wait_policy=policy)
-    result = batch.run(options, sizes)
+    result = batch.run(options, sizes, flow=args.flow)
     print(batch.format_json(result) if args.json else batch.format_table(result))
     return 0
