@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.errors import InvalidRequestError, ModelLoadError
 from workers.model.cpu_linear import default_linear_kernel, set_linear_kernel
@@ -15,7 +17,12 @@ from workers.model.llm.model import (
     iter_speech_tokens,
 )
 from workers.model.llm.qwen2 import KVCache, Qwen2Config
-from workers.model.llm.sampling import SamplingConfig, nucleus_size, ras_sampling
+from workers.model.llm.sampling import (
+    SamplingConfig,
+    nucleus_size,
+    ras_sampling,
+    top_candidates,
+)
 from workers.model.yaml_plain import load_plain_yaml
 from workers.tools.bench.llm_stage import bench_llm, format_table
 from workers.tools.fixtures.random_weights import build_random_llm
@@ -173,6 +180,27 @@ def test_nucleus_keeps_candidates_until_top_p_is_reached() -> None:
     assert nucleus_size(probs, 0.8, 2) == 2
     assert nucleus_size(probs, 0.3, 25) == 1
     assert nucleus_size(probs, 1.0, 25) == 5
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    levels=st.lists(st.integers(0, 6), min_size=1, max_size=300),
+    k=st.integers(1, 40),
+)
+def test_top_candidates_are_the_stable_sorts_first_k(levels: list[int], k: int) -> None:
+    """Few distinct values, so ties sit across the k-th place: ids in the stable sort's order."""
+    probs = torch.tensor(levels, dtype=torch.float32).softmax(dim=0)
+    values, ids = top_candidates(probs, k)
+    expected_values, expected_ids = probs.sort(descending=True, stable=True)
+    assert torch.equal(ids, expected_ids[:k]) and torch.equal(values, expected_values[:k])
+
+
+def test_top_candidates_of_scores_that_are_not_finite_fall_back_to_the_sort() -> None:
+    probs = torch.tensor([0.1, float("nan"), 0.3, 0.3])
+    values, ids = top_candidates(probs, 2)
+    expected_values, expected_ids = probs.sort(descending=True, stable=True)
+    assert torch.equal(ids, expected_ids[:2])
+    assert torch.equal(values.isnan(), expected_values[:2].isnan())
 
 
 def test_sampling_stays_inside_the_nucleus() -> None:
