@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.errors import SettingsError
 from shared.prompt_uris import prompt_root
 from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
+from shared.settings_batch import BatchSettings
 from shared.settings_env import (
     ENV_PREFIX,
     read_env_files,
@@ -51,13 +52,16 @@ def _default_hash_cache_dir() -> Path:
     return Path.home() / ".cache" / "cosyq" / "hashes"
 
 
-class Settings(FrontSettings, QualitySettings, TenantSettings, MemorySettings, BaseSettings):
+class Settings(
+    FrontSettings, QualitySettings, TenantSettings, MemorySettings, BatchSettings, BaseSettings
+):
     """Every knob of a cosyq process; each limit is named here with its default.
 
     Producer side: redis_*, storage_url, s3_*, max_*_chars/bytes, max_queue_depth, backpressure*,
     submit_chunk_size, job/result/failure TTLs, retries, idempotency_ttl_s, result polling.
     Worker side: model_dir, backend, device, dtype, compute_units, coreml_*, engine, recycling
-    limits (max_jobs*, max_rss_mb, max_lifetime_s), threads, pool_size, batch_*, heartbeats.
+    limits (max_jobs*, max_rss_mb, max_lifetime_s), threads, pool_size, heartbeats; batch_* in
+    settings_batch.py, malloc_* in settings_memory.py.
     """
 
     model_config = SettingsConfigDict(
@@ -288,43 +292,6 @@ class Settings(FrontSettings, QualitySettings, TenantSettings, MemorySettings, B
         None, gt=0, description="intra-op threads per worker (unset: cores // pool_size)"
     )
     pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
-    batch_size: int = Field(
-        1,
-        ge=1,
-        le=16,
-        description="most jobs one worker runs together (1: one at a time); under Core ML the "
-        "LLM then decodes batched on torch and the flow and HiFT calls take up to the "
-        "conversion's largest --batch-sizes",
-    )
-    batch_wait_ms: float = Field(
-        20.0, ge=0, le=5000, description="how long a batch's first job waits for company"
-    )
-    batch_flow: Literal["exact", "joined"] = Field(
-        "exact",
-        description="the flow of a batch's pieces below fp32: exact (each piece alone, so its "
-        "audio is bit for bit its alone run) or joined (one padded call for all: less flow time, "
-        "and a piece's mel differs from alone by about one bf16 rounding step); fp32 joins always",
-    )
-    batch_max_positions: int = Field(
-        2048,
-        ge=64,
-        le=32768,
-        description="LLM KV positions per batch row (prompt + text + speech); longer pieces "
-        "run alone. Memory: 24 KiB per position per row on the full model (fp32)",
-    )
-    batch_poll_ms: float = Field(
-        10.0, gt=0, le=1000, description="how often a batching worker looks for jobs to add"
-    )
-    batch_stream_peek_ms: float = Field(
-        100.0,
-        gt=0,
-        le=5000,
-        description="how often a full batch window looks for a streamed job at a queue's head "
-        "(it runs ahead of the rows: its first chunk waits at most this much more)",
-    )
-    batch_io_threads: int = Field(
-        2, ge=1, le=32, description="threads that validate, encode and store beside the model"
-    )
     orphan_after_s: float = Field(
         30.0, gt=0, description="a queued job in no queue or registry this long is put back"
     )
