@@ -277,6 +277,12 @@ class Settings(
         "voice first out (full model in fp32: ~0.23 GB per prompt second); a voice's later "
         "streamed pieces skip its prompt's frames in their first chunk; 0 turns it off",
     )
+    stream_align_prompt: bool = Field(
+        False,
+        description="streamed pieces condition the flow on the prompt less its first P mod 25 "
+        "speech tokens, so the first chunk needs no pad tokens and no prompt frames of its own "
+        "(earlier; the voice's audio from a slightly shorter prompt)",
+    )
     stream_block_ms: int = Field(
         1000, gt=0, description="longest one blocking XREAD waits before the job is re-checked"
     )

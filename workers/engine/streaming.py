@@ -45,6 +45,7 @@ class StreamSchedule:
     mel_cache_frames: int = 8
     flow_cache_max_mb: float = 2048.0  # per piece; past it later hops recompute the prefix
     voice_cache_max_mb: float = 1024.0  # primed prompt prefixes kept per process (0: none)
+    align_prompt: bool = False  # the flow's prompt starts P mod C tokens later: no first-hop pad
 
     def __post_init__(self) -> None:
         if self.first_hop < 1 or self.max_hop < self.first_hop or self.scale < 1:
@@ -65,6 +66,24 @@ class StreamSchedule:
         while True:
             hop = min(self.max_hop, hop * self.scale)
             yield hop
+
+
+def chunk_aligned(prompt: VoicePrompt, chunk_tokens: int) -> VoicePrompt:
+    """The prompt without its first P mod C speech tokens and their mel frames (P prompt
+    tokens, C the flow's chunk; kept whole when shorter than one chunk): it then ends on a
+    chunk edge, so a streamed piece's first hop needs no pad and a voice's primed prefix
+    (`voice_prefixes`) covers all of it. The speaker embedding and transcript stay."""
+    tokens = int(prompt.speech_tokens.size)
+    drop = tokens % chunk_tokens if chunk_tokens > 0 else 0
+    if drop == 0 or tokens < chunk_tokens:
+        return prompt
+    frames = prompt.mel.shape[0] // tokens if tokens else 0  # the mel's frames per token (2)
+    return VoicePrompt(
+        speech_tokens=prompt.speech_tokens[drop:],
+        mel=prompt.mel[frames * drop :],
+        embedding=prompt.embedding,
+        transcript=prompt.transcript,
+    )
 
 
 class FlowChunks(Protocol):
@@ -125,7 +144,9 @@ class PieceStream:
     ) -> None:
         self.flow = flow
         self.vocoder = vocoder
-        self.prompt = prompt
+        if schedule.align_prompt:
+            prompt = chunk_aligned(prompt, flow.chunk_tokens)
+        self.prompt = prompt  # the flow's prompt
         self.generator = generator
         self.timed = timed
         with timed("flow"):  # a voice's first piece primes its prompt's frames here

@@ -48,6 +48,7 @@ def engine_options(settings: Settings) -> EngineOptions:
             max_hop=max(settings.stream_max_hop_tokens, settings.stream_first_hop_tokens),
             flow_cache_max_mb=settings.stream_flow_cache_max_mb,
             voice_cache_max_mb=settings.stream_voice_cache_max_mb,
+            align_prompt=settings.stream_align_prompt,
         ),
         heap=HeapPolicy(
             mmap_threshold_mb=settings.malloc_mmap_threshold_mb,

@@ -15,7 +15,7 @@ from workers.engine.api import SynthesisInput, VoicePrompt
 from workers.engine.assembly import JoinConfig, join_pieces
 from workers.engine.flow_chunks import RecomputedFlowChunks
 from workers.engine.stream_join import StreamJoiner
-from workers.engine.streaming import PieceStream, StreamSchedule, hamming
+from workers.engine.streaming import PieceStream, StreamSchedule, chunk_aligned, hamming
 
 
 def test_hops_follow_upstream_and_pad_the_first_to_a_chunk_edge() -> None:
@@ -46,6 +46,7 @@ class LinearFlow:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int, bool]] = []
+        self.prompts: list[VoicePrompt] = []
 
     def open_stream(
         self, prompt: VoicePrompt, *, cache_max_bytes: int | None = None
@@ -56,6 +57,7 @@ class LinearFlow:
         self, tokens: np.ndarray, prompt: VoicePrompt, *, offset: int, finalize: bool
     ) -> np.ndarray:
         self.calls.append((len(tokens), offset, finalize))
+        self.prompts.append(prompt)
         end = len(tokens) if finalize else len(tokens) - self.lookahead
         ids = np.repeat(tokens[offset:end].astype(np.float32), 2)
         return np.tile(ids, (80, 1))
@@ -125,6 +127,52 @@ def test_reference_call_schedule() -> None:
     stream.finish()
     assert stream.chunk_tokens == [37, 3]
     assert flow.calls == [(40, 0, False), (40, 37, True)]
+
+
+def counting_prompt(tokens: int) -> VoicePrompt:
+    """Token i is i, its two mel frames hold i: what a trim kept is visible."""
+    ids = np.arange(tokens, dtype=np.int32)
+    mel = np.repeat(ids.astype(np.float32), 2)[:, None] * np.ones((1, 80), np.float32)
+    return VoicePrompt(ids, mel, np.ones(192, np.float32), "what it says")
+
+
+def test_a_chunk_aligned_prompt_drops_its_first_tokens_and_their_frames() -> None:
+    aligned = chunk_aligned(counting_prompt(63), 25)  # 63 = 2 chunks + 13
+    assert aligned.speech_tokens.tolist() == list(range(13, 63))
+    assert aligned.mel.shape == (100, 80) and aligned.mel[0, 0] == 13 and aligned.mel[-1, 0] == 62
+    assert aligned.transcript == "what it says" and aligned.embedding.shape == (192,)
+    whole = counting_prompt(50)
+    assert chunk_aligned(whole, 25) is whole  # already on an edge
+    short = counting_prompt(20)
+    assert chunk_aligned(short, 25) is short  # less than a chunk: kept whole
+
+
+def test_an_aligned_prompt_takes_the_pad_out_of_the_first_hop() -> None:
+    """COSYQ_STREAM_ALIGN_PROMPT: 38 prompt tokens would pad the first hop to 37; aligned, the
+    flow's prompt is the last 25 and the first chunk comes after 25 tokens (+3 look-ahead)."""
+    flow = LinearFlow()
+    stream = PieceStream(
+        flow,
+        ConstantVocoder(),
+        counting_prompt(38),
+        torch.Generator(),
+        schedule=StreamSchedule(align_prompt=True),
+        timed=untimed,
+    )
+    chunks = [c for _ in range(60) if (c := stream.push(1)) is not None]
+    assert len(chunks) == 1 and flow.calls[0] == (28, 0, False)
+    assert flow.prompts[0].speech_tokens.tolist() == list(range(13, 38))
+    stream.finish()
+    assert stream.chunk_tokens == [25, 35]
+    padded = PieceStream(
+        LinearFlow(),
+        ConstantVocoder(),
+        counting_prompt(38),
+        torch.Generator(),
+        schedule=StreamSchedule(),
+        timed=untimed,
+    )
+    assert padded.hop == 37  # the default keeps upstream's padded first hop
 
 
 def test_piece_stream_with_fewer_tokens_than_one_hop_is_one_final_chunk() -> None:
