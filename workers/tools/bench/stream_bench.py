@@ -19,6 +19,7 @@ The machine's load average is printed beside the figures: compare ratios within 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -106,6 +107,7 @@ class StreamBench:
     load_average: tuple[float, float]
     queue: QueueRuns | None = None
     recompute: StreamRun | None = None  # one run re-running the flow over the prefix per hop
+    align_prompt: bool = False  # COSYQ_STREAM_ALIGN_PROMPT in process and in the workers
 
 
 def forced_engine(settings: Any) -> Any:
@@ -155,6 +157,7 @@ def run(
     compare_recompute: bool = False,
     queue_jobs: int = 2,
     backlog_jobs: int = 8,
+    align_prompt: bool = False,
 ) -> StreamBench:
     torch.set_num_threads(options.threads)
     load_before = os.getloadavg()[0]
@@ -164,6 +167,9 @@ def run(
     options = BenchOptions(**{**options.__dict__, "tokens": tokens})
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-stream-") as workdir:
         root, engine, request = bench_engine_and_request(options, Path(workdir))
+        if align_prompt:
+            stream = dataclasses.replace(engine.options.stream, align_prompt=True)
+            engine.options = dataclasses.replace(engine.options, stream=stream)
         engine.warm_up()
         start = time.perf_counter()
         engine.run(request)
@@ -172,7 +178,7 @@ def run(
         recompute = _recomputed(engine, request) if compare_recompute else None
         del engine
         queue = (
-            _through_queue(root, options, Path(workdir), queue_jobs, backlog_jobs)
+            _through_queue(root, options, Path(workdir), queue_jobs, backlog_jobs, align_prompt)
             if through_queue
             else None
         )
@@ -184,6 +190,7 @@ def run(
         load_average=(load_before, os.getloadavg()[0]),
         queue=queue,
         recompute=recompute,
+        align_prompt=align_prompt,
     )
 
 
@@ -197,8 +204,13 @@ def _recomputed(engine: Any, request: SynthesisInput) -> StreamRun:
         engine.flow.stream_cache = True
 
 
-def _through_queue(
-    root: Path, options: BenchOptions, workdir: Path, jobs: int, backlog_jobs: int
+def _through_queue(  # noqa: PLR0917 - run()'s values, passed on
+    root: Path,
+    options: BenchOptions,
+    workdir: Path,
+    jobs: int,
+    backlog_jobs: int,
+    align_prompt: bool,
 ) -> QueueRuns:
     """`jobs` streamed jobs, one after another, through a real redis-server and one real
     `cosyq-worker run`; then one streamed job to a fresh batching worker with a backlog."""
@@ -218,6 +230,7 @@ def _through_queue(
         )
         if options.tokens is not None:
             env[FORCED_ENV] = str(options.tokens)
+        env["COSYQ_STREAM_ALIGN_PROMPT"] = "true" if align_prompt else "false"
         settings = load_settings(env_file=None).model_copy(
             update={"redis_url": server.url, "storage_url": (workdir / "out").as_uri()}
         )

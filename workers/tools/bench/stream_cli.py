@@ -46,6 +46,12 @@ def register_bench(commands: Any) -> None:
         action="store_true",
         help="one more streamed run without the flow cache (every hop re-runs the prefix)",
     )
+    stream.add_argument(
+        "--align-prompt",
+        action="store_true",
+        help="as COSYQ_STREAM_ALIGN_PROMPT=true: the flow's prompt less its first P mod 25 "
+        "tokens, so the first chunk has no pad (in process and in the workers)",
+    )
     stream.add_argument("--json", action="store_true", help="print JSON instead of the table")
     stream.set_defaults(handler=run_stream_bench)
 
@@ -67,6 +73,7 @@ def run_stream_bench(args: argparse.Namespace) -> int:
         compare_recompute=args.compare_recompute,
         queue_jobs=args.queue_jobs,
         backlog_jobs=args.backlog_jobs,
+        align_prompt=args.align_prompt,
     )
     print(json.dumps(asdict(result)) if args.json else format_table(result))
     return 0
@@ -99,7 +106,8 @@ def format_table(result: Any) -> str:
     base = result.nonstream_s
     lines = [
         f"bench stream: {result.model}, forced tokens {result.tokens}, "
-        f"load average {result.load_average[0]:.1f} -> {result.load_average[1]:.1f}",
+        f"load average {result.load_average[0]:.1f} -> {result.load_average[1]:.1f}"
+        + (", prompt aligned to the flow's chunks" if result.align_prompt else ""),
         f"non-streaming job: {base:.2f} s",
         "",
         "run  first chunk  (share)  last chunk  total (vs non-stream)  chunks  stalls",
