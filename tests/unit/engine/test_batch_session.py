@@ -382,6 +382,19 @@ def forced_engine(tiny_model_dir: Path) -> SynthesisPipeline:
     return build_engine(tiny_model_dir, device="cpu", options=options)
 
 
+def count_flow_batches(flow: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pieces of each `mels` call the flow stage gets from now on (the list fills up)."""
+    batches: list[int] = []
+    mels = flow.mels
+
+    def counting(pieces: list[Any], *, between_steps: Any = None) -> list[np.ndarray]:
+        batches.append(len(pieces))
+        return mels(pieces, between_steps=between_steps)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(flow, "mels", counting)
+    return batches
+
+
 def test_rows_finishing_together_share_one_flow_batch(
     forced_engine: SynthesisPipeline,
     voices: tuple[VoicePrompt, VoicePrompt],
@@ -390,14 +403,7 @@ def test_rows_finishing_together_share_one_flow_batch(
 ) -> None:
     flow = forced_engine.flow
     assert getattr(flow, "batches", False)
-    batches: list[int] = []
-    mels = flow.mels  # type: ignore[attr-defined]
-
-    def counting(pieces: list[Any], *, between_steps: Any = None) -> list[np.ndarray]:
-        batches.append(len(pieces))
-        return mels(pieces, between_steps=between_steps)  # type: ignore[no-any-return]
-
-    monkeypatch.setattr(flow, "mels", counting)
+    batches = count_flow_batches(flow, monkeypatch)
     requests = mixed_requests(voices)
     outputs = run_all(forced_engine.open_batch_session(len(requests)), requests)
     assert max(batches) >= 4  # first pieces of every request together (voices, speeds differ)
@@ -478,14 +484,7 @@ def test_in_bf16_the_joined_flow_batches_pieces_and_keeps_each_requests_speech(
     half = build_engine(tiny_model_dir, device="cpu", dtype="bf16", options=options)
     flow = half.flow
     assert getattr(flow, "batches", False)
-    batches: list[int] = []
-    mels = flow.mels  # type: ignore[attr-defined]
-
-    def counting(pieces: list[Any], *, between_steps: Any = None) -> list[np.ndarray]:
-        batches.append(len(pieces))
-        return mels(pieces, between_steps=between_steps)  # type: ignore[no-any-return]
-
-    monkeypatch.setattr(flow, "mels", counting)
+    batches = count_flow_batches(flow, monkeypatch)
     requests = mixed_requests(voices)[:4]
     outputs = run_all(half.open_batch_session(len(requests)), requests)
     assert max(batches) > 1
