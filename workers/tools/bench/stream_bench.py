@@ -113,8 +113,6 @@ class StreamBench:
 def forced_engine(settings: Any) -> Any:
     """COSYQ_ENGINE for the bench's worker: the product engine, every piece forced to
     BENCH_STREAM_FORCED_TOKENS speech tokens (random weights never stop on their own)."""
-    import dataclasses  # noqa: PLC0415
-
     from workers.service.default_engine import dtype_for, engine_options  # noqa: PLC0415
 
     forced = int(os.environ[FORCED_ENV]) if os.environ.get(FORCED_ENV) else None
