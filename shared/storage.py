@@ -38,8 +38,10 @@ from shared.errors import (
     StorageUnavailableError,
 )
 from shared.jobs import check_output_key
+from shared.output_keys import automatic_key, check_tenant_key
 from shared.s3 import S3Access
 from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT
 
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 # errno values that may clear up by themselves: a full disk, a flaky network mount.
@@ -67,23 +69,31 @@ class StoredObject:
 
 
 def object_key(
-    job_id: str, ext: str, output_key: str | None = None, now: datetime | None = None
+    job_id: str,
+    ext: str,
+    output_key: str | None = None,
+    now: datetime | None = None,
+    *,
+    tenant: str = DEFAULT_TENANT,
+    document: tuple[str, int] | None = None,
 ) -> str:
-    """The key for a job's audio, relative to the storage prefix.
+    """The key for a job's audio, relative to the storage prefix, inside its tenant's prefix.
 
-    Default `<yyyy>/<mm>/<dd>/<job id>.<ext>` (UTC date of `now`; pass the job's enqueue time so
-    a retry overwrites the same key). An `output_key` is used as given, `.<ext>` appended when it
+    Default `<tenant prefix><yyyy>/<mm>/<dd>/<job id>.<ext>` (UTC date of `now`; pass the job's
+    enqueue time so a retry overwrites the same key). An `output_key` (the producer has placed
+    it under the tenant's prefix) is checked to lie there, outside the reserved areas unless it
+    is the job's own `document` segment's (shared/output_keys.py), `.<ext>` appended when it
     does not already end with it.
     """
     if not ext.isalnum():
         raise ValueError(f"extension {ext!r}: letters and digits only")
     if output_key is not None:
         key = check_output_key(output_key, limit=1024)
+        key = check_tenant_key(tenant, key, document) or key
         return key if key.endswith("." + ext) else f"{key}.{ext}"
     if not job_id or not set(job_id) <= _JOB_ID_CHARS:
         raise ValueError(f"job id {job_id!r}: letters, digits, '_' and '-' only")
-    when = (now or datetime.now(UTC)).astimezone(UTC)
-    return f"{when:%Y/%m/%d}/{job_id}.{ext}"
+    return automatic_key(tenant, job_id, ext, (now or datetime.now(UTC)).astimezone(UTC))
 
 
 def audio_metadata(*, job_id: str, sha256: str, duration_s: float) -> dict[str, str]:

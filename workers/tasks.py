@@ -33,6 +33,7 @@ from shared.jobs import (
     voice_label,
 )
 from shared.logs import get_logger, job_context, log_synthesis_finished
+from shared.output_keys import check_tenant_key
 from shared.prompt_uris import check_prompt_uri
 from shared.results import ModelInfo, PieceTiming, QualityReport, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
@@ -236,6 +237,7 @@ def prepare_synthesis(
     with _logged(runtime, context):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
+        check_tenant_key(context.tenant, request.output_key, context.document)
         if request.prompt_audio is not None:
             check_readable_prompt(runtime, request.prompt_audio)
         structlog.contextvars.bind_contextvars(voice=voice_label(request))
@@ -379,7 +381,14 @@ def _store(
 
     A transient failure is retried here, a few times, so the audio is not synthesized again.
     """
-    key = object_key(context.job_id, encoded.extension, request.output_key, context.enqueued_at)
+    key = object_key(
+        context.job_id,
+        encoded.extension,
+        request.output_key,
+        context.enqueued_at,
+        tenant=context.tenant,
+        document=context.document,
+    )
     metadata = audio_metadata(
         job_id=context.job_id, sha256=encoded.sha256, duration_s=encoded.duration_s
     )

@@ -1,0 +1,69 @@
+"""Output keys per tenant (shared/output_keys.py): the producer places a request's key under its
+tenant's prefix, the worker checks the placed key again; reserved areas are nobody's to name."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from shared.documents import segment_key
+from shared.errors import InvalidRequestError
+from shared.output_keys import (
+    RESERVED_AREAS,
+    automatic_key,
+    check_tenant_key,
+    place_output_key,
+    tenant_prefix,
+)
+from shared.storage import object_key
+
+WHEN = datetime(2026, 12, 5, 10, 0, tzinfo=UTC)
+
+
+def test_a_named_tenant_has_a_prefix_and_the_default_keeps_the_root() -> None:
+    assert tenant_prefix("beta") == "tenants/beta/"
+    assert tenant_prefix("default") == ""
+    assert automatic_key("beta", "j1", "wav", WHEN) == "tenants/beta/2026/12/05/j1.wav"
+    assert automatic_key("default", "j1", "wav", WHEN) == "2026/12/05/j1.wav"
+    assert object_key("j1", "wav", now=WHEN, tenant="beta") == "tenants/beta/2026/12/05/j1.wav"
+
+
+@pytest.mark.parametrize("tenant", ["default", "beta"])
+def test_placed_keys_stay_in_the_tenants_prefix_and_out_of_reserved_areas(tenant: str) -> None:
+    placed = place_output_key(tenant, "orders/42.wav", 512)
+    assert placed == tenant_prefix(tenant) + "orders/42.wav"
+    assert check_tenant_key(tenant, placed) == placed
+    for area in RESERVED_AREAS:
+        with pytest.raises(ValueError, match="reserved"):
+            place_output_key(tenant, f"{area}/x.wav", 512)
+    with pytest.raises(ValueError, match="limit 20"):
+        place_output_key(tenant, "a" * (21 - len(tenant_prefix(tenant))), 20)
+
+
+@pytest.mark.parametrize(
+    ("tenant", "key"),
+    [
+        ("beta", "tenants/alpha/x.wav"),  # another tenant's prefix
+        ("beta", "x.wav"),  # outside its own prefix
+        ("beta", "tenants/beta/voices/alice/prompt.wav"),  # its own reserved area
+        ("default", "tenants/beta/x.wav"),
+        ("default", "voices/alice/prompt.wav"),
+        ("default", "documents/d1/segments/00000.wav"),  # no such segment job
+    ],
+)
+def test_the_worker_refuses_keys_its_job_may_not_write(tenant: str, key: str) -> None:
+    with pytest.raises(InvalidRequestError, match="output_key"):
+        check_tenant_key(tenant, key)
+    with pytest.raises(InvalidRequestError, match="output_key"):
+        object_key("j1", "wav", key, tenant=tenant)
+
+
+def test_a_segment_job_may_write_its_own_segment_only() -> None:
+    own = "tenants/beta/" + segment_key("d1", 3)
+    assert check_tenant_key("beta", own, ("d1", 3)) == own
+    for document in (("d1", 4), ("d2", 3), None):
+        with pytest.raises(InvalidRequestError):
+            check_tenant_key("beta", own, document)
+    with pytest.raises(InvalidRequestError):  # the same segment, another tenant's job
+        check_tenant_key("alpha", own, ("d1", 3))
