@@ -4,12 +4,15 @@ This module is the one place jobs are enqueued. A job is RQ's JSON-serialized ca
 path `workers.tasks.synthesize` with `request=<request dict>`: the producer never imports the
 worker code, and no pickle crosses Redis.
 
-Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in one pipeline
-(MULTI/EXEC), which also reads the queue depths back for the next chunk's backpressure check. A
-chunk holding idempotency keys costs one more round trip first, to reserve the keys atomically
-(`producer.idempotency.reserve`): the first submitter of a key wins, later ones get the first
-job's id while that job exists. The enqueue pipeline marks each key enqueued, so once a job is
-deleted (`rq empty`) its key is free at once.
+Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in one
+transaction (MULTI/EXEC) that WATCHes the tenant's queues whose depths it read (one LLEN each)
+to choose the chunk: the quota and depth check and the enqueue are one atomic step, retried when
+another producer or a worker changed a queue meanwhile. A chunk holding idempotency keys costs
+one more round trip first, to reserve the keys atomically (`producer.idempotency.reserve`, keys
+per tenant): the first submitter of a key in a tenant wins, later ones get the first job's id
+while that job exists. The enqueue transaction marks each key enqueued, so once a job is
+deleted (`rq empty`) its key is free at once. A request's output_key is placed under the
+tenant's storage prefix here (shared/output_keys.py).
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import copy
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
@@ -30,7 +33,8 @@ from producer.cancel import CancelOutcome, cancel_job
 from producer.idempotency import mark_enqueued
 from producer.idempotency import release as release_idempotency_key
 from producer.idempotency import reserve as reserve_idempotency_keys
-from producer.planned import OnSubmitted, PlannedJob
+from producer.planned import OnSubmitted, PlannedJob, Prelude, submit_meta
+from producer.room import Room, interrupted
 from producer.streaming import read_stream
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, remove_voice, wait_for_voice
@@ -41,7 +45,6 @@ from shared.document_state import DocumentResult
 from shared.errors import (
     InvalidRequestError,
     QueueFullError,
-    SubmitInterruptedError,
     TenantQuotaError,
     UnknownTenantError,
 )
@@ -50,8 +53,8 @@ from shared.jobs import (
     SynthesisRequest,
     retry_intervals,
     validate_request,
-    voice_label,
 )
+from shared.output_keys import place_output_key
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.submitted import record_submitted
@@ -61,6 +64,9 @@ RequestLike = SynthesisRequest | Mapping[str, Any]
 
 
 _PlannedJob = PlannedJob  # the name this module has always used
+_DEPTHS_SCRIPT = (
+    "local n = {} for i, key in ipairs(KEYS) do n[i] = redis.call('LLEN', key) end return n"
+)
 
 
 class CosyqClient:
@@ -141,25 +147,46 @@ class CosyqClient:
         return self._submit(self._plan(requests), on_submitted)
 
     def submit_planned(
-        self, planned: list[_PlannedJob], *, on_submitted: OnSubmitted | None = None
+        self,
+        planned: list[_PlannedJob],
+        *,
+        on_submitted: OnSubmitted | None = None,
+        whole: bool = False,
+        prelude: Prelude | None = None,
     ) -> list[str]:
-        """Enqueue already validated jobs (`submit_many`'s second half; documents use it)."""
-        return self._submit(planned, on_submitted)
+        """Enqueue already validated jobs (`submit_many`'s second half; documents use it).
 
-    def _submit(self, planned: list[_PlannedJob], on_submitted: OnSubmitted | None) -> list[str]:
+        `whole`: all of them in one transaction or none (a document's segments), refused at
+        once when they could never fit; `prelude` adds its writes (a document's plan) to the
+        first chunk's transaction, so they exist exactly when the jobs do."""
+        return self._submit(planned, on_submitted, whole=whole, prelude=prelude)
+
+    def _submit(
+        self,
+        planned: list[_PlannedJob],
+        on_submitted: OnSubmitted | None,
+        *,
+        whole: bool = False,
+        prelude: Prelude | None = None,
+    ) -> list[str]:
         job_ids: list[str] = [job.job_id for job in planned]
         follow_master(self.connection)  # Sentinel: never write to a demoted master
-        depths = self.queue_depths()
+        room = Room.for_tenant(self.settings, self.tenant)
+        if room.never_fits(planned, whole=whole):
+            raise room.refusal(planned, 0, self.queue_depths(), [], whole=True)
         position = 0
-        while position < len(planned):
-            chunk = self._next_chunk(planned, position, depths, job_ids[:position])
-            try:
-                depths = self._enqueue_chunk(chunk, job_ids)
-            except redis.RedisError as e:
-                raise _interrupted(e, chunk, len(planned), job_ids[:position]) from e
-            position += len(chunk)
-            if on_submitted is not None:
-                on_submitted([(job.index, job_ids[job.index]) for job in chunk])
+        try:
+            while position < len(planned):
+                chunk = self._take_room(
+                    planned, position, job_ids, room=room, whole=whole, prelude=prelude
+                )
+                prelude = None
+                position += len(chunk)
+                if on_submitted is not None:
+                    on_submitted([(job.index, job_ids[job.index]) for job in chunk])
+        except (QueueFullError, TenantQuotaError):
+            self._release_idempotency_keys(planned[position:])  # reserved by a lost race
+            raise
         return job_ids
 
     def _plan(self, requests: Iterable[RequestLike], *, indexed: bool = True) -> list[_PlannedJob]:
@@ -167,7 +194,7 @@ class CosyqClient:
         planned = []
         for index, raw in enumerate(requests):
             try:
-                request = validate_request(raw, self.limits)
+                request = self._placed(validate_request(raw, self.limits))
             except InvalidRequestError as e:
                 if not indexed:
                     raise
@@ -176,83 +203,98 @@ class CosyqClient:
             planned.append(_PlannedJob(index, uuid.uuid4().hex, queue, request))
         return planned
 
-    def _next_chunk(
+    def _placed(self, request: SynthesisRequest) -> SynthesisRequest:
+        """The request with its output_key under this tenant's prefix (shared/output_keys.py)."""
+        if request.output_key is None:
+            return request
+        limit = self.limits.max_output_key_chars
+        try:
+            key = place_output_key(self.tenant, request.output_key, limit)
+        except ValueError as e:
+            raise InvalidRequestError(f"output_key: {e}") from e
+        return request.model_copy(update={"output_key": key})
+
+    def _take_room(
         self,
         planned: Sequence[_PlannedJob],
         start: int,
-        depths: dict[str, int],
-        submitted: list[str],
+        job_ids: list[str],
+        *,
+        room: Room,
+        whole: bool,
+        prelude: Prelude | None,
     ) -> list[_PlannedJob]:
-        """The longest run from `start` that fits the chunk size and every queue's room."""
-        deadline = time.monotonic() + self.settings.backpressure_timeout_s
-        quota = self.settings.max_queued_jobs(self.tenant)
-        while True:
-            room = {q: self.settings.max_queue_depth - depth for q, depth in depths.items()}
-            tenant_room = quota - sum(depths.values())
-            chunk: list[_PlannedJob] = []
-            for job in planned[start : start + self.settings.submit_chunk_size]:
-                if room[job.queue] <= 0 or tenant_room <= 0:
-                    break
-                room[job.queue] -= 1
-                tenant_room -= 1
-                chunk.append(job)
-            if chunk:
-                return chunk
-            full = planned[start].queue
-            blocked = self.settings.backpressure == "raise" or time.monotonic() >= deadline
-            if blocked and tenant_room <= 0:
-                raise self._over_quota(quota, sum(depths.values()), submitted)
-            if blocked:
-                raise QueueFullError(
-                    f"{full} holds {depths[full]:,} jobs (COSYQ_MAX_QUEUE_DEPTH "
-                    f"{self.settings.max_queue_depth:,}); {len(submitted)} submitted",
-                    queue=full,
-                    depth=depths[full],
-                    submitted=tuple(submitted),
-                )
-            time.sleep(self.settings.backpressure_poll_s)
-            depths = self.queue_depths()
+        """Enqueue the next chunk in the transaction that checks there is room for it.
 
-    def _over_quota(self, quota: int, queued: int, submitted: list[str]) -> TenantQuotaError:
-        return TenantQuotaError(
-            f"tenant {self.tenant} has {queued:,} jobs queued (quota max_queued_jobs "
-            f"{quota:,}, COSYQ_TENANT_QUOTAS); {len(submitted)} submitted",
-            tenant=self.tenant,
-            quota="max_queued_jobs",
-            retry_after_s=self.settings.http_retry_after_s,
-            submitted=tuple(submitted),
-        )
-
-    def _enqueue_chunk(self, chunk: list[_PlannedJob], job_ids: list[str]) -> dict[str, int]:
-        """One pipeline for the chunk (plus one to reserve idempotency keys, if any).
-
-        Writes the final id of each request into job_ids; returns the queue depths after it.
+        WATCH this tenant's queues, read their depths, choose the chunk that fits (producer/
+        room.py), reserve its idempotency keys, then MULTI, enqueue, EXEC. When one of those
+        queues changed meanwhile (another producer's enqueue, a worker's pop), EXEC refuses
+        and the depths are read again: producers submitting at once never pass the quota.
         """
+        deadline = time.monotonic() + self.settings.backpressure_timeout_s
+        keys_watched = [queue.key for queue in self._queues.values()]
+        with self.connection.pipeline() as pipe:
+            while True:
+                pipe.watch(*keys_watched)
+                depths = self._watched_depths(pipe, keys_watched)
+                chunk = room.fitting(planned, start, depths, whole=whole)
+                if not chunk:
+                    pipe.reset()
+                    blocked = self.settings.backpressure == "raise"
+                    if blocked or time.monotonic() >= deadline:
+                        raise room.refusal(planned, start, depths, job_ids[:start], whole=whole)
+                    time.sleep(self.settings.backpressure_poll_s)
+                    continue
+                try:
+                    self._enqueue_chunk(pipe, chunk, job_ids, prelude)
+                except redis.WatchError:
+                    continue
+                except redis.RedisError as e:
+                    raise interrupted(e, chunk, len(planned), job_ids[:start]) from e
+                return chunk
+
+    def _watched_depths(self, pipe: Pipeline, queue_keys: list[str]) -> dict[str, int]:
+        """The depth of each of this tenant's queues, read in one round trip on the pipeline
+        that WATCHes them."""
+        lengths = pipe.eval(_DEPTHS_SCRIPT, len(queue_keys), *queue_keys)
+        return {name: int(n) for name, n in zip(self._queues, lengths, strict=True)}
+
+    def _enqueue_chunk(
+        self,
+        pipe: Pipeline,
+        chunk: list[_PlannedJob],
+        job_ids: list[str],
+        prelude: Prelude | None,
+    ) -> None:
+        """Reserve the chunk's idempotency keys, then enqueue it in one MULTI/EXEC on `pipe`
+        (which WATCHes the queues). Writes the final id of each request into job_ids."""
         fresh = self._reserve_idempotency_keys(chunk, job_ids)
-        pipe = self.connection.pipeline()
+        pipe.multi()
+        if prelude is not None:
+            prelude(pipe)
         record_submitted(pipe, [job.job_id for job in fresh])
-        mark_enqueued(pipe, _claims(fresh))
+        mark_enqueued(pipe, _claims(fresh, self.tenant))
         for name, queue in self._queues.items():
             datas = [self._enqueue_data(job) for job in fresh if job.queue == name]
             if datas:
                 queue.enqueue_many(datas, pipeline=pipe)
-        for name in self._queues:
-            pipe.llen(self._queues[name].key)
         try:
-            replies = pipe.execute()
+            pipe.execute()
+        except redis.WatchError:
+            raise  # the depths changed: the caller reads them again (our keys stay ours)
         except redis.RedisError:
             self._release_idempotency_keys(fresh)
             raise
-        return dict(zip(self._queues, (int(n) for n in replies[-len(self._queues) :]), strict=True))
 
     def _reserve_idempotency_keys(
         self, chunk: list[_PlannedJob], job_ids: list[str]
     ) -> list[_PlannedJob]:
-        """Claim each idempotency key for our job; drop jobs whose key a live job holds."""
+        """Claim each idempotency key for our job; drop jobs whose key another live job holds
+        (a key already naming our own job was reserved by an earlier try of this chunk)."""
         keyed = [job for job in chunk if job.request.idempotency_key is not None]
         if not keyed:
             return chunk
-        claims = _claims(keyed)
+        claims = _claims(keyed, self.tenant)
         holders = reserve_idempotency_keys(
             self.connection,
             claims,
@@ -261,16 +303,15 @@ class CosyqClient:
         )
         taken: set[int] = set()
         for job, holder in zip(keyed, holders, strict=True):
-            if holder is not None:
+            if holder is not None and holder != job.job_id:
                 job_ids[job.index] = holder
                 taken.add(job.index)
         return [job for job in chunk if job.index not in taken]
 
-    def _release_idempotency_keys(self, jobs: list[_PlannedJob]) -> None:
-        for job in jobs:
-            if job.request.idempotency_key is not None:
-                key = keys.idempotency_key(job.request.idempotency_key)
-                release_idempotency_key(self.connection, key, job.job_id)
+    def _release_idempotency_keys(self, jobs: Sequence[_PlannedJob]) -> None:
+        """Free the keys these jobs reserved (compare-and-delete: another job's stay)."""
+        for key, job_id in _claims(jobs, self.tenant):
+            release_idempotency_key(self.connection, key, job_id)
 
     def _enqueue_data(self, job: _PlannedJob) -> Any:
         request = job.request
@@ -288,7 +329,7 @@ class CosyqClient:
             failure_ttl=self.settings.failure_ttl_s,
             description=f"synthesize {len(request.text)} chars",  # never the text itself
             meta={
-                keys.SUBMIT_META_KEY: _submit_meta(request),
+                keys.SUBMIT_META_KEY: submit_meta(request),
                 tenants.TENANT_META_KEY: self.tenant,
                 **job.meta,
             },
@@ -429,39 +470,10 @@ def _known_tenant(settings: Settings, tenant: str) -> str:
     return tenant
 
 
-def _claims(jobs: Iterable[_PlannedJob]) -> list[tuple[str, str]]:
-    """(idempotency key's Redis key, job id) of each job that has a key."""
+def _claims(jobs: Iterable[_PlannedJob], tenant: str) -> list[tuple[str, str]]:
+    """(idempotency key's Redis key in `tenant`, job id) of each job that has a key."""
     return [
-        (keys.idempotency_key(job.request.idempotency_key), job.job_id)
+        (keys.idempotency_key(job.request.idempotency_key, tenant), job.job_id)
         for job in jobs
         if job.request.idempotency_key is not None
     ]
-
-
-def _interrupted(
-    error: redis.RedisError, chunk: list[_PlannedJob], total: int, submitted: list[str]
-) -> SubmitInterruptedError:
-    """Why a chunk did not go in, which one, and how many jobs did (never the job bytes)."""
-    first, last = chunk[0].index + 1, chunk[-1].index + 1
-    if isinstance(error, redis.exceptions.OutOfMemoryError):  # refused before EXEC ran
-        what = f"Redis is out of memory (maxmemory): the chunk of requests {first:,}-{last:,}"
-        what += " was refused"
-    else:  # the reply was lost: the chunk may or may not be in
-        what = f"Redis failed ({type(error).__name__}): the chunk of requests {first:,}-{last:,}"
-        what += " was not confirmed (it may be queued)"
-    return SubmitInterruptedError(
-        f"{what}; {len(submitted):,} of {total:,} job(s) were submitted before it",
-        submitted=tuple(submitted),
-    )
-
-
-def _submit_meta(request: SynthesisRequest) -> dict[str, Any]:
-    """What the producer records on the job for status displays: sizes and names, no text."""
-    return {
-        "submitted_at": datetime.now(UTC).isoformat(),
-        "text_chars": len(request.text),
-        "voice": voice_label(request),
-        "mode": request.mode,
-        "priority": request.priority,
-        "idempotency_key": request.idempotency_key,
-    }

@@ -6,7 +6,7 @@
     cosyq:document:<id>:assembly   the assembly job's id, once enqueued (one per document)
     cosyq:document:<id>:claim      the assembler's token while it writes (heartbeat: PEXPIRE)
     cosyq:document:<id>:result     DocumentResult, once assembled
-    cosyq:document-idem:<sha256>   idempotency key -> document id
+    cosyq:document-idem:[<tenant>:]<sha256>   idempotency key -> document id (keys.tenant_digest)
 
 The producer writes the plan and jobs once, the worker that finishes a segment records it and,
 when it was the last one, enqueues the assembly (`record_segment`: one Lua script, so two
@@ -16,7 +16,6 @@ producer staying alive.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Literal
 
 import redis
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
+from shared import keys
 from shared.errors import CosyqError
 from shared.jobs import retry_intervals
 from shared.keys import PREFIX, queue_for
@@ -54,8 +54,9 @@ def document_key(document_id: str, part: str = "") -> str:
     return DOCUMENT_PREFIX + document_id + (f":{part}" if part else "")
 
 
-def idempotency_key(key: str) -> str:
-    return DOCUMENT_IDEMPOTENCY_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+def idempotency_key(key: str, tenant: str) -> str:
+    """The Redis key holding one tenant's document idempotency key (keys.tenant_digest)."""
+    return DOCUMENT_IDEMPOTENCY_PREFIX + keys.tenant_digest(key, tenant)
 
 
 class SegmentPlan(BaseModel):

@@ -25,7 +25,9 @@ QUEUE_BY_PRIORITY: dict[str, str] = {
 QUEUES_IN_PRIORITY_ORDER: tuple[str, ...] = (QUEUE_HIGH, QUEUE_DEFAULT, QUEUE_LOW)
 
 PREFIX = "cosyq:"
-# + sha256(key) -> "<job id> <reserved at>[ <enqueued at>]" (TTL; producer/idempotency.py)
+DEFAULT_TENANT = "default"  # shared.tenants.DEFAULT_TENANT (that module imports this one)
+# + [tenant ":"] sha256(key) -> "<job id> <reserved at>[ <enqueued at>]"
+# (TTL; producer/idempotency.py; tenant_digest)
 IDEMPOTENCY_PREFIX = PREFIX + "idem:"
 VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
 VOICES_SET = PREFIX + "voices"  # set of registered voice names
@@ -76,9 +78,18 @@ def queue_for(priority: str) -> str:
     return QUEUE_BY_PRIORITY[priority]
 
 
-def idempotency_key(key: str) -> str:
-    """The Redis key guarding one idempotency key (hashed: any length, no odd characters)."""
-    return IDEMPOTENCY_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+def idempotency_key(key: str, tenant: str) -> str:
+    """The Redis key guarding one tenant's idempotency key (`tenant_digest`)."""
+    return IDEMPOTENCY_PREFIX + tenant_digest(key, tenant)
+
+
+def tenant_digest(key: str, tenant: str) -> str:
+    """A caller's key as one tenant's Redis name: sha256 (any length, no odd characters),
+    after `<tenant>:` for a named tenant, so two tenants' equal keys are two names. The default
+    tenant's is the bare digest, the form from before tenants: its keys claimed then still
+    dedupe. No digest holds ':', so the two forms never meet."""
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return digest if tenant == DEFAULT_TENANT else f"{tenant}:{digest}"
 
 
 def voice_key(name: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from shared import keys
 from shared.errors import SettingsError, UnknownTenantError
 
-DEFAULT_TENANT = "default"
+DEFAULT_TENANT = keys.DEFAULT_TENANT  # "default"
 TENANT_META_KEY = "cosyq_tenant"  # job.meta: the tenant that submitted the job
 TENANT_SEPARATOR = "."  # between a priority queue's name and a tenant's
 TENANT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")  # no '.', ':' or ',': they separate

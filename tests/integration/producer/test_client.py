@@ -169,17 +169,18 @@ def test_job_is_stored_as_json_by_dotted_path_without_text(settings: Settings) -
 # ---- submit_many
 
 
-def test_submit_many_is_one_round_trip_per_chunk(settings: Settings) -> None:
+def test_submit_many_is_three_round_trips_per_chunk(settings: Settings) -> None:
     chunked = settings.model_copy(update={"submit_chunk_size": 100})
     with counting_client(chunked) as client:
         client.submit({"text": "warm-up: connects and caches the server version"})
         CountingConnection.sends = 0
         ids = client.submit_many(texts(250))
-        assert CountingConnection.sends == 1 + 3  # queue depths, then 100 + 100 + 50
+        # per chunk of 100 + 100 + 50: WATCH the queues, their depths, the MULTI/EXEC
+        assert CountingConnection.sends == 3 * 3
         CountingConnection.sends = 0
         keyed = [{**r, "idempotency_key": f"k{i}"} for i, r in enumerate(texts(250))]
         client.submit_many(keyed)
-        assert CountingConnection.sends == 1 + 3 * 2  # each chunk also reserves its keys
+        assert CountingConnection.sends == 3 * 4  # each chunk also reserves its keys
     assert len(set(ids)) == 250
     assert client.queue_depths()[keys.QUEUE_DEFAULT] == 1 + 250 + 250
     queued = Queue(keys.QUEUE_DEFAULT, connection=client.connection).get_job_ids()
@@ -238,7 +239,7 @@ def test_a_key_whose_job_was_deleted_or_expired_is_free_again(settings: Settings
     with CosyqClient(settings) as client:
         # Another submitter has claimed the key and not enqueued yet: younger than
         # COSYQ_IDEMPOTENCY_CLAIM_GRACE_S, its job may still be on its way in.
-        claim = (keys.idempotency_key("order-10"), "in-flight-job")
+        claim = (keys.idempotency_key("order-10", keys.DEFAULT_TENANT), "in-flight-job")
         assert reserve_idempotency_keys(client.connection, [claim], ttl_s=60, grace_s=60) == [None]
         depth = client.queue_depths()[keys.QUEUE_DEFAULT]
         assert client.submit({"text": "In flight.", "idempotency_key": "order-10"}) == claim[1]

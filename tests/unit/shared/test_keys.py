@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from shared import keys
+from shared import keys, tenants
 
 
 def test_priorities_map_to_queues_in_listening_order() -> None:
@@ -15,9 +15,17 @@ def test_priorities_map_to_queues_in_listening_order() -> None:
 
 def test_idempotency_key_is_hashed_under_the_prefix() -> None:
     raw = "order-42/line 7 with spaces and ünïcode"
-    key = keys.idempotency_key(raw)
-    assert key == "cosyq:idem:" + hashlib.sha256(raw.encode()).hexdigest()
-    assert keys.idempotency_key("a") != keys.idempotency_key("b")
+    key = keys.idempotency_key(raw, "default")
+    assert key == "cosyq:idem:" + hashlib.sha256(raw.encode()).hexdigest()  # as before tenants
+    assert keys.idempotency_key("a", "default") != keys.idempotency_key("b", "default")
+
+
+def test_idempotency_keys_are_per_tenant() -> None:
+    digest = hashlib.sha256(b"order-42").hexdigest()
+    assert keys.idempotency_key("order-42", "beta") == f"cosyq:idem:beta:{digest}"
+    named = {keys.idempotency_key("order-42", t) for t in ("default", "alpha", "beta")}
+    assert len(named) == 3
+    assert keys.DEFAULT_TENANT == tenants.DEFAULT_TENANT
 
 
 def test_per_name_keys() -> None:
