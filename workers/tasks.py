@@ -37,7 +37,7 @@ from shared.prompt_uris import check_prompt_uri
 from shared.results import ModelInfo, PieceTiming, QualityReport, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
-from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY, tenant_of_queue
 from workers.documents.job import record_finished_segment
 from workers.engine.api import (
     StopCheck,
@@ -72,7 +72,9 @@ class JobContext:
     timeout_s: float | None = None  # the job's own timeout (quality retries must fit in it)
     document: tuple[str, int] | None = None  # a document segment's (document id, index)
     should_stop: StopCheck | None = None  # its cancel flag (workers/service/cancels.py)
-    tenant: str = DEFAULT_TENANT  # who submitted it (admission has checked the name)
+    # who submitted it (admission has checked the name); None when the job's meta has no
+    # tenant tag (its hash re-created without meta): nobody's, never silently "default"
+    tenant: str | None = DEFAULT_TENANT
 
     @classmethod
     def from_job(cls, job: Job, *, cancel_check_s: float = 0.1) -> JobContext:
@@ -88,14 +90,25 @@ class JobContext:
             timeout_s=float(job.timeout) if isinstance(job.timeout, int | float) else None,
             document=_document_of(job.meta.get(DOCUMENT_META_KEY)),
             should_stop=flag if job.connection is not None else None,
-            tenant=str(job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)),
+            tenant=_tenant_of(job.meta.get(TENANT_META_KEY)),
         )
+
+    @property
+    def voice_tenant(self) -> str:
+        """Whose voices the job may use: its tenant tag, else the tenant of the queue it came
+        from (admission makes the two agree; an untagged job is never given "default"'s
+        voices unless it came from "default"'s queue)."""
+        return self.tenant if self.tenant is not None else tenant_of_queue(self.queue)
 
     @property
     def queue_wait_s(self) -> float:
         if self.enqueued_at is None:
             return 0.0
         return max(0.0, (self.started_at - self.enqueued_at).total_seconds())
+
+
+def _tenant_of(tag: object) -> str | None:
+    return tag if isinstance(tag, str) else None
 
 
 def _document_of(meta: object) -> tuple[str, int] | None:

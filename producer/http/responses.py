@@ -99,7 +99,10 @@ class JobStatusResponse(BaseModel):
     job_id: str
     state: str = Field(description="queued, started, finished, failed, canceled, scheduled, ...")
     queue: str | None
-    tenant: str = Field(description="who submitted it (the API key's tenant)")
+    tenant: str | None = Field(
+        description="who submitted it (the API key's tenant); null: no tenant tag (operators "
+        "only see such a job)"
+    )
     enqueued_at: str | None = Field(description="ISO 8601")
     started_at: str | None
     ended_at: str | None
