@@ -5,7 +5,8 @@ jobs hash to Redis, then enqueues every segment as an ordinary synthesize job th
 client's own submit path (backpressure, chunks, the orphan sweep's index), each job carrying
 `cosyq_document` {id, index} in its meta. From then on the workers carry it to the end; this
 process may exit. `retry_document` re-enqueues only the segments that failed or whose job is
-gone (a new job id per segment; a finished segment is never synthesized again).
+gone (a new job id per segment; a finished segment is never synthesized again), in the
+document's own tenant's queues (the plan records its tenant), whoever asks.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from shared.documents import document_key as output_base_key
 from shared.errors import ResultTimeoutError
 from shared.jobs import SynthesisRequest
 from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT
 
 
 class CosyqClient(Protocol):
@@ -52,6 +54,9 @@ class CosyqClient(Protocol):
     connection: redis.Redis
     settings: Settings
     tracker: JobTracker
+    tenant: str
+
+    def for_tenant(self, tenant: str) -> CosyqClient: ...
 
     def submit_planned(
         self, planned: list[PlannedJob], *, on_submitted: OnSubmitted | None = None
@@ -154,6 +159,7 @@ def submit_document(client: CosyqClient, data: Mapping[str, Any]) -> str:
         output_key=output_base_key(document_id, request),
         priority=request.priority,
         idempotency_key=request.idempotency_key,
+        tenant=client.tenant,
         metadata=dict(request.metadata),
         segments=segments,
     )
@@ -286,6 +292,7 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     every segment is done but no assembly is alive, enqueue the assembly again."""
     connection = client.connection
     plan = load_plan(connection, document_id)
+    client = client.for_tenant(plan.tenant or DEFAULT_TENANT)  # its queues, whoever retries
     status = document_status(client, document_id)
     redo = [f.index for f in status.failures if f.index >= 0]
     planned = []
@@ -347,7 +354,9 @@ def ensure_assembly(client: CosyqClient, plan: DocumentPlanRecord) -> bool:
             return False
     job_id = f"{plan.document_id}-assembly-{uuid.uuid4().hex[:8]}"
     connection.set(marker, job_id, ex=client.settings.result_ttl_s)
-    enqueue_assembly(connection, client.settings, plan.document_id, job_id, plan.priority)
+    enqueue_assembly(
+        connection, client.settings, plan.document_id, job_id, plan.priority, tenant=plan.tenant
+    )
     return True
 
 
