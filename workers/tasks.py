@@ -133,8 +133,12 @@ def synthesize(request: dict[str, Any]) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
-def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, Any]:
-    """RQ entry point of `cosyq voices add`: prompt URI in, the stored profile's summary out."""
+def add_voice(
+    name: str, prompt_audio: str, transcript: str = "", owner: str = DEFAULT_TENANT
+) -> dict[str, Any]:
+    """RQ entry point of `cosyq voices add`: prompt URI in, the stored profile's summary out.
+    `owner` is the job's own tenant, or keys.SHARED_VOICES (an operator's or the CLI's shared
+    voice); any other tenant is refused (a job stores voices for its own tenant only)."""
     job = get_current_job()
     if job is None:
         raise RuntimeError("workers.tasks.add_voice runs only as an RQ job")
@@ -148,10 +152,11 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
         voice=name,
     ):
         check_readable_prompt(runtime, prompt_audio)
+        voice_profiles.check_job_owner(owner, context.voice_tenant)
         summary = voice_profiles.add_voice(
             runtime.engine,
             runtime.storage,
-            runtime.voices.registered_voices.registry,
+            runtime.voices.registered_voices.registry_of(owner),
             name=name,
             prompt_audio=prompt_audio,
             transcript=transcript,
@@ -252,7 +257,7 @@ def prepare_synthesis(
         if request.prompt_audio is not None:
             check_readable_prompt(runtime, request.prompt_audio)
         structlog.contextvars.bind_contextvars(voice=voice_label(request))
-        prompt = runtime.voices.resolve(request)
+        prompt = runtime.voices.resolve(request, context.voice_tenant)
         return PreparedSynthesis(
             request=request,
             context=context,

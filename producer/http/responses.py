@@ -186,6 +186,10 @@ class VoiceEntry(BaseModel):
 
     name: str
     builtin: bool
+    shared: bool = Field(
+        default=False,
+        description="an operator's shared voice: every tenant may use it, none change it",
+    )
     speech_tokens: int | None = None
     source_seconds: float | None = None
     model_name: str | None = None
@@ -226,6 +230,9 @@ class VoiceInfo(BaseModel):
     source_uri: str | None
     format: int
     replaced: bool = Field(description="the name had a voice before, now replaced")
+    shared: bool = Field(
+        default=False, description="a shared voice (published with an operator key)"
+    )
 
 
 class VoiceAdded(BaseModel):
