@@ -15,12 +15,17 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
 
+from shared.keys import QUEUE_LOW, SYNTHESIZE_FUNCTION
 from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 from tests.conftest import RedisServer, free_port
 from tests.doubles.harness import REPO_ROOT, Cluster, read_events, wait_for
 
@@ -97,6 +102,14 @@ def start_front(root: Path, redis_url: str, *args: str, **extra: str) -> Front:
 
     wait_for(healthy, START_TIMEOUT_S, "cosyq serve to answer /healthz", interval=0.2)
     return front
+
+
+def queued_job(connection: redis.Redis, request: dict[str, Any], **options: Any) -> str:
+    """A synthesize job queued as a producer queues one for the tenant "default" (tagged: a
+    job without its tenant tag is nobody's), on the low queue; `options` go to RQ's enqueue."""
+    queue = Queue(QUEUE_LOW, connection=connection, serializer=JSONSerializer)
+    meta = {TENANT_META_KEY: DEFAULT_TENANT}
+    return str(queue.enqueue(SYNTHESIZE_FUNCTION, request=request, meta=meta, **options).id)
 
 
 def fresh_db(server: RedisServer, index: int) -> str:
