@@ -19,6 +19,7 @@ from rq.job import Job
 from rq.results import Result
 
 from producer.client import CosyqClient
+from producer.http.errors import ApiError
 from producer.quotas import RequestQuota
 from producer.tracking import TERMINAL_STATES
 from shared.connection import async_redis_connection
@@ -67,6 +68,17 @@ class FrontContext:
         """Whether this request may see what `tenant` owns: its own tenant's, or any for an
         operator key. Something with no tenant (None) belongs to nobody: operators only."""
         return self.operator or (tenant is not None and tenant == self.client.tenant)
+
+    def check_may_change(self, tenant: str | None, what: str) -> None:
+        """Cancelling is the owner's alone: an operator key reads another tenant's `what` but
+        may not change it (403); a tenant key never gets here for another's (404 first)."""
+        if tenant is None or tenant != self.client.tenant:
+            raise ApiError(
+                403,
+                f"{what}: an operator key reads other tenants' {what}s but does not change them",
+                code="not_owner",
+                type_="permission_error",
+            )
 
     async def close(self) -> None:
         await self.aredis.aclose()

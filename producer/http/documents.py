@@ -65,7 +65,7 @@ async def submit_document(
     return DocumentAccepted(id=document_id, status="queued", location=location)
 
 
-async def check_document_owner(context: Context, document_id: str) -> None:
+async def check_document_owner(context: Context, document_id: str, *, change: bool = False) -> None:
     """404 for an id never made, and the same 404 for another tenant's document (or one with
     no tenant recorded): a key reads and cancels only its own tenant's documents, and an id
     never tells another tenant that it exists. An operator key reaches any."""
@@ -77,6 +77,8 @@ async def check_document_owner(context: Context, document_id: str) -> None:
         raise ApiError(404, str(e), code="document_not_found") from e
     if not context.may_read(plan.tenant):
         raise ApiError(404, str(not_found(document_id)), code="document_not_found")
+    if change:
+        context.check_may_change(plan.tenant, "document")
 
 
 async def _document_status(context: Context, document_id: str) -> DocumentStatusResponse:
@@ -93,11 +95,14 @@ async def document_status(context: Context, document_id: str) -> DocumentStatusR
     return await _document_status(context, document_id)
 
 
-@router.delete("/v1/documents/{document_id}")
+@router.delete(
+    "/v1/documents/{document_id}",
+    responses={403: {"model": ErrorResponse, "description": "an operator key: not its own"}},
+)
 async def cancel_document(context: Context, document_id: str) -> DocumentStatusResponse:
     """Cancel the segments not done yet (as DELETE /v1/jobs/{id} each); the document's status
     after it (`canceled` once nothing runs; done segments and an assembly are left alone)."""
-    await check_document_owner(context, document_id)
+    await check_document_owner(context, document_id, change=True)
     try:
         await run_in_threadpool(context.client.cancel_document, document_id)
     except DocumentNotFoundError as e:

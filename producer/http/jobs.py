@@ -171,12 +171,16 @@ async def job_status(request: Request, context: Context, job_id: str) -> JobStat
 
 @router.delete(
     "/v1/jobs/{job_id}",
-    responses={409: {"model": ErrorResponse, "description": "the job already ended"}},
+    responses={
+        403: {"model": ErrorResponse, "description": "an operator key: another tenant's job"},
+        409: {"model": ErrorResponse, "description": "the job already ended"},
+    },
 )
 async def cancel_job(request: Request, context: Context, job_id: str) -> CancelResponse:
     """Cancel: 200 with what happened (`canceled`, `stopping`, `already_canceled`), 409 when the
     job already finished or failed (nothing changed), 404 for no such job."""
-    await _status(request, context, job_id)  # 404 for no such job, or another tenant's
+    status = await _status(request, context, job_id)  # 404: no such job, or another tenant's
+    context.check_may_change(status.tenant, "job")
     outcome = await run_in_threadpool(context.client.cancel, job_id)
     body = {"id": job_id, "result": outcome.verdict, "state": outcome.state}
     if outcome.verdict == "already_ended":

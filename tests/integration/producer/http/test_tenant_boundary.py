@@ -150,8 +150,9 @@ def test_documents_answer_404_to_every_other_tenant_and_assemble_in_their_own(
                 assert hidden["code"] == "document_not_found", path
                 assert hidden["message"] == never["message"].replace("0" * 32, document_id)
             assert _error(other.delete(f"/v1/documents/{document_id}"), 404)
-    with front.http(OPERATOR) as op:
+    with front.http(OPERATOR) as op:  # reads any tenant's document, cancels none
         assert op.get(f"/v1/documents/{document_id}").json()["state"] == "assembled"
+        assert _error(op.delete(f"/v1/documents/{document_id}"), 403)["code"] == "not_owner"
     with front.http(ALPHA) as alpha:  # beta's DELETE changed nothing
         assert alpha.get(f"/v1/documents/{document_id}").json()["state"] == "assembled"
     connection = redis.Redis.from_url(front.redis_url)
@@ -181,6 +182,7 @@ def test_a_job_without_its_tenant_tag_is_nobodys_but_an_operator_reads_it(
     with front.http(OPERATOR) as op:
         status = op.get(f"/v1/jobs/{job_id}")
         assert status.status_code == 200 and status.json()["tenant"] is None
+        assert _error(op.delete(f"/v1/jobs/{job_id}"), 403)["code"] == "not_owner"
 
 
 def test_metrics_name_tenants_to_an_operator_key_only(front: Front) -> None:
