@@ -427,9 +427,16 @@ class CosyqClient:
     # ---- voices
 
     def add_voice(
-        self, name: str, audio: bytes, transcript: str = "", *, filename: str = "prompt.wav"
+        self,
+        name: str,
+        audio: bytes,
+        transcript: str = "",
+        *,
+        filename: str = "prompt.wav",
+        shared: bool = False,
     ) -> str:
-        """Check the recording, upload it under voices/<name>/ and enqueue the add-voice job;
+        """Check the recording, upload it and enqueue the add-voice job for this tenant's
+        voice `name` (`shared`: a shared voice, for every tenant; the caller decides who may);
         returns its job id (wait with `wait_for_voice`). Raises InvalidRequestError (bad name,
         unreadable, < 16 kHz, too long, silent) before anything is stored. `filename` only
         names the recording in those errors; the upload's suffix is its detected format."""
@@ -441,6 +448,8 @@ class CosyqClient:
             transcript=transcript,
             filename=filename,
             function=self.voice_function,
+            tenant=self.tenant,
+            owner=keys.SHARED_VOICES if shared else self.tenant,
         )
 
     def wait_for_voice(self, job_id: str, timeout: float | None = None) -> VoiceSummary:
@@ -449,13 +458,16 @@ class CosyqClient:
         return wait_for_voice(self.tracker, job_id, wait)
 
     def list_voices(self) -> list[VoiceSummary]:
-        """Every registered voice (without the model's built-in "default")."""
-        return VoiceRegistry(self.connection).summaries()
+        """This tenant's voices, then the shared ones (`shared` set; without the model's
+        built-in "default")."""
+        own = VoiceRegistry(self.connection, self.tenant).summaries()
+        return own + VoiceRegistry(self.connection, keys.SHARED_VOICES).summaries()
 
-    def remove_voice(self, name: str) -> None:
-        """Delete a voice and its uploaded recording; UnknownVoiceError when none has that
-        name (for "default": that it is the model's built-in, which cannot be removed)."""
-        remove_voice(self.connection, self.settings, name)
+    def remove_voice(self, name: str, *, shared: bool = False) -> None:
+        """Delete this tenant's voice (`shared`: the shared one) and its uploaded recording;
+        UnknownVoiceError when there is none (for "default": the model's built-in)."""
+        owner = keys.SHARED_VOICES if shared else self.tenant
+        remove_voice(self.connection, self.settings, name, owner)
 
 
 def _known_tenant(settings: Settings, tenant: str) -> str:

@@ -7,7 +7,8 @@ carrying `cosyq_document` {id, index} in its meta: the document goes in whole or
 Its idempotency key and its storage keys are the tenant's (a named tenant's under
 `tenants/<tenant>/`, shared/output_keys.py). From then on the workers carry it to the end; this
 process may exit. `retry_document` re-enqueues only the segments that failed or whose job is
-gone (a new job id per segment; a finished segment is never synthesized again).
+gone (a new job id per segment; a finished segment is never synthesized again), in the
+document's own tenant's queues (the plan records its tenant), whoever asks.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from shared.errors import InvalidRequestError, ResultTimeoutError
 from shared.jobs import SynthesisRequest
 from shared.output_keys import place_output_key, tenant_prefix
 from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT
 
 
 class CosyqClient(Protocol):
@@ -64,6 +66,8 @@ class CosyqClient(Protocol):
     settings: Settings
     tracker: JobTracker
     tenant: str
+
+    def for_tenant(self, tenant: str) -> CosyqClient: ...
 
     def submit_planned(
         self,
@@ -199,6 +203,7 @@ def _enqueue_document(
         output_key=output_key,
         priority=request.priority,
         idempotency_key=request.idempotency_key,
+        tenant=client.tenant,
         metadata=dict(request.metadata),
         segments=segments,
     )
@@ -330,6 +335,7 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     every segment is done but no assembly is alive, enqueue the assembly again."""
     connection = client.connection
     plan = load_plan(connection, document_id)
+    client = client.for_tenant(plan.tenant or DEFAULT_TENANT)  # its queues, whoever retries
     status = document_status(client, document_id)
     redo = [f.index for f in status.failures if f.index >= 0]
     planned = []
@@ -391,7 +397,9 @@ def ensure_assembly(client: CosyqClient, plan: DocumentPlanRecord) -> bool:
             return False
     job_id = f"{plan.document_id}-assembly-{uuid.uuid4().hex[:8]}"
     connection.set(marker, job_id, ex=client.settings.result_ttl_s)
-    enqueue_assembly(connection, client.settings, plan.document_id, job_id, plan.priority)
+    enqueue_assembly(
+        connection, client.settings, plan.document_id, job_id, plan.priority, tenant=plan.tenant
+    )
     return True
 
 

@@ -56,7 +56,7 @@ class JobStatus:
     submitted: dict[str, Any]
     result: SynthesisResult | None = None
     failure: JobFailure | None = None
-    tenant: str = DEFAULT_TENANT  # who submitted it
+    tenant: str | None = DEFAULT_TENANT  # who submitted it; None: no tenant tag (nobody's)
 
 
 def failure_of(job: Job, state: str) -> JobFailure:
@@ -83,6 +83,13 @@ def result_of(job: Job) -> SynthesisResult | JobFailure:
         return SynthesisResult.model_validate(latest.return_value)
     except ValidationError as e:
         return JobFailure(kind="internal", message=f"unreadable result: {e.error_count()} errors")
+
+
+def tenant_of_job(job: Job) -> str | None:
+    """The tenant tag of a job's meta; None without one (a hash re-created without its meta):
+    such a job belongs to nobody, never to "default"."""
+    tenant = job.meta.get(TENANT_META_KEY)
+    return tenant if isinstance(tenant, str) else None
 
 
 class JobTracker:
@@ -120,7 +127,7 @@ class JobTracker:
             submitted=dict(job.meta.get(SUBMIT_META_KEY) or {}),
             result=outcome if isinstance(outcome, SynthesisResult) else None,
             failure=outcome if isinstance(outcome, JobFailure) else None,
-            tenant=str(job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)),
+            tenant=tenant_of_job(job),
         )
 
     def outcome(self, job_id: str) -> JobOutcome:

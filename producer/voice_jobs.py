@@ -2,9 +2,11 @@
 
 Producers have no model: `cosyq voices add` checks the recording with the same rules the worker
 applies (readable, >= 16 kHz, not too long, not silent) so mistakes show at once, stores it under
-`voices/<name>/` in the configured storage (where every worker can read it), and enqueues
-`workers.tasks.add_voice(name, prompt_audio=<uri>, transcript)` on the high-priority queue. The
-worker computes the features and stores the profile in Redis; the job returns its summary.
+`voices/<owner>/<name>/` in the configured storage (where every worker can read it; the owner
+is the tenant, or `_shared`), and enqueues `workers.tasks.add_voice(name, prompt_audio=<uri>,
+transcript, owner)` on the tenant's high-priority queue, tagged with the tenant. The worker
+computes the features and stores the profile in the owner's registry; the job returns its
+summary.
 """
 
 from __future__ import annotations
@@ -21,20 +23,21 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from producer.tracking import JobTracker, failure_of
-from shared import keys
+from shared import keys, tenants
 from shared.errors import JobFailedError, UnknownVoiceError
 from shared.jobs import DEFAULT_VOICE
 from shared.settings import Settings
 from shared.storage import open_storage
 from shared.submitted import record_submitted
 from shared.voices import (
-    VOICE_UPLOAD_PREFIX,
     VoiceRegistry,
     VoiceSummary,
+    check_owner,
     check_prompt_audio,
     check_transcript,
     check_voice_name,
     decode_prompt_audio,
+    upload_folders,
     upload_key,
 )
 
@@ -55,10 +58,11 @@ _SUFFIX_OF_FORMAT = {
 }
 
 
-def new_upload_key(name: str, audio: bytes) -> str:
-    """voices/<name>/<random>.<suffix>: a new object per upload, never an overwrite. The
-    suffix is the format soundfile detected in the bytes, never the uploader's file name."""
-    return f"{VOICE_UPLOAD_PREFIX}/{name}/{uuid.uuid4().hex}.{audio_suffix(audio)}"
+def new_upload_key(owner: str, name: str, audio: bytes) -> str:
+    """voices/<owner>/<name>/<random>.<suffix>: a new object per upload, never an overwrite.
+    The suffix is the format soundfile detected in the bytes, never the uploader's file name."""
+    folder = upload_folders(owner, name)[0]
+    return f"{folder}/{uuid.uuid4().hex}.{audio_suffix(audio)}"
 
 
 def audio_suffix(audio: bytes) -> str:
@@ -80,61 +84,77 @@ def enqueue_add_voice(
     transcript: str,
     filename: str,
     function: str,
+    tenant: str,
+    owner: str,
 ) -> str:
-    """Check, upload, enqueue; returns the job id."""
+    """Check, upload, enqueue (in `tenant`'s high queue, for `owner`: the tenant, or
+    keys.SHARED_VOICES); returns the job id."""
     check_voice_name(name)
+    check_owner(owner)
     transcript = check_transcript(transcript, settings.max_text_chars)
     samples, rate = decode_prompt_audio(audio, where=filename)
     check_prompt_audio(samples, rate, settings.max_prompt_seconds)
     stored = open_storage(settings).put(
-        new_upload_key(name, audio), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
+        new_upload_key(owner, name, audio), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
     )
-    queue = Queue(keys.QUEUE_HIGH, connection=connection, serializer=JSONSerializer)
+    queue_name = tenants.queue_name(keys.QUEUE_HIGH, tenant)
+    queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
     job_id = uuid.uuid4().hex
     record_submitted(connection, [job_id])  # first: an id with no job is simply forgotten
     job = queue.enqueue(
         function,
-        kwargs={"name": name, "prompt_audio": stored.uri, "transcript": transcript},
+        kwargs={
+            "name": name,
+            "prompt_audio": stored.uri,
+            "transcript": transcript,
+            "owner": owner,
+        },
         job_id=job_id,
         job_timeout=settings.job_timeout_s,
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.failure_ttl_s,
         description=f"add voice {name}",
-        meta={keys.SUBMIT_META_KEY: {"voice": name, "kind": "add_voice"}},
+        meta={
+            keys.SUBMIT_META_KEY: {"voice": name, "kind": "add_voice"},
+            tenants.TENANT_META_KEY: tenant,
+        },
     )
     return str(job.id)
 
 
-def remove_voice(connection: redis.Redis, settings: Settings, name: str) -> None:
-    """Unregister the voice and delete the recording `cosyq voices add` uploaded for it."""
+def remove_voice(connection: redis.Redis, settings: Settings, name: str, owner: str) -> None:
+    """Unregister `owner`'s voice and delete the recording `cosyq voices add` uploaded for it
+    (UnknownVoiceError when that owner has none: another owner's voice is never touched)."""
     if name == DEFAULT_VOICE:
         raise UnknownVoiceError(
             f"voice: {DEFAULT_VOICE!r} is the model's built-in voice (the model directory's "
             "prompt.wav), not a registered one: it cannot be removed"
         )
-    removed = VoiceRegistry(connection).remove(name)
-    located = upload_location(name, removed.source_uri)
+    removed = VoiceRegistry(connection, owner).remove(name)
+    located = upload_location(owner, name, removed.source_uri)
     if located is not None:
         base, key = located
         open_storage(settings.model_copy(update={"storage_url": base})).delete(key)
         return
     storage = open_storage(settings)
-    own = upload_key(storage.uri_for, name, removed.source_uri)
+    own = upload_key(storage.uri_for, owner, name, removed.source_uri)
     if own is not None:
         storage.delete(own)
 
 
-def upload_location(name: str, uri: str | None) -> tuple[str, str] | None:
-    """(storage base URI, key) of a recording uploaded for voice `name`: a URI ending in
-    voices/<name>/<32 hex>.<suffix>. Read from the URI itself, not from this process's
-    COSYQ_STORAGE_URL, so `rm` finds the recording wherever `add` stored it (the default
-    storage folder follows the working directory). None for any other URI."""
+def upload_location(owner: str, name: str, uri: str | None) -> tuple[str, str] | None:
+    """(storage base URI, key) of a recording uploaded for `owner`'s voice `name`: a URI
+    ending in voices/<owner>/<name>/<32 hex>.<suffix> (or, for "default", voices/<name>/...).
+    Read from the URI itself, not from this process's COSYQ_STORAGE_URL, so `rm` finds the
+    recording wherever `add` stored it (the default storage folder follows the working
+    directory). None for any other URI."""
     if not uri:
         return None
-    base, marker, file = uri.rpartition(f"/{VOICE_UPLOAD_PREFIX}/{name}/")
-    if not marker or not base or not UPLOAD_FILE_RE.fullmatch(file):
-        return None
-    return base, f"{VOICE_UPLOAD_PREFIX}/{name}/{file}"
+    for folder in upload_folders(owner, name):
+        base, marker, file = uri.rpartition(f"/{folder}/")
+        if marker and base and UPLOAD_FILE_RE.fullmatch(file):
+            return base, f"{folder}/{file}"
+    return None
 
 
 def wait_for_voice(tracker: JobTracker, job_id: str, timeout: float) -> VoiceSummary:

@@ -30,6 +30,7 @@ from shared.keys import PREFIX, queue_for
 from shared.results import PieceTiming
 from shared.settings import Settings
 from shared.submitted import record_submitted
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY, queue_name
 
 DOCUMENT_PREFIX = PREFIX + "document:"
 DOCUMENT_IDEMPOTENCY_PREFIX = PREFIX + "document-idem:"
@@ -88,6 +89,7 @@ class DocumentPlanRecord(BaseModel):
     output_key: str  # the assembled file's key without extension
     priority: str
     idempotency_key: str | None = None
+    tenant: str | None = None  # who submitted it; None (a plan from before tenants): nobody's
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     segments: list[SegmentPlan]
 
@@ -147,12 +149,17 @@ def save_plan(pipe: Any, plan: DocumentPlanRecord, job_ids: list[str], ttl_s: in
     pipe.expire(jobs, ttl_s)
 
 
+def not_found(document_id: str) -> DocumentNotFoundError:
+    """The one answer for an unknown document (and, over HTTP, another tenant's)."""
+    return DocumentNotFoundError(
+        f"document {document_id}: not found (never submitted, or expired after its TTL)"
+    )
+
+
 def load_plan(connection: redis.Redis, document_id: str) -> DocumentPlanRecord:
     raw = connection.get(document_key(document_id))
     if raw is None:
-        raise DocumentNotFoundError(
-            f"document {document_id}: not found (never submitted, or expired after its TTL)"
-        )
+        raise not_found(document_id)
     return DocumentPlanRecord.model_validate_json(raw)
 
 
@@ -191,14 +198,24 @@ def _text(value: bytes | str) -> str:
 
 
 def enqueue_assembly(
-    connection: redis.Redis, settings: Settings, document_id: str, job_id: str, priority: str
+    connection: redis.Redis,
+    settings: Settings,
+    document_id: str,
+    job_id: str,
+    priority: str,
+    *,
+    tenant: str | None,
 ) -> None:
-    """The assembly job: an ordinary RQ job (JSON), retried like a segment on a lost worker."""
+    """The assembly job: an ordinary RQ job (JSON), retried like a segment on a lost worker,
+    in the document's tenant's queue and tagged with it (a plan without a tenant, from before
+    tenants: the default queue, untagged)."""
     retry = None
     if settings.max_retries > 0:
         intervals = retry_intervals(settings.max_retries, settings.retry_backoff_s)
         retry = Retry(max=settings.max_retries, interval=intervals)
-    queue = Queue(queue_for(priority), connection=connection, serializer=JSONSerializer)
+    name = queue_name(queue_for(priority), tenant or DEFAULT_TENANT)
+    queue = Queue(name, connection=connection, serializer=JSONSerializer)
+    meta = {} if tenant is None else {TENANT_META_KEY: tenant}
     record_submitted(connection, [job_id])
     queue.enqueue_call(
         ASSEMBLE_DOCUMENT_FUNCTION,
@@ -208,5 +225,6 @@ def enqueue_assembly(
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.failure_ttl_s,
         description=f"assemble document {document_id}",
+        meta=meta,
         retry=retry,
     )

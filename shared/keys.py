@@ -29,8 +29,13 @@ DEFAULT_TENANT = "default"  # shared.tenants.DEFAULT_TENANT (that module imports
 # + [tenant ":"] sha256(key) -> "<job id> <reserved at>[ <enqueued at>]"
 # (TTL; producer/idempotency.py; tenant_digest)
 IDEMPOTENCY_PREFIX = PREFIX + "idem:"
-VOICE_PREFIX = PREFIX + "voice:"  # + voice name -> the voice profile (JSON)
-VOICES_SET = PREFIX + "voices"  # set of registered voice names
+# Voices, per owner: a tenant, or SHARED_VOICES (an operator's, usable by every tenant). The
+# tenant "default" keeps the keys voices had before tenants (`cosyq:voice:<name>`, the set
+# `cosyq:voices`), so voices stored then stay its own; every other owner adds ":<owner>".
+VOICE_PREFIX = PREFIX + "voice:"  # + [owner ":"] voice name -> the voice profile (JSON)
+VOICES_SET = PREFIX + "voices"  # [+ ":" owner]: set of an owner's voice names
+SHARED_VOICES = "_shared"  # the owner of shared voices: no tenant name starts with "_"
+DEFAULT_VOICE_OWNER = "default"  # shared.tenants.DEFAULT_TENANT (which imports this module)
 JOB_HEARTBEAT_PREFIX = PREFIX + "job-heartbeat:"  # + job id, refreshed while a job runs
 # The orphan sweep's index (workers/service/orphans.py): every submitted job id, scored by its
 # submit time, then by when the sweep last found it where it belongs.
@@ -92,8 +97,18 @@ def tenant_digest(key: str, tenant: str) -> str:
     return digest if tenant == DEFAULT_TENANT else f"{tenant}:{digest}"
 
 
-def voice_key(name: str) -> str:
-    return VOICE_PREFIX + name
+def voice_key(name: str, owner: str) -> str:
+    """One owner's voice `name` (voice names hold no ':', so owners never collide)."""
+    return VOICE_PREFIX + _owned(owner) + name
+
+
+def voices_set(owner: str) -> str:
+    """The set of one owner's voice names."""
+    return VOICES_SET + (":" + owner if _owned(owner) else "")
+
+
+def _owned(owner: str) -> str:
+    return "" if owner == DEFAULT_VOICE_OWNER else owner + ":"
 
 
 def default_voice_key(checkpoint_hash: str, prompt_digest: str) -> str:

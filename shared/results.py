@@ -125,7 +125,7 @@ class SynthesisResult(BaseModel):
 
     schema_version: Literal[1] = 1
     job_id: str
-    tenant: str = "default"  # who submitted it (shared/tenants.py)
+    tenant: str | None = "default"  # who submitted it (shared/tenants.py); None: no tenant tag
     uri: str  # file:///... or s3://bucket/key
     bytes: int = Field(ge=0)
     sha256: str

@@ -34,7 +34,7 @@ from shared.settings_tenants import TenantSettings
 from shared.tenants import DEFAULT_TENANT, ApiKey, parse_api_keys
 
 DEFAULT_ENV_FILE = ".env"
-_SECRET_FIELDS = frozenset({"api_keys", "webhook_secret", "s3_secret_access_key"})
+_SECRET_FIELDS = frozenset({"api_keys", "operator_keys", "webhook_secret", "s3_secret_access_key"})
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 STORAGE_SCHEMES = ("file", "s3")

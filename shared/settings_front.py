@@ -6,7 +6,10 @@ apart so the one Settings class stays readable.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
+
+from shared.errors import SettingsError
+from shared.tenants import parse_api_keys, parse_operator_keys
 
 
 class FrontSettings(BaseModel):
@@ -15,6 +18,12 @@ class FrontSettings(BaseModel):
         None,
         description="comma-separated bearer keys of the HTTP front, each `tenant:key` or a "
         "plain key (tenant default); unset: loopback only",
+    )
+    operator_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated bearer keys of operators: tenant default for what they "
+        "submit, and may read every tenant's jobs and documents, manage shared voices and read "
+        "/metrics with tenant labels",
     )
     http_wait_timeout_s: float = Field(
         60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"
@@ -61,3 +70,27 @@ class FrontSettings(BaseModel):
     webhook_dispatch_in_serve: bool = Field(
         False, description="`cosyq serve` also runs a webhook dispatcher"
     )
+
+    @field_validator("operator_keys")
+    @classmethod
+    def _check_operator_keys(
+        cls, value: SecretStr | None, info: ValidationInfo
+    ) -> SecretStr | None:
+        """A field error (its input is masked): the message names the entry, never the key."""
+        if value is not None:
+            tenant_keys = info.data.get("api_keys")
+            raw_tenant_keys = tenant_keys.get_secret_value() if tenant_keys is not None else ""
+            try:
+                parse_operator_keys(value.get_secret_value(), parse_api_keys(raw_tenant_keys))
+            except SettingsError as e:
+                raise ValueError(str(e)) from e
+        return value
+
+    def operator_key_list(self) -> tuple[str, ...]:
+        """The HTTP front's operator keys (COSYQ_OPERATOR_KEYS); none is a tenant's key."""
+        if self.operator_keys is None:
+            return ()
+        tenant_keys = (
+            () if self.api_keys is None else parse_api_keys(self.api_keys.get_secret_value())
+        )
+        return parse_operator_keys(self.operator_keys.get_secret_value(), tenant_keys)

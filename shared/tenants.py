@@ -61,6 +61,25 @@ def parse_api_keys(raw: str) -> tuple[ApiKey, ...]:
     return tuple(found)
 
 
+def parse_operator_keys(raw: str, api_keys: tuple[ApiKey, ...] = ()) -> tuple[str, ...]:
+    """COSYQ_OPERATOR_KEYS as plain keys; SettingsError names the bad entry by position, never
+    the key. An operator key may not also be a tenant key (which rights would it carry?)."""
+    found: list[str] = []
+    for position, raw_entry in enumerate(raw.split(","), start=1):
+        secret = raw_entry.strip()
+        if not secret:
+            continue
+        where = f"COSYQ_OPERATOR_KEYS entry {position}"
+        if any(c.isspace() for c in secret):
+            raise SettingsError(f"{where}: the key holds spaces")
+        if secret in found:
+            raise SettingsError(f"{where}: the same key as an earlier entry")
+        if any(key.secret == secret for key in api_keys):
+            raise SettingsError(f"{where}: the same key as an entry of COSYQ_API_KEYS")
+        found.append(secret)
+    return tuple(found)
+
+
 def queue_name(priority_queue: str, tenant: str) -> str:
     """The RQ queue of one tenant at one priority (`cosyq-high` + `billing`)."""
     if tenant == DEFAULT_TENANT:

@@ -4,10 +4,15 @@ A profile holds what the engine needs from a prompt recording (speech tokens, 24
 speaker embedding, transcript) plus where it came from (source rate and length, the model's
 checkpoint hash: a profile made with other weights is refused, not silently misused).
 
-Storage: one Redis hash per voice (`cosyq:voice:<name>`) with two JSON fields, "meta" (small:
-what `voices list` reads) and "arrays" (each array as {"dtype", "shape", "data": base64 of its
-little-endian bytes}), plus the set `cosyq:voices` of names. Never pickle. This module needs
-numpy and redis only, so the producer lists and removes voices without torch.
+Storage: one Redis hash per voice (`shared.keys.voice_key`: per owner, a tenant or the shared
+voices) with two JSON fields, "meta" (small: what `voices list` reads) and "arrays" (each array
+as {"dtype", "shape", "data": base64 of its little-endian bytes}), plus a set of names per
+owner. Never pickle. This module needs numpy and redis only, so the producer lists and removes
+voices without torch.
+
+Voices are per tenant: a tenant lists, uses, replaces and removes only its own. Shared voices
+(owner `keys.SHARED_VOICES`) are published by an operator and usable by every tenant;
+`load_voice` is the one place a job's voice name is resolved: the tenant's own, then shared.
 
 `check_prompt_audio` is the one set of rules for prompt recordings, run by the producer before
 uploading and by the worker before extracting.
@@ -16,6 +21,7 @@ uploading and by the worker before extracting.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -36,9 +42,11 @@ from shared.errors import (
     PromptSilentError,
     PromptTooLongError,
     PromptUnreadableError,
+    UnknownTenantError,
     UnknownVoiceError,
 )
 from shared.jobs import DEFAULT_VOICE, VOICE_NAME_RE
+from shared.tenants import DEFAULT_TENANT, check_tenant_name
 from shared.text_markup import MarkupError, parse_markup
 
 PROFILE_FORMAT = 1  # bump when the stored layout changes
@@ -48,20 +56,43 @@ PROMPT_SILENCE_DBFS = -60.0  # RMS below this (re full scale) counts as silence
 _ARRAY_DTYPES = {"float32": np.dtype("<f4"), "int32": np.dtype("<i4")}
 
 
-VOICE_UPLOAD_PREFIX = "voices"  # prompt recordings live at voices/<name>/<random>.<suffix>
+VOICE_UPLOAD_PREFIX = "voices"  # recordings: voices/<owner>/<name>/<random>.<suffix>
 
 
-def upload_key(storage_uri_for: Callable[[str], str], name: str, uri: str | None) -> str | None:
-    """The storage key of `uri` when it is one of our uploads for voice `name` (what replacing
-    or removing the voice may delete); None for anything else (a URI the user gave)."""
+def upload_folders(owner: str, name: str) -> tuple[str, ...]:
+    """Where an owner's uploads for voice `name` live: voices/<owner>/<name>, and for the
+    tenant "default" also voices/<name> (its uploads from before tenants)."""
+    folder = f"{VOICE_UPLOAD_PREFIX}/{owner}/{name}"
+    if owner == DEFAULT_TENANT:
+        return folder, f"{VOICE_UPLOAD_PREFIX}/{name}"
+    return (folder,)
+
+
+def upload_key(
+    storage_uri_for: Callable[[str], str], owner: str, name: str, uri: str | None
+) -> str | None:
+    """The storage key of `uri` when it is one of `owner`'s uploads for voice `name` (what
+    replacing or removing the voice may delete); None for anything else (a URI the user gave,
+    another owner's upload)."""
     if not uri:
         return None
     marker = "upload"
-    prefix = storage_uri_for(f"{VOICE_UPLOAD_PREFIX}/{name}/{marker}")[: -len(marker)]
-    rest = uri[len(prefix) :] if uri.startswith(prefix) else ""
-    if not rest or "/" in rest:
-        return None
-    return f"{VOICE_UPLOAD_PREFIX}/{name}/{rest}"
+    for folder in upload_folders(owner, name):
+        prefix = storage_uri_for(f"{folder}/{marker}")[: -len(marker)]
+        rest = uri[len(prefix) :] if uri.startswith(prefix) else ""
+        if rest and "/" not in rest:
+            return f"{folder}/{rest}"
+    return None
+
+
+def check_owner(owner: str) -> str:
+    """A voice owner: a tenant's name, or keys.SHARED_VOICES."""
+    if owner != keys.SHARED_VOICES:
+        try:
+            check_tenant_name(owner)
+        except UnknownTenantError as e:
+            raise InvalidRequestError(f"voice owner: {e}") from e
+    return owner
 
 
 def check_transcript(transcript: str, limit: int) -> str:
@@ -170,6 +201,7 @@ class VoiceSummary:
     source_uri: str | None = None
     format: int = PROFILE_FORMAT
     replaced: bool = False  # in the add-voice job's answer: the name had a voice before
+    shared: bool = False  # a shared voice (an operator's), usable by every tenant
 
     def to_dict(self) -> dict[str, Any]:
         return {field: getattr(self, field) for field in self.__dataclass_fields__}
@@ -261,10 +293,15 @@ def utc_now() -> str:
 
 
 class VoiceRegistry:
-    """Voice profiles in Redis: save (replacing), load, list, remove."""
+    """One owner's voice profiles in Redis (a tenant's, or the shared ones): save (replacing),
+    load, list, remove."""
 
-    def __init__(self, connection: redis.Redis) -> None:
+    def __init__(self, connection: redis.Redis, owner: str = DEFAULT_TENANT) -> None:
         self.connection = connection
+        self.owner = check_owner(owner)
+
+    def _key(self, name: str) -> str:
+        return keys.voice_key(name, self.owner)
 
     def save(self, profile: VoiceProfile) -> VoiceSummary | None:
         """Store (replacing) a profile; the summary of the one it replaced, read in the same
@@ -273,9 +310,9 @@ class VoiceRegistry:
         profile.check_shapes()
         pipe = self.connection.pipeline()  # MULTI: the hash and the set change together
         meta, arrays = _stored_fields(profile)
-        pipe.hget(keys.voice_key(profile.name), "meta")
-        pipe.hset(keys.voice_key(profile.name), mapping={"meta": meta, "arrays": arrays})
-        pipe.sadd(keys.VOICES_SET, profile.name)
+        pipe.hget(self._key(profile.name), "meta")
+        pipe.hset(self._key(profile.name), mapping={"meta": meta, "arrays": arrays})
+        pipe.sadd(keys.voices_set(self.owner), profile.name)
         previous = pipe.execute()[0]
         return None if previous is None else _summary_or_unreadable(profile.name, previous)
 
@@ -300,7 +337,7 @@ class VoiceRegistry:
 
     def load(self, name: str) -> VoiceProfile:
         """The profile; UnknownVoiceError when none is registered under `name`."""
-        meta, arrays = self.connection.hmget(keys.voice_key(name), ["meta", "arrays"])
+        meta, arrays = self.connection.hmget(self._key(name), ["meta", "arrays"])
         if meta is None or arrays is None:
             raise UnknownVoiceError(
                 f"voice: no voice named {name!r} is registered (cosyq voices list)"
@@ -311,7 +348,7 @@ class VoiceRegistry:
             raise InvalidRequestError(f"voice {name!r}: stored profile is unusable: {e}") from e
 
     def names(self) -> list[str]:
-        members = self.connection.smembers(keys.VOICES_SET)
+        members = self.connection.smembers(keys.voices_set(self.owner))
         return sorted(n.decode() if isinstance(n, bytes) else str(n) for n in members)
 
     def summaries(self) -> list[VoiceSummary]:
@@ -320,22 +357,45 @@ class VoiceRegistry:
         names = self.names()
         pipe = self.connection.pipeline(transaction=False)
         for name in names:
-            pipe.hget(keys.voice_key(name), "meta")
+            pipe.hget(self._key(name), "meta")
+        shared = self.owner == keys.SHARED_VOICES
         return [
-            _summary_or_unreadable(name, meta)
+            dataclasses.replace(_summary_or_unreadable(name, meta), shared=shared)
             for name, meta in zip(names, pipe.execute(), strict=True)
         ]
 
     def remove(self, name: str) -> VoiceSummary:
         """Delete a voice; its summary (for its upload); UnknownVoiceError when there was none."""
         pipe = self.connection.pipeline()
-        pipe.hget(keys.voice_key(name), "meta")
-        pipe.delete(keys.voice_key(name))
-        pipe.srem(keys.VOICES_SET, name)
+        pipe.hget(self._key(name), "meta")
+        pipe.delete(self._key(name))
+        pipe.srem(keys.voices_set(self.owner), name)
         meta, deleted, unlisted = pipe.execute()
         if not deleted and not unlisted:
             raise UnknownVoiceError(f"voice: no voice named {name!r} is registered")
         return _summary_or_unreadable(name, meta)
+
+
+def load_voice(connection: redis.Redis, tenant: str, name: str) -> VoiceProfile:
+    """The one place a job's voice name is resolved: the tenant's own voice, else a shared one;
+    UnknownVoiceError when neither has it (another tenant's voice is never found)."""
+    for owner in (tenant, keys.SHARED_VOICES):
+        try:
+            return VoiceRegistry(connection, owner).load(name)
+        except UnknownVoiceError:
+            continue
+    raise UnknownVoiceError(
+        f"voice: no voice named {name!r} is registered for tenant {tenant} or shared "
+        "(cosyq voices list, GET /v1/audio/voices)"
+    )
+
+
+def voice_exists(connection: redis.Redis, tenant: str, name: str) -> bool:
+    """Whether `load_voice` would find `name` for `tenant` (one round trip)."""
+    pipe = connection.pipeline(transaction=False)
+    for owner in (tenant, keys.SHARED_VOICES):
+        pipe.exists(keys.voice_key(name, owner))
+    return any(pipe.execute())
 
 
 def _summary_or_unreadable(name: str, meta: Any) -> VoiceSummary:

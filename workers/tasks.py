@@ -38,7 +38,7 @@ from shared.prompt_uris import check_prompt_uri
 from shared.results import ModelInfo, PieceTiming, QualityReport, StageTimings, SynthesisResult
 from shared.storage import StoredObject, audio_metadata, object_key
 from shared.storage_retry import Backoff, put_with_retries
-from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY, tenant_of_queue
 from workers.documents.job import record_finished_segment
 from workers.engine.api import (
     StopCheck,
@@ -73,7 +73,9 @@ class JobContext:
     timeout_s: float | None = None  # the job's own timeout (quality retries must fit in it)
     document: tuple[str, int] | None = None  # a document segment's (document id, index)
     should_stop: StopCheck | None = None  # its cancel flag (workers/service/cancels.py)
-    tenant: str = DEFAULT_TENANT  # who submitted it (admission has checked the name)
+    # who submitted it (admission has checked the name); None when the job's meta has no
+    # tenant tag (its hash re-created without meta): nobody's, never silently "default"
+    tenant: str | None = DEFAULT_TENANT
 
     @classmethod
     def from_job(cls, job: Job, *, cancel_check_s: float = 0.1) -> JobContext:
@@ -89,14 +91,26 @@ class JobContext:
             timeout_s=float(job.timeout) if isinstance(job.timeout, int | float) else None,
             document=_document_of(job.meta.get(DOCUMENT_META_KEY)),
             should_stop=flag if job.connection is not None else None,
-            tenant=str(job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)),
+            tenant=_tenant_of(job.meta.get(TENANT_META_KEY)),
         )
+
+    @property
+    def scope_tenant(self) -> str:
+        """Whose voices the job may use and under whose storage prefix it writes: its tenant
+        tag, else the tenant of the queue it came from (admission makes the two agree; an
+        untagged job is never given "default"'s voices or keys unless it came from
+        "default"'s queue)."""
+        return self.tenant if self.tenant is not None else tenant_of_queue(self.queue)
 
     @property
     def queue_wait_s(self) -> float:
         if self.enqueued_at is None:
             return 0.0
         return max(0.0, (self.started_at - self.enqueued_at).total_seconds())
+
+
+def _tenant_of(tag: object) -> str | None:
+    return tag if isinstance(tag, str) else None
 
 
 def _document_of(meta: object) -> tuple[str, int] | None:
@@ -121,8 +135,12 @@ def synthesize(request: dict[str, Any]) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
-def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, Any]:
-    """RQ entry point of `cosyq voices add`: prompt URI in, the stored profile's summary out."""
+def add_voice(
+    name: str, prompt_audio: str, transcript: str = "", owner: str = DEFAULT_TENANT
+) -> dict[str, Any]:
+    """RQ entry point of `cosyq voices add`: prompt URI in, the stored profile's summary out.
+    `owner` is the job's own tenant, or keys.SHARED_VOICES (an operator's or the CLI's shared
+    voice); any other tenant is refused (a job stores voices for its own tenant only)."""
     job = get_current_job()
     if job is None:
         raise RuntimeError("workers.tasks.add_voice runs only as an RQ job")
@@ -136,10 +154,11 @@ def add_voice(name: str, prompt_audio: str, transcript: str = "") -> dict[str, A
         voice=name,
     ):
         check_readable_prompt(runtime, prompt_audio)
+        voice_profiles.check_job_owner(owner, context.scope_tenant)
         summary = voice_profiles.add_voice(
             runtime.engine,
             runtime.storage,
-            runtime.voices.registered_voices.registry,
+            runtime.voices.registered_voices.registry_of(owner),
             name=name,
             prompt_audio=prompt_audio,
             transcript=transcript,
@@ -237,11 +256,11 @@ def prepare_synthesis(
     with _logged(runtime, context):
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
-        check_tenant_key(context.tenant, request.output_key, context.document)
+        check_tenant_key(context.scope_tenant, request.output_key, context.document)
         if request.prompt_audio is not None:
             check_readable_prompt(runtime, request.prompt_audio)
         structlog.contextvars.bind_contextvars(voice=voice_label(request))
-        prompt = runtime.voices.resolve(request)
+        prompt = runtime.voices.resolve(request, context.scope_tenant)
         return PreparedSynthesis(
             request=request,
             context=context,
@@ -386,7 +405,7 @@ def _store(
         encoded.extension,
         request.output_key,
         context.enqueued_at,
-        tenant=context.tenant,
+        tenant=context.scope_tenant,
         document=context.document,
     )
     metadata = audio_metadata(

@@ -40,7 +40,8 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
         )
     if not 0 < args.port < 65536 or args.workers < 1:
         raise SettingsError(f"--port {args.port} / --workers {args.workers}: out of range")
-    check_bind(args.host, context.settings.api_key_list())
+    settings = context.settings
+    check_bind(args.host, settings.api_key_list() + settings.operator_key_list())
     import uvicorn  # noqa: PLC0415 (the http extra, only for this command)
 
     env_file = args.env_file if args.env_file and Path(args.env_file).is_file() else None

@@ -1,4 +1,8 @@
-"""`cosyq voices list|add|rm`: registered voices (prompt features computed by a worker)."""
+"""`cosyq voices list|add|rm`: registered voices (prompt features computed by a worker).
+
+The CLI holds Redis, so it is trusted: `--shared` adds or removes a shared voice (usable by
+every tenant, changed by no tenant key); without it, the voices of the client's tenant
+("default")."""
 
 from __future__ import annotations
 
@@ -38,12 +42,16 @@ def register(subparsers: Any) -> None:
     add.add_argument(
         "--text", default="", help="what the recording says (needed by mode zero_shot)"
     )
+    add.add_argument(
+        "--shared", action="store_true", help="a shared voice: every tenant may use it"
+    )
     add.add_argument("--no-wait", action="store_true", help="print the job id and return")
     add.add_argument("--timeout", type=seconds, help="seconds to wait (COSYQ_WAIT_TIMEOUT_S)")
     add.set_defaults(handler=run_add)
 
     remove = commands.add_parser("rm", help="remove a voice")
     remove.add_argument("name")
+    remove.add_argument("--shared", action="store_true", help="remove the shared voice")
     remove.set_defaults(handler=run_remove)
 
 
@@ -60,7 +68,7 @@ def _table(voices: list[VoiceSummary], title: str) -> Table:
     table.add_column("transcript", overflow="fold")
     for voice in voices:
         cells = (
-            voice.name,
+            voice.name + (" (shared)" if voice.shared else ""),
             str(voice.speech_tokens),
             f"{voice.source_seconds:.2f}",
             str(voice.source_sample_rate),
@@ -86,7 +94,9 @@ def run_add(args: argparse.Namespace, context: CliContext) -> int:
     except OSError as e:
         raise InvalidRequestError(f"{args.audio}: cannot read ({e.strerror})") from e
     with context.make_client(context.settings) as client:
-        job_id = client.add_voice(args.name, audio, args.text, filename=args.audio.name)
+        job_id = client.add_voice(
+            args.name, audio, args.text, filename=args.audio.name, shared=args.shared
+        )
         if args.no_wait:
             context.out.print(job_id, markup=False)
             return 0
@@ -99,6 +109,7 @@ def run_add(args: argparse.Namespace, context: CliContext) -> int:
 
 def run_remove(args: argparse.Namespace, context: CliContext) -> int:
     with context.make_client(context.settings) as client:
-        client.remove_voice(args.name)
-    context.out.print(f"removed voice {args.name}", markup=False)
+        client.remove_voice(args.name, shared=args.shared)
+    shown = "shared voice" if args.shared else "voice"
+    context.out.print(f"removed {shown} {args.name}", markup=False)
     return 0

@@ -64,7 +64,9 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     )
     for router in OPEN_ROUTERS:
         app.include_router(router)
-    check_key = Depends(KeyCheck(settings.api_key_entries()))
+    key_check = KeyCheck(settings.api_key_entries(), operator_keys=settings.operator_key_list())
+    app.state.key_check = key_check  # /metrics asks it who is scraping (no key needed there)
+    check_key = Depends(key_check)
     for router in KEYED_ROUTERS:
         app.include_router(router, dependencies=[check_key])
     install_openapi(

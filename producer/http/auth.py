@@ -5,6 +5,11 @@ much of it matched. Keys are never logged. Without keys configured every request
 tenant "default"), and `cosyq serve` then refuses to bind anything but loopback
 (producer/http_bind.py). The key names the request's tenant (`request.state.tenant`, which
 `context_of` binds the client to), and the tenant's requests-per-minute quota is counted here.
+
+Operator keys (COSYQ_OPERATOR_KEYS) are compared in the same loop: an operator's request is
+tenant "default" for what it submits and sets `request.state.operator`, which lets it read any
+tenant's jobs and documents, manage shared voices and read /metrics with tenant labels. A
+tenant key never has those rights.
 """
 
 from __future__ import annotations
@@ -23,23 +28,34 @@ _UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 class KeyCheck:
     """The dependency every route but /healthz and /readyz runs first."""
 
-    def __init__(self, keys: tuple[str | ApiKey, ...]) -> None:
+    def __init__(
+        self, keys: tuple[str | ApiKey, ...], *, operator_keys: tuple[str, ...] = ()
+    ) -> None:
         entries = [key if isinstance(key, ApiKey) else ApiKey(DEFAULT_TENANT, key) for key in keys]
-        self._keys = tuple((key.secret.encode("utf-8"), key.tenant) for key in entries)
+        self._keys = tuple(
+            [(key.secret.encode("utf-8"), key.tenant, False) for key in entries]
+            + [(key.encode("utf-8"), DEFAULT_TENANT, True) for key in operator_keys]
+        )
 
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
 
     def __call__(self, request: Request) -> None:
-        tenant = self.tenant_of(request)
+        tenant, operator = self.caller_of(request)
         request.state.tenant = tenant  # the access log line names it too
+        request.state.operator = operator
         context_of(request).quota.hit(tenant)
 
     def tenant_of(self, request: Request) -> str:
         """The tenant of the request's key; 401 without a key or with a wrong one."""
+        return self.caller_of(request)[0]
+
+    def caller_of(self, request: Request) -> tuple[str, bool]:
+        """(tenant, is an operator key); 401 without a key or with a wrong one. Without keys
+        configured (loopback only) every caller is tenant "default" and no operator."""
         if not self._keys:
-            return DEFAULT_TENANT
+            return DEFAULT_TENANT, False
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
@@ -49,21 +65,30 @@ class KeyCheck:
                 code="invalid_api_key",
                 headers=_UNAUTHORIZED_HEADERS,
             )
-        tenant = self.matching_tenant(given.strip())
-        if tenant is None:
+        found = self.matching_key(given.strip())
+        if found is None:
             raise ApiError(
                 401, "invalid API key", code="invalid_api_key", headers=_UNAUTHORIZED_HEADERS
             )
-        return tenant
+        return found
 
     def matches(self, given: str) -> bool:
-        return self.matching_tenant(given) is not None
+        return self.matching_key(given) is not None
 
     def matching_tenant(self, given: str) -> str | None:
-        """The tenant of the key `given` is, comparing every key (no early exit)."""
+        found = self.matching_key(given)
+        return None if found is None else found[0]
+
+    def matching_key(self, given: str) -> tuple[str, bool] | None:
+        """(tenant, operator) of the key `given` is, comparing every key (no early exit)."""
         candidate = given.encode("utf-8")
-        found: str | None = None
-        for key, tenant in self._keys:
+        found: tuple[str, bool] | None = None
+        for key, tenant, operator in self._keys:
             if hmac.compare_digest(candidate, key):
-                found = tenant
+                found = (tenant, operator)
         return found
+
+
+def is_operator(request: Request) -> bool:
+    """Whether the request came with an operator key (set by the key check)."""
+    return getattr(request.state, "operator", False) is True

@@ -19,6 +19,7 @@ from rq.job import Job
 from rq.results import Result
 
 from producer.client import CosyqClient
+from producer.http.errors import ApiError
 from producer.quotas import RequestQuota
 from producer.tracking import TERMINAL_STATES
 from shared.connection import async_redis_connection
@@ -43,6 +44,7 @@ class FrontContext:
     storage: Storage
     s3: S3Access  # one boto3 client, made on first use, for relaying S3 objects
     quota: RequestQuota  # each tenant's requests per minute (producer/quotas.py)
+    operator: bool = False  # the request came with an operator key (producer/http/auth.py)
 
     @classmethod
     def create(cls, settings: Settings, client: CosyqClient | None = None) -> FrontContext:
@@ -56,11 +58,27 @@ class FrontContext:
             quota=RequestQuota(client.connection, settings),
         )
 
-    def for_tenant(self, tenant: str) -> FrontContext:
+    def for_tenant(self, tenant: str, *, operator: bool = False) -> FrontContext:
         """The same context, its client submitting as `tenant` (the request's key's)."""
-        if tenant == self.client.tenant:
+        if tenant == self.client.tenant and operator == self.operator:
             return self
-        return dataclasses.replace(self, client=self.client.for_tenant(tenant))
+        return dataclasses.replace(self, client=self.client.for_tenant(tenant), operator=operator)
+
+    def may_read(self, tenant: str | None) -> bool:
+        """Whether this request may see what `tenant` owns: its own tenant's, or any for an
+        operator key. Something with no tenant (None) belongs to nobody: operators only."""
+        return self.operator or (tenant is not None and tenant == self.client.tenant)
+
+    def check_may_change(self, tenant: str | None, what: str) -> None:
+        """Cancelling is the owner's alone: an operator key reads another tenant's `what` but
+        may not change it (403); a tenant key never gets here for another's (404 first)."""
+        if tenant is None or tenant != self.client.tenant:
+            raise ApiError(
+                403,
+                f"{what}: an operator key reads other tenants' {what}s but does not change them",
+                code="not_owner",
+                type_="permission_error",
+            )
 
     async def close(self) -> None:
         await self.aredis.aclose()
@@ -102,7 +120,8 @@ def context_of(request: Request) -> FrontContext:
     context = request.app.state.cosyq
     assert isinstance(context, FrontContext)
     tenant = getattr(request.state, "tenant", None)
-    return context if tenant is None else context.for_tenant(tenant)
+    operator = getattr(request.state, "operator", False) is True
+    return context if tenant is None else context.for_tenant(tenant, operator=operator)
 
 
 Context = Annotated[FrontContext, Depends(context_of)]  # a route's `context: Context`

@@ -29,7 +29,7 @@ from producer.http.storage_read import stored_response
 from shared.audio import CONTENT_TYPES
 from shared.captions import CONTENT_TYPES as CAPTION_TYPES
 from shared.captions import cues_from_pieces, render
-from shared.document_state import DocumentNotFoundError, DocumentResult
+from shared.document_state import DocumentNotFoundError, DocumentResult, load_plan, not_found
 from shared.documents import DocumentRequest
 
 router = APIRouter(responses=ERRORS)
@@ -65,9 +65,24 @@ async def submit_document(
     return DocumentAccepted(id=document_id, status="queued", location=location)
 
 
-async def _document_status(context: Context, document_id: str) -> DocumentStatusResponse:
+async def check_document_owner(context: Context, document_id: str, *, change: bool = False) -> None:
+    """404 for an id never made, and the same 404 for another tenant's document (or one with
+    no tenant recorded): a key reads and cancels only its own tenant's documents, and an id
+    never tells another tenant that it exists. An operator key reaches any."""
     if not JOB_ID_RE.fullmatch(document_id):
         raise ApiError(404, "no such document", code="document_not_found")
+    try:
+        plan = await run_in_threadpool(load_plan, context.connection, document_id)
+    except DocumentNotFoundError as e:
+        raise ApiError(404, str(e), code="document_not_found") from e
+    if not context.may_read(plan.tenant):
+        raise ApiError(404, str(not_found(document_id)), code="document_not_found")
+    if change:
+        context.check_may_change(plan.tenant, "document")
+
+
+async def _document_status(context: Context, document_id: str) -> DocumentStatusResponse:
+    await check_document_owner(context, document_id)
     try:
         status = await run_in_threadpool(context.client.document_status, document_id)
     except DocumentNotFoundError as e:
@@ -80,12 +95,14 @@ async def document_status(context: Context, document_id: str) -> DocumentStatusR
     return await _document_status(context, document_id)
 
 
-@router.delete("/v1/documents/{document_id}")
+@router.delete(
+    "/v1/documents/{document_id}",
+    responses={403: {"model": ErrorResponse, "description": "an operator key: not its own"}},
+)
 async def cancel_document(context: Context, document_id: str) -> DocumentStatusResponse:
     """Cancel the segments not done yet (as DELETE /v1/jobs/{id} each); the document's status
     after it (`canceled` once nothing runs; done segments and an assembly are left alone)."""
-    if not JOB_ID_RE.fullmatch(document_id):
-        raise ApiError(404, "no such document", code="document_not_found")
+    await check_document_owner(context, document_id, change=True)
     try:
         await run_in_threadpool(context.client.cancel_document, document_id)
     except DocumentNotFoundError as e:

@@ -33,11 +33,10 @@ from producer.http.responses import (
 )
 from producer.http.storage_read import audio_response
 from producer.http.streaming import relay_response
-from producer.tracking import JobStatus
+from producer.tracking import JobStatus, tenant_of_job
 from shared.errors import JobNotFoundError, QueueFullError
 from shared.jobs import SynthesisRequest, validate_request
 from shared.keys import JOB_ID_RE, JOB_ID_RULE, SYNTHESIZE_FUNCTION
-from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 
 router = APIRouter(responses=ERRORS)
 _AUDIO: Responses = {200: {"content": {"audio/*": {}}, "description": "the stored audio file"}}
@@ -149,10 +148,11 @@ async def submit_batch(
     return BatchAccepted(ids=job_ids, status="queued")
 
 
-def check_owner(context: Context, job_id: str, tenant: str) -> None:
+def check_owner(context: Context, job_id: str, tenant: str | None) -> None:
     """A job of another tenant answers as no such job: a key reads, streams and cancels only
-    its own tenant's jobs, and an id never tells another tenant that it exists."""
-    if tenant != context.client.tenant:
+    its own tenant's jobs, and an id never tells another tenant that it exists. A job without
+    a tenant tag belongs to nobody (an operator key reads any)."""
+    if not context.may_read(tenant):
         raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
 
 
@@ -171,12 +171,16 @@ async def job_status(request: Request, context: Context, job_id: str) -> JobStat
 
 @router.delete(
     "/v1/jobs/{job_id}",
-    responses={409: {"model": ErrorResponse, "description": "the job already ended"}},
+    responses={
+        403: {"model": ErrorResponse, "description": "an operator key: another tenant's job"},
+        409: {"model": ErrorResponse, "description": "the job already ended"},
+    },
 )
 async def cancel_job(request: Request, context: Context, job_id: str) -> CancelResponse:
     """Cancel: 200 with what happened (`canceled`, `stopping`, `already_canceled`), 409 when the
     job already finished or failed (nothing changed), 404 for no such job."""
-    await _status(request, context, job_id)  # 404 for no such job, or another tenant's
+    status = await _status(request, context, job_id)  # 404: no such job, or another tenant's
+    context.check_may_change(status.tenant, "job")
     outcome = await run_in_threadpool(context.client.cancel, job_id)
     body = {"id": job_id, "result": outcome.verdict, "state": outcome.state}
     if outcome.verdict == "already_ended":
@@ -221,7 +225,7 @@ async def job_stream(
 ) -> StreamingResponse:
     request.state.job_id = checked_job_id(job_id)
     job = await run_in_threadpool(context.client.tracker.fetch, job_id)
-    check_owner(context, job_id, str(job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)))
+    check_owner(context, job_id, tenant_of_job(job))
     request_doc = job.kwargs.get("request") if job.func_name == SYNTHESIZE_FUNCTION else None
     if not isinstance(request_doc, dict) or not request_doc.get("stream"):
         raise ApiError(

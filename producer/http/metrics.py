@@ -2,10 +2,15 @@
 
 The front runs apart from the workers (often on other hosts), so it cannot sum their
 processes' counters as a pool does; it serves what every worker publishes in Redis:
-`cosyq_queue_depth{queue}` (every tenant's queues), `cosyq_tenant_queued_jobs{tenant}`,
-`cosyq_workers{state}` and `cosyq_worker_rss_bytes{worker}` (from
+`cosyq_queue_depth{queue}`, `cosyq_workers{state}` and `cosyq_worker_rss_bytes{worker}` (from
 the `cosyq:worker-stats:*` hashes), under the same names as the pools' `/metrics`. Job counts
 and timings come from the pools.
+
+Tenant names are an operator's to see: a scrape with an operator key (COSYQ_OPERATOR_KEYS), or
+any scrape of a front without keys (loopback only), gets every tenant's queue in
+`cosyq_queue_depth` and `cosyq_tenant_queued_jobs{tenant}`. Any other scrape (no key, a tenant
+key) gets `cosyq_queue_depth` per priority queue, summed over the tenants, and no tenant label;
+a wrong key is a 401 like everywhere else.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from rq.queue import Queue
 
+from producer.http.auth import KeyCheck
 from producer.http.context import context_of
 from shared import keys, tenants
 
@@ -38,21 +44,47 @@ class _Families(Collector):
         yield from self.families
 
 
-@router.get("/metrics")
-async def metrics(request: Request) -> Response:
+def may_name_tenants(request: Request) -> bool:
+    """An operator key's scrape, or any on a front without keys; 401 for a wrong key."""
+    check: KeyCheck = request.app.state.key_check
+    if not check.enabled:
+        return True
+    if "authorization" not in request.headers:
+        return False
+    return check.caller_of(request)[1]
+
+
+async def _queue_families(request: Request) -> list[Metric]:
+    """Queue depths: per tenant queue (and per tenant) when tenants may be named, else per
+    priority queue, every tenant's summed."""
+    named = may_name_tenants(request)  # first: a wrong key reads nothing
     context = context_of(request)
-    aredis = context.aredis
     depth = GaugeMetricFamily("cosyq_queue_depth", "Jobs waiting in a queue", labels=["queue"])
     queued = GaugeMetricFamily(  # tenants come from settings: a bounded label
         "cosyq_tenant_queued_jobs", "Jobs a tenant has waiting, all priorities", labels=["tenant"]
     )
     by_tenant: Counter[str] = Counter()
-    for name in tenants.queue_names(context.settings.tenant_names()):
-        waiting = float(await aredis.llen(Queue.redis_queue_namespace_prefix + name))
-        depth.add_metric([name], waiting)
-        by_tenant[tenants.tenant_of_queue(name)] += int(waiting)
+    by_priority: Counter[str] = Counter()
+    names = tenants.queue_names(context.settings.tenant_names())
+    waiting = [await context.aredis.llen(Queue.redis_queue_namespace_prefix + n) for n in names]
+    for name, count in zip(names, waiting, strict=True):
+        by_tenant[tenants.tenant_of_queue(name)] += int(count)
+        by_priority[tenants.priority_of_queue(name)] += int(count)
+    if not named:
+        for name in keys.QUEUES_IN_PRIORITY_ORDER:
+            depth.add_metric([name], float(by_priority[name]))
+        return [depth]
+    for name, count in zip(names, waiting, strict=True):
+        depth.add_metric([name], float(count))
     for tenant in context.settings.tenant_names():
         queued.add_metric([tenant], float(by_tenant[tenant]))
+    return [depth, queued]
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    families = await _queue_families(request)
+    aredis = context_of(request).aredis
     states: Counter[str] = Counter()
     rss = GaugeMetricFamily(
         "cosyq_worker_rss_bytes", "Resident memory of a worker process", labels=["worker"]
@@ -69,7 +101,7 @@ async def metrics(request: Request) -> Response:
     for state in keys.WORKER_STATES:
         workers.add_metric([state], float(states[state]))
     registry = CollectorRegistry()
-    registry.register(_Families([depth, queued, workers, rss]))
+    registry.register(_Families([*families, workers, rss]))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

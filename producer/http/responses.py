@@ -99,7 +99,10 @@ class JobStatusResponse(BaseModel):
     job_id: str
     state: str = Field(description="queued, started, finished, failed, canceled, scheduled, ...")
     queue: str | None
-    tenant: str = Field(description="who submitted it (the API key's tenant)")
+    tenant: str | None = Field(
+        description="who submitted it (the API key's tenant); null: no tenant tag (operators "
+        "only see such a job)"
+    )
     enqueued_at: str | None = Field(description="ISO 8601")
     started_at: str | None
     ended_at: str | None
@@ -183,6 +186,10 @@ class VoiceEntry(BaseModel):
 
     name: str
     builtin: bool
+    shared: bool = Field(
+        default=False,
+        description="an operator's shared voice: every tenant may use it, none change it",
+    )
     speech_tokens: int | None = None
     source_seconds: float | None = None
     model_name: str | None = None
@@ -223,6 +230,9 @@ class VoiceInfo(BaseModel):
     source_uri: str | None
     format: int
     replaced: bool = Field(description="the name had a voice before, now replaced")
+    shared: bool = Field(
+        default=False, description="a shared voice (published with an operator key)"
+    )
 
 
 class VoiceAdded(BaseModel):

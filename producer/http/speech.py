@@ -129,7 +129,12 @@ def renamed(message: str) -> str:
 
 
 async def check_voice(context: FrontContext, voice: str) -> None:
-    if voice != DEFAULT_VOICE and not await context.aredis.exists(keys.voice_key(voice)):
+    """404 unless the key's tenant has the voice, or a shared one has its name (as the worker
+    resolves it: shared.voices.load_voice); another tenant's voice is never found."""
+    if voice == DEFAULT_VOICE:
+        return
+    owners = (context.client.tenant, keys.SHARED_VOICES)
+    if not await context.aredis.exists(*(keys.voice_key(voice, owner) for owner in owners)):
         raise ApiError(
             404,
             f"voice: no voice named {voice!r} is registered (GET /v1/audio/voices)",

@@ -239,6 +239,8 @@ def record_finished_segment(
     )
     if outcome == 1:
         plan = load_plan(connection, document_id)
-        enqueue_assembly(connection, settings, document_id, assembly_id, plan.priority)
+        enqueue_assembly(
+            connection, settings, document_id, assembly_id, plan.priority, tenant=plan.tenant
+        )
     if outcome == -1:
         log.warning("document_segment_superseded", document_id=document_id, segment=index)

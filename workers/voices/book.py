@@ -3,8 +3,9 @@
 Three kinds: the voice named "default" (the model directory's prompt.wav + prompt.txt,
 extracted once per model and prompt and shared through Redis, so recycled workers skip the
 prompt models), an inline prompt (`prompt_audio` read through storage, with
-`prompt_text`; extracted per job), and registered voices (`cosyq voices add`: profiles in Redis,
-refused when computed with other weights). The prompt-audio rules (readable, >= 16 kHz, not too
+`prompt_text`; extracted per job), and registered voices (`cosyq voices add`: profiles in
+Redis, the job's tenant's own first, then the shared ones; refused when computed with other
+weights). The prompt-audio rules (readable, >= 16 kHz, not too
 long, not silent) are checked here before the engine sees a recording.
 """
 
@@ -18,6 +19,7 @@ from shared.errors import InvalidRequestError
 from shared.jobs import SynthesisRequest
 from shared.logs import get_logger
 from shared.storage import Storage
+from shared.tenants import DEFAULT_TENANT
 from shared.voices import DEFAULT_VOICE, VoiceRegistry, check_prompt_audio, decode_prompt_audio
 from workers.engine.api import SynthesisEngine, VoicePrompt
 from workers.model.directory import PROMPT_AUDIO, PROMPT_TEXT
@@ -47,13 +49,14 @@ class VoiceBook:
         self.cache_ttl_s = cache_ttl_s
         self._default: VoicePrompt | None = None
 
-    def resolve(self, request: SynthesisRequest) -> VoicePrompt:
+    def resolve(self, request: SynthesisRequest, tenant: str = DEFAULT_TENANT) -> VoicePrompt:
+        """The request's prompt; a registered voice is `tenant`'s own, else a shared one."""
         if request.prompt_audio is not None:
             return self.inline(request.prompt_audio, request.prompt_text or "")
         name = request.voice or DEFAULT_VOICE
         if name == DEFAULT_VOICE:
             return self.default()
-        return self.registered(name)
+        return self.registered(name, tenant)
 
     def default(self) -> VoicePrompt:
         if self._default is None:
@@ -73,9 +76,10 @@ class VoiceBook:
         """Read prompt audio from storage and extract its features (per job: not cached)."""
         return self._extract(self.storage.get(uri), transcript, field="prompt_audio")
 
-    def registered(self, name: str) -> VoicePrompt:
-        """UnknownVoiceError if not registered, VoiceMismatchError if made by other weights."""
-        return self.registered_voices.resolve(name)
+    def registered(self, name: str, tenant: str = DEFAULT_TENANT) -> VoicePrompt:
+        """UnknownVoiceError if neither the tenant nor the shared voices have it,
+        VoiceMismatchError if made by other weights."""
+        return self.registered_voices.resolve(tenant, name)
 
     def _load_default(self) -> VoicePrompt:
         if self.model_dir is None:

@@ -2,9 +2,11 @@
 
 `add_voice` reads the uploaded prompt through storage, has the engine compute its features
 (the shared prompt rules apply: readable, >= 16 kHz, not too long, not silent) and stores the
-profile in Redis. `RegisteredVoices.resolve(name)` turns a stored profile back into the
-engine's `VoicePrompt`, refusing one computed with other model weights (its speech tokens and
-features would not match this model) with a message that says how to fix it.
+profile in Redis, in its owner's registry (a tenant, or the shared voices).
+`RegisteredVoices.resolve(tenant, name)` finds the tenant's own voice, else a shared one
+(`shared.voices.load_voice`), and turns it back into the engine's `VoicePrompt`, refusing one
+computed with other model weights (its speech tokens and features would not match this model)
+with a message that says how to fix it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from shared import keys
 from shared.errors import InvalidRequestError, VoiceMismatchError
 from shared.storage import Storage
 from shared.voices import (
@@ -23,6 +26,7 @@ from shared.voices import (
     check_transcript,
     check_voice_name,
     decode_prompt_audio,
+    load_voice,
     upload_key,
     utc_now,
 )
@@ -37,6 +41,7 @@ def profile_from_prompt(
     source_sample_rate: int,
     source_seconds: float,
     source_uri: str | None = None,
+    shared: bool = False,
 ) -> VoiceProfile:
     """A storable profile of `prompt`, stamped with the model that computed it."""
     summary = VoiceSummary(
@@ -49,6 +54,7 @@ def profile_from_prompt(
         checkpoint_hash=identity.checkpoint_hash,
         created_at=utc_now(),
         source_uri=source_uri,
+        shared=shared,
     )
     return VoiceProfile(
         summary=summary,
@@ -75,6 +81,16 @@ def prompt_from_profile(profile: VoiceProfile, identity: ModelIdentity) -> Voice
     )
 
 
+def check_job_owner(owner: object, tenant: str) -> None:
+    """An add-voice job of `tenant` stores that tenant's voices, or shared ones; never another
+    tenant's (the producer never asks for that; a hand-made job is refused)."""
+    if owner not in {keys.SHARED_VOICES, tenant}:
+        raise InvalidRequestError(
+            f"voice owner {owner!r}: an add-voice job of tenant {tenant} stores only its own "
+            "tenant's voices, or shared ones"
+        )
+
+
 def add_voice(
     engine: SynthesisEngine,
     storage: Storage,
@@ -85,9 +101,11 @@ def add_voice(
     transcript: str,
     max_transcript_chars: int = 2000,
 ) -> dict[str, Any]:
-    """The add-voice job: check, read, extract, store; returns the profile's summary as JSON."""
+    """The add-voice job: check, read, extract, store in `registry` (its owner's); returns the
+    profile's summary as JSON."""
     check_voice_name(name)
-    own_upload = upload_key(storage.uri_for, name, prompt_audio)
+    owner = registry.owner
+    own_upload = upload_key(storage.uri_for, owner, name, prompt_audio)
     try:
         transcript = check_transcript(transcript, max_transcript_chars)
         samples, rate = decode_prompt_audio(storage.get(prompt_audio), where=prompt_audio)
@@ -103,10 +121,11 @@ def add_voice(
         source_sample_rate=rate,
         source_seconds=samples.shape[0] / rate,
         source_uri=prompt_audio,
+        shared=owner == keys.SHARED_VOICES,
     )
     previous = registry.save(profile)
     if previous is not None and previous.source_uri != prompt_audio:
-        replaced_upload = upload_key(storage.uri_for, name, previous.source_uri)
+        replaced_upload = upload_key(storage.uri_for, owner, name, previous.source_uri)
         if replaced_upload is not None:  # keep exactly the current recording
             storage.delete(replaced_upload)
     return dataclasses.replace(profile.summary, replaced=previous is not None).to_dict()
@@ -116,9 +135,15 @@ class RegisteredVoices:
     """Stored voices as this worker's engine can use them."""
 
     def __init__(self, registry: VoiceRegistry, identity: ModelIdentity) -> None:
-        self.registry = registry
+        self.registry = registry  # its connection; the default voice's cache
         self.identity = identity
 
-    def resolve(self, name: str) -> VoicePrompt:
-        """UnknownVoiceError if not registered, VoiceMismatchError if made by other weights."""
-        return prompt_from_profile(self.registry.load(name), self.identity)
+    def resolve(self, tenant: str, name: str) -> VoicePrompt:
+        """The tenant's own voice `name`, else the shared one; UnknownVoiceError if neither is
+        registered, VoiceMismatchError if made by other weights."""
+        profile = load_voice(self.registry.connection, tenant, name)
+        return prompt_from_profile(profile, self.identity)
+
+    def registry_of(self, owner: str) -> VoiceRegistry:
+        """The registry an add-voice job stores into (a tenant's, or the shared voices)."""
+        return VoiceRegistry(self.registry.connection, owner)

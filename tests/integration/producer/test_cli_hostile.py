@@ -353,7 +353,7 @@ def test_voices_rm_deletes_the_recording_wherever_add_stored_it(
     assert cosyq("voices", "add", "alice", str(recording), "--text", "Hi.", "--no-wait") == 0
     job_id = capsys.readouterr().out.strip()
     uri = Job.fetch(job_id, connection=connection, serializer=JSONSerializer).kwargs["prompt_audio"]
-    [upload] = list((adding / "cosyq-output" / "voices" / "alice").iterdir())
+    [upload] = list((adding / "cosyq-output" / "voices" / "default" / "alice").iterdir())
     assert uri == upload.as_uri() and upload.suffix == ".wav"
     register_voice(connection, "alice", uri)  # what the add-voice job's worker does
     monkeypatch.chdir(removing)

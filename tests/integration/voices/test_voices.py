@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 
 from producer import CosyqClient
 from producer.cli import main
-from shared import keys
+from shared import keys, tenants
 from shared.errors import (
     InvalidRequestError,
     JobFailedError,
@@ -83,7 +83,7 @@ def test_add_list_use_remove(
     job = stored.fetch_job(job_id)
     assert job is not None and job.func_name == keys.ADD_VOICE_FUNCTION
     uri = job.kwargs["prompt_audio"]
-    assert uri.startswith("file://") and "/voices/alice/" in uri and uri.endswith(".wav")
+    assert uri.startswith("file://") and "/voices/default/alice/" in uri and uri.endswith(".wav")
     run_cosyq_burst(settings)
     summary = client.wait_for_voice(job_id, timeout=5)
     assert summary.name == "alice" and summary.transcript == "This is Alice."
@@ -128,7 +128,7 @@ def test_profile_from_other_weights_is_refused(
     assert isinstance(other, ModelIdentity)
     voices = RegisteredVoices(VoiceRegistry(client.connection), other)
     with pytest.raises(VoiceMismatchError, match="add it again with `cosyq voices add bob"):
-        voices.resolve("bob")
+        voices.resolve("default", "bob")
 
 
 def test_the_producer_refuses_bad_recordings_before_uploading(
@@ -187,7 +187,7 @@ def test_cli_voices_add_list_rm(
 def test_registry_rejects_corrupt_profiles(redis_url: str) -> None:
     connection = redis.Redis.from_url(redis_url)
     registry = VoiceRegistry(connection)
-    connection.hset(keys.voice_key("broken"), mapping={"meta": "{}", "arrays": "[]"})
+    connection.hset(keys.voice_key("broken", "default"), mapping={"meta": "{}", "arrays": "[]"})
     connection.sadd(keys.VOICES_SET, "broken", "gone")
     with pytest.raises(InvalidRequestError, match="stored profile is unusable"):
         registry.load("broken")
@@ -199,8 +199,8 @@ def test_registry_rejects_corrupt_profiles(redis_url: str) -> None:
     connection.close()
 
 
-def uploads(settings: Settings, name: str) -> list[str]:
-    folder = Path(settings.storage_url.removeprefix("file://")) / "voices" / name
+def uploads(settings: Settings, name: str, owner: str = "default") -> list[str]:
+    folder = Path(settings.storage_url.removeprefix("file://")) / "voices" / owner / name
     return sorted(p.as_uri() for p in folder.iterdir()) if folder.exists() else []
 
 
@@ -261,3 +261,50 @@ def test_a_refused_recording_is_not_kept(client: CosyqClient, settings: Settings
     with pytest.raises(JobFailedError, match="silent"):
         client.wait_for_voice(job_id, timeout=5)
     assert uploads(settings, "gina") == []
+
+
+def test_voices_are_per_tenant_old_ones_stay_defaults_and_the_cli_shares(
+    settings: Settings,
+    prompt_bytes: bytes,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("COSYQ_TENANTS", "alpha")
+    settings = load_settings(env_file=None)
+    queues = tenants.queue_names(settings.tenant_names())
+    wav = str(tiny_model_dir / "prompt.wav")
+    with CosyqClient(settings) as default, CosyqClient(settings, tenant="alpha") as alpha:
+        default.add_voice("old", prompt_bytes, "Old.")
+        shared = ["voices", "add", "narrator", wav, "--text", "Narrated.", "--shared", "--no-wait"]
+        assert main(shared) == 0
+        run_cosyq_burst(settings, queues)
+        # as stored before tenants: the keys were already these; the upload at voices/<name>/
+        profile = VoiceRegistry(default.connection).load("old")
+        moved = Path(str(profile.summary.source_uri).removeprefix("file://"))
+        legacy = moved.parent.parent.parent / "old" / moved.name
+        legacy.parent.mkdir()
+        moved.rename(legacy)
+        summary = dataclasses.replace(profile.summary, source_uri=legacy.as_uri())
+        VoiceRegistry(default.connection).save(dataclasses.replace(profile, summary=summary))
+        assert [(v.name, v.shared) for v in alpha.list_voices()] == [("narrator", True)]
+        assert [v.name for v in default.list_voices()] == ["old", "narrator"]
+        jobs = [
+            default.submit({"text": "Hello there.", "voice": "old"}),
+            alpha.submit({"text": "Hello there.", "voice": "old"}),
+            alpha.submit({"text": "Hello there.", "voice": "narrator"}),
+        ]
+        run_cosyq_burst(settings, queues)
+        states = [alpha.status(job_id) for job_id in jobs]
+        assert [s.state for s in states] == ["finished", "failed", "finished"]
+        failure = states[1].failure
+        assert failure is not None and "no voice named 'old'" in failure.message
+
+        capsys.readouterr()
+        assert main(["voices", "list"]) == 0 and "narrator (shared)" in capsys.readouterr().out
+        assert main(["voices", "rm", "narrator"]) == 1  # "default" has no voice of that name
+        assert "no voice named 'narrator'" in capsys.readouterr().err
+        assert main(["voices", "rm", "narrator", "--shared"]) == 0 and alpha.list_voices() == []
+        assert uploads(settings, "narrator", owner="_shared") == []
+        default.remove_voice("old")
+        assert not legacy.exists()  # its upload from before tenants goes with it

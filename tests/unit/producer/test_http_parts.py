@@ -19,6 +19,7 @@ from producer.http_bind import check_bind, is_loopback
 from shared.errors import SettingsError
 from shared.jobs import RequestLimits, validate_request
 from shared.settings import load_settings
+from shared.tenants import ApiKey
 
 
 def test_keys_match_only_exactly() -> None:
@@ -26,6 +27,14 @@ def test_keys_match_only_exactly() -> None:
     assert check.matches("beta-key") and check.matches("alpha-key")
     assert not check.matches("beta-ke") and not check.matches("beta-key ")
     assert not check.matches("") and not KeyCheck(()).enabled
+
+
+def test_an_operator_key_is_tenant_default_with_the_operator_flag() -> None:
+    check = KeyCheck((ApiKey("alpha", "alpha-key"),), operator_keys=("op-key",))
+    assert check.matching_key("op-key") == ("default", True)
+    assert check.matching_key("alpha-key") == ("alpha", False)
+    assert check.matching_key("op-ke") is None and check.matching_key("op-key ") is None
+    assert KeyCheck((), operator_keys=("op-key",)).enabled  # operator keys alone turn keys on
 
 
 def test_settings_split_api_keys_at_commas(monkeypatch: pytest.MonkeyPatch) -> None:

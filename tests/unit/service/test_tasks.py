@@ -15,12 +15,14 @@ import pytest
 import redis
 import soundfile as sf
 import structlog
+from rq.job import Job
 
 from shared.errors import InvalidRequestError
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging
 from shared.settings import load_settings
 from shared.storage import open_storage
+from shared.tenants import TENANT_META_KEY
 from shared.voices import VoiceRegistry
 from tests.doubles.engines import ScriptedEngine
 from tests.doubles.harness import write_model_dir
@@ -52,6 +54,18 @@ def runtime(tmp_path: Path, redis_url: str) -> Iterator[WorkerRuntime]:
 def context(attempt: int = 1) -> JobContext:
     started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     return JobContext("job123", "cosyq-default", attempt, started - timedelta(seconds=2), started)
+
+
+def test_a_job_whose_meta_lost_its_tenant_tag_is_nobodys(redis_url: str) -> None:
+    """The hash re-created without meta (deleted while it ran): no tenant, never "default";
+    its voices are looked up as its queue's tenant's, which admission checked."""
+    connection = redis.Redis.from_url(redis_url)
+    job = Job.create("workers.tasks.synthesize", connection=connection, origin="cosyq-low.beta")
+    untagged = JobContext.from_job(job)
+    assert untagged.tenant is None and untagged.scope_tenant == "beta"
+    job.meta[TENANT_META_KEY] = "beta"
+    assert JobContext.from_job(job).tenant == "beta"
+    connection.close()
 
 
 def test_result_points_at_stored_audio_with_identity_and_timings(runtime: WorkerRuntime) -> None:

@@ -29,6 +29,10 @@ def test_idempotency_keys_are_per_tenant() -> None:
 
 
 def test_per_name_keys() -> None:
-    assert keys.voice_key("alice") == "cosyq:voice:alice"
+    assert keys.voice_key("alice", "default") == "cosyq:voice:alice"  # as before tenants
+    assert keys.voices_set("default") == "cosyq:voices"
+    assert keys.voice_key("alice", "beta") == "cosyq:voice:beta:alice"
+    assert keys.voices_set("beta") == "cosyq:voices:beta"
+    assert keys.voice_key("alice", keys.SHARED_VOICES) == "cosyq:voice:_shared:alice"
     assert keys.job_heartbeat_key("j1") == "cosyq:job-heartbeat:j1"
     assert keys.worker_stats_key("w1") == "cosyq:worker-stats:w1"

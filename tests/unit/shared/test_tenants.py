@@ -47,6 +47,28 @@ def test_load_settings_refuses_a_malformed_entry_in_one_line_without_the_key() -
     assert SECRET not in message
 
 
+OPERATOR = "op-" + "8" * 20
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        (f"{OPERATOR},{OPERATOR}", "entry 2: the same key as an earlier entry"),
+        (f"ok-key,{OPERATOR} x", "entry 2: the key holds spaces"),
+        (f"ok-key,{SECRET}", "entry 2: the same key as an entry of COSYQ_API_KEYS"),
+    ],
+)
+def test_operator_keys_are_secret_and_never_a_tenants_key(raw: str, problem: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(None, api_keys=f"billing:{SECRET}", operator_keys=raw)
+    message = str(caught.value)
+    assert "COSYQ_OPERATOR_KEYS " + problem in message and "\n" not in message
+    assert SECRET not in message and OPERATOR not in message
+    settings = load_settings(None, api_keys=f"billing:{SECRET}", operator_keys=" op-1 ,op-2")
+    assert settings.operator_key_list() == ("op-1", "op-2")
+    assert "op-1" not in repr(settings) and "op-1" not in str(settings.model_dump())
+
+
 def test_tenant_names_come_from_the_keys_and_cosyq_tenants() -> None:
     settings = load_settings(None, api_keys="billing:sk-1,sk-2", tenants="search, archive")
     assert settings.tenant_names() == ("default", "archive", "billing", "search")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,16 +11,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 
-from shared.errors import InvalidRequestError, PromptUnreadableError
+from shared import keys
+from shared.errors import InvalidRequestError, PromptUnreadableError, UnknownVoiceError
 from shared.voices import (
     VoiceProfile,
+    VoiceRegistry,
     VoiceSummary,
     check_transcript,
     check_voice_name,
     decode_array,
     decode_prompt_audio,
     encode_array,
+    load_voice,
+    voice_exists,
 )
 
 
@@ -125,3 +131,21 @@ def test_a_transcript_carries_control_tags_only() -> None:
         check_transcript('Hi <break time="1s"/> there', 100)
     with pytest.raises(InvalidRequestError, match="transcript: 12 characters, limit 5"):
         check_transcript("x" * 12, 5)
+
+
+def test_a_jobs_voice_is_its_tenants_own_then_shared_never_anothers(redis_url: str) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    for owner, words in (("alpha", "Alpha's."), (keys.SHARED_VOICES, "Shared.")):
+        summary = dataclasses.replace(profile().summary, transcript=words)
+        VoiceRegistry(connection, owner).save(dataclasses.replace(profile(), summary=summary))
+    assert load_voice(connection, "alpha", "alice").summary.transcript == "Alpha's."
+    assert load_voice(connection, "beta", "alice").summary.transcript == "Shared."
+    assert voice_exists(connection, "beta", "alice")
+    VoiceRegistry(connection, keys.SHARED_VOICES).remove("alice")
+    with pytest.raises(UnknownVoiceError, match="no voice named 'alice'"):
+        load_voice(connection, "beta", "alice")  # alpha's is never beta's
+    assert not voice_exists(connection, "beta", "alice")
+    assert [s.name for s in VoiceRegistry(connection, "alpha").summaries()] == ["alice"]
+    with pytest.raises(InvalidRequestError, match="voice owner"):
+        VoiceRegistry(connection, "Not A Tenant")
+    connection.close()

@@ -15,12 +15,17 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
 
+from shared.keys import QUEUE_LOW, SYNTHESIZE_FUNCTION
 from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 from tests.conftest import RedisServer, free_port
 from tests.doubles.harness import REPO_ROOT, Cluster, read_events, wait_for
 
@@ -99,7 +104,15 @@ def start_front(root: Path, redis_url: str, *args: str, **extra: str) -> Front:
     return front
 
 
-def _db(server: RedisServer, index: int) -> str:
+def queued_job(connection: redis.Redis, request: dict[str, Any], **options: Any) -> str:
+    """A synthesize job queued as a producer queues one for the tenant "default" (tagged: a
+    job without its tenant tag is nobody's), on the low queue; `options` go to RQ's enqueue."""
+    queue = Queue(QUEUE_LOW, connection=connection, serializer=JSONSerializer)
+    meta = {TENANT_META_KEY: DEFAULT_TENANT}
+    return str(queue.enqueue(SYNTHESIZE_FUNCTION, request=request, meta=meta, **options).id)
+
+
+def fresh_db(server: RedisServer, index: int) -> str:
     url = server.url.rsplit("/", 1)[0] + f"/{index}"
     redis.Redis.from_url(url).flushdb()
     return url
@@ -111,10 +124,21 @@ def live(
 ) -> Iterator[Front]:
     """Keys on; one tiny-model worker (real engine) behind it; /readyz 200 before tests run."""
     root = tmp_path_factory.mktemp("http-live")
-    url = _db(redis_server, LIVE_DB)
+    url = fresh_db(redis_server, LIVE_DB)
     front = start_front(root / "front", url, COSYQ_API_KEYS=f"other-key,{API_KEY}")
+    cluster = start_tiny_pool(root, front, tiny_model_dir)
+    try:
+        yield front
+    finally:
+        front.stop()
+        cluster.stop_all()
+
+
+def start_tiny_pool(root: Path, front: Front, tiny_model_dir: Path, **extra: str) -> Cluster:
+    """One tiny-model worker (the real engine) on the front's Redis and storage; returns once
+    the front's /readyz says a worker is ready. `extra`: more COSYQ_* for the pool."""
     cluster = Cluster(
-        redis_url=url,
+        redis_url=front.redis_url,
         root=root,
         overrides={
             "COSYQ_ENGINE": str(Settings.model_fields["engine"].default),  # the real engine
@@ -124,21 +148,22 @@ def live(
             "COSYQ_HASH_CACHE_DIR": str(root / "hashes"),
             "COSYQ_STORAGE_URL": front.storage.as_uri(),
             "COSYQ_MAX_RETRIES": "0",
+            **extra,
         },
     )
     cluster.start("pool", "-n", "1", log_name="pool.log")
     try:
-        with front.http() as client:
+        with httpx.Client(base_url=front.url, timeout=10.0) as client:
             wait_for(
                 lambda: client.get("/readyz").status_code == 200,
                 POOL_READY_TIMEOUT_S,
                 "a ready worker behind /readyz",
                 interval=0.5,
             )
-        yield front
-    finally:
-        front.stop()
+    except BaseException:
         cluster.stop_all()
+        raise
+    return cluster
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +172,7 @@ def stalled(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory)
     root = tmp_path_factory.mktemp("http-stalled")
     front = start_front(
         root,
-        _db(redis_server, STALLED_DB),
+        fresh_db(redis_server, STALLED_DB),
         COSYQ_MAX_QUEUE_DEPTH="2",
         COSYQ_HTTP_WAIT_TIMEOUT_S="1",
         COSYQ_HTTP_RETRY_AFTER_S="7",

@@ -19,7 +19,7 @@ from rq.serializers import JSONSerializer
 
 from shared import audio_stream, keys
 from shared.results import JobFailure
-from tests.integration.producer.http.conftest import Front
+from tests.integration.producer.http.conftest import Front, queued_job
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +34,13 @@ def connection(stalled: Front) -> Iterator[redis.Redis]:
 
 
 def failed_job(connection: redis.Redis, kind: str, message: str, stream: bool = False) -> str:
-    queue = Queue(keys.QUEUE_LOW, connection=connection, serializer=JSONSerializer)
-    request = {"text": "Doomed.", "stream": stream}
-    job = queue.enqueue(keys.SYNTHESIZE_FUNCTION, request=request)
-    queue.remove(job.id)  # nobody runs it: it ends as the test says
-    fetched = Job.fetch(job.id, connection=connection, serializer=JSONSerializer)
+    job_id = queued_job(connection, {"text": "Doomed.", "stream": stream})
+    Queue(keys.QUEUE_LOW, connection=connection).remove(job_id)  # ends as the test says
+    fetched = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
     fetched.meta[keys.ERROR_META_KEY] = JobFailure(kind, message).as_meta()
     fetched.save_meta()
-    connection.hset(f"rq:job:{job.id}", "status", "failed")
-    return str(job.id)
+    connection.hset(f"rq:job:{job_id}", "status", "failed")
+    return job_id
 
 
 @pytest.mark.parametrize(
@@ -73,8 +71,7 @@ def test_a_failed_streamed_job_is_502_for_transient(
 
 
 def test_sse_sends_no_empty_delta(stalled: Front, connection: redis.Redis) -> None:
-    queue = Queue(keys.QUEUE_LOW, connection=connection, serializer=JSONSerializer)
-    job_id = str(queue.enqueue(keys.SYNTHESIZE_FUNCTION, request={"text": "S.", "stream": True}).id)
+    job_id = queued_job(connection, {"text": "S.", "stream": True})
     key = keys.audio_stream_key(job_id)
     pieces = [(np.arange(900, dtype=np.int16) * (n + 1)).astype("<i2").tobytes() for n in range(2)]
     for seq, data in enumerate(pieces):
@@ -113,10 +110,10 @@ def test_an_upload_is_stored_by_its_format_and_its_file_name_never_echoed(
             data={"name": "mallory2"},
             files={"file": ("../../evil name.sh", b"#!/bin/sh\nrm -rf /\n", "text/plain")},
         )
-    [upload] = list((stalled.storage / "voices" / "mallory").iterdir())
+    [upload] = list((stalled.storage / "voices" / "default" / "mallory").iterdir())
     assert upload.suffix == ".wav" and "payload" not in upload.name
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["param"] == "file" and error["message"].startswith("file: not a readable audio")
     assert "evil" not in refused.text and ".sh" not in refused.text
-    assert not (stalled.storage / "voices" / "mallory2").exists()
+    assert not (stalled.storage / "voices" / "default" / "mallory2").exists()

@@ -29,7 +29,7 @@ BODIES = {
     ("post", "/v1/jobs:batch"): ("BatchRequest", {"requests"}),
     ("post", "/v1/documents"): ("DocumentRequest", {"text", "markup", "webhook", "voice"}),
     ("post", "/v1/audio/speech"): ("SpeechRequest", {"model", "input", "voice", "stream_format"}),
-    ("post", "/v1/audio/voices"): ("VoiceUpload", {"name", "file", "transcript"}),
+    ("post", "/v1/audio/voices"): ("VoiceUpload", {"name", "file", "transcript", "shared"}),
 }
 
 
@@ -83,7 +83,7 @@ def test_every_route_is_listed_with_its_methods(schema: dict[str, Any]) -> None:
         for method in route.methods
     }
     listed = {(method, path) for path, ops in schema["paths"].items() for method in ops}
-    assert listed == wanted and len(wanted) == 18
+    assert listed == wanted and len(wanted) == 19
     keyed = {
         (method.lower(), route.path)
         for router in KEYED_ROUTERS

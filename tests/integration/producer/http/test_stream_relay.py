@@ -22,11 +22,8 @@ import httpx
 import numpy as np
 import pytest
 import redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
-from shared import keys
-from tests.integration.producer.http.conftest import Front
+from tests.integration.producer.http.conftest import Front, queued_job
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +39,7 @@ def connection(stalled: Front) -> Iterator[redis.Redis]:
 
 def streaming_job(connection: redis.Redis, stream: bool = True) -> str:
     request = {"text": "Streamed.", "stream": True} if stream else {"text": "Not streamed."}
-    queue = Queue(keys.QUEUE_LOW, connection=connection, serializer=JSONSerializer)
-    return str(queue.enqueue(keys.SYNTHESIZE_FUNCTION, request=request).id)
+    return queued_job(connection, request)
 
 
 def chunk(n: int, seq: int) -> bytes:
