@@ -282,7 +282,9 @@ def _message(document_id: str, state: str, failures: list[SegmentFailure]) -> st
 
 
 def retry_document(client: CosyqClient, document_id: str) -> list[int]:
-    """Re-enqueue the failed or lost segments (new job ids); the indices re-enqueued. When
+    """Re-enqueue the failed or lost segments (new job ids); the indices re-enqueued. The
+    assembly marker goes with them, so the last of them enqueues the assembly afresh (a failed
+    assembly's marker would otherwise stop it, and its error stay): one retry suffices. When
     every segment is done but no assembly is alive, enqueue the assembly again."""
     connection = client.connection
     plan = load_plan(connection, document_id)
@@ -300,7 +302,10 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
         )
     if planned:
         jobs = document_key(document_id, "jobs")
-        connection.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
+        with connection.pipeline() as pipe:  # the last redone segment enqueues a new assembly
+            pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
+            pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
+            pipe.execute()
         client.submit_planned(planned)
     elif status.done == status.segments and status.result is None:
         ensure_assembly(client, plan)

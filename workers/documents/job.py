@@ -29,6 +29,7 @@ from shared.document_state import (
     DocumentPlanRecord,
     DocumentResult,
     SegmentDone,
+    assembly_enqueued,
     document_key,
     done_segments,
     enqueue_assembly,
@@ -240,5 +241,6 @@ def record_finished_segment(
     if outcome == 1:
         plan = load_plan(connection, document_id)
         enqueue_assembly(connection, settings, document_id, assembly_id, plan.priority)
+        assembly_enqueued(connection, document_id)
     if outcome == -1:
         log.warning("document_segment_superseded", document_id=document_id, segment=index)

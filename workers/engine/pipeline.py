@@ -368,9 +368,7 @@ def engine_output(samples: np.ndarray, sample_rate: int, state: RequestState) ->
     )
 
 
-def check_speech_bound(
-    pieces: list[TextPiece], limit_s: float, *, per_piece: bool = False
-) -> None:
+def check_speech_bound(pieces: list[TextPiece], limit_s: float, *, per_piece: bool = False) -> None:
     """Refuse, before any synthesis, a request whose speech estimate (text tokens after
     normalisation, plus pauses) is over `limit_s`: a runaway expansion would outlast the job
     timeout and be retried. `per_piece` (a document's segment): the text is split again, at
