@@ -23,6 +23,7 @@ import redis
 from producer.cancel import CancelOutcome
 from producer.planned import OnSubmitted, PlannedJob
 from producer.tracking import JobTracker
+from shared.document_events import document_ended
 from shared.document_state import (
     DOCUMENT_META_KEY,
     DocumentFailedError,
@@ -30,8 +31,10 @@ from shared.document_state import (
     DocumentResult,
     SegmentPlan,
     document_key,
+    document_verdict,
     done_segments,
     enqueue_assembly,
+    event_guard_key,
     idempotency_key,
     job_ids,
     load_plan,
@@ -41,8 +44,9 @@ from shared.document_state import (
 from shared.documents import DocumentLimits, segment_key, segment_seed, validate_document
 from shared.documents import document_key as output_base_key
 from shared.errors import ResultTimeoutError
-from shared.jobs import SynthesisRequest
+from shared.jobs import RequestLimits, validate_request
 from shared.settings import Settings
+from shared.webhooks import allowed_prefixes
 
 
 class CosyqClient(Protocol):
@@ -94,6 +98,8 @@ class DocumentStatus:
     failures: list[SegmentFailure] = field(default_factory=list)
     result: DocumentResult | None = None
     message: str = ""
+    verdict: str | None = None  # suspect when any segment done so far is (quality check)
+    verdicts: list[str | None] = field(default_factory=list)  # per segment (None: not yet)
 
     def as_json(self) -> dict[str, Any]:
         record = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -198,6 +204,8 @@ def document_status(client: CosyqClient, document_id: str) -> DocumentStatus:
         failures=failures,
         result=result,
         message=_message(document_id, state, failures),
+        verdict=document_verdict(done)[0],
+        verdicts=[done[s.index].verdict if s.index in done else None for s in plan.segments],
         **counts,
     )
 
@@ -290,11 +298,13 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     plan = load_plan(connection, document_id)
     status = document_status(client, document_id)
     redo = [f.index for f in status.failures if f.index >= 0]
+    limits = RequestLimits.from_settings(client.settings)
     planned = []
     for index in redo:
         segment = plan.segments[index]
-        request = SynthesisRequest.model_validate(
-            {**plan.job, "text": segment.text, "seed": segment.seed, "output_key": segment.key}
+        request = validate_request(  # with the deployment's limits (its webhook allow-list)
+            {**plan.job, "text": segment.text, "seed": segment.seed, "output_key": segment.key},
+            limits,
         )
         meta = {DOCUMENT_META_KEY: {"id": document_id, "index": index}}
         planned.append(
@@ -305,9 +315,11 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
         with connection.pipeline() as pipe:  # the last redone segment enqueues a new assembly
             pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
             pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
+            pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
             pipe.execute()
         client.submit_planned(planned)
     elif status.done == status.segments and status.result is None:
+        connection.delete(event_guard_key(document_id))
         ensure_assembly(client, plan)
     return redo
 
@@ -319,11 +331,16 @@ def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOu
     connection = client.connection
     load_plan(connection, document_id)  # DocumentNotFoundError for an unknown id
     done = done_segments(connection, document_id)
-    return {
+    outcomes = {
         index: client.cancel(job_id)
         for index, job_id in sorted(job_ids(connection, document_id).items())
         if index not in done
     }
+    canceled = [(i, o.job_id) for i, o in outcomes.items() if o.verdict == "canceled"]
+    if canceled:  # queued segments no worker will see: the document's event is told here
+        allowed = allowed_prefixes(client.settings.webhook_allowed_urls)
+        document_ended(connection, document_id, "document.canceled", allowed, cause=canceled[0])
+    return outcomes
 
 
 def _assembly_lost(client: CosyqClient, document_id: str, seen: list[float]) -> bool:

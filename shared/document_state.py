@@ -6,6 +6,8 @@
     cosyq:document:<id>:assembly   the assembly job's id, once enqueued (one per document)
     cosyq:document:<id>:claim      the assembler's token while it writes (heartbeat: PEXPIRE)
     cosyq:document:<id>:result     DocumentResult, once assembled
+    cosyq:document:<id>:event      set when its webhook event was appended (a retry clears it)
+    cosyq:document:<id>:event-seq  how many events it has had (the next webhook id's suffix)
     cosyq:document-idem:<sha256>   idempotency key -> document id
     cosyq:document-assembly-pending   sorted set: document id -> when its assembly marker was
                                       set; removed once the assembly job is enqueued
@@ -22,6 +24,7 @@ producer staying alive.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import redis
@@ -32,7 +35,7 @@ from rq.serializers import JSONSerializer
 from shared.errors import CosyqError
 from shared.jobs import retry_intervals
 from shared.keys import PREFIX, queue_for
-from shared.results import PieceTiming
+from shared.results import PieceTiming, Verdict
 from shared.settings import Settings
 from shared.submitted import record_submitted
 
@@ -59,6 +62,11 @@ class DocumentFailedError(CosyqError):
 
 def document_key(document_id: str, part: str = "") -> str:
     return DOCUMENT_PREFIX + document_id + (f":{part}" if part else "")
+
+
+def event_guard_key(document_id: str) -> str:
+    """Set when the document's webhook event is appended (once per outcome, until a retry)."""
+    return document_key(document_id, "event")
 
 
 def idempotency_key(key: str) -> str:
@@ -108,6 +116,17 @@ class SegmentDone(BaseModel):
     duration_s: float = Field(ge=0)
     attempt: int = 1
     pieces: list[PieceTiming] = Field(default_factory=list)
+    verdict: Verdict | None = None  # its job's quality verdict (None: not checked)
+    reasons: list[str] = Field(default_factory=list)  # why suspect
+
+
+def document_verdict(done: Mapping[int, SegmentDone]) -> tuple[Verdict | None, list[int]]:
+    """(verdict, suspect segment indices) of the segments done: suspect when any is, ok when
+    every checked one is ok, None when none was checked."""
+    suspect = sorted(index for index, d in done.items() if d.verdict == "suspect")
+    if suspect:
+        return "suspect", suspect
+    return ("ok" if any(d.verdict == "ok" for d in done.values()) else None), []
 
 
 class DocumentResult(BaseModel):
@@ -130,6 +149,8 @@ class DocumentResult(BaseModel):
     assembled_at: str
     assembler: str  # the worker that wrote it
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    verdict: Verdict | None = None  # suspect when any segment's quality verdict is
+    suspect_segments: list[int] = Field(default_factory=list)  # their indices
 
 
 # KEYS: jobs, done, assembly, pending; ARGV: index, job id, SegmentDone JSON, ttl, assembly job
@@ -204,15 +225,15 @@ def assembly_enqueued(connection: redis.Redis, document_id: str) -> None:
 
 def pending_assemblies(connection: redis.Redis, older_than_s: float, count: int) -> list[str]:
     """Documents whose marker was set `older_than_s` ago or more, still noted pending."""
-    now = float(connection.time()[0])  # type: ignore[index]
+    now = float(connection.time()[0])
     found = connection.zrangebyscore(ASSEMBLY_PENDING, "-inf", now - older_than_s, 0, count)
-    return [_text(d) for d in found]  # type: ignore[union-attr]
+    return [_text(d) for d in found if isinstance(d, bytes | str)]
 
 
 def assembly_job_id(connection: redis.Redis, document_id: str) -> str | None:
     """The id the document's assembly marker names (None: no marker)."""
     current = connection.get(document_key(document_id, "assembly"))
-    return None if current is None else _text(current)  # type: ignore[arg-type]
+    return None if current is None else _text(current)
 
 
 def _text(value: bytes | str) -> str:

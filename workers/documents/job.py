@@ -25,12 +25,14 @@ from rq import get_current_job
 
 from shared.audio import CONTENT_TYPES
 from shared.captions import render
+from shared.document_events import document_finished
 from shared.document_state import (
     DocumentPlanRecord,
     DocumentResult,
     SegmentDone,
     assembly_enqueued,
     document_key,
+    document_verdict,
     done_segments,
     enqueue_assembly,
     load_plan,
@@ -42,6 +44,7 @@ from shared.logs import get_logger
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.webhooks import allowed_prefixes
 from workers.documents.audio import AssembledAudio, write_document
 from workers.documents.claim import AssemblyClaim
 
@@ -148,7 +151,8 @@ def _write(
         metadata["duration-s"] = f"{audio.duration_s:.3f}"
         key = f"{plan.output_key}.{plan.format}"
         stored = storage.put_file(key, path, CONTENT_TYPES[plan.format], metadata)
-    uris = _side_files(storage, plan, audio, stored.uri)
+    verdict, suspect = document_verdict(dict(enumerate(done)))
+    uris = _side_files(storage, plan, audio, stored.uri, done)
     result = DocumentResult(
         document_id=plan.document_id,
         uri=stored.uri,
@@ -164,23 +168,34 @@ def _write(
         assembled_at=datetime.now(UTC).isoformat(),
         assembler=owner or socket.gethostname(),
         metadata=dict(plan.metadata),
+        verdict=verdict,
+        suspect_segments=suspect,
     )
-    connection.set(
-        document_key(plan.document_id, "result"), result.model_dump_json(), ex=settings.result_ttl_s
-    )
+    with connection.pipeline() as pipe:  # MULTI: the result and its webhook event, or neither
+        key = document_key(plan.document_id, "result")
+        pipe.set(key, result.model_dump_json(), ex=settings.result_ttl_s)
+        document_finished(pipe, plan, result, allowed_prefixes(settings.webhook_allowed_urls))
+        pipe.execute()
     return result
 
 
 def _side_files(
-    storage: Storage, plan: DocumentPlanRecord, audio: AssembledAudio, uri: str
+    storage: Storage,
+    plan: DocumentPlanRecord,
+    audio: AssembledAudio,
+    uri: str,
+    done: list[SegmentDone],
 ) -> dict[str, str]:
     """The manifest (JSON) and the SRT and WebVTT captions beside the file."""
+    verdict, suspect = document_verdict(dict(enumerate(done)))
     manifest = {
         "document_id": plan.document_id,
         "uri": uri,
         "format": plan.format,
         "sample_rate": plan.sample_rate,
         "duration_s": audio.duration_s,
+        "verdict": verdict,
+        "suspect_segments": suspect,
         "segments": [
             {
                 "index": s.index,
@@ -188,8 +203,10 @@ def _side_files(
                 "start_s": s.start_s,
                 "end_s": s.end_s,
                 "job_id": s.job_id,
+                "verdict": d.verdict,
+                "reasons": d.reasons,
             }
-            for s in audio.segments
+            for s, d in zip(audio.segments, done, strict=True)
         ],
         "captions": [{"start_s": c.start_s, "end_s": c.end_s, "text": c.text} for c in audio.cues],
     }
@@ -228,6 +245,8 @@ def record_finished_segment(
         duration_s=result.duration_s,
         attempt=result.attempt,
         pieces=list(result.pieces),
+        verdict=result.quality.verdict if result.quality is not None else None,
+        reasons=list(result.quality.reasons) if result.quality is not None else [],
     )
     assembly_id = f"{document_id}-assembly"
     outcome = record_segment(
