@@ -151,8 +151,8 @@ def _write(
         metadata["duration-s"] = f"{audio.duration_s:.3f}"
         key = f"{plan.output_key}.{plan.format}"
         stored = storage.put_file(key, path, CONTENT_TYPES[plan.format], metadata)
-    verdict, suspect = document_verdict(dict(enumerate(done)))
     uris = _side_files(storage, plan, audio, stored.uri, done)
+    verdict, suspect = document_verdict(dict(enumerate(done)))
     result = DocumentResult(
         document_id=plan.document_id,
         uri=stored.uri,
@@ -171,7 +171,14 @@ def _write(
         verdict=verdict,
         suspect_segments=suspect,
     )
-    with connection.pipeline() as pipe:  # MULTI: the result and its webhook event, or neither
+    return _publish(connection, settings, plan, result)
+
+
+def _publish(
+    connection: redis.Redis, settings: Settings, plan: DocumentPlanRecord, result: DocumentResult
+) -> DocumentResult:
+    """The result and its `document.finished` event in one MULTI: both, or neither."""
+    with connection.pipeline() as pipe:
         key = document_key(plan.document_id, "result")
         pipe.set(key, result.model_dump_json(), ex=settings.result_ttl_s)
         document_finished(pipe, plan, result, allowed_prefixes(settings.webhook_allowed_urls))
