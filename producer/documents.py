@@ -27,6 +27,7 @@ from producer.cancel import CancelOutcome
 from producer.idempotency import release as release_idempotency_key
 from producer.planned import OnSubmitted, PlannedJob, Prelude
 from producer.tracking import JobTracker
+from shared.document_events import document_ended
 from shared.document_state import (
     DOCUMENT_META_KEY,
     DocumentFailedError,
@@ -34,8 +35,10 @@ from shared.document_state import (
     DocumentResult,
     SegmentPlan,
     document_key,
+    document_verdict,
     done_segments,
     enqueue_assembly,
+    event_guard_key,
     idempotency_key,
     job_ids,
     load_plan,
@@ -52,10 +55,11 @@ from shared.documents import (
 )
 from shared.documents import document_key as output_base_key
 from shared.errors import InvalidRequestError, ResultTimeoutError
-from shared.jobs import SynthesisRequest
+from shared.jobs import RequestLimits, validate_request
 from shared.output_keys import place_output_key, tenant_prefix
 from shared.settings import Settings
 from shared.tenants import DEFAULT_TENANT
+from shared.webhooks import allowed_prefixes
 
 
 class CosyqClient(Protocol):
@@ -115,6 +119,8 @@ class DocumentStatus:
     failures: list[SegmentFailure] = field(default_factory=list)
     result: DocumentResult | None = None
     message: str = ""
+    verdict: str | None = None  # suspect when any segment done so far is (quality check)
+    verdicts: list[str | None] = field(default_factory=list)  # per segment (None: not yet)
 
     def as_json(self) -> dict[str, Any]:
         record = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -247,6 +253,8 @@ def document_status(client: CosyqClient, document_id: str) -> DocumentStatus:
         failures=failures,
         result=result,
         message=_message(document_id, state, failures),
+        verdict=document_verdict(done)[0],
+        verdicts=[done[s.index].verdict if s.index in done else None for s in plan.segments],
         **counts,
     )
 
@@ -331,18 +339,22 @@ def _message(document_id: str, state: str, failures: list[SegmentFailure]) -> st
 
 
 def retry_document(client: CosyqClient, document_id: str) -> list[int]:
-    """Re-enqueue the failed or lost segments (new job ids); the indices re-enqueued. When
+    """Re-enqueue the failed or lost segments (new job ids); the indices re-enqueued. The
+    assembly marker goes with them, so the last of them enqueues the assembly afresh (a failed
+    assembly's marker would otherwise stop it, and its error stay): one retry suffices. When
     every segment is done but no assembly is alive, enqueue the assembly again."""
     connection = client.connection
     plan = load_plan(connection, document_id)
     client = client.for_tenant(plan.tenant or DEFAULT_TENANT)  # its queues, whoever retries
     status = document_status(client, document_id)
     redo = [f.index for f in status.failures if f.index >= 0]
+    limits = RequestLimits.from_settings(client.settings)
     planned = []
     for index in redo:
         segment = plan.segments[index]
-        request = SynthesisRequest.model_validate(
-            {**plan.job, "text": segment.text, "seed": segment.seed, "output_key": segment.key}
+        request = validate_request(  # with the deployment's limits (its webhook allow-list)
+            {**plan.job, "text": segment.text, "seed": segment.seed, "output_key": segment.key},
+            limits,
         )
         meta = {DOCUMENT_META_KEY: {"id": document_id, "index": index}}
         planned.append(
@@ -350,9 +362,14 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
         )
     if planned:
         jobs = document_key(document_id, "jobs")
-        connection.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
+        with connection.pipeline() as pipe:  # the last redone segment enqueues a new assembly
+            pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
+            pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
+            pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
+            pipe.execute()
         client.submit_planned(planned)
     elif status.done == status.segments and status.result is None:
+        connection.delete(event_guard_key(document_id))
         ensure_assembly(client, plan)
     return redo
 
@@ -364,11 +381,16 @@ def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOu
     connection = client.connection
     load_plan(connection, document_id)  # DocumentNotFoundError for an unknown id
     done = done_segments(connection, document_id)
-    return {
+    outcomes = {
         index: client.cancel(job_id)
         for index, job_id in sorted(job_ids(connection, document_id).items())
         if index not in done
     }
+    canceled = [(i, o.job_id) for i, o in outcomes.items() if o.verdict == "canceled"]
+    if canceled:  # queued segments no worker will see: the document's event is told here
+        allowed = allowed_prefixes(client.settings.webhook_allowed_urls)
+        document_ended(connection, document_id, "document.canceled", allowed, cause=canceled[0])
+    return outcomes
 
 
 def _assembly_lost(client: CosyqClient, document_id: str, seen: list[float]) -> bool:

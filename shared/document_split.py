@@ -7,12 +7,14 @@ separating paragraphs and its `<break>`s kept as pauses. Every paragraph of plai
 Markdown goes through the same parser, so refused markup is refused here, at submit.
 
 Splitting: sentences (`shared.sentences`, the engine's rule) are packed into segments of at most
-`max_chars` characters and `max_speech_s` estimated seconds. A segment never ends inside a
-sentence unless that sentence alone is too long: then it is cut at clause marks, then between
-words. Inside a segment a paragraph or heading boundary is written as a `<break>` of its pause,
-so the job makes the same pause a segment boundary would; between segments the assembler
-inserts `pause_before_s`. An SSML `<break>` at a boundary replaces the boundary's pause, as a
-break replaces the gap between pieces inside a job.
+`max_chars` characters and `max_speech_s` estimated seconds (`estimated_text_tokens`: a high
+estimate from characters, digits counted as the words they become, since the producer has no
+tokenizer; the worker speaks a segment its own count finds longer piece by piece, never refuses
+it). A segment never ends inside a sentence unless that sentence alone is too long: then it is
+cut at clause marks, then between words. Inside a segment a paragraph or heading boundary is
+written as a `<break>` of its pause, so the job makes the same pause a segment boundary would;
+between segments the assembler inserts `pause_before_s`. An SSML `<break>` at a boundary
+replaces the boundary's pause, as a break replaces the gap between pieces inside a job.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Literal
 from shared.sentences import split_sentences
 from shared.text_markup import (
     Pause,
-    minimum_text_tokens,
+    estimated_text_tokens,
     parse_markup,
     speech_seconds,
 )
@@ -195,7 +197,7 @@ def fits(parts: list[str | Pause], limits: SplitLimits, *, ssml: bool) -> bool:
         return False
     words = _plain(parts)
     pauses = sum(p.seconds for p in parts if isinstance(p, Pause))
-    return speech_seconds(minimum_text_tokens(words), pauses) <= limits.max_speech_s
+    return speech_seconds(estimated_text_tokens(words), pauses) <= limits.max_speech_s
 
 
 def _render(parts: list[str | Pause], *, ssml: bool) -> str:

@@ -6,16 +6,24 @@
     cosyq:document:<id>:assembly   the assembly job's id, once enqueued (one per document)
     cosyq:document:<id>:claim      the assembler's token while it writes (heartbeat: PEXPIRE)
     cosyq:document:<id>:result     DocumentResult, once assembled
+    cosyq:document:<id>:event      set when its webhook event was appended (a retry clears it)
+    cosyq:document:<id>:event-seq  how many events it has had (the next webhook id's suffix)
     cosyq:document-idem:[<tenant>:]<sha256>   idempotency key -> document id (keys.tenant_digest)
+    cosyq:document-assembly-pending   sorted set: document id -> when its assembly marker was
+                                      set; removed once the assembly job is enqueued
 
 The producer writes the plan and jobs once, the worker that finishes a segment records it and,
 when it was the last one, enqueues the assembly (`record_segment`: one Lua script, so two
-workers finishing the last two segments at once enqueue it once). Nothing depends on the
+workers finishing the last two segments at once enqueue it once). The same script notes the
+document as pending assembly, and the enqueue clears the note; a worker killed between the two
+leaves the note, and any worker's housekeeping (`workers.documents.sweep`) enqueues the job the
+marker names once the note is COSYQ_DOCUMENT_ASSEMBLY_GRACE_S old. Nothing depends on the
 producer staying alive.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import redis
@@ -27,13 +35,15 @@ from shared import keys
 from shared.errors import CosyqError
 from shared.jobs import retry_intervals
 from shared.keys import PREFIX, queue_for
-from shared.results import PieceTiming
+from shared.results import PieceTiming, Verdict
 from shared.settings import Settings
 from shared.submitted import record_submitted
 from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY, queue_name
 
 DOCUMENT_PREFIX = PREFIX + "document:"
 DOCUMENT_IDEMPOTENCY_PREFIX = PREFIX + "document-idem:"
+ASSEMBLY_PENDING = PREFIX + "document-assembly-pending"  # see the module docstring
+ASSEMBLY_SWEEP_LOCK = PREFIX + "document-assembly-sweep-lock"  # one sweeper per tick
 DOCUMENT_META_KEY = "cosyq_document"  # job.meta of a segment's job: {"id": ..., "index": ...}
 ASSEMBLE_DOCUMENT_FUNCTION = "workers.documents.assemble_document"
 
@@ -53,6 +63,11 @@ class DocumentFailedError(CosyqError):
 
 def document_key(document_id: str, part: str = "") -> str:
     return DOCUMENT_PREFIX + document_id + (f":{part}" if part else "")
+
+
+def event_guard_key(document_id: str) -> str:
+    """Set when the document's webhook event is appended (once per outcome, until a retry)."""
+    return document_key(document_id, "event")
 
 
 def idempotency_key(key: str, tenant: str) -> str:
@@ -104,6 +119,17 @@ class SegmentDone(BaseModel):
     duration_s: float = Field(ge=0)
     attempt: int = 1
     pieces: list[PieceTiming] = Field(default_factory=list)
+    verdict: Verdict | None = None  # its job's quality verdict (None: not checked)
+    reasons: list[str] = Field(default_factory=list)  # why suspect
+
+
+def document_verdict(done: Mapping[int, SegmentDone]) -> tuple[Verdict | None, list[int]]:
+    """(verdict, suspect segment indices) of the segments done: suspect when any is, ok when
+    every checked one is ok, None when none was checked."""
+    suspect = sorted(index for index, d in done.items() if d.verdict == "suspect")
+    if suspect:
+        return "suspect", suspect
+    return ("ok" if any(d.verdict == "ok" for d in done.values()) else None), []
 
 
 class DocumentResult(BaseModel):
@@ -126,17 +152,23 @@ class DocumentResult(BaseModel):
     assembled_at: str
     assembler: str  # the worker that wrote it
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    verdict: Verdict | None = None  # suspect when any segment's quality verdict is
+    suspect_segments: list[int] = Field(default_factory=list)  # their indices
 
 
-# KEYS: jobs, done, assembly; ARGV: index, job id, SegmentDone JSON, ttl, assembly job id.
-# Returns -1 (not this document's current job for the index), 0 (recorded), 1 (recorded and the
-# last one: the caller enqueues the assembly job with the given id).
+# KEYS: jobs, done, assembly, pending; ARGV: index, job id, SegmentDone JSON, ttl, assembly job
+# id, document id. Returns -1 (not this document's current job for the index), 0 (recorded), 1
+# (recorded and the last one: the caller enqueues the assembly job with the given id, then
+# calls `assembly_enqueued`; until then the document is noted pending for the sweep).
 _RECORD_SEGMENT = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return -1 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
 if redis.call('HLEN', KEYS[2]) < redis.call('HLEN', KEYS[1]) then return 0 end
-if redis.call('SET', KEYS[3], ARGV[5], 'NX', 'EX', tonumber(ARGV[4])) then return 1 end
+if redis.call('SET', KEYS[3], ARGV[5], 'NX', 'EX', tonumber(ARGV[4])) then
+  redis.call('ZADD', KEYS[4], redis.call('TIME')[1], ARGV[6])
+  return 1
+end
 return 0
 """
 
@@ -189,8 +221,27 @@ def record_segment(
 ) -> int:
     """Record a finished segment; 1 when the caller must enqueue the assembly job."""
     keys = [document_key(document_id, part) for part in ("jobs", "done", "assembly")]
-    args = [index, done.job_id, done.model_dump_json(), ttl_s, assembly_job_id]
-    return int(connection.eval(_RECORD_SEGMENT, 3, *keys, *args))  # type: ignore[arg-type]
+    args = [index, done.job_id, done.model_dump_json(), ttl_s, assembly_job_id, document_id]
+    eval_ = connection.eval
+    return int(eval_(_RECORD_SEGMENT, 4, *keys, ASSEMBLY_PENDING, *args))  # type: ignore[arg-type]
+
+
+def assembly_enqueued(connection: redis.Redis, document_id: str) -> None:
+    """The assembly job the marker names is enqueued: the sweep has nothing left to do."""
+    connection.zrem(ASSEMBLY_PENDING, document_id)
+
+
+def pending_assemblies(connection: redis.Redis, older_than_s: float, count: int) -> list[str]:
+    """Documents whose marker was set `older_than_s` ago or more, still noted pending."""
+    now = float(connection.time()[0])
+    found = connection.zrangebyscore(ASSEMBLY_PENDING, "-inf", now - older_than_s, 0, count)
+    return [_text(d) for d in found if isinstance(d, bytes | str)]
+
+
+def assembly_job_id(connection: redis.Redis, document_id: str) -> str | None:
+    """The id the document's assembly marker names (None: no marker)."""
+    current = connection.get(document_key(document_id, "assembly"))
+    return None if current is None else _text(current)
 
 
 def _text(value: bytes | str) -> str:

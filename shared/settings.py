@@ -327,8 +327,9 @@ class Settings(
     document_segment_speech_s: float = Field(
         90.0,
         gt=0,
-        description="most speech a segment is estimated at (words at one token each, pauses); "
-        "kept under COSYQ_MAX_SPEECH_SECONDS since the worker counts real tokens",
+        description="most speech a segment is estimated at (a high estimate from its characters, "
+        "digits as the words they become, and pauses); a segment the worker's own count puts "
+        "over COSYQ_MAX_SPEECH_SECONDS is spoken piece by piece, never refused",
     )
     document_sentence_pause_ms: int = Field(
         100, ge=0, le=10000, description="silence between segments split inside a paragraph"
@@ -344,6 +345,12 @@ class Settings(
     )
     document_claim_ttl_s: float = Field(
         30.0, gt=0, description="an assembler whose heartbeat is this old has died"
+    )
+    document_assembly_grace_s: float = Field(
+        10.0,
+        gt=0,
+        description="a document whose last segment was recorded this long ago and whose "
+        "assembly job does not exist (its worker died in between) gets the job from any worker",
     )
 
     # Metrics (worker side: the pool, or a lone `cosyq-worker run`)

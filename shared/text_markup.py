@@ -22,6 +22,7 @@ The speech estimate (`SECONDS_PER_TEXT_TOKEN`) is here too, so both sides count 
 from __future__ import annotations
 
 import html
+import math
 import re
 from dataclasses import dataclass
 
@@ -80,6 +81,16 @@ SUPPORTED_MARKUP = (
 # characters/token); CosyVoice 2 emits 25 speech tokens/s, i.e. ~7.5 per text token.
 SECONDS_PER_TEXT_TOKEN = 0.3
 _WORD_OR_NUMBER_RE = re.compile(r"[^\W\d_]+|\d+")
+# A high estimate of the same count from characters alone (the producer has no tokenizer), so
+# that what the worker counts rarely exceeds it: Qwen2 makes ~0.25 tokens per Latin letter
+# (taken as 0.35), ~0.7 per CJK or other-script character (taken as 1); a digit is read as ~1.7
+# words ("1,234,567" -> "one million two hundred thirty four thousand ...": 12 words for 7
+# digits; taken as 2.5 tokens); any other symbol may become a word ("%", "$", "&", "/": 1).
+TOKENS_PER_CHARACTER = {"latin": 0.35, "other": 1.0, "digit": 2.5, "symbol": 1.0}
+_LATIN_RE = re.compile(r"[A-Za-z]")
+_DIGIT_RE = re.compile(r"\d")
+_OTHER_LETTER_RE = re.compile(r"[^\W\d_A-Za-z]")
+_SYMBOL_RE = re.compile(r"[^\w\s]|_")
 
 
 @dataclass(frozen=True)
@@ -268,6 +279,21 @@ def minimum_text_tokens(text: str) -> int:
     run of letters or of digits is at least one Qwen2 token (its pre-tokenizer never joins two
     such runs, and a number is spoken as at least one word)."""
     return len(_WORD_OR_NUMBER_RE.findall(CONTROL_TAG_RE.sub(" ", text)))
+
+
+def estimated_text_tokens(text: str) -> int:
+    """A high estimate of the text tokens `text` becomes after normalisation, from its
+    characters (`TOKENS_PER_CHARACTER`), never below `minimum_text_tokens`: a document's
+    segments are sized by it, so the worker's own count of a segment is rarely over its limit."""
+    words = CONTROL_TAG_RE.sub(" ", text)
+    rates = TOKENS_PER_CHARACTER
+    estimate = (
+        rates["latin"] * len(_LATIN_RE.findall(words))
+        + rates["other"] * len(_OTHER_LETTER_RE.findall(words))
+        + rates["digit"] * len(_DIGIT_RE.findall(words))
+        + rates["symbol"] * len(_SYMBOL_RE.findall(words))
+    )
+    return max(math.ceil(estimate), minimum_text_tokens(text))
 
 
 def speech_limit_message(estimate_s: float, limit_s: float, detail: str) -> str:

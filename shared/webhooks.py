@@ -17,8 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared import keys
 
-EventName = Literal["job.finished", "job.failed", "job.canceled"]
-EVENT_NAMES: tuple[EventName, ...] = ("job.finished", "job.failed", "job.canceled")
+JobOutcome = Literal["job.finished", "job.failed", "job.canceled"]
+# A document's own events (shared/document_events.py): `job_id` is the document's id, and the
+# outbox entry carries its body, made when the event is.
+DocumentOutcome = Literal["document.finished", "document.failed", "document.canceled"]
+EventName = JobOutcome | DocumentOutcome
+EVENT_NAMES: tuple[EventName, ...] = (
+    "job.finished",
+    "job.failed",
+    "job.canceled",
+    "document.finished",
+    "document.failed",
+    "document.canceled",
+)
 MAX_WEBHOOK_URL_CHARS = 2048
 
 

@@ -264,7 +264,9 @@ def prepare_synthesis(
         return PreparedSynthesis(
             request=request,
             context=context,
-            engine_input=_engine_input(request, prompt, context.should_stop),
+            engine_input=_engine_input(
+                request, prompt, context.should_stop, segment=context.document is not None
+            ),
             started=started,
             voice_s=time.perf_counter() - started,
         )
@@ -433,8 +435,14 @@ def _log_finished(
 
 
 def _engine_input(
-    request: SynthesisRequest, prompt: VoicePrompt, should_stop: StopCheck | None
+    request: SynthesisRequest,
+    prompt: VoicePrompt,
+    should_stop: StopCheck | None,
+    *,
+    segment: bool = False,
 ) -> SynthesisInput:
+    """The engine's request; a document's `segment` is spoken piece by piece past the speech
+    bound rather than refused (the producer sized it by an estimate, not the model's count)."""
     return SynthesisInput(
         text=request.text,
         prompt=prompt,
@@ -444,6 +452,7 @@ def _engine_input(
         speed=request.speed,
         seed=request.seed,
         should_stop=should_stop,
+        split_past_limit=segment,
     )
 
 

@@ -1,7 +1,8 @@
 """The documents API, and captions of any job.
 
 POST /v1/documents (a document: 202 + id), GET /v1/documents/{id} (status), .../audio (the
-assembled file), .../captions?format=vtt|srt; GET /v1/jobs/{id}/captions?format=vtt|srt (from
+assembled file), .../captions?format=vtt|srt, POST /v1/documents/{id}:retry (run again what
+failed: 202 + status); GET /v1/jobs/{id}/captions?format=vtt|srt (from
 the job's piece timings). As for jobs, a `prompt_audio` URI is refused over HTTP.
 """
 
@@ -105,6 +106,19 @@ async def cancel_document(context: Context, document_id: str) -> DocumentStatusR
     await check_document_owner(context, document_id, change=True)
     try:
         await run_in_threadpool(context.client.cancel_document, document_id)
+    except DocumentNotFoundError as e:
+        raise ApiError(404, str(e), code="document_not_found") from e
+    return await _document_status(context, document_id)
+
+
+@router.post("/v1/documents/{document_id}:retry", status_code=202)
+async def retry_document(context: Context, document_id: str) -> DocumentStatusResponse:
+    """Run again what failed (as `cosyq document retry`): the failed or lost segments, then
+    the assembly; or the assembly alone when it failed. The document's status after it."""
+    if not JOB_ID_RE.fullmatch(document_id):
+        raise ApiError(404, "no such document", code="document_not_found")
+    try:
+        await run_in_threadpool(context.client.retry_document, document_id)
     except DocumentNotFoundError as e:
         raise ApiError(404, str(e), code="document_not_found") from e
     return await _document_status(context, document_id)

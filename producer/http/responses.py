@@ -178,6 +178,12 @@ class DocumentStatusResponse(BaseModel):
     eta_s: float | None
     failures: list[SegmentFailureInfo]
     result: DocumentResult | None
+    verdict: str | None = Field(
+        None, description="suspect when any segment's quality verdict is (None: none checked)"
+    )
+    verdicts: list[str | None] = Field(
+        default_factory=list, description="each segment's quality verdict (None: not done)"
+    )
     message: str
 
 

@@ -128,7 +128,8 @@ class WebhookDispatcher:
         if "delivery" in fields:
             delivery = Delivery.from_json(fields["delivery"])
         else:
-            delivery = Delivery(WebhookEvent.from_fields(fields), "", 0, time.time())
+            frozen = fields.get("body", "")  # a document's event comes with its body
+            delivery = Delivery(WebhookEvent.from_fields(fields), frozen, 0, time.time())
         if delivery.body:
             return delivery
         try:

@@ -91,3 +91,18 @@ class SignalWhileBlocked(CosyqWorker):
         time.sleep(0.05)
         side.rpush(Queue(QUEUE_DEFAULT, connection=side).key, os.environ[RACE_JOB_ENV])
         side.close()
+
+
+def _killed_before_enqueue(*args: Any, **kwargs: Any) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KilledBeforeAssembly(CosyqWorker):
+    """SIGKILL to itself where it would enqueue a document's assembly job: after the script that
+    recorded the last segment (and set the assembly marker), before the job exists."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        import workers.documents.job as document_job  # noqa: PLC0415
+
+        document_job.enqueue_assembly = _killed_before_enqueue  # type: ignore[assignment]

@@ -25,11 +25,14 @@ from rq import get_current_job
 
 from shared.audio import CONTENT_TYPES
 from shared.captions import render
+from shared.document_events import document_finished
 from shared.document_state import (
     DocumentPlanRecord,
     DocumentResult,
     SegmentDone,
+    assembly_enqueued,
     document_key,
+    document_verdict,
     done_segments,
     enqueue_assembly,
     load_plan,
@@ -41,6 +44,7 @@ from shared.logs import get_logger
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.webhooks import allowed_prefixes
 from workers.documents.audio import AssembledAudio, write_document
 from workers.documents.claim import AssemblyClaim
 
@@ -147,7 +151,8 @@ def _write(
         metadata["duration-s"] = f"{audio.duration_s:.3f}"
         key = f"{plan.output_key}.{plan.format}"
         stored = storage.put_file(key, path, CONTENT_TYPES[plan.format], metadata)
-    uris = _side_files(storage, plan, audio, stored.uri)
+    uris = _side_files(storage, plan, audio, stored.uri, done)
+    verdict, suspect = document_verdict(dict(enumerate(done)))
     result = DocumentResult(
         document_id=plan.document_id,
         uri=stored.uri,
@@ -163,23 +168,41 @@ def _write(
         assembled_at=datetime.now(UTC).isoformat(),
         assembler=owner or socket.gethostname(),
         metadata=dict(plan.metadata),
+        verdict=verdict,
+        suspect_segments=suspect,
     )
-    connection.set(
-        document_key(plan.document_id, "result"), result.model_dump_json(), ex=settings.result_ttl_s
-    )
+    return _publish(connection, settings, plan, result)
+
+
+def _publish(
+    connection: redis.Redis, settings: Settings, plan: DocumentPlanRecord, result: DocumentResult
+) -> DocumentResult:
+    """The result and its `document.finished` event in one MULTI: both, or neither."""
+    with connection.pipeline() as pipe:
+        key = document_key(plan.document_id, "result")
+        pipe.set(key, result.model_dump_json(), ex=settings.result_ttl_s)
+        document_finished(pipe, plan, result, allowed_prefixes(settings.webhook_allowed_urls))
+        pipe.execute()
     return result
 
 
 def _side_files(
-    storage: Storage, plan: DocumentPlanRecord, audio: AssembledAudio, uri: str
+    storage: Storage,
+    plan: DocumentPlanRecord,
+    audio: AssembledAudio,
+    uri: str,
+    done: list[SegmentDone],
 ) -> dict[str, str]:
     """The manifest (JSON) and the SRT and WebVTT captions beside the file."""
+    verdict, suspect = document_verdict(dict(enumerate(done)))
     manifest = {
         "document_id": plan.document_id,
         "uri": uri,
         "format": plan.format,
         "sample_rate": plan.sample_rate,
         "duration_s": audio.duration_s,
+        "verdict": verdict,
+        "suspect_segments": suspect,
         "segments": [
             {
                 "index": s.index,
@@ -187,8 +210,10 @@ def _side_files(
                 "start_s": s.start_s,
                 "end_s": s.end_s,
                 "job_id": s.job_id,
+                "verdict": d.verdict,
+                "reasons": d.reasons,
             }
-            for s in audio.segments
+            for s, d in zip(audio.segments, done, strict=True)
         ],
         "captions": [{"start_s": c.start_s, "end_s": c.end_s, "text": c.text} for c in audio.cues],
     }
@@ -227,6 +252,8 @@ def record_finished_segment(
         duration_s=result.duration_s,
         attempt=result.attempt,
         pieces=list(result.pieces),
+        verdict=result.quality.verdict if result.quality is not None else None,
+        reasons=list(result.quality.reasons) if result.quality is not None else [],
     )
     assembly_id = f"{document_id}-assembly"
     outcome = record_segment(
@@ -242,5 +269,6 @@ def record_finished_segment(
         enqueue_assembly(
             connection, settings, document_id, assembly_id, plan.priority, tenant=plan.tenant
         )
+        assembly_enqueued(connection, document_id)
     if outcome == -1:
         log.warning("document_segment_superseded", document_id=document_id, segment=index)

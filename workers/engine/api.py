@@ -57,6 +57,10 @@ class SynthesisInput:
     speed: float = 1.0
     seed: int | None = None
     should_stop: StopCheck | None = field(default=None, compare=False, repr=False)
+    # Past the engine's max_speech_seconds: False refuses the request; True speaks it piece by
+    # piece, each piece within the bound (a document's segment, sized by an estimate before
+    # the model's own count, must never fail on length).
+    split_past_limit: bool = False
 
 
 @dataclass(frozen=True)

@@ -236,14 +236,22 @@ class SynthesisPipeline:
         """The front end of one request: checks, pieces, the mode's LLM prompt, its state."""
         state = RequestState.start(request.seed)
         with state.clock.timed("frontend"):
-            _check_request(request)
-            pieces = self.frontend.pieces(
-                request.text, language=request.language, transcript=request.prompt.transcript
-            )
-            check_speech_bound(pieces, self.options.max_speech_seconds)
+            pieces = self.text_pieces(request)
             prompt = llm_prompt(self.frontend, request)
         state.text_tokens = sum(len(piece.ids) for piece in pieces)
         return RequestPlan(request, state, pieces, prompt)
+
+    def text_pieces(self, request: SynthesisInput) -> list[TextPiece]:
+        """The request checked and split into pieces, before any synthesis: what the worker
+        accepts (InvalidRequestError naming the rule otherwise)."""
+        _check_request(request)
+        pieces = self.frontend.pieces(
+            request.text, language=request.language, transcript=request.prompt.transcript
+        )
+        check_speech_bound(
+            pieces, self.options.max_speech_seconds, per_piece=request.split_past_limit
+        )
+        return pieces
 
     def _piece(self, piece: TextPiece, plan: RequestPlan, forced_length: int | None) -> np.ndarray:
         state = plan.state
@@ -360,10 +368,15 @@ def engine_output(samples: np.ndarray, sample_rate: int, state: RequestState) ->
     )
 
 
-def check_speech_bound(pieces: list[TextPiece], limit_s: float) -> None:
+def check_speech_bound(pieces: list[TextPiece], limit_s: float, *, per_piece: bool = False) -> None:
     """Refuse, before any synthesis, a request whose speech estimate (text tokens after
     normalisation, plus pauses) is over `limit_s`: a runaway expansion would outlast the job
-    timeout and be retried."""
+    timeout and be retried. `per_piece` (a document's segment): the text is split again, at
+    the pieces the model's own count made, and each piece alone must be within `limit_s`."""
+    if per_piece:
+        for piece in pieces:
+            check_speech_bound([piece], limit_s)
+        return
     tokens = sum(len(piece.ids) for piece in pieces)
     pauses = sum(piece.pause_before_s or 0.0 for piece in pieces) + pieces[-1].pause_after_s
     estimate = speech_seconds(tokens, pauses)

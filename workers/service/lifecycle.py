@@ -33,6 +33,7 @@ from shared.storage import Storage, open_storage
 from shared.storage_probe import ProbeOutcome, wait_for_storage
 from shared.storage_retry import Backoff
 from shared.voices import VoiceRegistry
+from workers.documents.sweep import AssemblySweep
 from workers.service import control, host, metrics
 from workers.service.admission import CosyqJob
 from workers.service.engine_loading import LoadedEngine, load_engine
@@ -94,6 +95,9 @@ class WorkerLifecycle:
             host.limit_threads_before_load(self.threads, self.settings.pool_size)
             self.housekeeper.extra_duties.extend(duties)
             self.housekeeper.extra_duties.append(self._follow_master)
+            self.housekeeper.extra_duties.append(
+                AssemblySweep(self.housekeeper.connection, self.settings, holder=name)
+            )
             if self.channel is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)
             self.housekeeper.stats.state = WorkerState.LOADING

@@ -13,6 +13,7 @@ from rq.job import Job
 from rq.utils import now, utcformat
 
 from shared import keys
+from shared.document_events import document_job_ended
 from shared.logs import get_logger
 from shared.webhooks import EventName, WebhookEvent, append_event, check_webhook_url
 
@@ -40,7 +41,10 @@ def webhook_url(job: Job, allowed: tuple[str, ...]) -> str | None:
 
 
 def job_ended(connection: Any, job: Job, event: EventName, allowed: tuple[str, ...]) -> None:
-    """Append `event` for `job` to the outbox when the job asked for an allowed webhook."""
+    """Append `event` for `job` to the outbox when the job asked for an allowed webhook (a
+    document's segment or assembly: the document's event instead, `shared.document_events`)."""
+    if document_job_ended(connection, job, event, allowed):
+        return
     url = webhook_url(job, allowed)
     if url is None:
         return

@@ -83,7 +83,9 @@ def test_every_route_is_listed_with_its_methods(schema: dict[str, Any]) -> None:
         for method in route.methods
     }
     listed = {(method, path) for path, ops in schema["paths"].items() for method in ops}
-    assert listed == wanted and len(wanted) == 19
+    assert (
+        listed == wanted and len(wanted) == 20
+    )  # + DELETE voices, POST documents :retry (issues 44, 45)
     keyed = {
         (method.lower(), route.path)
         for router in KEYED_ROUTERS

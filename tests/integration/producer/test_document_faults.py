@@ -1,0 +1,191 @@
+"""Documents under faults (issue 45, items 2-4), with the scripted test engine, real Redis and
+real worker processes: a worker killed between the script that records the last segment and
+the assembly job's enqueue, an assembly that failed, retried once over HTTP, and the document's
+own webhook events (failed, then finished after a retry; canceled) in place of its segments'."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import redis
+from rq.job import Job
+from standardwebhooks.webhooks import Webhook
+
+from producer import CosyqClient
+from producer.webhooks.dispatcher import WebhookDispatcher
+from producer.webhooks.store import WebhookStore
+from shared import keys
+from shared.document_state import assembly_job_id, done_segments
+from shared.keys import QUEUES_IN_PRIORITY_ORDER
+from shared.settings import Settings
+from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
+from tests.doubles.webhook_receiver import Receiver, webhook_receiver
+
+PARAGRAPH = (
+    "The first sentence is short. The second one says a little more, and then it stops. "
+    "A third sentence ends the paragraph, or would, but a fourth comes after it."
+)
+
+
+SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzISE="
+
+
+def outbox(connection: redis.Redis) -> list[dict[str, str]]:
+    entries = connection.xrange(keys.WEBHOOK_OUTBOX)
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+
+
+def deliver(connection: redis.Redis, settings: Settings, receiver: Receiver, count: int) -> None:
+    """Run a dispatcher until the receiver has `count` calls and the outbox is empty."""
+    settings = settings.model_copy(update={"webhook_allow_private": True})
+    stop = threading.Event()
+    dispatcher = WebhookDispatcher(connection, settings)
+    thread = threading.Thread(target=dispatcher.run, args=(stop,))
+    thread.start()
+    try:
+        wait_for(lambda: len(receiver.calls) == count, 30, f"{count} deliveries")
+        wait_for(lambda: WebhookStore(connection).counts() == (0, 0), 10, "the outbox empty")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def path_of(uri: str) -> Path:
+    return Path(unquote(urlsplit(uri).path))
+
+
+def state(client: CosyqClient, document_id: str) -> str:
+    return client.document_status(document_id).state
+
+
+@pytest.fixture
+def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    """Settings for workers the test starts itself (none yet)."""
+    overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100", "COSYQ_DOCUMENT_ASSEMBLY_GRACE_S": "1"}
+    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+
+
+@pytest.fixture
+def settings(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return client_settings(cluster, monkeypatch)
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_killed_before_the_assembly_enqueue_leaves_no_document_assembling(
+    cluster: Cluster, settings: Settings, redis_url: str
+) -> None:
+    with CosyqClient(settings) as client:
+        document_id = client.submit_document({"text": PARAGRAPH})
+        command = [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url]
+        command += ["-w", "tests.doubles.racy_workers.KilledBeforeAssembly"]
+        command += ["-S", "rq.serializers.JSONSerializer", *QUEUES_IN_PRIORITY_ORDER]
+        killed = cluster.spawn(command, "killed.log")
+        assert killed.wait(timeout=120) == -signal.SIGKILL
+        marker = assembly_job_id(client.connection, document_id)
+        assert marker is not None and not Job.exists(marker, connection=client.connection)
+        assert state(client, document_id) == "assembling"  # the fault: no job behind it
+        cluster.start("run", log_name="after.log")
+        wait_for(lambda: state(client, document_id) == "assembled", 90, "the assembly")
+        result = client.document_status(document_id).result
+    assert result is not None and path_of(result.uri).stat().st_size > 0
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_assembly_needs_one_retry_over_http(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient  # noqa: PLC0415 (cosyq[http])
+
+    from producer.http.app import create_app  # noqa: PLC0415
+
+    marker = tmp_path / "refuse-marker"
+    text = f"{PARAGRAPH}\n\nThen refuse:{marker} happens."
+    overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100"}
+    with (
+        pool_of_two(redis_url, tmp_path, overrides) as cluster,
+        CosyqClient(client_settings(cluster, monkeypatch)) as client,
+        TestClient(create_app(client.settings)) as http,
+    ):
+        document_id = client.submit_document({"text": text})
+        wait_for(lambda: state(client, document_id) == "failed", 120, "the refused segment")
+        done = done_segments(client.connection, document_id)
+        gone = min(done)
+        path_of(done[gone].uri).unlink()  # its audio lost before the assembly reads it
+        marker.touch()
+        assert http.post(f"/v1/documents/{document_id}:retry").status_code == 202
+        wait_for(lambda: state(client, document_id) == "incomplete", 120, "the assembly to fail")
+        status = client.document_status(document_id)
+        assert [f.index for f in status.failures] == [gone]
+        retried = http.post(f"/v1/documents/{document_id}:retry")  # the one retry it needs
+        assert retried.status_code == 202 and retried.json()["state"] != "failed"
+        result = client.document_result(document_id, timeout=120)
+        assert http.post("/v1/documents/" + "0" * 32 + ":retry").status_code == 404
+    assert result.segments == status.segments
+
+
+@pytest.mark.timeout(300)
+def test_a_document_tells_its_webhook_of_its_ends_never_of_its_segments(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "refuse-marker"
+    text = f"{PARAGRAPH}\n\nThen refuse:{marker} happens."
+    with webhook_receiver() as receiver:
+        overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100", "COSYQ_WEBHOOK_SECRET": SECRET}
+        overrides["COSYQ_WEBHOOK_ALLOWED_URLS"] = receiver.url
+        with (
+            pool_of_two(redis_url, tmp_path, overrides) as cluster,
+            CosyqClient(client_settings(cluster, monkeypatch)) as client,
+        ):
+            hook = {"url": receiver.url + "book"}
+            document_id = client.submit_document({"text": text, "webhook": hook})
+            wait_for(lambda: state(client, document_id) == "failed", 120, "the refused segment")
+            wait_for(lambda: client.document_status(document_id).running == 0, 60, "the rest")
+            marker.touch()
+            client.retry_document(document_id)
+            result = client.document_result(document_id, timeout=120)
+            events = outbox(client.connection)
+            deliver(client.connection, client.settings, receiver, 2)
+    assert [(e["event"], e["job_id"]) for e in events] == [
+        ("document.failed", document_id),
+        ("document.finished", document_id),
+    ]  # not one job.finished per segment
+    assert len({e["webhook_id"] for e in events}) == 2
+    bodies = [Webhook(SECRET).verify(call.body, call.headers) for call in receiver.calls]
+    assert all(call.path == "/hooks/book" for call in receiver.calls)
+    failed, finished = sorted(bodies, key=lambda b: b["event"])
+    assert failed["state"] == "failed" and failed["segment"] == client_index(failed)
+    assert finished["state"] == "assembled" and finished["document_id"] == document_id
+    told = finished["result"]
+    assert (told["uri"], told["manifest_uri"]) == (result.uri, result.manifest_uri)
+    assert (told["srt_uri"], told["vtt_uri"]) == (result.srt_uri, result.vtt_uri)
+
+
+def client_index(body: dict[str, object]) -> object:
+    """The failed segment the body names: the last one (its text carries the refusal)."""
+    assert isinstance(body["segment"], int) and body["job_id"]
+    return body["segment"]
+
+
+def test_a_canceled_document_is_told_once(cluster: Cluster, settings: Settings) -> None:
+    url = "http://127.0.0.1:9/hooks/"
+    allowed = settings.model_copy(update={"webhook_allowed_urls": url})
+    with CosyqClient(allowed) as client:
+        text = "\n\n".join([PARAGRAPH] * 4)
+        document_id = client.submit_document({"text": text, "webhook": {"url": url}})
+        outcomes = client.cancel_document(document_id)  # no worker runs: each one canceled
+        again = client.cancel_document(document_id)
+        events = outbox(client.connection)
+        assert state(client, document_id) == "canceled"
+    assert len(outcomes) > 1 and {o.verdict for o in outcomes.values()} == {"canceled"}
+    assert {o.verdict for o in again.values()} == {"already_canceled"}
+    assert [(e["event"], e["job_id"]) for e in events] == [("document.canceled", document_id)]

@@ -1,0 +1,115 @@
+"""No accepted document can fail on length (issue 45, item 1): whatever text `validate_document`
+(the gate `submit_document` runs) accepts splits into segments that the worker accepts: its job
+gate (`validate_request`) and the engine's own check before synthesis (`text_pieces`: the
+model's tokenizer after normalisation, the count `max_speech_seconds` bounds), on the tiny
+model's tokenizer, which makes ~0.7 tokens per letter where Qwen2 makes ~0.25."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from shared.documents import DocumentLimits, validate_document
+from shared.errors import InvalidRequestError
+from shared.jobs import RequestLimits, validate_request
+from shared.text_markup import estimated_text_tokens, minimum_text_tokens
+from workers.engine.api import SynthesisInput, VoicePrompt
+from workers.engine.pipeline import EngineOptions, build_engine
+
+LIMITS = DocumentLimits()
+PROMPT = VoicePrompt(
+    speech_tokens=np.zeros(25, dtype=np.int32),
+    mel=np.zeros((50, 80), dtype=np.float32),
+    embedding=np.zeros(192, dtype=np.float32),
+    transcript="a test prompt",
+)
+FINANCIAL = (
+    "In the third quarter revenue was 1,234,567 dollars, up 12.5% from 987,654 dollars a year "
+    "before; operating costs were $2,345,678.90 against $1,987,654.32, and the margin rose to "
+    "23.4% on 03/04/2025. "
+)
+
+words = st.sampled_from(
+    ["revenue", "was", "the", "clocks", "struck", "thirteen", "今天", "天气", "こんにちは", "über"]
+)
+numbers = st.one_of(
+    st.integers(0, 10**12).map(lambda n: f"{n:,}"),
+    st.integers(0, 10**9).map(str),
+    st.floats(0, 1e6, allow_nan=False).map(lambda x: f"${x:,.2f}"),
+    st.integers(0, 1000).map(lambda n: f"{n / 10}%"),
+    st.dates().map(lambda d: d.isoformat()),
+    st.dates().map(lambda d: d.strftime("%m/%d/%Y")),
+)
+markup = st.sampled_from(["[laughter]", "<strong>loud</strong>", "[breath]", "*so*", "# Title\n"])
+tokens = st.one_of(words, numbers, markup, st.text(min_size=1, max_size=8))
+sentences = st.lists(tokens, min_size=1, max_size=40).map(lambda t: " ".join(t) + ".")
+documents = st.lists(st.lists(sentences, min_size=1, max_size=12), min_size=1, max_size=6).map(
+    lambda paragraphs: "\n\n".join(" ".join(p) for p in paragraphs)
+)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny engine under the deployment's default speech bound (150 s)."""
+    options = EngineOptions(max_speech_seconds=RequestLimits().max_speech_seconds)
+    return build_engine(
+        tiny_model_dir,
+        device="cpu",
+        options=options,
+        hash_cache_dir=tmp_path_factory.mktemp("hashes"),
+    )
+
+
+def worker_accepts(engine: Any, job: dict[str, Any]) -> int:
+    """The worker's checks of one segment's job, without synthesis; its text tokens."""
+    request = validate_request(job, LIMITS.request)
+    data = SynthesisInput(
+        text=request.text, prompt=PROMPT, language=request.language, split_past_limit=True
+    )
+    return sum(len(piece.ids) for piece in engine.text_pieces(data))
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(text=documents, markup_kind=st.sampled_from(["auto", "plain", "markdown"]))
+@example(text=FINANCIAL * 5, markup_kind="plain")
+def test_every_accepted_document_splits_into_segments_the_worker_accepts(
+    engine: Any, text: str, markup_kind: str
+) -> None:
+    try:
+        plan = validate_document({"text": text, "markup": markup_kind}, LIMITS)
+    except InvalidRequestError:
+        return
+    for job in plan.jobs:
+        worker_accepts(engine, job.model_dump(mode="json"))
+
+
+def test_the_financial_text_of_the_issue_is_accepted_though_the_model_counts_more(
+    engine: Any,
+) -> None:
+    text = (FINANCIAL * 5)[:843]
+    plan = validate_document({"text": text}, LIMITS)
+    counted = [worker_accepts(engine, job.model_dump(mode="json")) for job in plan.jobs]
+    bound_tokens = RequestLimits().max_speech_seconds / 0.3
+    assert sum(counted) > bound_tokens  # one request of it would be refused ...
+    assert len(plan.segments) > 1  # ... and the estimate split it
+
+
+def test_a_whole_request_over_the_bound_is_still_refused(engine: Any) -> None:
+    data = SynthesisInput(text=(FINANCIAL * 5)[:843], prompt=PROMPT)
+    with pytest.raises(InvalidRequestError, match="COSYQ_MAX_SPEECH_SECONDS"):
+        engine.text_pieces(data)
+
+
+def test_the_estimate_counts_digits_as_the_words_they_become() -> None:
+    assert minimum_text_tokens("1,234,567") == 3
+    assert estimated_text_tokens("1,234,567") >= 12  # "one million two hundred thirty four ..."
+    assert estimated_text_tokens("word " * 10) >= minimum_text_tokens("word " * 10)

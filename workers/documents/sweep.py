@@ -1,0 +1,78 @@
+"""Finish what a crash left between a document's last segment and its assembly job.
+
+`record_segment` sets the assembly marker and notes the document pending in one Lua script;
+the worker then enqueues the job the marker names and clears the note. A worker killed between
+the two leaves a marker naming a job that does not exist: re-running the segment cannot help
+(the marker's SET NX fails), so every worker's housekeeping runs this sweep (one holder per
+tick, under a short lock): a note COSYQ_DOCUMENT_ASSEMBLY_GRACE_S old whose marker names no job
+gets that job enqueued, with the marker's own id (so a live worker that enqueues it in the
+same moment makes the same job, once). A note whose document is assembled, expired, or whose
+marker a retry cleared is dropped.
+"""
+
+from __future__ import annotations
+
+import redis
+from rq.job import Job
+
+from shared.document_state import (
+    ASSEMBLY_SWEEP_LOCK,
+    DocumentNotFoundError,
+    assembly_enqueued,
+    assembly_job_id,
+    enqueue_assembly,
+    load_plan,
+    load_result,
+    pending_assemblies,
+)
+from shared.logs import get_logger
+from shared.settings import Settings
+
+log = get_logger(__name__)
+SWEEP_BATCH = 20  # documents looked at per tick (a crash leaves one; the rest wait a tick)
+
+
+class AssemblySweep:
+    """A housekeeping duty: `tick()` once per heartbeat interval."""
+
+    def __init__(self, connection: redis.Redis, settings: Settings, *, holder: str) -> None:
+        self.connection = connection
+        self.settings = settings
+        self.holder = holder
+
+    def __call__(self) -> None:
+        self.tick()
+
+    def tick(self) -> list[str]:
+        """The documents whose assembly job this tick enqueued."""
+        lock_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
+        if not self.connection.set(ASSEMBLY_SWEEP_LOCK, self.holder, nx=True, px=lock_ms):
+            return []
+        grace = self.settings.document_assembly_grace_s
+        enqueued = []
+        for document_id in pending_assemblies(self.connection, grace, SWEEP_BATCH):
+            if self._finish(document_id):
+                enqueued.append(document_id)
+            assembly_enqueued(self.connection, document_id)
+        return enqueued
+
+    def _finish(self, document_id: str) -> bool:
+        job_id = assembly_job_id(self.connection, document_id)
+        if job_id is None or Job.exists(job_id, connection=self.connection):
+            return False
+        if load_result(self.connection, document_id) is not None:
+            return False
+        try:
+            plan = load_plan(self.connection, document_id)
+        except DocumentNotFoundError:
+            return False
+        enqueue_assembly(
+            self.connection,
+            self.settings,
+            document_id,
+            job_id,
+            plan.priority,
+            tenant=plan.tenant,
+        )
+        log.warning("document_assembly_recovered", document_id=document_id, job_id=job_id)
+        return True
