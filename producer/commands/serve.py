@@ -7,6 +7,7 @@ command runs. Without COSYQ_API_KEYS the server binds loopback only.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,8 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
     check_bind(args.host, context.settings.api_key_list())
     import uvicorn  # noqa: PLC0415 (the http extra, only for this command)
 
+    from producer.http.read_deadline import ReadDeadlineProtocol  # noqa: PLC0415 (likewise)
+
     env_file = args.env_file if args.env_file and Path(args.env_file).is_file() else None
     uvicorn.run(
         FACTORY,
@@ -54,5 +57,8 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
         log_config=None,  # our structlog setup (configured by the factory)
         access_log=False,  # our one line per request (middleware.AccessLog)
         server_header=False,
+        http=functools.partial(  # type: ignore[arg-type]
+            ReadDeadlineProtocol, read_timeout_s=context.settings.http_request_read_timeout_s
+        ),
     )
     return 0
