@@ -12,8 +12,8 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from producer.http_bind import check_bind
-from shared.errors import SettingsError
+from producer.http_bind import check_bind, check_port_free
+from shared.errors import CosyqError, SettingsError
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -42,11 +42,24 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
     if not 0 < args.port < 65536 or args.workers < 1:
         raise SettingsError(f"--port {args.port} / --workers {args.workers}: out of range")
     check_bind(args.host, context.settings.api_key_list())
+    check_port_free(args.host, args.port)
     import uvicorn  # noqa: PLC0415 (the http extra, only for this command)
 
-    from producer.http.read_deadline import ReadDeadlineProtocol  # noqa: PLC0415 (likewise)
-
     env_file = args.env_file if args.env_file and Path(args.env_file).is_file() else None
+    try:
+        _run_uvicorn(uvicorn, args, env_file, context.settings.http_request_read_timeout_s)
+    except SystemExit as e:  # uvicorn's own start failure (its codes are not ours)
+        if e.code in (0, None):
+            return 0
+        raise CosyqError("serve: the server did not start (its log above says why)") from e
+    return 0
+
+
+def _run_uvicorn(
+    uvicorn: Any, args: argparse.Namespace, env_file: str | None, read_s: float
+) -> None:
+    from producer.http.read_deadline import ReadDeadlineProtocol  # noqa: PLC0415 (http extra)
+
     uvicorn.run(
         FACTORY,
         factory=True,
@@ -57,8 +70,5 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
         log_config=None,  # our structlog setup (configured by the factory)
         access_log=False,  # our one line per request (middleware.AccessLog)
         server_header=False,
-        http=functools.partial(  # type: ignore[arg-type]
-            ReadDeadlineProtocol, read_timeout_s=context.settings.http_request_read_timeout_s
-        ),
+        http=functools.partial(ReadDeadlineProtocol, read_timeout_s=read_s),
     )
-    return 0
