@@ -18,7 +18,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from producer.commands.arguments import seconds
 from producer.commands.exits import EXIT_FAILED, EXIT_NOT_DONE, EXIT_NOT_FOUND
-from producer.commands.out_file import audio_format_of, copy_replacing, write_replacing
+from producer.commands.out_file import (
+    audio_format_of,
+    check_out_folder,
+    copy_replacing,
+    write_replacing,
+)
 from producer.documents import DocumentStatus
 from shared.document_state import DocumentFailedError, DocumentNotFoundError, DocumentResult
 from shared.errors import InvalidRequestError, ResultTimeoutError
@@ -83,6 +88,7 @@ def document_request(args: argparse.Namespace) -> dict[str, Any]:
     """The document payload from the file and the options given (the format follows --out's
     suffix; a suffix that is no audio format, or not --format's, is a usage error)."""
     fmt = audio_format_of(args.out, args.format)
+    check_out_folder(args.out)
     request: dict[str, Any] = {"text": read_document_text(args.file)}
     request["markup"] = args.markup or MARKUP_BY_SUFFIX.get(args.file.suffix.lower(), "auto")
     options = OPTIONS
@@ -207,6 +213,7 @@ def run_cancel(args: argparse.Namespace, context: CliContext) -> int:
 
 def run_result(args: argparse.Namespace, context: CliContext) -> int:
     audio_format_of(args.out, None)  # an --out that cannot take audio: before any wait
+    check_out_folder(args.out)
     with context.make_client(context.settings) as client:
         try:
             if args.wait > 0:

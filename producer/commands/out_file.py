@@ -19,6 +19,19 @@ from producer.commands.exits import UsageError
 from shared.results import AUDIO_FORMATS
 
 
+def check_out_folder(path: Path | None) -> None:
+    """--out's folder made and writable, checked before a job is submitted or waited for:
+    UsageError (exit 2) rather than a job whose audio has nowhere to go."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot write there ({e.strerror or e})") from e
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: cannot write there (permission denied)")
+
+
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[IO[bytes]]:
     """A binary file to write; on a clean exit of the block it becomes `path` (mode as a

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from producer.commands.arguments import seconds
 from producer.commands.batch_report import ResultsFile, print_summary
 from producer.commands.exits import EXIT_CANCELED, EXIT_FAILED, EXIT_NOT_DONE, UsageError
-from producer.commands.out_file import audio_format_of, write_replacing
+from producer.commands.out_file import audio_format_of, check_out_folder, write_replacing
 from producer.commands.stream import check_stream_out, stream_to
 from producer.tracking import JobOutcome
 from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
@@ -226,6 +226,7 @@ def say_request(args: argparse.Namespace) -> dict[str, Any]:
     elif args.out == "-":
         raise UsageError("--out -: stdout takes only a stream (add --stream)")
     fmt = audio_format_of(out, fmt)
+    check_out_folder(out)
     request: dict[str, Any] = {
         "text": args.text,
         "mode": args.mode,

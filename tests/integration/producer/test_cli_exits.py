@@ -95,9 +95,24 @@ def test_document_out_with_a_suffix_that_is_no_audio_is_2(
     assert connection.dbsize() == before and not (tmp_path / "x.exe").exists()
 
 
-def test_stream_out_where_nothing_can_be_written_is_2(settings: Settings, capsys) -> None:
-    assert cosyq("stream", "job1", "--out", "/proc/nonexist/x.wav") == 2
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("stream", "job1"),
+        ("say", "Hello."),
+        ("say", "Hello.", "--stream"),
+        ("document", "result", "doc1"),
+        ("document", "submit", "book.txt"),
+    ],
+)
+def test_out_where_nothing_can_be_written_is_2_before_anything_is_submitted(
+    settings: Settings, connection: redis.Redis, tmp_path: Path, argv: tuple[str, ...], capsys
+) -> None:
+    (tmp_path / "book.txt").write_text("One sentence.")
+    before = connection.dbsize()
+    assert cosyq(*argv, "--out", "/proc/nonexist/x.wav") == 2
     assert "--out /proc/nonexist/x.wav: cannot write there" in one_line(capsys.readouterr().err)
+    assert connection.dbsize() == before
 
 
 def test_an_env_file_that_is_not_text_is_2(settings: Settings, tmp_path: Path) -> None:
