@@ -24,6 +24,7 @@ from rich.console import Console
 from producer.client import CosyqClient
 from producer.commands.exits import exit_status, quiet_broken_pipe
 from shared.connection import settings_error
+from shared.console import CommandConsole
 from shared.errors import CosyqError, SettingsError
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
@@ -49,7 +50,7 @@ class CliContext:
 
     settings: Settings
     make_client: ClientFactory
-    out: Console  # command output (stdout)
+    out: CommandConsole  # command output (stdout)
     err: Console  # progress, warnings, problems (stderr)
 
 
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | N
         settings=settings, make_client=client_factory or CosyqClient, out=_stdout(), err=err
     )
     try:
-        return int(args.handler(args, context) or 0)
+        return context.out.exit_status(int(args.handler(args, context) or 0))
     except BrokenPipeError:
         return quiet_broken_pipe()
     except (CosyqError, redis.RedisError) as e:
@@ -102,11 +103,13 @@ def _one_line(error: CosyqError | redis.RedisError, settings: Settings) -> str:
     return f"Redis at {settings.redacted_redis_url()}: {error}"
 
 
-def _stdout() -> Console:
-    """Command output; piped into a file it is not cut to 80 columns."""
-    console = Console(highlight=False, soft_wrap=True)
+def _stdout() -> CommandConsole:
+    """Command output; piped into a file it is not cut to 80 columns; a closed pipe is quiet
+    and the command runs to its end (then exits 141: shared/console.py)."""
+    console = CommandConsole(highlight=False, soft_wrap=True)
     if not console.is_terminal:
-        console = Console(highlight=False, soft_wrap=True, width=max(console.width, PIPED_WIDTH))
+        width = max(console.width, PIPED_WIDTH)
+        console = CommandConsole(highlight=False, soft_wrap=True, width=width)
     return console
 
 

@@ -16,7 +16,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
+from shared import settings_errors
 from shared.errors import SettingsError
 from shared.prompt_uris import prompt_root
 from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
@@ -34,7 +36,6 @@ from shared.settings_tenants import TenantSettings
 from shared.tenants import DEFAULT_TENANT, ApiKey, parse_api_keys
 
 DEFAULT_ENV_FILE = ".env"
-_SECRET_FIELDS = frozenset({"api_keys", "operator_keys", "webhook_secret", "s3_secret_access_key"})
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 STORAGE_SCHEMES = ("file", "s3")
@@ -105,7 +106,9 @@ class Settings(
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint (MinIO, R2); unset: AWS")
     s3_region: str | None = Field(None, description="S3 region; unset: the AWS environment's")
     s3_access_key_id: str | None = Field(
-        None, description="S3 key id; unset: the usual AWS variables, profile or role"
+        None,
+        description="S3 key id; unset: the usual AWS variables, profile or role",
+        json_schema_extra={"secret": True},  # never shown in a settings error
     )
     s3_secret_access_key: SecretStr | None = Field(None, description="S3 secret key")
     s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
@@ -464,18 +467,13 @@ class Settings(
 
 
 def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: Any) -> Settings:
-    """Build Settings for an entry point; bad values become one SettingsError naming each field."""
+    """Build Settings for an entry point; bad values become one SettingsError naming each field
+    (with no secret in it: shared/settings_errors.py)."""
     try:
         return Settings(_env_file=env_file, **overrides)
     except ValidationError as e:
-        problems = []
-        for error in e.errors():
-            field = ".".join(str(part) for part in error["loc"]) or "settings"
-            name = ENV_PREFIX + field.upper() if field in Settings.model_fields else field
-            given = error.get("input")
-            if field == "redis_url" and isinstance(given, str):
-                given = redact_url(given)  # never echo a password
-            elif field in _SECRET_FIELDS:
-                given = "***"  # never echo a key
-            problems.append(f"{name}: {error['msg']} (got {given!r})")
-        raise SettingsError("invalid settings: " + "; ".join(problems)) from e
+        raise SettingsError(settings_errors.describe(e, Settings.model_fields)) from e
+    except UnicodeDecodeError as e:
+        raise SettingsError(f"the settings file {env_file} is not UTF-8 text ({e.reason})") from e
+    except PydanticSettingsError as e:  # a JSON setting that does not parse
+        raise SettingsError(f"invalid settings: {e}") from e

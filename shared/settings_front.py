@@ -34,6 +34,12 @@ class FrontSettings(BaseModel):
     http_max_upload_bytes: int = Field(
         16 * 1024 * 1024, gt=0, description="largest voice upload (POST /v1/audio/voices)"
     )
+    http_request_read_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="longest a request (headers and body) may take to arrive; a slower client "
+        "is answered 408 and disconnected (slow-loris)",
+    )
     http_max_batch: int = Field(1000, gt=0, description="most requests in one POST /v1/jobs:batch")
     http_retry_after_s: int = Field(
         5, ge=0, description="the Retry-After of a 429 (a queue at COSYQ_MAX_QUEUE_DEPTH)"

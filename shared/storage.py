@@ -187,9 +187,7 @@ class FileStorage(Storage):
     ) -> StoredObject:
         path = self.root / check_output_key(key, limit=1024)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.parent.resolve().is_relative_to(self.root.resolve()):
-                raise StorageError(f"{key}: resolves outside {self.root} (a symlink?)")
+            self._make_folders(key, path.parent)
             _write_atomically(path, data)
         except OSError as e:
             raise file_error(e, f"cannot write {path}") from e
@@ -201,9 +199,7 @@ class FileStorage(Storage):
     ) -> StoredObject:
         target = self.root / check_output_key(key, limit=1024)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.parent.resolve().is_relative_to(self.root.resolve()):
-                raise StorageError(f"{key}: resolves outside {self.root} (a symlink?)")
+            self._make_folders(key, target.parent)
             with path.open("rb") as source:
                 _write_atomically(target, source)
             size = target.stat().st_size
@@ -211,6 +207,18 @@ class FileStorage(Storage):
             raise file_error(e, f"cannot write {target}") from e
         _remove_stale_temps(target, self._stale_temp_s)
         return StoredObject(uri=target.as_uri(), bytes=size)
+
+    def _make_folders(self, key: str, folder: Path) -> None:
+        """Make `folder` under the root one level at a time, each level checked to resolve
+        inside the root before it is made: a symlink in the root never leads mkdir outside."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        root = self.root.resolve()
+        level = self.root
+        for part in folder.relative_to(self.root).parts:
+            level = level / part
+            if not level.resolve().is_relative_to(root):
+                raise StorageError(f"{key}: resolves outside {self.root} (a symlink?)")
+            level.mkdir(exist_ok=True)
 
     def delete(self, key: str) -> None:
         path = self.root / check_output_key(key, limit=1024)

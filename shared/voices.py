@@ -99,6 +99,12 @@ def check_transcript(transcript: str, limit: int) -> str:
     """A voice's transcript: at most `limit` characters, control tags only (no special tokens,
     no pauses); the producer checks it before uploading and the add-voice job again."""
     transcript = transcript.strip()
+    try:
+        transcript.encode("utf-8")
+    except UnicodeEncodeError as e:  # bytes that were not UTF-8, smuggled in as surrogates
+        raise InvalidRequestError(
+            f"transcript: not valid UTF-8 (unpaired surrogate at character {e.start})"
+        ) from None
     if len(transcript) > limit:
         raise InvalidRequestError(f"transcript: {len(transcript):,} characters, limit {limit:,}")
     try:

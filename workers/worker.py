@@ -252,14 +252,15 @@ class CosyqWorker(StopSafeWorker):
         self._timed_out = self._timed_out or error.timed_out
         if not error.retryable:
             job.retries_left = 0  # permanent or internal: RQ must not retry it
-        log.warning(
-            "job_failed",
-            job_id=job.id,
-            kind=error.kind,
-            reason=error.message,
-            will_retry=bool(job.retries_left),
-            exc_info=exc_info if error.wants_traceback else None,
-        )
+        if error.kind != CANCELED_KIND:  # a cancel is logged job_canceled when recorded
+            log.warning(
+                "job_failed",
+                job_id=job.id,
+                kind=error.kind,
+                reason=error.message,
+                will_retry=bool(job.retries_left),
+                exc_info=exc_info if error.wants_traceback else None,
+            )
         for handler in self._exc_handlers:
             if handler(job, *exc_info) is False:
                 break

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from producer.tracking import PENDING_KIND, JobOutcome
+from producer.tracking import CANCELED_KIND, PENDING_KIND, JobOutcome
 from shared.results import JobFailure, SynthesisResult
 
 if TYPE_CHECKING:
@@ -31,13 +32,19 @@ def is_pending(outcome: JobOutcome) -> bool:
     return isinstance(outcome, JobFailure) and outcome.kind == PENDING_KIND
 
 
+def is_canceled(outcome: JobOutcome) -> bool:
+    return isinstance(outcome, JobFailure) and outcome.kind == CANCELED_KIND
+
+
 def record(line: int, job_id: str, outcome: JobOutcome) -> dict[str, Any]:
-    """One results-file line: the full result, the failure, or "pending"."""
+    """One results-file line: the full result, the failure, "canceled" or "pending"."""
     data: dict[str, Any] = {"line": line, "job_id": job_id}
     if isinstance(outcome, SynthesisResult):
         data.update(status="ok", result=outcome.model_dump(mode="json"))
     elif is_pending(outcome):
         data.update(status="pending", error=outcome.as_meta())
+    elif is_canceled(outcome):
+        data.update(status="canceled", error=outcome.as_meta())
     else:
         data.update(status="failed", error=outcome.as_meta())
     return data
@@ -85,25 +92,55 @@ def quality_counts(results: Sequence[SynthesisResult]) -> tuple[int, int]:
     return sum(q.verdict == "suspect" for q in reports), sum(q.retries for q in reports)
 
 
+@dataclass(frozen=True)
+class Tally:
+    """Distinct jobs by how they ended: failed, canceled (`cosyq cancel`), still pending."""
+
+    failed: int
+    canceled: int
+    pending: int
+
+
 def print_summary(
     context: CliContext,
     line_numbers: Sequence[int],
     job_ids: Sequence[str],
     outcomes: dict[str, JobOutcome],
     wall_s: float,
-) -> tuple[int, int]:
-    """Failures (with line numbers), then the table; returns (failed, still pending) jobs.
+) -> Tally:
+    """Failures (with line numbers), then the table; returns the tally of jobs not ok.
 
-    Rates are over finished jobs: a job still queued or running is neither done nor failed.
+    Rates are over finished jobs: a job still queued or running is neither done nor failed;
+    a canceled job is counted apart from failed ones.
     """
-    unique = dict.fromkeys(job_ids)
-    results = [o for j in unique if isinstance(o := outcomes[j], SynthesisResult)]
-    pending = [j for j in unique if is_pending(outcomes[j])]
-    failed = len(unique) - len(results) - len(pending)
+    unique = [outcomes[j] for j in dict.fromkeys(job_ids)]
+    results = [o for o in unique if isinstance(o, SynthesisResult)]
+    tally = Tally(
+        failed=len(unique) - len(results) - sum(is_pending(o) or is_canceled(o) for o in unique),
+        canceled=sum(is_canceled(o) for o in unique),
+        pending=sum(is_pending(o) for o in unique),
+    )
+    _print_failures(context, line_numbers, job_ids, outcomes)
+    if tally.pending:
+        context.err.print(
+            f"{tally.pending} job(s) still queued or running when the wait ended: they stay "
+            "queued and run later (cosyq result JOB_ID)",
+            markup=False,
+        )
+    context.out.print(_table(results, tally, wall_s))
+    return tally
+
+
+def _print_failures(
+    context: CliContext,
+    line_numbers: Sequence[int],
+    job_ids: Sequence[str],
+    outcomes: dict[str, JobOutcome],
+) -> None:
     failures = [
         (number, j, o)
         for number, j in zip(line_numbers, job_ids, strict=True)
-        if isinstance(o := outcomes[j], JobFailure) and not is_pending(o)
+        if isinstance(o := outcomes[j], JobFailure) and not is_pending(o) and not is_canceled(o)
     ]
     for number, job_id, failure in failures[:MAX_FAILURES_SHOWN]:
         context.err.print(
@@ -112,29 +149,26 @@ def print_summary(
         )
     if len(failures) > MAX_FAILURES_SHOWN:
         context.err.print(f"... and {len(failures) - MAX_FAILURES_SHOWN} more failures")
-    if pending:
-        context.err.print(
-            f"{len(pending)} job(s) still queued or running when the wait ended: they stay "
-            "queued and run later (cosyq result JOB_ID)",
-            markup=False,
-        )
+
+
+def _table(results: list[SynthesisResult], tally: Tally, wall_s: float) -> Table:
     audio_s = sum(result.duration_s for result in results)
-    finished = len(results) + failed
+    finished = len(results) + tally.failed + tally.canceled
     table = Table(title="cosyq submit")
-    columns = ("ok", "suspect", "quality retries", "failed", "still running", "audio s")
-    for column in (*columns, "wall s", "audio s / wall s", "finished jobs / s"):
+    columns = ("ok", "suspect", "quality retries", "failed", "canceled", "still running")
+    for column in (*columns, "audio s", "wall s", "audio s / wall s", "finished jobs / s"):
         table.add_column(column, justify="right")
     suspect, retries = quality_counts(results)
     table.add_row(
         str(len(results)),
         str(suspect),
         str(retries),
-        str(failed),
-        str(len(pending)),
+        str(tally.failed),
+        str(tally.canceled),
+        str(tally.pending),
         f"{audio_s:.2f}",
         f"{wall_s:.2f}",
         f"{audio_s / wall_s:.2f}" if wall_s > 0 else "-",
         f"{finished / wall_s:.2f}" if wall_s > 0 else "-",
     )
-    context.out.print(table)
-    return failed, len(pending)
+    return table

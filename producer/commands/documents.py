@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -19,9 +18,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from producer.commands.arguments import seconds
 from producer.commands.exits import EXIT_FAILED, EXIT_NOT_DONE, EXIT_NOT_FOUND
+from producer.commands.out_file import (
+    audio_format_of,
+    check_out_folder,
+    copy_replacing,
+    write_replacing,
+)
 from producer.documents import DocumentStatus
 from shared.document_state import DocumentFailedError, DocumentNotFoundError, DocumentResult
-from shared.errors import ResultTimeoutError
+from shared.errors import InvalidRequestError, ResultTimeoutError
 from shared.results import AUDIO_FORMATS
 from shared.storage import open_storage
 
@@ -80,15 +85,32 @@ def register(subparsers: Any) -> None:
 
 
 def document_request(args: argparse.Namespace) -> dict[str, Any]:
-    """The document payload from the file and the options given."""
-    request: dict[str, Any] = {"text": args.file.read_text(encoding="utf-8")}
+    """The document payload from the file and the options given (the format follows --out's
+    suffix; a suffix that is no audio format, or not --format's, is a usage error)."""
+    fmt = audio_format_of(args.out, args.format)
+    check_out_folder(args.out)
+    request: dict[str, Any] = {"text": read_document_text(args.file)}
     request["markup"] = args.markup or MARKUP_BY_SUFFIX.get(args.file.suffix.lower(), "auto")
     options = OPTIONS
     request.update({k: getattr(args, k) for k in options if getattr(args, k) is not None})
-    suffix = args.out.suffix.lstrip(".").lower() if args.out else ""
-    if "format" not in request and suffix in AUDIO_FORMATS:
-        request["format"] = suffix
+    if fmt is not None:
+        request["format"] = fmt
     return request
+
+
+def read_document_text(path: Path) -> str:
+    """The document file as text: UTF-8 (a BOM is dropped), else one clear error."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InvalidRequestError(f"{path}: cannot read ({e.strerror or e})") from e
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise InvalidRequestError(
+            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1}); "
+            "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 def run_submit(args: argparse.Namespace, context: CliContext) -> int:
@@ -138,13 +160,14 @@ def fetch_files(context: CliContext, result: DocumentResult, out: Path) -> list[
         (result.vtt_uri, out.with_suffix(".vtt")),
         (result.manifest_uri, out.with_suffix(".json")),
     ]
+    made = Path(urlsplit(result.uri).path).suffix.lstrip(".").lower() or None
+    audio_format_of(out, made, named="the document's format")  # no WAV bytes in x.mp3
     for uri, target in targets:
-        target.parent.mkdir(parents=True, exist_ok=True)
         parts = urlsplit(uri)
         if parts.scheme == "file":  # copied in blocks: an hour of audio is never read whole
-            shutil.copyfile(unquote(parts.path), target)
+            copy_replacing(Path(unquote(parts.path)), target)
         else:
-            target.write_bytes(storage.get(uri))
+            write_replacing(target, storage.get(uri))
     return [target for _, target in targets]
 
 
@@ -189,6 +212,8 @@ def run_cancel(args: argparse.Namespace, context: CliContext) -> int:
 
 
 def run_result(args: argparse.Namespace, context: CliContext) -> int:
+    audio_format_of(args.out, None)  # an --out that cannot take audio: before any wait
+    check_out_folder(args.out)
     with context.make_client(context.settings) as client:
         try:
             if args.wait > 0:

@@ -4,18 +4,18 @@ One table, so `cosyq result`, `say`, `stream` and `submit` mean the same by the 
 0 done; 1 failed (a job failed, bad input lines, a refused request); 2 usage or settings error;
 3 not done yet (the wait ended while the job was queued, running or waiting for a retry);
 4 no such job (never submitted, or expired); 5 cannot tell now (Redis unreachable: try again);
-6 the job was canceled (`cosyq cancel`, `DELETE /v1/jobs/{id}`): it has no result;
-141 the reader of stdout went away (128 + SIGPIPE, what `cat` exits with in `| head`).
+6 the job was canceled (`cosyq cancel`, `DELETE /v1/jobs/{id}`): it has no result (`submit
+--wait`: jobs were canceled and none failed);
+141 the reader of stdout went away (128 + SIGPIPE, what `cat` exits with in `| head`): the
+command ran to its end and would have exited 0 (shared/console.py).
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
 import redis
 
 from shared.connection import is_outage, misconfiguration
+from shared.console import EXIT_BROKEN_PIPE, point_stdout_at_devnull
 from shared.errors import (
     CosyqError,
     InvalidJobIdError,
@@ -33,7 +33,6 @@ EXIT_NOT_DONE = 3
 EXIT_NOT_FOUND = 4
 EXIT_UNAVAILABLE = 5
 EXIT_CANCELED = 6
-EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
 
 
 class UsageError(CosyqError):
@@ -61,11 +60,5 @@ def exit_status(error: BaseException) -> int:
 def quiet_broken_pipe() -> int:
     """Stdout's reader closed it: point stdout at /dev/null so the interpreter's last flush
     does not print a traceback, and exit as a Unix filter killed by SIGPIPE would."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout has no file descriptor (captured by a test)
-        pass
-    finally:
-        os.close(devnull)
+    point_stdout_at_devnull()
     return EXIT_BROKEN_PIPE

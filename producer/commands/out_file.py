@@ -9,18 +9,38 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from producer.commands.exits import UsageError
+from shared.results import AUDIO_FORMATS
+
+
+def check_out_folder(path: Path | None) -> None:
+    """--out's folder made and writable, checked before a job is submitted or waited for:
+    UsageError (exit 2) rather than a job whose audio has nowhere to go."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot write there ({e.strerror or e})") from e
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: cannot write there (permission denied)")
 
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[IO[bytes]]:
     """A binary file to write; on a clean exit of the block it becomes `path` (mode as a
     plain open would give it), on an error it is removed and `path` is left untouched."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    except OSError as e:  # a folder that cannot be made or written: the user's --out
+        raise UsageError(f"--out {path}: cannot write there ({e.strerror or e})") from e
     temporary = Path(name)
     try:
         with os.fdopen(fd, "wb") as out:
@@ -32,9 +52,28 @@ def replacing(path: Path) -> Iterator[IO[bytes]]:
         raise
 
 
+def audio_format_of(out: Path | None, fmt: str | None, *, named: str = "--format") -> str | None:
+    """The audio format an --out file's suffix names (none: `fmt`); UsageError for a suffix
+    that is no audio format or that contradicts `fmt` (the bytes would not be what it says)."""
+    if out is None or not out.suffix:
+        return fmt
+    suffix = out.suffix.lstrip(".").lower()
+    if suffix not in AUDIO_FORMATS:
+        raise UsageError(f"--out: .{suffix} is not one of {', '.join(AUDIO_FORMATS)}")
+    if fmt is not None and fmt != suffix:
+        raise UsageError(f"--out: .{suffix} does not match {named} {fmt}")
+    return suffix
+
+
 def write_replacing(path: Path, data: bytes) -> None:
     with replacing(path) as out:
         out.write(data)
+
+
+def copy_replacing(source: Path, path: Path) -> None:
+    """A local file copied to `path` in blocks (an hour of audio is never read whole)."""
+    with replacing(path) as out, source.open("rb") as data:
+        shutil.copyfileobj(data, out)
 
 
 def _new_file_mode(path: Path) -> int:

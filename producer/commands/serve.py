@@ -7,12 +7,13 @@ command runs. Without COSYQ_API_KEYS the server binds loopback only.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from producer.http_bind import check_bind
-from shared.errors import SettingsError
+from producer.http_bind import check_bind, check_port_free
+from shared.errors import CosyqError, SettingsError
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -42,9 +43,24 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
         raise SettingsError(f"--port {args.port} / --workers {args.workers}: out of range")
     settings = context.settings
     check_bind(args.host, settings.api_key_list() + settings.operator_key_list())
+    check_port_free(args.host, args.port)
     import uvicorn  # noqa: PLC0415 (the http extra, only for this command)
 
     env_file = args.env_file if args.env_file and Path(args.env_file).is_file() else None
+    try:
+        _run_uvicorn(uvicorn, args, env_file, context.settings.http_request_read_timeout_s)
+    except SystemExit as e:  # uvicorn's own start failure (its codes are not ours)
+        if e.code in (0, None):
+            return 0
+        raise CosyqError("serve: the server did not start (its log above says why)") from e
+    return 0
+
+
+def _run_uvicorn(
+    uvicorn: Any, args: argparse.Namespace, env_file: str | None, read_s: float
+) -> None:
+    from producer.http.read_deadline import ReadDeadlineProtocol  # noqa: PLC0415 (http extra)
+
     uvicorn.run(
         FACTORY,
         factory=True,
@@ -55,5 +71,5 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
         log_config=None,  # our structlog setup (configured by the factory)
         access_log=False,  # our one line per request (middleware.AccessLog)
         server_header=False,
+        http=functools.partial(ReadDeadlineProtocol, read_timeout_s=read_s),
     )
-    return 0

@@ -16,8 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from producer.commands.arguments import seconds
 from producer.commands.batch_report import ResultsFile, print_summary
-from producer.commands.exits import UsageError
-from producer.commands.out_file import write_replacing
+from producer.commands.exits import EXIT_CANCELED, EXIT_FAILED, EXIT_NOT_DONE, UsageError
+from producer.commands.out_file import audio_format_of, check_out_folder, write_replacing
 from producer.commands.stream import check_stream_out, stream_to
 from producer.tracking import JobOutcome
 from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
@@ -155,10 +155,12 @@ def run_submit(args: argparse.Namespace, context: CliContext) -> int:
             if results is not None:
                 results.write_rest(outcomes)
     wall_s = time.monotonic() - started
-    failed, pending = print_summary(context, numbers, job_ids, outcomes, wall_s)
-    if problems or failed or len(submitted) < len(lines):
-        return 1
-    return 3 if pending else 0
+    tally = print_summary(context, numbers, job_ids, outcomes, wall_s)
+    if problems or tally.failed or len(submitted) < len(lines):
+        return EXIT_FAILED
+    if tally.canceled:
+        return EXIT_CANCELED
+    return EXIT_NOT_DONE if tally.pending else 0
 
 
 def _submit_lines(
@@ -170,7 +172,7 @@ def _submit_lines(
     def printed(chunk: list[tuple[int, str]]) -> None:
         for _, job_id in chunk:
             context.out.print(job_id, markup=False)
-        context.out.file.flush()
+        context.out.flush_output()  # a closed stdout: quiet, every line still submitted
 
     try:
         return client.submit_many([line.request for line in lines], on_submitted=printed), lines
@@ -223,13 +225,8 @@ def say_request(args: argparse.Namespace) -> dict[str, Any]:
         check_stream_out(args.out)
     elif args.out == "-":
         raise UsageError("--out -: stdout takes only a stream (add --stream)")
-    if out is not None and out.suffix:
-        suffix = out.suffix.lstrip(".").lower()
-        if suffix not in AUDIO_FORMATS:
-            raise UsageError(f"--out: .{suffix} is not one of {', '.join(AUDIO_FORMATS)}")
-        if fmt is not None and fmt != suffix:
-            raise UsageError(f"--out: .{suffix} does not match --format {fmt}")
-        fmt = suffix
+    fmt = audio_format_of(out, fmt)
+    check_out_folder(out)
     request: dict[str, Any] = {
         "text": args.text,
         "mode": args.mode,

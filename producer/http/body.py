@@ -13,6 +13,7 @@ as its OpenAPI request body with `json_body` (producer/http/openapi.py publishes
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -35,6 +36,11 @@ async def read_json(request: Request) -> Any:
             f" (line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
         )
         raise ApiError(400, f"request: not valid JSON{where}", code="invalid_json") from e
+    except ValueError as e:  # a number past Python's int-digits limit: the client's, not ours
+        limit = sys.get_int_max_str_digits()
+        raise ApiError(
+            400, f"request: a JSON number has more than {limit:,} digits", code="invalid_json"
+        ) from e
     except RecursionError as e:  # a hostile [[[[...]]]] is a bad request, not our failure
         raise ApiError(400, "request: JSON nested too deeply", code="invalid_json") from e
 

@@ -20,6 +20,7 @@ from producer.http.errors import ApiError
 log = structlog.get_logger("cosyq.http")
 
 UPLOAD_PATHS = frozenset({"/v1/audio/voices"})
+CLIENT_CLOSED = 499  # the access log's status for a client gone before its body was in (nginx's)
 
 
 class BodyLimit:
@@ -45,6 +46,9 @@ class BodyLimit:
         while more:
             message = await receive()
             messages.append(message)
+            if message["type"] == "http.disconnect":
+                _client_went_away(scope, size)
+                return
             if message["type"] != "http.request":
                 break
             size += len(message.get("body", b""))
@@ -59,6 +63,12 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _client_went_away(scope: Scope, received: int) -> None:
+    """The client closed the connection before its body was in: nothing to answer or run."""
+    scope.setdefault("state", {})["client_disconnected"] = True
+    log.info("http_client_disconnected", path=scope["path"], received_bytes=received)
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -109,11 +119,12 @@ class AccessLog:
         try:
             await self.app(scope, receive, record)
         finally:
+            gone = state.get("client_disconnected") and status["code"] == 500
             log.info(
                 "http_request",
                 method=scope["method"],
                 path=scope["path"],
-                status=status["code"],
+                status=CLIENT_CLOSED if gone else status["code"],
                 duration_ms=round(1000 * (time.perf_counter() - started), 2),
                 job_id=state.get("job_id"),
                 tenant=state.get("tenant"),  # set by the key check (producer/http/auth.py)

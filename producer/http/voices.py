@@ -23,6 +23,7 @@ from starlette.datastructures import UploadFile
 from producer.http.body import json_body
 from producer.http.context import Context
 from producer.http.errors import ApiError
+from producer.http.forms import read_form
 from producer.http.outcomes import wait_done
 from producer.http.responses import ERRORS, ErrorResponse, VoiceAdded, VoiceEntry, VoiceList
 from producer.http.speech import DEFAULT_VOICE
@@ -96,7 +97,7 @@ async def add_voice(request: Request, context: Context) -> VoiceAdded:
             "request: send multipart/form-data with name, file and transcript",
             code="invalid_value",
         )
-    form = await request.form(max_files=1, max_fields=8)
+    form = await read_form(request, max_files=1, max_fields=8)  # text fields: strict
     try:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):

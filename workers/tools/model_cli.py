@@ -36,7 +36,22 @@ def register(subparsers: Any) -> None:
 def _init_tiny(args: argparse.Namespace) -> int:
     from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415 (torch only when run)
 
-    directory = write_tiny_model(args.directory, seed=args.seed)
+    if args.directory.exists() and not args.directory.is_dir():
+        print(
+            f"cosyq-worker model init-tiny: {args.directory} is a file, not a folder",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        directory = write_tiny_model(args.directory, seed=args.seed)
+    except OSError as e:
+        inner = f": {e.filename}" if e.filename and str(e.filename) != str(args.directory) else ""
+        print(
+            f"cosyq-worker model init-tiny: cannot write {args.directory} "
+            f"({e.strerror or e}{inner})",
+            file=sys.stderr,
+        )
+        return 2
     print(f"wrote a tiny CosyVoice 2 model (random weights, seed {args.seed}) to {directory.root}")
     print(f"use it with: COSYQ_MODEL_DIR={directory.root.resolve()}")
     return 0

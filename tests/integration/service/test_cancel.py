@@ -86,6 +86,8 @@ def test_a_running_job_stops_stores_nothing_and_the_worker_goes_on(
         client.result(long.id, timeout=0)
     assert raised.value.kind == "canceled"
     assert named(cluster.events("w.log"), "job_canceled")[0]["job_id"] == long.id
+    failed = [e for e in named(cluster.events("w.log"), "job_failed") if e["job_id"] == long.id]
+    assert failed == []  # a cancel is logged as one, never as a failure (issue 45)
 
 
 def test_a_finished_job_is_left_as_it_is(

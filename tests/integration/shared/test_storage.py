@@ -171,6 +171,26 @@ def test_file_put_refuses_symlink_escape(tmp_path: Path) -> None:
     assert not (outside / "x.wav").exists()
 
 
+@pytest.mark.parametrize("key", ["link/made/here/x.wav", "inside/link/made/x.wav"])
+def test_file_put_through_a_symlink_makes_no_folder_outside(tmp_path: Path, key: str) -> None:
+    """The containment check comes before any mkdir (issue 44 item 9), for put and put_file."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "inside").mkdir(parents=True)
+    outside.mkdir()
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    (root / "inside" / "link").symlink_to(outside, target_is_directory=True)
+    source = tmp_path / "source.wav"
+    source.write_bytes(b"x")
+    storage = open_storage(file_settings(root))
+    with pytest.raises(StorageError, match="resolves outside"):
+        storage.put(key, b"x", "audio/wav", {})
+    with pytest.raises(StorageError, match="resolves outside"):
+        storage.put_file(key, source, "audio/wav", {})
+    assert list(outside.iterdir()) == []
+    storage.put("inside/deeper/x.wav", b"x", "audio/wav", {})  # real folders are still made
+    assert (root / "inside" / "deeper" / "x.wav").read_bytes() == b"x"
+
+
 def test_file_get_errors(tmp_path: Path) -> None:
     storage = open_storage(file_settings(tmp_path, max_read_bytes=10))
     with pytest.raises(ObjectNotFoundError, match="no such file"):

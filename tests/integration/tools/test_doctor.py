@@ -13,6 +13,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,30 @@ def test_quick_skips_the_runs_and_prints_a_table(host_env: Path, tiny_dir: Path)
     _, _, rows = doctor("--model-dir", str(tiny_dir), "--quick")
     assert all(rows[name]["status"] == "skipped" for name in EXPECTED_ROWS["run"])
     assert rows["torch-cpu fp32 (reference)"]["detail"] == "--quick"
+
+
+@pytest.mark.parametrize("form", [(), ("--json",)], ids=["table", "json"])
+def test_quick_into_a_closed_stdout_exits_141(
+    host_env: Path, tiny_dir: Path, form: tuple[str, ...]
+) -> None:
+    """`doctor --quick | head`: the reader is gone before the report is written (issue 45)."""
+    worker_cli_path = str(Path(sys.executable).parent / "cosyq-worker")
+    argv = [worker_cli_path, "doctor", *form, "--quick", "--model-dir", str(tiny_dir)]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            argv,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr  # every check passed; the output was cut off
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
 
 
 def test_a_damaged_checkpoint_is_named(host_env: Path, tiny_dir: Path) -> None:

@@ -163,6 +163,26 @@ def test_worker_side_failure_reaches_the_producer(client: CosyqClient, settings:
     assert client.list_voices() == []
 
 
+def test_a_transcript_that_is_not_utf8_is_refused_again_by_the_worker(
+    client: CosyqClient, settings: Settings, prompt_bytes: bytes
+) -> None:
+    """A job that got past the producer (written straight into Redis: JSON carries unpaired
+    surrogates) fails as invalid, its upload is deleted and the worker goes on (issue 45)."""
+    job_id = client.add_voice("fay", prompt_bytes, "Fay.")
+    job = Job.fetch(job_id, connection=client.connection, serializer=JSONSerializer)
+    job.kwargs = {**job.kwargs, "transcript": "\udcff\udcfe"}
+    job.save()
+    later = client.add_voice("gus", prompt_bytes, "Gus.")
+    run_cosyq_burst(settings)
+    with pytest.raises(JobFailedError, match="transcript: not valid UTF-8"):
+        client.wait_for_voice(job_id, timeout=5)
+    assert [v.name for v in client.list_voices()] == ["gus"]
+    assert client.wait_for_voice(later, timeout=5).name == "gus"
+    assert not list(
+        (Path(settings.storage_url.removeprefix("file://")) / "voices" / "fay").glob("*")
+    )
+
+
 def test_cli_voices_add_list_rm(
     settings: Settings, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

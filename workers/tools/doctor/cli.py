@@ -48,6 +48,7 @@ def register(subparsers: Any) -> None:
 def run_doctor(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.tokens < 1:
         raise SystemExit("cosyq-worker doctor: --runs and --tokens must be at least 1")
+    from shared.console import EXIT_BROKEN_PIPE  # noqa: PLC0415
     from shared.errors import SettingsError  # noqa: PLC0415
     from workers.service.host import (  # noqa: PLC0415
         limit_threads_before_load,
@@ -67,8 +68,6 @@ def run_doctor(args: argparse.Namespace) -> int:
 
     options = RunOptions(runs=args.runs, tokens=args.tokens)
     rows = all_rows(settings, model_dir=args.model_dir, quick=args.quick, options=options)
-    if args.json:
-        print_json(rows)
-    else:
-        print_table(rows)
-    return exit_status(rows)
+    closed = print_json(rows) if args.json else print_table(rows)
+    status = exit_status(rows)
+    return EXIT_BROKEN_PIPE if closed and status == 0 else status  # `doctor | head`: 141

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TextIO
 
-from rich.console import Console
 from rich.table import Table
 
+from shared.console import CommandConsole, point_stdout_at_devnull
 from workers.tools.doctor.rows import Row, Status, exit_status
 
 JSON_FORMAT = 1
@@ -43,12 +43,21 @@ def as_json(rows: list[Row]) -> dict[str, Any]:
     }
 
 
-def print_json(rows: list[Row], out: TextIO | None = None) -> None:
-    print(json.dumps(as_json(rows), indent=2, allow_nan=False), file=out or sys.stdout)
+def print_json(rows: list[Row], out: TextIO | None = None) -> bool:
+    """The report as JSON; True when stdout's reader went away (nothing more is written)."""
+    file = out or sys.stdout
+    try:
+        print(json.dumps(as_json(rows), indent=2, allow_nan=False), file=file)
+        file.flush()
+    except BrokenPipeError:
+        point_stdout_at_devnull()
+        return True
+    return False
 
 
-def print_table(rows: list[Row], out: TextIO | None = None) -> None:
-    console = Console(file=out or sys.stdout, width=_width(), highlight=False)
+def print_table(rows: list[Row], out: TextIO | None = None) -> bool:
+    """The report as tables; True when stdout's reader went away (nothing more is written)."""
+    console = CommandConsole(file=out or sys.stdout, width=_width(), highlight=False)
     table = Table(title="cosyq-worker doctor", show_lines=False, expand=True)
     table.add_column("group", style="bold", no_wrap=True)
     table.add_column("check", no_wrap=True)
@@ -68,6 +77,8 @@ def print_table(rows: list[Row], out: TextIO | None = None) -> None:
     else:
         note = f" ({len(advice)} piece(s) of advice above)" if advice else ""
         console.print(f"[green]every required check passed[/]{note}: exit 0")
+    console.flush_output()
+    return console.closed
 
 
 def _width() -> int | None:

@@ -1,0 +1,63 @@
+"""How a refused `Settings` reads: one line naming each variable and rule, never a secret.
+
+A pydantic error carries the `input` it refused; for a rule over several fields (a model
+validator) that input is every setting at once, the Redis password, S3 keys, API keys and
+webhook secret among them. So an input is shown only where it is one field's own value and
+that field is not secret; a secret field is any `SecretStr` or one marked
+`json_schema_extra={"secret": True}`, and a Redis URL is shown with its password masked.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+
+from shared.settings_env import ENV_PREFIX, redact_url
+
+SHOWN_INPUT_CHARS = 80  # a longer refused value is cut, so one line stays one line
+URL_FIELDS = frozenset({"redis_url"})  # shown with the password masked
+
+
+def is_secret(field: FieldInfo) -> bool:
+    """A SecretStr field (alone or optional), or one marked secret in json_schema_extra."""
+    extra = field.json_schema_extra
+    if isinstance(extra, Mapping) and extra.get("secret"):
+        return True
+    annotation = field.annotation
+    return annotation is SecretStr or SecretStr in typing.get_args(annotation)
+
+
+def describe(error: ValidationError, fields: Mapping[str, FieldInfo]) -> str:
+    """`invalid settings: COSYQ_X: why (got 'v'); settings: why` with no secret in it."""
+    problems = [_problem(item, fields) for item in error.errors(include_input=True)]
+    return "invalid settings: " + "; ".join(problems)
+
+
+def _problem(item: Any, fields: Mapping[str, FieldInfo]) -> str:
+    loc = item["loc"]
+    field = str(loc[0]) if len(loc) == 1 else None
+    if field is None or field not in fields:  # a rule over several settings: no input shown
+        where = ".".join(str(part) for part in loc) or "settings"
+        return f"{where}: {item['msg']}"
+    shown = _shown_input(field, fields[field], item.get("input"))
+    return f"{ENV_PREFIX}{field.upper()}: {item['msg']}{shown}"
+
+
+def _shown_input(name: str, field: FieldInfo, given: Any) -> str:
+    if is_secret(field):
+        return ""  # not even its length
+    if name in URL_FIELDS and isinstance(given, str):
+        if "@" in given and urlsplit(given).password is None:
+            return ""  # credentials urlsplit cannot find cannot be masked: show nothing
+        given = redact_url(given)
+    elif not isinstance(given, str | int | float | bool | None):
+        return ""  # a structure may hold anything
+    text = repr(given)
+    if len(text) > SHOWN_INPUT_CHARS:
+        text = text[: SHOWN_INPUT_CHARS - 3] + "..."
+    return f" (got {text})"

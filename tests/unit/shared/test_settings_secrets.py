@@ -1,0 +1,139 @@
+"""A refused setting never prints a secret: whatever rule fails (one field's or a rule across
+fields), the SettingsError names the variable and the rule and holds none of the Redis
+password, S3 keys, API keys or webhook secret (shared/settings_errors.py)."""
+
+from __future__ import annotations
+
+import os
+import string
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import SecretStr
+
+from shared.errors import SettingsError
+from shared.settings import Settings, load_settings
+from shared.settings_errors import URL_FIELDS, is_secret
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+SECRET_WORDS = ("secret", "password", "api_key", "operator_key", "access_key", "api_keys")
+
+secret_text = st.text(string.ascii_letters + string.digits + "-_.~", min_size=12, max_size=40)
+
+# Rules across fields (model validators): each is valid field by field.
+CROSS_FIELD_RULES: tuple[dict[str, Any], ...] = (
+    {"heartbeat_interval_s": 10, "heartbeat_ttl_s": 5},
+    {"redis_wait_replicas": 1, "redis_wait_timeout_s": 30, "heartbeat_ttl_s": 40},
+    {"webhook_timeout_s": 10, "webhook_claim_idle_s": 10},
+)
+
+
+def _scalar_fields() -> list[str]:
+    """Fields that refuse the text "not a value" (numbers, flags, choices)."""
+    names = []
+    for name, field in Settings.model_fields.items():
+        args = {field.annotation, *typing.get_args(field.annotation)}
+        if args & {int, float, bool} or typing.get_origin(field.annotation) is typing.Literal:
+            names.append(name)
+    return sorted(names)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_caller_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        for name in list(os.environ):
+            if name.upper().startswith("COSYQ_"):
+                patch.delenv(name)
+        patch.chdir(tmp_path_factory.mktemp("no-env"))
+        yield
+
+
+def secrets_in(values: dict[str, str]) -> dict[str, Any]:
+    return {
+        "redis_url": f"redis://alice:{values['redis']}@127.0.0.1:6379/0",
+        "s3_access_key_id": values["s3_id"],
+        "s3_secret_access_key": values["s3_secret"],
+        "api_keys": f"alpha:{values['alpha']},beta:{values['beta']}",
+        "webhook_secret": values["webhook"],
+    }
+
+
+@st.composite
+def failing_rules(draw: st.DrawFn) -> dict[str, Any]:
+    """One failing rule or several: a field's, a rule across fields, a secret field's own."""
+    kind = draw(st.sampled_from(["cross", "field", "fields", "secret_field", "redis_scheme"]))
+    if kind == "cross":
+        return dict(draw(st.sampled_from(CROSS_FIELD_RULES)))
+    if kind == "field":
+        return {draw(st.sampled_from(_scalar_fields())): "not a value"}
+    if kind == "fields":
+        names = draw(st.lists(st.sampled_from(_scalar_fields()), min_size=2, max_size=6))
+        return dict.fromkeys(names, "not a value")
+    if kind == "secret_field":
+        return {"api_keys": "alpha:" + draw(secret_text) + " with a space"}
+    return {"redis_url": "http://alice:" + draw(secret_text) + "@h:1/0"}
+
+
+@PROPERTY
+@given(
+    values=st.fixed_dictionaries(
+        dict.fromkeys(("redis", "s3_id", "s3_secret", "alpha", "beta", "webhook"), secret_text)
+    ),
+    rule=failing_rules(),
+)
+def test_no_failing_rule_prints_a_secret(values: dict[str, str], rule: dict[str, Any]) -> None:
+    given_values = secrets_in(values) | rule
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env_file=None, **given_values)
+    message = str(caught.value)
+    assert message.startswith("invalid settings: ")
+    for secret in (*values.values(), *_secrets_of(rule)):
+        assert secret not in message, (rule, message)
+
+
+def _secrets_of(rule: dict[str, Any]) -> list[str]:
+    """The secret part a rule itself brings (a bad API key, a password in a bad Redis URL)."""
+    found = []
+    for name in ("api_keys", "redis_url"):
+        if name in rule:
+            found.append(rule[name].split(":", 2)[-1].split("@")[0].split(" ")[0])
+    return found
+
+
+def test_a_rule_across_fields_names_the_rule_and_shows_no_input() -> None:
+    names = ("redis", "s3_id", "s3_secret", "alpha", "beta", "webhook")
+    given_values = secrets_in({name: f"{name}-secret-value" for name in names}) | {
+        "webhook_timeout_s": 10,
+        "webhook_claim_idle_s": 5,
+    }
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env_file=None, **given_values)
+    message = str(caught.value)
+    assert "webhook_claim_idle_s must be longer than webhook_timeout_s" in message
+    assert "got" not in message
+
+
+def test_a_plain_field_still_shows_what_it_refused() -> None:
+    with pytest.raises(SettingsError, match=r"COSYQ_MAX_JOBS: .* \(got 'many'\)"):
+        load_settings(env_file=None, max_jobs="many")
+
+
+def test_every_field_named_like_a_secret_is_secret() -> None:
+    """A new key or password field (operator keys, say) is masked without a list to update."""
+    for name, field in Settings.model_fields.items():
+        if any(word in name for word in SECRET_WORDS) and name not in URL_FIELDS:
+            assert is_secret(field), f"{name}: make it a SecretStr or mark it secret"
+    assert is_secret(Settings.model_fields["s3_access_key_id"])
+    assert SecretStr in typing.get_args(Settings.model_fields["webhook_secret"].annotation)
+
+
+def test_an_env_file_that_is_not_text_is_one_clear_error(tmp_path: Path) -> None:
+    env_file = tmp_path / "binary.env"
+    env_file.write_bytes(b"\xff\xfe\x00\x01COSYQ_X=\x9c\n")
+    with pytest.raises(SettingsError, match="is not UTF-8 text"):
+        load_settings(env_file=env_file)
