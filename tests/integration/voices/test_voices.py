@@ -178,9 +178,9 @@ def test_a_transcript_that_is_not_utf8_is_refused_again_by_the_worker(
         client.wait_for_voice(job_id, timeout=5)
     assert [v.name for v in client.list_voices()] == ["gus"]
     assert client.wait_for_voice(later, timeout=5).name == "gus"
-    assert not list(
-        (Path(settings.storage_url.removeprefix("file://")) / "voices" / "fay").glob("*")
-    )
+    uploads = Path(settings.storage_url.removeprefix("file://")) / "voices" / "default"
+    assert not list((uploads / "fay").glob("*"))
+    assert list((uploads / "gus").glob("*"))  # the folder the check above looks in
 
 
 def test_cli_voices_add_list_rm(

@@ -166,7 +166,7 @@ def test_a_transcript_that_is_not_utf8_is_400_and_nothing_stored(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "transcript" and "UTF-8" in error["message"]
-    assert not (front.storage / "voices" / "mojibake").exists()
+    assert not (front.storage / "voices" / "default" / "mojibake").exists()
     no_internal_error(front)
 
 
@@ -176,4 +176,4 @@ def test_a_utf8_transcript_still_goes_through(front: Front) -> None:
         front.url + "/v1/audio/voices", content=body, headers={"content-type": content_type}
     )
     assert response.status_code == 504, response.text  # no worker here: stored, then the wait
-    assert len(list((front.storage / "voices" / "gruesse").iterdir())) == 1
+    assert len(list((front.storage / "voices" / "default" / "gruesse").iterdir())) == 1
