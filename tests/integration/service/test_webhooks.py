@@ -17,6 +17,7 @@ import redis
 from rq import Retry
 from standardwebhooks.webhooks import Webhook
 
+from producer.monitor import requeue_failed
 from producer.webhooks.dispatcher import WebhookDispatcher
 from producer.webhooks.store import WebhookStore
 from shared import keys
@@ -174,3 +175,16 @@ def test_an_event_goes_only_with_its_own_tenants_job(
     assert (body["job_id"], body["tenant"]) == (kept.id, "alpha")
     (dead,) = WebhookStore(connection).dead_letters().values()
     assert "does not belong to the event's tenant 'alpha'" in json.loads(dead)["dead_reason"]
+
+
+def test_a_failed_job_requeued_by_hand_is_told_again_under_a_new_id(
+    cluster: Cluster, connection: redis.Redis, receiver: Receiver
+) -> None:
+    job = enqueue(connection, "invalid please", webhook={"url": receiver.url})
+    assert cluster.start("run", "--burst", log_name="a.log").wait(timeout=90) == 0
+    assert all_done(connection, [job], ("failed",))()
+    assert requeue_failed(connection, [job.id]) == [job.id]
+    assert cluster.start("run", "--burst", log_name="b.log").wait(timeout=90) == 0
+    assert all_done(connection, [job], ("failed",))()
+    ids = [e["webhook_id"] for e in outbox(connection)]
+    assert ids == [f"msg_{job.id}_failed", f"msg_{job.id}_failed_r2"]
