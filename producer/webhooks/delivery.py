@@ -34,11 +34,14 @@ WIRE_ERRORS = (
 class Sender:
     """POSTs deliveries with one signing secret and one connection pool (connection reuse)."""
 
-    def __init__(self, secret: str, *, timeout_s: float, allow_private: bool) -> None:
+    def __init__(
+        self, secret: str, *, timeout_s: float, allow_private: bool, connections: int = 8
+    ) -> None:
         self.signer = Webhook(secret)
         self.timeout_s = timeout_s
         self.pool = httpcore.ConnectionPool(
             ssl_context=ssl.create_default_context(cafile=certifi.where()),
+            max_connections=connections,  # one per delivery slot: a try never waits for one
             network_backend=CheckedBackend(allow_private=allow_private),
         )
 

@@ -66,6 +66,7 @@ class WebhookDispatcher:
             settings.webhook_secret.get_secret_value(),
             timeout_s=settings.webhook_timeout_s,
             allow_private=settings.webhook_allow_private,
+            connections=settings.webhook_concurrency,
         )
         tracker = JobTracker(connection, settings)
         self.body_of = body_of or (lambda event: job_body(tracker, event))
