@@ -35,12 +35,19 @@ class Sender:
     """POSTs deliveries with one signing secret and one connection pool (connection reuse)."""
 
     def __init__(
-        self, secret: str, *, timeout_s: float, allow_private: bool, connections: int = 8
+        self,
+        secret: str,
+        *,
+        timeout_s: float,
+        allow_private: bool,
+        connections: int = 8,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context`: the receivers' trusted roots (default: certifi's CA bundle)."""
         self.signer = Webhook(secret)
         self.timeout_s = timeout_s
         self.pool = httpcore.ConnectionPool(
-            ssl_context=ssl.create_default_context(cafile=certifi.where()),
+            ssl_context=ssl_context or ssl.create_default_context(cafile=certifi.where()),
             max_connections=connections,  # one per delivery slot: a try never waits for one
             network_backend=CheckedBackend(allow_private=allow_private),
         )

@@ -8,11 +8,13 @@ from __future__ import annotations
 import itertools
 import select
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import BinaryIO
 
 
@@ -66,7 +68,8 @@ class Receiver:
 
 
 @contextmanager
-def webhook_receiver() -> Iterator[Receiver]:
+def webhook_receiver(tls: tuple[Path, Path] | None = None) -> Iterator[Receiver]:
+    """A receiver on 127.0.0.1; with `tls` (certificate and key PEM files), an https one."""
     receiver: Receiver
 
     class Handler(BaseHTTPRequestHandler):
@@ -92,7 +95,13 @@ def webhook_receiver() -> Iterator[Receiver]:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver = Receiver(f"http://127.0.0.1:{server.server_address[1]}/hooks/")
+    scheme = "http"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    receiver = Receiver(f"{scheme}://127.0.0.1:{server.server_address[1]}/hooks/")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -8,6 +8,7 @@ POSTed twice at once even with two dispatchers, and a slow receiver cannot take 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,13 +22,16 @@ from standardwebhooks.webhooks import Webhook
 
 from producer import CosyqClient
 from producer.cli import main as cosyq
+from producer.webhooks.delivery import Sender
 from producer.webhooks.dispatcher import WebhookDispatcher
+from producer.webhooks.records import Delivery
 from producer.webhooks.store import WebhookStore
 from shared import keys
 from shared.errors import InvalidRequestError
 from shared.settings import Settings, load_settings
 from shared.webhooks import WebhookEvent, append_event
 from tests.doubles.harness import wait_for
+from tests.doubles.redis_servers import self_signed
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
 
 SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzISE="
@@ -338,3 +342,25 @@ def test_the_dispatcher_connects_to_the_address_it_checked_under_the_host_name(
     reasons = sorted(json.loads(r)["dead_reason"] for r in store.dead_letters().values())
     assert "64:ff9b::a9fe:a9fe is link-local (it embeds 169.254.169.254)" in reasons[0]
     assert "localhost resolves to 127.0.0.1, which is loopback" in reasons[1]
+
+
+def test_tls_checks_the_host_name_though_the_socket_goes_to_the_checked_address(
+    tmp_path: Path,
+) -> None:
+    """The connection is opened to the address resolved and checked, and TLS still sends the
+    name (SNI) and checks the certificate against it: a certificate for `localhost` passes by
+    name and fails by address (issue 44 item 8)."""
+    cert, key = self_signed(tmp_path, "localhost")
+    trusted = ssl.create_default_context(cafile=str(cert))
+    sender = Sender(SECRET, timeout_s=10, allow_private=True, ssl_context=trusted)
+    with webhook_receiver(tls=(cert, key)) as secure:
+        port = secure.url.split(":")[2].split("/")[0]
+        for host, delivered in (("localhost", True), ("127.0.0.1", False)):
+            made = WebhookEvent.for_job(
+                "job.finished", "j", f"https://{host}:{port}/h", "2026-12-01T00:00Z", "default"
+            )
+            answer = sender.send(Delivery(made, "{}", 0, time.time()))
+            assert answer.delivered is delivered, answer.error
+        assert "CERTIFICATE_VERIFY_FAILED" in answer.error
+    sender.close()
+    assert [call.headers["Host"] for call in secure.calls] == [f"localhost:{port}"]
