@@ -93,7 +93,7 @@ class CosyqClient:
         self.connection = connection if connection is not None else redis_connection(settings)
         self.job_function = job_function
         self.voice_function = voice_function
-        self.limits = RequestLimits.from_settings(settings)
+        self.limits = RequestLimits.from_settings(settings, resolve_names=True)
         self._queues = self._tenant_queues()
         self.tracker = JobTracker(self.connection, settings)
 

@@ -389,7 +389,8 @@ def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOu
     canceled = [(i, o.job_id) for i, o in outcomes.items() if o.verdict == "canceled"]
     if canceled:  # queued segments no worker will see: the document's event is told here
         allowed = allowed_prefixes(client.settings.webhook_allowed_urls)
-        document_ended(connection, document_id, "document.canceled", allowed, cause=canceled[0])
+        webhooks = (allowed, client.settings.webhook_allow_private)
+        document_ended(connection, document_id, "document.canceled", webhooks, cause=canceled[0])
     return outcomes
 
 

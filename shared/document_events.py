@@ -60,14 +60,16 @@ OUTCOMES: dict[EventName, DocumentOutcome] = {
 }
 
 
-def document_webhook(plan: DocumentPlanRecord, allowed: tuple[str, ...]) -> str | None:
+def document_webhook(
+    plan: DocumentPlanRecord, allowed: tuple[str, ...], allow_private: bool
+) -> str | None:
     """The document's webhook URL when this worker's allow-list takes it."""
     target = plan.job.get("webhook")
     url = target.get("url") if isinstance(target, dict) else None
     if not isinstance(url, str):
         return None
     try:
-        return check_webhook_url(url, allowed)
+        return check_webhook_url(url, allowed, allow_private=allow_private)
     except ValueError as e:
         log.warning("webhook_refused", document_id=plan.document_id, reason=str(e))
         return None
@@ -83,6 +85,7 @@ def append_document_event(
     """Run the once-per-outcome script (on a client or a MULTI pipeline)."""
     document_id = plan.document_id
     fields = {"event": outcome, "job_id": document_id, "url": url, "at": utcformat(now())}
+    fields["tenant"] = plan.tenant or ""  # whose document (none: nobody's, never sent)
     fields["body"] = json.dumps(body, ensure_ascii=False, sort_keys=True)
     prefix = f"msg_{document_id}_{outcome.split('.')[1]}_"
     key_names = [event_guard_key(document_id), document_key(document_id, "event-seq")]
@@ -92,10 +95,14 @@ def append_document_event(
 
 
 def document_finished(
-    pipe: Any, plan: DocumentPlanRecord, result: DocumentResult, allowed: tuple[str, ...]
+    pipe: Any,
+    plan: DocumentPlanRecord,
+    result: DocumentResult,
+    allowed: tuple[str, ...],
+    allow_private: bool,
 ) -> None:
     """Queue `document.finished` beside the result on the assembler's MULTI pipeline."""
-    url = document_webhook(plan, allowed)
+    url = document_webhook(plan, allowed, allow_private)
     if url is None:
         return
     body: dict[str, Any] = {"document_id": plan.document_id, "event": "document.finished"}
@@ -104,10 +111,12 @@ def document_finished(
 
 
 def document_job_ended(
-    connection: Any, job: Job, event: EventName, allowed: tuple[str, ...]
+    connection: Any, job: Job, event: EventName, allowed: tuple[str, ...], allow_private: bool
 ) -> bool:
     """True when `job` is a document's segment or assembly: its end is the document's to tell
-    (failed or canceled: the document's event, once; finished: nothing, the assembler tells)."""
+    (failed or canceled: the document's event, once; finished: nothing, the assembler tells).
+    `connection` may be a MULTI pipeline (the reaper's): the plan is read through the job's
+    own connection."""
     meta = job.meta.get(DOCUMENT_META_KEY) if isinstance(job.meta, dict) else None
     if isinstance(meta, dict) and isinstance(meta.get("id"), str):
         document_id, segment = meta["id"], meta.get("index")
@@ -117,7 +126,14 @@ def document_job_ended(
         return False
     outcome = OUTCOMES.get(event)
     if outcome is not None:
-        document_ended(connection, document_id, outcome, allowed, cause=(segment, job.id))
+        document_ended(
+            connection,
+            document_id,
+            outcome,
+            (allowed, allow_private),
+            cause=(segment, job.id),
+            reads=job.connection,
+        )
     return True
 
 
@@ -125,17 +141,20 @@ def document_ended(
     connection: Any,
     document_id: str,
     outcome: DocumentOutcome,
-    allowed: tuple[str, ...],
+    webhooks: tuple[tuple[str, ...], bool],
     *,
     cause: tuple[int | None, str],
+    reads: Any = None,
 ) -> None:
-    """Tell the document's webhook (once) that it failed or was canceled; `cause` is the
-    segment index (None: the assembly) and the job id that ended it."""
+    """Tell the document's webhook (once) that it failed or was canceled; `webhooks` is the
+    allow-list and whether private receivers are allowed, `cause` the segment index (None: the
+    assembly) and the job id that ended it, `reads` a client to read the plan through when
+    `connection` is a pipeline."""
     try:
-        plan = load_plan(connection, document_id)
+        plan = load_plan(reads if reads is not None else connection, document_id)
     except DocumentNotFoundError:
         return
-    url = document_webhook(plan, allowed)
+    url = document_webhook(plan, *webhooks)
     if url is None:
         return
     state = outcome.split(".")[1]

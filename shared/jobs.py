@@ -126,9 +126,13 @@ class RequestLimits:
     max_speech_seconds: float = 150.0
     max_break_seconds: float = 10.0
     webhook_allowed_urls: tuple[str, ...] = ()  # URL prefixes a webhook may name
+    webhook_allow_private: bool = False  # a webhook may name a loopback/private address
+    webhook_resolve_names: bool = False  # resolve a webhook's host name (the producer only)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RequestLimits:
+    def from_settings(cls, settings: Settings, *, resolve_names: bool = False) -> RequestLimits:
+        """The limits from settings; `resolve_names`: a webhook's host name is resolved and
+        refused when it names a private address (the producer; workers never call DNS here)."""
         return cls(
             max_text_chars=settings.max_text_chars,
             max_metadata_bytes=settings.max_metadata_bytes,
@@ -137,6 +141,8 @@ class RequestLimits:
             max_speech_seconds=settings.max_speech_seconds,
             max_break_seconds=settings.max_break_seconds,
             webhook_allowed_urls=allowed_prefixes(settings.webhook_allowed_urls),
+            webhook_allow_private=settings.webhook_allow_private,
+            webhook_resolve_names=resolve_names,
         )
 
 
@@ -380,8 +386,14 @@ class SynthesisRequest(BaseModel):
     ) -> WebhookTarget | None:
         if value is None:
             return None
+        limits = _limits(info)
         try:
-            check_webhook_url(value.url, _limits(info).webhook_allowed_urls)
+            check_webhook_url(
+                value.url,
+                limits.webhook_allowed_urls,
+                allow_private=limits.webhook_allow_private,
+                resolve_names=limits.webhook_resolve_names,
+            )
         except ValueError as e:
             raise _rule(str(e)) from e
         return value

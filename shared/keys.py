@@ -53,6 +53,7 @@ WEBHOOK_OUTBOX = PREFIX + "webhooks:outbox"
 WEBHOOK_GROUP = "cosyq-webhooks"  # the dispatchers' consumer group on the outbox
 WEBHOOK_RETRY = PREFIX + "webhooks:retry"  # sorted set: delivery JSON scored by its next try
 WEBHOOK_DEAD = PREFIX + "webhooks:dead"  # hash: webhook id -> delivery JSON with why it died
+WEBHOOK_EVENT_SEEN_PREFIX = PREFIX + "webhooks:seen:"  # + webhook id: its event was appended
 QUOTA_PREFIX = PREFIX + "quota"  # + ":" + the `limits` library's key: a tenant's request window
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
@@ -63,6 +64,7 @@ ADD_VOICE_FUNCTION = "workers.tasks.add_voice"
 ERROR_META_KEY = "cosyq_error"  # {"kind": ..., "message": ...} written by the worker on failure
 LAST_ERROR_META_KEY = "cosyq_last_error"  # why the previous attempt of a retried job failed
 ATTEMPT_META_KEY = "cosyq_attempt"  # set by the worker before each attempt (1-based)
+RUN_META_KEY = "cosyq_run"  # 2, 3, ...: a job that ended and was requeued by hand runs again
 SUBMIT_META_KEY = "cosyq_submit"  # what the producer recorded at submit time (no text)
 
 

@@ -55,9 +55,13 @@ class FrontSettings(BaseModel):
         None, description="the Standard Webhooks signing secret (whsec_ + base64)"
     )
     webhook_allow_private: bool = Field(
-        False, description="deliver to loopback, private and link-local addresses too"
+        False,
+        description="accept and deliver webhooks to loopback, private and link-local addresses "
+        "too (tests, a receiver on the same host)",
     )
-    webhook_timeout_s: float = Field(10.0, gt=0, description="one delivery's connect + read limit")
+    webhook_timeout_s: float = Field(
+        10.0, gt=0, description="one delivery's whole deadline: connect, send, answer, all of it"
+    )
     webhook_retry_hours: float = Field(
         24.0, gt=0, description="how long a failing delivery is retried before it is dead"
     )
@@ -69,6 +73,18 @@ class FrontSettings(BaseModel):
     )
     webhook_concurrency: int = Field(
         8, gt=0, description="deliveries one dispatcher makes at once (slow receivers wait alone)"
+    )
+    webhook_receiver_concurrency: int = Field(
+        2,
+        gt=0,
+        description="deliveries one dispatcher makes at once to one receiver (a URL's scheme, "
+        "host and port): a slow receiver holds at most these slots, its other events wait",
+    )
+    webhook_event_memory_hours: float = Field(
+        72.0,
+        gt=0,
+        description="how long an event's webhook id is remembered, so a job that ends twice "
+        "(its worker killed mid-record) is told once",
     )
     webhook_claim_idle_s: float = Field(
         60.0, gt=0, description="a delivery read by a dispatcher that died is taken over after"

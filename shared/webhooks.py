@@ -3,19 +3,27 @@
 The worker never calls a receiver: when a job ends for good it appends one small entry to the
 Redis Stream `cosyq:webhooks:outbox` (in the same breath as its outcome), and a dispatcher
 (`producer/webhooks/`) delivers it at least once. An event's webhook id is fixed when the event
-is made (job id, event, attempt), so every redelivery carries the same `webhook-id` and a
-receiver can drop duplicates.
+is made from what ended and how (`msg_<job id>_<finished|failed|canceled>`, `_r2`... added for a
+job requeued by hand after it ended), never from the attempt: every redelivery, and a job that
+ends twice (its worker killed after appending the event and before RQ recorded the outcome),
+carries the same `webhook-id`, and the outbox takes one event per id (a marker kept
+COSYQ_WEBHOOK_EVENT_MEMORY_HOURS), so a receiver is told once and can drop any duplicate that
+at-least-once delivery brings.
+
+An event names the tenant whose job ended; the dispatcher sends it only while that job still
+belongs to that tenant, and its body is that one job's status.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared import keys
+from shared.webhook_addresses import check_address, checked_addresses, literal_address
 
 JobOutcome = Literal["job.finished", "job.failed", "job.canceled"]
 # A document's own events (shared/document_events.py): `job_id` is the document's id, and the
@@ -46,8 +54,15 @@ def allowed_prefixes(raw: str | None) -> tuple[str, ...]:
     return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
 
 
-def check_webhook_url(url: str, allowed: tuple[str, ...]) -> str:
-    """The URL when it is an http(s) URL under an allowed prefix; ValueError saying why not."""
+def check_webhook_url(
+    url: str, allowed: tuple[str, ...], *, allow_private: bool = False, resolve_names: bool = False
+) -> str:
+    """The URL when it is an http(s) URL under an allowed prefix whose host is a public
+    address; ValueError saying why not.
+
+    A literal address is judged here on both sides; a host name only with `resolve_names` (the
+    producer, so the client learns at once; a name that does not resolve now passes, and the
+    dispatcher, which judges every address it connects to, tries it later)."""
     if not allowed:
         raise ValueError("webhooks are not enabled here (COSYQ_WEBHOOK_ALLOWED_URLS is empty)")
     parts = urlsplit(url)
@@ -59,24 +74,40 @@ def check_webhook_url(url: str, allowed: tuple[str, ...]) -> str:
         raise ValueError("must have no fragment, spaces or control characters")
     if not any(url.startswith(prefix) for prefix in allowed):
         raise ValueError("not under any prefix of COSYQ_WEBHOOK_ALLOWED_URLS")
+    if not allow_private:
+        _check_host(parts.hostname, parts, resolve_names=resolve_names)
     return url
+
+
+def _check_host(host: str, parts: SplitResult, *, resolve_names: bool) -> None:
+    literal = literal_address(host)
+    if literal is not None:
+        check_address(host, literal)
+    elif resolve_names:
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            checked_addresses(host, port, allow_private=False)
+        except OSError:
+            return  # not resolvable now: the dispatcher judges it when it connects
 
 
 @dataclass(frozen=True)
 class WebhookEvent:
-    """One outbox entry: what ended, where to tell, and the id every delivery of it carries."""
+    """One outbox entry: what ended, whose it is, where to tell, and the id every delivery of
+    it carries (`webhook_id`: one per job and outcome)."""
 
     webhook_id: str
     event: EventName
     job_id: str
     url: str
     at: str  # ISO 8601 UTC, when the job ended
+    tenant: str = ""  # the tenant whose job it is; "" (an old entry): nobody's, never sent
 
     @classmethod
     def for_job(
-        cls, event: EventName, job_id: str, attempt: int, url: str, at: str
+        cls, event: EventName, job_id: str, url: str, at: str, tenant: str, *, run: int = 1
     ) -> WebhookEvent:
-        return cls(f"msg_{job_id}_{event.split('.')[1]}_{attempt}", event, job_id, url, at)
+        return cls(event_id(job_id, event, run), event, job_id, url, at, tenant)
 
     def fields(self) -> dict[str, str]:
         return {
@@ -85,6 +116,7 @@ class WebhookEvent:
             "job_id": self.job_id,
             "url": self.url,
             "at": self.at,
+            "tenant": self.tenant,
         }
 
     @classmethod
@@ -92,10 +124,36 @@ class WebhookEvent:
         event = next((name for name in EVENT_NAMES if name == fields["event"]), None)
         if event is None:
             raise ValueError(f"unknown webhook event {fields['event']!r}")
-        return cls(fields["webhook_id"], event, fields["job_id"], fields["url"], fields["at"])
+        return cls(
+            fields["webhook_id"],
+            event,
+            fields["job_id"],
+            fields["url"],
+            fields["at"],
+            fields.get("tenant", ""),
+        )
 
 
-def append_event(connection: object, event: WebhookEvent) -> None:
-    """XADD the event to the outbox (a redis client or pipeline). No MAXLEN: an entry leaves
-    only once it was delivered or dead-lettered."""
-    connection.xadd(keys.WEBHOOK_OUTBOX, event.fields())  # type: ignore[attr-defined]
+def event_id(subject_id: str, event: str, run: int = 1) -> str:
+    """The webhook id of one outcome of one job (or document): `msg_<id>_<outcome>`, and
+    `_r<run>` for a job that ended and was requeued by hand (its next end is news)."""
+    suffix = f"_r{run}" if run > 1 else ""
+    return f"msg_{subject_id}_{event.rsplit('.', 1)[1]}{suffix}"
+
+
+# One event per webhook id: the marker and the XADD in one step, so a job that ends twice
+# (its worker killed between the two writes of its outcome) is told once.
+_APPEND_ONCE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[1])) then return 0 end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+return 1
+"""
+
+
+def append_event(connection: Any, event: WebhookEvent, *, memory_s: int) -> None:
+    """XADD the event to the outbox (a redis client or pipeline) unless an event with its id
+    was appended in the last `memory_s` seconds. No MAXLEN: an entry leaves only once it was
+    delivered or dead-lettered."""
+    flat = [part for pair in event.fields().items() for part in pair]
+    marker = keys.WEBHOOK_EVENT_SEEN_PREFIX + event.webhook_id
+    connection.eval(_APPEND_ONCE, 2, marker, keys.WEBHOOK_OUTBOX, max(1, memory_s), *flat)

@@ -35,7 +35,6 @@ from shared import keys, tenants
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
-from shared.webhooks import allowed_prefixes
 from workers.engine.openmp_pool import release_thread_team
 from workers.service import admission, cancels, control, host, metrics, outcomes, webhook_events
 from workers.service.attempts import AttemptBooks
@@ -121,7 +120,7 @@ class CosyqWorker(StopSafeWorker):
         self.storage_check = StorageCheck(
             self.lifecycle.recheck_storage, self.lifecycle.storage_lost
         )
-        self._webhook_urls = allowed_prefixes(self.settings.webhook_allowed_urls)
+        self._webhooks = webhook_events.WebhookPolicy.from_settings(self.settings)
         self._timed_out = False
         self._retire_lock = threading.Lock()
         self._retire_announced = False
@@ -224,7 +223,7 @@ class CosyqWorker(StopSafeWorker):
         if refusal is not None:
             self.books.refuse(job, queue, refusal)
         elif cancels.canceled_before_start(self.connection, job):
-            cancels.record_canceled(self.connection, job, queue, webhook_urls=self._webhook_urls)
+            cancels.record_canceled(self.connection, job, queue, webhooks=self._webhooks)
         elif self._batch is not None and batchable(job):
             self._batch.run(job, queue)  # its books end each job it admits
         else:
@@ -283,7 +282,7 @@ class CosyqWorker(StopSafeWorker):
             if tried and outcomes.already_finished(job):
                 return  # the reply was lost, the write was not
             tried = True
-            webhook_events.job_ended(self.connection, job, "job.finished", self._webhook_urls)
+            webhook_events.job_ended(self.connection, job, "job.finished", self._webhooks)
             record(job, queue, started_job_registry, execution)
 
         outcomes.when_reachable(write, job_id=job.id, step="success")
@@ -300,9 +299,8 @@ class CosyqWorker(StopSafeWorker):
         error = self._failures.pop(job.id, None)
         if error is not None and error.kind == CANCELED_KIND:  # canceled, never failed
             self.books.note_outcome(job, "canceled")
-            urls = self._webhook_urls
             cancels.record_canceled(
-                self.connection, job, queue, execution=execution, webhook_urls=urls
+                self.connection, job, queue, execution=execution, webhooks=self._webhooks
             )
             return
         retrying = job.should_retry and self._stopped_job_id != job.id
@@ -321,7 +319,7 @@ class CosyqWorker(StopSafeWorker):
             else:
                 self.connection.ping()
             if not retrying:
-                webhook_events.job_ended(self.connection, job, "job.failed", self._webhook_urls)
+                webhook_events.job_ended(self.connection, job, "job.failed", self._webhooks)
             record(job, queue, started_job_registry, exc_string, execution)
 
         outcomes.when_reachable(write, job_id=job.id, step="failure")

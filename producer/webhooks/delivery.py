@@ -1,35 +1,59 @@
-"""One POST of one event: Standard Webhooks headers, no redirects, no private addresses.
+"""One POST of one event: Standard Webhooks headers, no redirects, no private addresses, one
+deadline for the whole request.
 
 Signed with the `standardwebhooks` library (`webhook-id`, `webhook-timestamp`,
 `webhook-signature` = v1 HMAC-SHA256 of `id.timestamp.body`), so receivers verify with any
 Standard Webhooks implementation. The body is frozen at the first try, so a redelivery sends the
-same bytes under the same id.
+same bytes under the same id. Sent with httpcore (which never follows a redirect) over
+`connect.CheckedBackend`: the address connected to is the address checked.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import socket
+import ssl
 import time
 from datetime import UTC, datetime
-from urllib.parse import urlsplit
 
-import httpx
+import certifi
+import httpcore
 from standardwebhooks.webhooks import Webhook
 
+from producer.webhooks.connect import CheckedBackend, deadline
 from producer.webhooks.records import ERROR_TEXT_CHARS, Answer, Delivery
+from shared.webhook_addresses import AddressRefused
+
+# What a try that went wrong on the wire raises (all but a refused address: retried later).
+WIRE_ERRORS = (
+    httpcore.TimeoutException,
+    httpcore.NetworkError,
+    httpcore.ProtocolError,
+    httpcore.UnsupportedProtocol,
+)
 
 
 class Sender:
-    """POSTs deliveries with one signing secret and one httpx client (connection reuse)."""
+    """POSTs deliveries with one signing secret and one connection pool (connection reuse)."""
 
-    def __init__(self, secret: str, *, timeout_s: float, allow_private: bool) -> None:
+    def __init__(
+        self,
+        secret: str,
+        *,
+        timeout_s: float,
+        allow_private: bool,
+        connections: int = 8,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """`ssl_context`: the receivers' trusted roots (default: certifi's CA bundle)."""
         self.signer = Webhook(secret)
-        self.allow_private = allow_private
-        self.client = httpx.Client(timeout=timeout_s, follow_redirects=False)
+        self.timeout_s = timeout_s
+        self.pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context or ssl.create_default_context(cafile=certifi.where()),
+            max_connections=connections,  # one per delivery slot: a try never waits for one
+            network_backend=CheckedBackend(allow_private=allow_private),
+        )
 
     def close(self) -> None:
-        self.client.close()
+        self.pool.close()
 
     def headers(self, delivery: Delivery, at: datetime) -> dict[str, str]:
         event = delivery.event
@@ -42,43 +66,38 @@ class Sender:
         }
 
     def send(self, delivery: Delivery) -> Answer:
-        refusal = None if self.allow_private else address_refusal(delivery.event.url)
-        if refusal is not None:
-            return refusal
+        """One try, over within COSYQ_WEBHOOK_TIMEOUT_S whatever the receiver does."""
         at = datetime.fromtimestamp(int(time.time()), tz=UTC)
+        timeouts = {name: self.timeout_s for name in ("connect", "read", "write", "pool")}
         try:
-            response = self.client.post(
-                delivery.event.url,
-                content=delivery.body.encode("utf-8"),
-                headers=self.headers(delivery, at),
-            )
-        except httpx.HTTPError as e:
+            with (
+                deadline(self.timeout_s),
+                self.pool.stream(
+                    "POST",
+                    delivery.event.url,
+                    headers=list(self.headers(delivery, at).items()),
+                    content=delivery.body.encode("utf-8"),
+                    extensions={"timeout": timeouts},
+                ) as response,
+            ):
+                status = response.status
+                text = _start_of(response) if status >= 300 else ""
+        except AddressRefused as e:
+            return Answer(False, str(e), permanent=True)
+        except WIRE_ERRORS as e:
             return Answer(False, f"{type(e).__name__}: {e}")
-        if 200 <= response.status_code < 300:
+        if 200 <= status < 300:
             return Answer(True)
-        if 300 <= response.status_code < 400:
-            return Answer(False, f"HTTP {response.status_code}: redirects are not followed")
-        return Answer(False, f"HTTP {response.status_code}: {response.text[:ERROR_TEXT_CHARS]}")
+        if 300 <= status < 400:
+            return Answer(False, f"HTTP {status}: redirects are not followed")
+        return Answer(False, f"HTTP {status}: {text}")
 
 
-def address_refusal(url: str) -> Answer | None:
-    """Why `url` must not be called now: its host resolves to a loopback, private or link-local
-    address (never deliverable), or does not resolve (tried again later). None: go ahead.
-
-    Every address the name resolves to must be global: one private answer is enough to refuse.
-    """
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    try:
-        infos = socket.getaddrinfo(host, parts.port or 443, proto=socket.IPPROTO_TCP)
-    except OSError as e:
-        return Answer(False, f"cannot resolve {host}: {e}")
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
-            reason = (
-                f"{host} resolves to {address}, not a public address "
-                "(COSYQ_WEBHOOK_ALLOW_PRIVATE=1 allows it)"
-            )
-            return Answer(False, reason, permanent=True)
-    return None
+def _start_of(response: httpcore.Response) -> str:
+    """The first characters of a receiver's error answer (never more is read)."""
+    taken = b""
+    for chunk in response.iter_stream():
+        taken += chunk
+        if len(taken) >= ERROR_TEXT_CHARS * 4:
+            break
+    return taken.decode("utf-8", "replace")[:ERROR_TEXT_CHARS]

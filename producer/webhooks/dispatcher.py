@@ -2,9 +2,15 @@
 each event at least once, retries with backoff for COSYQ_WEBHOOK_RETRY_HOURS, then dead-letters.
 
 Runs as `cosyq webhooks run` or inside `cosyq serve` (COSYQ_WEBHOOK_DISPATCH_IN_SERVE); any
-number of them share the work through the consumer group. Deliveries run on a small thread pool
-with a per-request timeout, so one slow or dead receiver holds one slot for at most that long
-and never delays a worker (workers only append to the outbox) or the other receivers.
+number of them share the work through the consumer group. Deliveries run on a small thread pool,
+each within one deadline (COSYQ_WEBHOOK_TIMEOUT_S, the whole request), and one receiver (a URL's
+scheme, host and port) holds at most COSYQ_WEBHOOK_RECEIVER_CONCURRENCY of the slots (its other
+events wait in the retry set, no try counted), so a slow or dead receiver never delays a worker
+(workers only append to the outbox) or the other receivers. An entry this dispatcher is
+delivering is never taken back by it.
+
+An event is sent only while its job belongs to the event's tenant, and its body is that one
+job's status: a job whose hash was re-made (no tenant, or another one) is dead-lettered, unsent.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from urllib.parse import urlsplit
 
 import redis
 
@@ -34,7 +41,11 @@ log = get_logger(__name__)
 READ_BLOCK_MS = 500  # longest one read of the outbox waits: how fast a stop is noticed
 OUTAGE_PAUSE_MAX_S = 10.0
 
-BodyOf = Callable[[str], str | None]  # job id -> the JSON body, None while it is not done
+BodyOf = Callable[[WebhookEvent], str | None]  # the JSON body, None while it is not done
+
+
+class EventUnsendable(Exception):
+    """An event that must never be sent (its job is gone, or is not the event tenant's)."""
 
 
 def consumer_name() -> str:
@@ -55,33 +66,45 @@ class WebhookDispatcher:
             settings.webhook_secret.get_secret_value(),
             timeout_s=settings.webhook_timeout_s,
             allow_private=settings.webhook_allow_private,
+            connections=settings.webhook_concurrency,
         )
         tracker = JobTracker(connection, settings)
-        self.body_of = body_of or (lambda job_id: job_body(tracker, job_id))
+        self.body_of = body_of or (lambda event: job_body(tracker, event))
         self.consumer = consumer_name()
+        self.in_flight: dict[Future[None], tuple[str, str]] = {}  # -> (entry id, receiver)
 
     def run(self, stop: threading.Event) -> None:
         slots = self.settings.webhook_concurrency
         pause = 0.5
         with ThreadPoolExecutor(slots, "cosyq-webhook") as pool:
-            in_flight: set[Future[None]] = set()
             self._ensure_group(stop)
             while not stop.is_set():
-                in_flight = {f for f in in_flight if not f.done()}
-                free = slots - len(in_flight)
+                self.in_flight = {f: v for f, v in self.in_flight.items() if not f.done()}
+                free = slots - len(self.in_flight)
                 if free == 0:
-                    wait(in_flight, timeout=READ_BLOCK_MS / 1000, return_when=FIRST_COMPLETED)
+                    wait(self.in_flight, READ_BLOCK_MS / 1000, return_when=FIRST_COMPLETED)
                     continue
                 try:
-                    entries = self._next(free)
+                    for entry in self._next(free):
+                        self._start(pool, entry)
                     pause = 0.5
                 except redis.ConnectionError as e:  # an outage: wait it out
                     log.warning("webhook_outbox_unreachable", error=str(e), retry_in_s=pause)
                     stop.wait(pause)
                     pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
-                    continue
-                in_flight |= {pool.submit(self.handle, entry) for entry in entries}
         self.sender.close()
+
+    def _start(self, pool: ThreadPoolExecutor, entry: Entry) -> None:
+        """Deliver `entry` on a free slot, or, when its receiver already holds its share of
+        the slots, put it in the retry set for a while (no try counted)."""
+        entry_id, fields = entry
+        receiver = _receiver_of(fields)
+        busy = sum(1 for _, held in self.in_flight.values() if held == receiver)
+        if receiver and busy >= self.settings.webhook_receiver_concurrency:
+            waiting = _placeholder(fields)
+            self.store.retry_later(entry_id, waiting, time.time() + self.settings.webhook_backoff_s)
+            return
+        self.in_flight[pool.submit(self.handle, entry)] = (entry_id, receiver)
 
     def _ensure_group(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -95,7 +118,12 @@ class WebhookDispatcher:
     def _next(self, count: int) -> list[Entry]:
         self.store.promote_due(time.time(), count)
         idle_ms = int(self.settings.webhook_claim_idle_s * 1000)
-        entries = self.store.claim_stale(self.consumer, idle_ms, count)
+        mine = {entry_id for entry_id, _ in self.in_flight.values()}
+        entries = [
+            entry
+            for entry in self.store.claim_stale(self.consumer, idle_ms, count)
+            if entry[0] not in mine  # in flight here: never taken back from itself
+        ]
         return entries or self.store.read_new(self.consumer, count, READ_BLOCK_MS)
 
     def handle(self, entry: Entry) -> None:
@@ -108,8 +136,8 @@ class WebhookDispatcher:
             record = json.dumps({"fields": fields, "error": f"unreadable entry: {e}"})
             self.store.dead(entry_id, fields.get("webhook_id", entry_id), record)
             return
-        if delivery is None:
-            return self._dead(entry_id, _placeholder(fields), "the job is no longer in Redis")
+        except EventUnsendable as e:
+            return self._dead(entry_id, _placeholder(fields), str(e))
         if not delivery.body:  # the job has not ended yet: look again after a pause
             return self._later(entry_id, delivery, Answer(False, "job not done yet"))
         answer = self.sender.send(delivery)
@@ -123,19 +151,12 @@ class WebhookDispatcher:
         else:
             self._later(entry_id, delivery, answer)
 
-    def _delivery(self, fields: dict[str, str]) -> Delivery | None:
-        """The entry as a Delivery, its body built on the first try (None: the job is gone)."""
-        if "delivery" in fields:
-            delivery = Delivery.from_json(fields["delivery"])
-        else:
-            frozen = fields.get("body", "")  # a document's event comes with its body
-            delivery = Delivery(WebhookEvent.from_fields(fields), frozen, 0, time.time())
+    def _delivery(self, fields: dict[str, str]) -> Delivery:
+        """The entry as a Delivery, its body built on the first try (EventUnsendable: never)."""
+        delivery = _placeholder(fields)
         if delivery.body:
             return delivery
-        try:
-            body = self.body_of(delivery.event.job_id)
-        except JobNotFoundError:
-            return None
+        body = self.body_of(delivery.event)
         return Delivery(delivery.event, body or "", delivery.tries, delivery.first_try_at)
 
     def _later(self, entry_id: str, delivery: Delivery, answer: Answer) -> None:
@@ -166,15 +187,37 @@ class WebhookDispatcher:
         self.store.dead(entry_id, delivery.event.webhook_id, json.dumps(record, ensure_ascii=False))
 
 
-def job_body(tracker: JobTracker, job_id: str) -> str | None:
-    """The JSON of `GET /v1/jobs/{id}` once the job is done; None while it is not."""
-    status = tracker.status(job_id)
+def job_body(tracker: JobTracker, event: WebhookEvent) -> str | None:
+    """The JSON of `GET /v1/jobs/{id}` once the job is done; None while it is not.
+
+    EventUnsendable when the job is gone or does not belong to the event's tenant (a job
+    without a tenant belongs to nobody): its status never leaves for that URL."""
+    try:
+        status = tracker.status(event.job_id)
+    except JobNotFoundError as e:
+        raise EventUnsendable("the job is no longer in Redis") from e
+    if not event.tenant or status.tenant != event.tenant:
+        raise EventUnsendable(
+            f"the job does not belong to the event's tenant {event.tenant or '(none)'!r}"
+        )
     if status.state not in TERMINAL_STATES:
         return None
     return json.dumps(status_record(status), ensure_ascii=False, sort_keys=True)
 
 
+def _receiver_of(fields: dict[str, str]) -> str:
+    """The receiver of an outbox entry, its URL's origin `scheme://host:port` ("" when the
+    entry cannot be read)."""
+    try:
+        parts = urlsplit(_placeholder(fields).event.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except (KeyError, ValueError):
+        return ""
+    return f"{parts.scheme}://{parts.hostname}:{port}"
+
+
 def _placeholder(fields: dict[str, str]) -> Delivery:
     if "delivery" in fields:
         return Delivery.from_json(fields["delivery"])
-    return Delivery(WebhookEvent.from_fields(fields), "", 0, time.time())
+    frozen = fields.get("body", "")  # a document's event comes with its body
+    return Delivery(WebhookEvent.from_fields(fields), frozen, 0, time.time())

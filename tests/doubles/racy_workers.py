@@ -1,5 +1,7 @@
 """CosyqWorker subclasses that deliver a stop at the worst moment of a dequeue, on purpose.
 
+A last one kills itself between two writes of a job's outcome (KillAfterWebhookEvent).
+
 Run with the stock CLI (`rq worker -w tests.doubles.racy_workers:<Class>`), so each test also
 covers the path without a pool. Each hook fires once, on the first pop that returns a job
 (or, for `SignalWhileBlocked`, on the first blocking pop).
@@ -18,6 +20,7 @@ from rq.queue import Queue
 
 from shared.connection import redis_connection
 from shared.keys import QUEUE_DEFAULT
+from workers.service import webhook_events
 from workers.service.dequeue import DUPLICATE_SIGNAL_WINDOW_S
 from workers.worker import CosyqWorker
 
@@ -106,3 +109,19 @@ class KilledBeforeAssembly(CosyqWorker):
         import workers.documents.job as document_job  # noqa: PLC0415
 
         document_job.enqueue_assembly = _killed_before_enqueue  # type: ignore[assignment]
+
+
+class KillAfterWebhookEvent(CosyqWorker):
+    """SIGKILL itself right after a job's `job.finished` event is in the outbox, before RQ
+    records the job finished: the next worker's reaper requeues it and it finishes again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        recorded = webhook_events.job_ended
+
+        def recorded_then_killed(connection: Any, job: Any, event: Any, policy: Any) -> None:
+            recorded(connection, job, event, policy)
+            if event == "job.finished":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        webhook_events.job_ended = recorded_then_killed  # type: ignore[assignment]

@@ -95,10 +95,15 @@ def tls_redis(workdir: Path) -> Iterator[tuple[int, Path]]:
         yield port, cert
 
 
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A self-signed CA certificate for 127.0.0.1 and its key, as PEM files in `folder`."""
+def self_signed(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A self-signed CA certificate for `host` (an address or a name) and its key, as PEM files
+    in `folder`."""
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    try:
+        alt_name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        alt_name = x509.DNSName(host)
     now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
@@ -109,7 +114,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(hours=1))
         .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName([alt_name]),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)

@@ -1,13 +1,21 @@
 """A real HTTP receiver for webhook tests: a stdlib server on 127.0.0.1 that records every POST
-(headers and body) and answers with the statuses a test scripts (then 200)."""
+(headers and body) and answers with the statuses a test scripts (then 200); or, with
+`trickle_s`, a slow one that answers one byte every `trickle_s` seconds for as long as the
+caller listens, counting the POSTs it holds at once (in all, and per webhook-id)."""
 
 from __future__ import annotations
 
+import itertools
+import select
+import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import BinaryIO
 
 
 @dataclass
@@ -23,15 +31,45 @@ class Receiver:
     calls: list[Received] = field(default_factory=list)
     answers: list[int] = field(default_factory=list)  # next statuses to send, then 200
     delay_s: float = 0.0
+    trickle_s: float = 0.0  # > 0: answer one byte per this many seconds, never finishing
+    holding: dict[str, int] = field(default_factory=dict)  # webhook-id -> POSTs held now
+    most_held: int = 0  # the most POSTs held at once
+    most_held_one_id: int = 0  # the most POSTs of one webhook-id held at once
+    cut_off: int = 0  # trickled answers the caller hung up on
+    closing: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_status(self) -> int:
         with self.lock:
             return self.answers.pop(0) if self.answers else 200
 
+    def trickle(self, webhook_id: str, out: BinaryIO, sock: socket.socket) -> None:
+        """One byte of a never-ending answer every `trickle_s` until the caller hangs up
+        (seen at once: the socket turns readable at its end)."""
+        with self.lock:
+            self.holding[webhook_id] = self.holding.get(webhook_id, 0) + 1
+            self.most_held = max(self.most_held, sum(self.holding.values()))
+            self.most_held_one_id = max(self.most_held_one_id, self.holding[webhook_id])
+        try:
+            for byte in itertools.cycle(b"HTTP/1.1 200 OK\r\nx-slow: "):
+                out.write(bytes([byte]))
+                out.flush()
+                readable, _, _ = select.select([sock], [], [], self.trickle_s)
+                if self.closing.is_set():
+                    return
+                if readable and not sock.recv(1, socket.MSG_PEEK):
+                    raise ConnectionResetError("the caller hung up")
+        except OSError:
+            with self.lock:
+                self.cut_off += 1
+        finally:
+            with self.lock:
+                self.holding[webhook_id] -= 1
+
 
 @contextmanager
-def webhook_receiver() -> Iterator[Receiver]:
+def webhook_receiver(tls: tuple[Path, Path] | None = None) -> Iterator[Receiver]:
+    """A receiver on 127.0.0.1; with `tls` (certificate and key PEM files), an https one."""
     receiver: Receiver
 
     class Handler(BaseHTTPRequestHandler):
@@ -42,6 +80,10 @@ def webhook_receiver() -> Iterator[Receiver]:
             stopped.wait(receiver.delay_s)
             with receiver.lock:
                 receiver.calls.append(Received(self.path, dict(self.headers), body))
+            if receiver.trickle_s > 0:
+                self.close_connection = True
+                receiver.trickle(self.headers.get("webhook-id", ""), self.wfile, self.connection)
+                return
             status = receiver.next_status()
             self.send_response(status)
             if 300 <= status < 400:
@@ -53,11 +95,18 @@ def webhook_receiver() -> Iterator[Receiver]:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver = Receiver(f"http://127.0.0.1:{server.server_address[1]}/hooks/")
+    scheme = "http"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    receiver = Receiver(f"{scheme}://127.0.0.1:{server.server_address[1]}/hooks/")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield receiver
     finally:
+        receiver.closing.set()
         server.shutdown()
         server.server_close()

@@ -181,7 +181,8 @@ def _publish(
     with connection.pipeline() as pipe:
         key = document_key(plan.document_id, "result")
         pipe.set(key, result.model_dump_json(), ex=settings.result_ttl_s)
-        document_finished(pipe, plan, result, allowed_prefixes(settings.webhook_allowed_urls))
+        allowed = allowed_prefixes(settings.webhook_allowed_urls)
+        document_finished(pipe, plan, result, allowed, settings.webhook_allow_private)
         pipe.execute()
     return result
 

@@ -30,7 +30,7 @@ from rq.worker import SimpleWorker
 from shared import keys
 from shared.logs import get_logger
 from shared.settings import Settings
-from workers.service import admission, metrics, outcomes
+from workers.service import admission, metrics, outcomes, webhook_events
 from workers.service.dequeue import push_back
 from workers.service.housekeeping import Housekeeper
 from workers.service.outage import REDIS_OUTAGE, until_reachable
@@ -78,6 +78,7 @@ class AttemptBooks:
         self.housekeeper = housekeeper
         self.settings = settings
         self.on_end = on_end
+        self.webhooks = webhook_events.WebhookPolicy.from_settings(settings)
         self._outcomes: dict[str, str] = {}  # job id -> outcome, written by RQ's handlers
 
     # -- both paths ----------------------------------------------------------------------------
@@ -163,7 +164,9 @@ class AttemptBooks:
             # A bookkeeping step outside the outcome writes failed (those wait for Redis
             # themselves): release the job once Redis is back, labelled for what happened.
             log.warning("job_bookkeeping_failed", job_id=job.id, error=str(e))
-            outcomes.release_unrecorded(self.worker.connection, queue, job, self.worker.name)
+            outcomes.release_unrecorded(
+                self.worker.connection, queue, job, self.worker.name, self.webhooks
+            )
         finally:
             self.end(attempt)
 
@@ -183,7 +186,9 @@ class AttemptBooks:
             self.worker.prepare_job_execution(job, len(self.worker.queues) == 1)
         except REDIS_OUTAGE as e:
             log.warning("job_bookkeeping_failed", job_id=job.id, error=str(e))
-            outcomes.release_unrecorded(self.worker.connection, queue, job, self.worker.name)
+            outcomes.release_unrecorded(
+                self.worker.connection, queue, job, self.worker.name, self.webhooks
+            )
             return False
         job.started_at = now()
         return True
@@ -216,11 +221,14 @@ class AttemptBooks:
 
     def _claim(self, job: Job) -> None:
         """A job requeued by hand (`rq requeue`, rq-dashboard, `cosyq failed --requeue`) keeps
-        its meta: its old failure is cleared here, and the attempt count goes on."""
+        its meta: its old failure is cleared here, the attempt count goes on, and its run
+        count (the webhook id of its next outcome, shared/webhooks.event_id) goes up."""
         job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
         previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
         job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
-        job.meta.pop(keys.ERROR_META_KEY, None)
+        if job.meta.pop(keys.ERROR_META_KEY, None) is not None:
+            run = job.meta.get(keys.RUN_META_KEY, 1)
+            job.meta[keys.RUN_META_KEY] = (run if isinstance(run, int) else 1) + 1
         apply_default_retries(
             job,
             max_retries=self.settings.max_retries,

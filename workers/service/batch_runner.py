@@ -44,7 +44,7 @@ from shared.settings import Settings
 from workers import tasks
 from workers.engine.api import SynthesisInput, SynthesisOutput
 from workers.engine.batching import BatchSession, open_batch_session
-from workers.service import admission, cancels, metrics
+from workers.service import admission, cancels, metrics, webhook_events
 from workers.service.attempts import AttemptBooks, ExcInfo
 from workers.service.batch_admission import (
     BatchDequeue,
@@ -100,6 +100,7 @@ class BatchRunner:
         self.gate = gate
         self.batch_size = settings.batch_size
         self.tenants = settings.tenant_names()  # a job naming another one is refused
+        self.webhooks = webhook_events.WebhookPolicy.from_settings(settings)
         self.wait_s = settings.batch_wait_ms / 1000
         self.poll_s = settings.batch_poll_ms / 1000
         self.peek_s = settings.batch_stream_peek_ms / 1000
@@ -204,7 +205,8 @@ class BatchRunner:
                 if refusal is not None:
                     self.books.refuse(job, queue_, refusal, model_idle=not self.jobs)
                 elif cancels.canceled_before_start(self.dequeue.connection, job):
-                    cancels.record_canceled(self.dequeue.connection, job, queue_)
+                    connection = self.dequeue.connection
+                    cancels.record_canceled(connection, job, queue_, webhooks=self.webhooks)
                 elif batchable(job) or streamed(job):
                     self._admit(job, queue_, runtime)
                 else:

@@ -74,14 +74,14 @@ def record_canceled(
     queue: Queue,
     *,
     execution: Any = None,
-    webhook_urls: tuple[str, ...] = (),
+    webhooks: webhook_events.WebhookPolicy | None = None,
 ) -> None:
     """The job ends as canceled (see the module docstring); waits out a Redis outage."""
     job.retries_left = 0
 
     def write() -> None:
-        if webhook_urls:
-            webhook_events.job_ended(connection, job, "job.canceled", webhook_urls)
+        if webhooks is not None:
+            webhook_events.job_ended(connection, job, "job.canceled", webhooks)
         with connection.pipeline() as pipe:
             if execution is not None:
                 execution.delete(job=job, pipeline=pipe)

@@ -42,6 +42,7 @@ from workers.service.job_runtime import WorkerRuntime, install_runtime, prompt_r
 from workers.service.orphans import OrphanSweep
 from workers.service.outage import wait_for_redis
 from workers.service.reaper import Reaper, release_job
+from workers.service.webhook_events import WebhookPolicy
 from workers.voices.book import VoiceBook
 
 log = get_logger(__name__)
@@ -138,6 +139,7 @@ class WorkerLifecycle:
                 f"{job_id}:{execution_id}",
                 kind="worker_died",
                 message="worker died: stopped (second signal) while running this job",
+                webhooks=WebhookPolicy.from_settings(self.settings),
             )
         except redis.RedisError as e:
             log.warning("give_back_failed", job_id=job_id, error=str(e))
@@ -302,7 +304,8 @@ def build_housekeeper(settings: Settings, identity: WorkerIdentity) -> Housekeep
         Queue(name, connection=side, job_class=CosyqJob, serializer=JSONSerializer)
         for name in names
     ]
-    reaper = Reaper(side, names, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+    webhooks = WebhookPolicy.from_settings(settings)
+    reaper = Reaper(side, names, heartbeat_ttl_s=settings.heartbeat_ttl_s, webhooks=webhooks)
     return Housekeeper(
         side,
         stats,

@@ -27,6 +27,7 @@ from rq.utils import as_text, parse_composite_key
 from shared.logs import get_logger
 from workers.service.outage import REDIS_RETRY_FIRST_S, refuse_or_wait
 from workers.service.reaper import release_job
+from workers.service.webhook_events import WebhookPolicy
 
 log = get_logger(__name__)
 
@@ -61,7 +62,13 @@ def already_finished(job: Job) -> bool:
     return job.get_status(refresh=True) == JobStatus.FINISHED
 
 
-def release_unrecorded(connection: redis.Redis, queue: Queue, job: Job, worker: str) -> None:
+def release_unrecorded(
+    connection: redis.Redis,
+    queue: Queue,
+    job: Job,
+    worker: str,
+    webhooks: WebhookPolicy | None = None,
+) -> None:
     """Once Redis is back, give the job back (or fail it) as outcome_unrecorded, not
     worker_died; nothing to do when it never reached the started registry."""
 
@@ -71,6 +78,13 @@ def release_unrecorded(connection: redis.Redis, queue: Queue, job: Job, worker: 
             entry = as_text(cast(bytes, raw))
             if parse_composite_key(entry)[0] == job.id:
                 message = f"worker {worker} lost Redis before it could record this attempt"
-                release_job(connection, queue, entry, kind=UNRECORDED_KIND, message=message)
+                release_job(
+                    connection,
+                    queue,
+                    entry,
+                    kind=UNRECORDED_KIND,
+                    message=message,
+                    webhooks=webhooks,
+                )
 
     when_reachable(release, job_id=job.id, step="release")

@@ -43,6 +43,7 @@ from shared.settings import Settings
 from shared.start_failures import record_backoff
 from workers.service import control, metrics
 from workers.service.reaper import Reaper, forget_worker
+from workers.service.webhook_events import WebhookPolicy
 
 log = get_logger(__name__)
 
@@ -103,7 +104,10 @@ class Pool:
         self._connection = redis_connection(settings)
         queue_names = config.queues or tenants.queue_names(settings.tenant_names())
         self._reaper = Reaper(
-            self._connection, queue_names, heartbeat_ttl_s=settings.heartbeat_ttl_s
+            self._connection,
+            queue_names,
+            heartbeat_ttl_s=settings.heartbeat_ttl_s,
+            webhooks=WebhookPolicy.from_settings(settings),
         )
         self._next_reap = 0.0
         self._wake_r, self._wake_w = os.pipe()

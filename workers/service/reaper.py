@@ -35,6 +35,7 @@ from shared import keys
 from shared.logs import get_logger
 from workers.service.admission import CosyqJob
 from workers.service.audio_stream import end_released_stream
+from workers.service.webhook_events import WebhookPolicy, job_ended
 
 log = get_logger(__name__)
 
@@ -52,9 +53,17 @@ class ReapedJob:
 class Reaper:
     """Finds started jobs without a live heartbeat on some queues and releases them."""
 
-    def __init__(self, connection: Redis, queue_names: Iterable[str], *, heartbeat_ttl_s: float):
+    def __init__(
+        self,
+        connection: Redis,
+        queue_names: Iterable[str],
+        *,
+        heartbeat_ttl_s: float,
+        webhooks: WebhookPolicy | None = None,
+    ):
         self.connection = connection
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        self.webhooks = webhooks
         self.queues = [
             Queue(name, connection=connection, job_class=CosyqJob, serializer=JSONSerializer)
             for name in queue_names
@@ -96,7 +105,12 @@ class Reaper:
                     continue
                 message = self._died_message(holder_name)
                 result = release_job(
-                    self.connection, queue, entry, kind="worker_died", message=message
+                    self.connection,
+                    queue,
+                    entry,
+                    kind="worker_died",
+                    message=message,
+                    webhooks=self.webhooks,
                 )
                 if result is not None:
                     reaped.append(result)
@@ -109,9 +123,16 @@ class Reaper:
 
 
 def release_job(
-    connection: Redis, queue: Queue, entry: str, *, kind: str, message: str
+    connection: Redis,
+    queue: Queue,
+    entry: str,
+    *,
+    kind: str,
+    message: str,
+    webhooks: WebhookPolicy | None = None,
 ) -> ReapedJob | None:
     """Take one started entry away from its (dead or stopping) worker: retry or fail the job.
+    A failed job's `job.failed` event (when it asked for a webhook) is recorded with the failure.
 
     Returns None when another reaper got there first or the job already finished.
     """
@@ -137,6 +158,8 @@ def release_job(
             job.ended_at = now()
             record_job_failure(job, message, pipe)
             pipe.hset(job.key, "meta", json.dumps(job.meta))
+            if webhooks is not None:
+                job_ended(pipe, job, "job.failed", webhooks)
         pipe.execute()
     outcome: Outcome = "failed"
     if retry:

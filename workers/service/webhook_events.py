@@ -7,6 +7,7 @@ before it sends anything. Never a network call to a receiver from here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rq.job import Job
@@ -15,12 +16,20 @@ from rq.utils import now, utcformat
 from shared import keys
 from shared.document_events import document_job_ended
 from shared.logs import get_logger
-from shared.webhooks import EventName, WebhookEvent, append_event, check_webhook_url
+from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
+from shared.webhooks import (
+    EventName,
+    WebhookEvent,
+    allowed_prefixes,
+    append_event,
+    check_webhook_url,
+)
 
 log = get_logger(__name__)
 
 
-def webhook_url(job: Job, allowed: tuple[str, ...]) -> str | None:
+def webhook_url(job: Job, policy: WebhookPolicy) -> str | None:
     """The request's webhook URL when this worker's allow-list takes it, else None.
 
     Checked here again: a job that failed validation ends through here too, and the queue is
@@ -34,23 +43,44 @@ def webhook_url(job: Job, allowed: tuple[str, ...]) -> str | None:
     if not isinstance(url, str):
         return None
     try:
-        return check_webhook_url(url, allowed)
+        return check_webhook_url(url, policy.allowed, allow_private=policy.allow_private)
     except ValueError as e:
         log.warning("webhook_refused", job_id=job.id, reason=str(e))
         return None
 
 
-def job_ended(connection: Any, job: Job, event: EventName, allowed: tuple[str, ...]) -> None:
+@dataclass(frozen=True)
+class WebhookPolicy:
+    """What a worker needs to record events: the URL allow-list and how long an event's id is
+    remembered (COSYQ_WEBHOOK_ALLOWED_URLS, COSYQ_WEBHOOK_EVENT_MEMORY_HOURS)."""
+
+    allowed: tuple[str, ...] = ()
+    memory_s: int = 72 * 3600
+    allow_private: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WebhookPolicy:
+        memory_s = int(settings.webhook_event_memory_hours * 3600)
+        allowed = allowed_prefixes(settings.webhook_allowed_urls)
+        return cls(allowed, memory_s, settings.webhook_allow_private)
+
+
+def job_ended(connection: Any, job: Job, event: EventName, policy: WebhookPolicy) -> None:
     """Append `event` for `job` to the outbox when the job asked for an allowed webhook (a
-    document's segment or assembly: the document's event instead, `shared.document_events`)."""
-    if document_job_ended(connection, job, event, allowed):
+    client or a pipeline: the reaper records it with the failure, in one transaction)."""
+    if not policy.allowed:
         return
-    url = webhook_url(job, allowed)
+    if document_job_ended(connection, job, event, policy.allowed, policy.allow_private):
+        return  # a document's segment or assembly: the document's event instead
+    url = webhook_url(job, policy)
     if url is None:
         return
-    attempt = job.meta.get(keys.ATTEMPT_META_KEY, 1)
-    record = WebhookEvent.for_job(
-        event, job.id, attempt if isinstance(attempt, int) else 1, url, utcformat(now())
-    )
-    append_event(connection, record)
+    tenant = job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)
+    if not isinstance(tenant, str):
+        log.warning("webhook_refused", job_id=job.id, reason="the job's tenant tag is not a name")
+        return
+    run = job.meta.get(keys.RUN_META_KEY, 1)
+    run = run if isinstance(run, int) else 1
+    record = WebhookEvent.for_job(event, job.id, url, utcformat(now()), tenant, run=run)
+    append_event(connection, record, memory_s=policy.memory_s)
     log.info("webhook_event_recorded", job_id=job.id, webhook_event=event)

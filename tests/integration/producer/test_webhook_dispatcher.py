@@ -1,14 +1,17 @@
 """The webhook dispatcher against a real Redis and a real HTTP receiver: signed per Standard
 Webhooks, delivered at least once under one webhook-id, retried with backoff, dead-lettered and
 redelivered, never sent to a private address unless allowed, and taken over from a dead
-dispatcher."""
+dispatcher. Slow receivers (issue 45 item 8): COSYQ_WEBHOOK_TIMEOUT_S is one deadline for the
+whole request, an entry in flight is never taken back by its own dispatcher, one event is never
+POSTed twice at once even with two dispatchers, and a slow receiver cannot take every slot."""
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,13 +20,18 @@ import pytest
 import redis
 from standardwebhooks.webhooks import Webhook
 
+from producer import CosyqClient
 from producer.cli import main as cosyq
+from producer.webhooks.delivery import Sender
 from producer.webhooks.dispatcher import WebhookDispatcher
+from producer.webhooks.records import Delivery
 from producer.webhooks.store import WebhookStore
 from shared import keys
+from shared.errors import InvalidRequestError
 from shared.settings import Settings, load_settings
 from shared.webhooks import WebhookEvent, append_event
 from tests.doubles.harness import wait_for
+from tests.doubles.redis_servers import self_signed
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
 
 SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzISE="
@@ -57,10 +65,15 @@ def receiver() -> Iterator[Receiver]:
 
 
 @contextmanager
-def dispatching(connection: redis.Redis, settings: Settings, bodies: dict[str, Any]):
+def dispatching(
+    connection: redis.Redis,
+    settings: Settings,
+    bodies: dict[str, Any],
+    body_of: Callable[[WebhookEvent], str | None] | None = None,
+):
     """A dispatcher on a thread, the job bodies given (no jobs needed), stopped on the way out."""
     dispatcher = WebhookDispatcher(
-        connection, settings, body_of=lambda job_id: json.dumps(bodies[job_id])
+        connection, settings, body_of=body_of or (lambda made: json.dumps(bodies[made.job_id]))
     )
     stop = threading.Event()
     thread = threading.Thread(target=dispatcher.run, args=(stop,))
@@ -73,8 +86,14 @@ def dispatching(connection: redis.Redis, settings: Settings, bodies: dict[str, A
         assert not thread.is_alive()
 
 
-def event(receiver: Receiver, job_id: str = "job-1", attempt: int = 1) -> WebhookEvent:
-    return WebhookEvent.for_job("job.finished", job_id, attempt, receiver.url, "2026-12-01T00:00Z")
+def event(receiver: Receiver, job_id: str = "job-1") -> WebhookEvent:
+    return WebhookEvent.for_job(
+        "job.finished", job_id, receiver.url, "2026-12-01T00:00Z", "default"
+    )
+
+
+def append(connection: redis.Redis, made: WebhookEvent) -> None:
+    append_event(connection, made, memory_s=3600)
 
 
 def test_each_event_is_signed_and_redelivered_under_the_same_id(
@@ -82,12 +101,12 @@ def test_each_event_is_signed_and_redelivered_under_the_same_id(
 ) -> None:
     receiver.answers = [500, 503]  # two failed tries, then 200
     body = {"job_id": "job-1", "state": "finished"}
-    append_event(connection, event(receiver))
+    append(connection, event(receiver))
     with dispatching(connection, settings, {"job-1": body}):
         wait_for(lambda: len(receiver.calls) == 3, 30, "three tries of one event")
         wait_for(lambda: WebhookStore(connection).counts() == (0, 0), 10, "the outbox empty")
     ids = {call.headers["webhook-id"] for call in receiver.calls}
-    assert ids == {"msg_job-1_finished_1"}
+    assert ids == {"msg_job-1_finished"}
     assert len({call.body for call in receiver.calls}) == 1  # the same bytes each time
     for call in receiver.calls:
         assert Webhook(SECRET).verify(call.body, call.headers) == body
@@ -101,7 +120,7 @@ def test_a_receiver_that_keeps_failing_is_dead_lettered_then_redelivered(
 ) -> None:
     settings = settings.model_copy(update={"webhook_retry_hours": 2 / 3600})  # 2 s
     receiver.answers = [500] * 1000
-    append_event(connection, event(receiver))
+    append(connection, event(receiver))
     store = WebhookStore(connection)
     with dispatching(connection, settings, {"job-1": {"job_id": "job-1"}}):
         wait_for(lambda: store.counts() == (0, 1), 30, "the event dead")
@@ -109,7 +128,7 @@ def test_a_receiver_that_keeps_failing_is_dead_lettered_then_redelivered(
     assert tries >= 2
     assert cosyq(["--env-file", "/nonexistent", "webhooks", "failed"]) == 0
     listed = capsys.readouterr().out
-    assert "msg_job-1_finished_1" in listed and "gave up after" in listed
+    assert "msg_job-1_finished" in listed and "gave up after" in listed
     assert cosyq(["--env-file", "/nonexistent", "webhooks", "failed", "msg_nope"]) == 1
     assert cosyq(["--env-file", "/nonexistent", "webhooks", "failed", "--redeliver"]) == 0
     assert store.counts() == (1, 0)
@@ -117,27 +136,27 @@ def test_a_receiver_that_keeps_failing_is_dead_lettered_then_redelivered(
     with dispatching(connection, settings, {"job-1": {"job_id": "job-1"}}):
         wait_for(lambda: store.counts() == (0, 0), 30, "the redelivered event delivered")
     assert len(receiver.calls) == tries + 1
-    assert {c.headers["webhook-id"] for c in receiver.calls} == {"msg_job-1_finished_1"}
+    assert {c.headers["webhook-id"] for c in receiver.calls} == {"msg_job-1_finished"}
 
 
 def test_a_private_address_is_never_called_unless_allowed(
     connection: redis.Redis, settings: Settings, receiver: Receiver
 ) -> None:
     settings = settings.model_copy(update={"webhook_allow_private": False})
-    append_event(connection, event(receiver))
+    append(connection, event(receiver))
     store = WebhookStore(connection)
     with dispatching(connection, settings, {"job-1": {}}):
         wait_for(lambda: store.counts() == (0, 1), 30, "the event refused")
     assert receiver.calls == []
     (record,) = store.dead_letters().values()
-    assert "127.0.0.1, not a public address" in json.loads(record)["dead_reason"]
+    assert "127.0.0.1 is loopback" in json.loads(record)["dead_reason"]
 
 
 def test_redirects_are_not_followed(
     connection: redis.Redis, settings: Settings, receiver: Receiver
 ) -> None:
     receiver.answers = [302]
-    append_event(connection, event(receiver))
+    append(connection, event(receiver))
     with dispatching(connection, settings, {"job-1": {}}):
         wait_for(lambda: WebhookStore(connection).counts() == (0, 0), 30, "delivery on retry")
     assert [c.path for c in receiver.calls] == ["/hooks/", "/hooks/"]  # never /hooks/redirected
@@ -149,8 +168,8 @@ def test_a_slow_receiver_does_not_hold_up_another(
     with webhook_receiver() as slow:
         slow.delay_s = 1.5  # under the 2 s timeout: delivered, slowly
         for n in range(3):
-            append_event(connection, event(slow, f"slow-{n}"))
-        append_event(connection, event(receiver, "quick"))
+            append(connection, event(slow, f"slow-{n}"))
+        append(connection, event(receiver, "quick"))
         bodies = {f"slow-{n}": {} for n in range(3)} | {"quick": {}}
         started = time.monotonic()
         with dispatching(connection, settings, bodies):
@@ -165,7 +184,7 @@ def test_an_event_a_dead_dispatcher_read_is_taken_over(
 ) -> None:
     store = WebhookStore(connection)
     store.ensure_group()
-    append_event(connection, event(receiver))
+    append(connection, event(receiver))
     assert len(store.read_new("died-mid-delivery", 10, 100)) == 1  # read, never acknowledged
     pending = connection.xpending(keys.WEBHOOK_OUTBOX, keys.WEBHOOK_GROUP)
     assert pending["pending"] == 1
@@ -178,6 +197,170 @@ def test_an_event_a_dead_dispatcher_read_is_taken_over(
 def test_status_counts_waiting_and_dead_webhooks(
     connection: redis.Redis, settings: Settings, receiver: Receiver, capsys: Any, tmp_path: Path
 ) -> None:
-    append_event(connection, event(receiver))
+    append(connection, event(receiver))
     assert cosyq(["--env-file", "/nonexistent", "status"]) == 0
     assert "webhooks: 1 waiting to be delivered, 0 dead" in capsys.readouterr().out
+
+
+@pytest.fixture
+def trickling() -> Iterator[Receiver]:
+    with webhook_receiver() as made:
+        made.trickle_s = 1.0  # one byte a second, for ever: each read alone is quick
+        yield made
+
+
+def failed_tries(connection: redis.Redis) -> list[dict[str, object]]:
+    """The deliveries waiting for their next try, with their last error."""
+    return [json.loads(member) for member in connection.zrange(keys.WEBHOOK_RETRY, 0, -1)]
+
+
+def test_a_trickling_receiver_is_cut_off_at_the_deadline(
+    connection: redis.Redis, settings: Settings, trickling: Receiver
+) -> None:
+    settings = settings.model_copy(update={"webhook_backoff_s": 600.0})  # one try only
+    append(connection, event(trickling))
+    with dispatching(connection, settings, {"job-1": {}}):
+        wait_for(lambda: failed_tries(connection), 30, "the first try cut off")
+    (waiting,) = failed_tries(connection)
+    assert waiting["tries"] == 1
+    assert "deadline (COSYQ_WEBHOOK_TIMEOUT_S) passed" in str(waiting["last_error"])
+    wait_for(lambda: trickling.cut_off == 1, 10, "the receiver to see the hang-up")
+    assert len(trickling.calls) == 1
+
+
+def test_two_dispatchers_never_post_one_event_twice_at_once(
+    connection: redis.Redis, settings: Settings, trickling: Receiver
+) -> None:
+    # Timeout 2 s, claim-idle 3 s: a try that outlived the claim-idle would be taken over
+    # (by the other dispatcher or by its own) while it still trickles.
+    append(connection, event(trickling))
+    bodies: dict[str, Any] = {"job-1": {}}
+    with dispatching(connection, settings, bodies), dispatching(connection, settings, bodies):
+        wait_for(lambda: trickling.cut_off >= 3, 60, "three tries, each cut off")
+    assert trickling.most_held_one_id == 1
+    assert {c.headers["webhook-id"] for c in trickling.calls} == {"msg_job-1_finished"}
+
+
+def test_an_entry_in_flight_is_never_taken_back_by_its_own_dispatcher(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """The body is slow to build (longer than the claim-idle): the dispatcher's next look at
+    stale entries finds its own entry, and must leave it to the try in hand."""
+    release = threading.Event()
+    built: list[str] = []
+
+    def slow_body(made: WebhookEvent) -> str:
+        built.append(made.job_id)
+        release.wait(30)
+        return json.dumps({"job_id": made.job_id})
+
+    append(connection, event(receiver))
+    dispatcher_settings = settings.model_copy(update={"webhook_claim_idle_s": 0.5})
+    with dispatching(connection, dispatcher_settings, {}, body_of=slow_body):
+        wait_for(lambda: _times_claimed(connection) >= 2, 30, "a look at stale entries")
+        release.set()
+        wait_for(lambda: WebhookStore(connection).counts() == (0, 0), 30, "the event delivered")
+    assert built == ["job-1"]
+    assert len(receiver.calls) == 1
+
+
+def test_a_slow_receiver_cannot_take_every_slot(
+    connection: redis.Redis, settings: Settings, receiver: Receiver, trickling: Receiver
+) -> None:
+    settings = settings.model_copy(
+        update={
+            "webhook_concurrency": 3,
+            "webhook_receiver_concurrency": 1,
+            "webhook_timeout_s": 30.0,
+            "webhook_claim_idle_s": 60.0,
+        }
+    )
+    for n in range(3):
+        append(connection, event(trickling, f"slow-{n}"))
+    append(connection, event(receiver, "quick"))
+    bodies = {f"slow-{n}": {} for n in range(3)} | {"quick": {}}
+    with dispatching(connection, settings, bodies):
+        wait_for(lambda: receiver.calls, 20, "the quick receiver told while the slow one holds")
+        assert trickling.cut_off == 0  # no slow try has ended: the quick one did not wait
+    assert trickling.most_held == 1
+
+
+def _times_claimed(connection: redis.Redis) -> int:
+    pending = connection.xpending_range(keys.WEBHOOK_OUTBOX, keys.WEBHOOK_GROUP, "-", "+", 10)
+    return max((int(entry["times_delivered"]) for entry in pending), default=0)
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://localhost:9/hook", "localhost resolves to .*, which is loopback"),
+        ("http://[64:ff9b::a9fe:a9fe]/hook", r"is link-local \(it embeds 169.254.169.254\)"),
+        ("http://[::ffff:10.0.0.1]/hook", r"is private \(it embeds 10.0.0.1\)"),
+    ],
+)
+def test_the_client_refuses_a_private_webhook_at_submit(
+    connection: redis.Redis, settings: Settings, url: str, why: str
+) -> None:
+    """Issue 44 item 8: the client learns at once, and nothing is queued."""
+    settings = settings.model_copy(
+        update={"webhook_allow_private": False, "webhook_allowed_urls": "http://"}
+    )
+    with CosyqClient(settings) as client:
+        with pytest.raises(InvalidRequestError, match="webhook: .*" + why):
+            client.submit({"text": "hi", "webhook": {"url": url}})
+        allowed = settings.model_copy(update={"webhook_allow_private": True})
+        with CosyqClient(allowed) as trusting:
+            assert trusting.submit({"text": "hi", "webhook": {"url": url}})
+    assert connection.llen("rq:queue:cosyq-default") == 1  # only the allowed one
+
+
+def test_the_dispatcher_connects_to_the_address_it_checked_under_the_host_name(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """A name is resolved once and judged; the POST keeps the name in its Host header. Under
+    the default policy the same name (loopback) and a NAT64 form of the metadata address are
+    dead-lettered unsent (issue 44 item 8)."""
+    port = receiver.url.split(":")[2].split("/")[0]
+    named = WebhookEvent.for_job(
+        "job.finished", "job-1", f"http://localhost:{port}/hooks/", "2026-12-01T00:00Z", "default"
+    )
+    append(connection, named)
+    with dispatching(connection, settings, {"job-1": {}}):
+        wait_for(lambda: receiver.calls, 30, "the named receiver called")
+    assert receiver.calls[0].headers["Host"] == f"localhost:{port}"
+    strict = settings.model_copy(update={"webhook_allow_private": False})
+    nat64 = WebhookEvent.for_job(
+        "job.finished", "job-2", "http://[64:ff9b::a9fe:a9fe]/", "2026-12-01T00:00Z", "default"
+    )
+    append(connection, nat64)
+    again = WebhookEvent.for_job("job.failed", "job-1", named.url, named.at, "default")
+    append(connection, again)
+    store = WebhookStore(connection)
+    with dispatching(connection, strict, {"job-1": {}, "job-2": {}}):
+        wait_for(lambda: store.counts() == (0, 2), 30, "both refused")
+    assert len(receiver.calls) == 1
+    reasons = sorted(json.loads(r)["dead_reason"] for r in store.dead_letters().values())
+    assert "64:ff9b::a9fe:a9fe is link-local (it embeds 169.254.169.254)" in reasons[0]
+    assert "localhost resolves to 127.0.0.1, which is loopback" in reasons[1]
+
+
+def test_tls_checks_the_host_name_though_the_socket_goes_to_the_checked_address(
+    tmp_path: Path,
+) -> None:
+    """The connection is opened to the address resolved and checked, and TLS still sends the
+    name (SNI) and checks the certificate against it: a certificate for `localhost` passes by
+    name and fails by address (issue 44 item 8)."""
+    cert, key = self_signed(tmp_path, "localhost")
+    trusted = ssl.create_default_context(cafile=str(cert))
+    sender = Sender(SECRET, timeout_s=10, allow_private=True, ssl_context=trusted)
+    with webhook_receiver(tls=(cert, key)) as secure:
+        port = secure.url.split(":")[2].split("/")[0]
+        for host, delivered in (("localhost", True), ("127.0.0.1", False)):
+            made = WebhookEvent.for_job(
+                "job.finished", "j", f"https://{host}:{port}/h", "2026-12-01T00:00Z", "default"
+            )
+            answer = sender.send(Delivery(made, "{}", 0, time.time()))
+            assert answer.delivered is delivered, answer.error
+        assert "CERTIFICATE_VERIFY_FAILED" in answer.error
+    sender.close()
+    assert [call.headers["Host"] for call in secure.calls] == [f"localhost:{port}"]

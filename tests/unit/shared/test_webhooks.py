@@ -32,7 +32,9 @@ def test_a_webhook_url_outside_the_allow_list_is_refused_saying_why(url: str, wh
 
 def test_allowed_urls_pass_and_no_allow_list_means_no_webhooks() -> None:
     assert check_webhook_url("https://hooks.example.com/cosyq/done", ALLOWED)
-    assert check_webhook_url("http://10.0.0.5:8080/x", ALLOWED)
+    assert check_webhook_url("http://10.0.0.5:8080/x", ALLOWED, allow_private=True)
+    with pytest.raises(ValueError, match=r"10\.0\.0\.5 is private"):
+        check_webhook_url("http://10.0.0.5:8080/x", ALLOWED)
     with pytest.raises(ValueError, match="COSYQ_WEBHOOK_ALLOWED_URLS is empty"):
         check_webhook_url("https://hooks.example.com/cosyq/", ())
     assert allowed_prefixes(" https://a/ , ,http://b/") == ("https://a/", "http://b/")
@@ -59,9 +61,12 @@ def test_the_gate_names_the_webhook_field_and_rule() -> None:
         )
 
 
-def test_an_event_id_names_job_event_and_attempt_and_survives_its_fields() -> None:
-    event = WebhookEvent.for_job("job.failed", "j1", 3, "https://h/", "2026-12-01T00:00:00Z")
-    assert event.webhook_id == "msg_j1_failed_3"
+def test_an_event_id_names_job_and_outcome_never_the_attempt_and_survives_its_fields() -> None:
+    event = WebhookEvent.for_job("job.failed", "j1", "https://h/", "2026-12-01T00:00:00Z", "a")
+    assert event.webhook_id == "msg_j1_failed"
+    assert event.tenant == "a"
     assert WebhookEvent.from_fields(event.fields()) == event
+    old = {k: v for k, v in event.fields().items() if k != "tenant"}  # before tenants
+    assert WebhookEvent.from_fields(old).tenant == ""  # nobody's: the dispatcher never sends it
     with pytest.raises(ValueError, match="unknown webhook event"):
         WebhookEvent.from_fields({**event.fields(), "event": "job.exploded"})
