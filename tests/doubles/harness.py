@@ -26,6 +26,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from shared.submitted import record_submitted
+from shared.tenants import TENANT_META_KEY, tenant_of_queue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_PARENT_COSYQ = {"COSYQ_REFERENCE_DIR", "COSYQ_REQUIRE_REFERENCE", "COSYQ_PYTHON"}
@@ -163,11 +164,13 @@ def json_queue(connection: redis.Redis, name: str = "cosyq-default") -> Queue:
 def enqueue(
     connection: redis.Redis, text: str, *, queue: str = "cosyq-default", **options: Any
 ) -> Job:
-    """Enqueue one synthesize job the way the producer does (dotted path, JSON)."""
+    """Enqueue one synthesize job the way the producer does (dotted path, JSON, tagged with
+    the tenant whose queue it is: a job without its tenant tag is nobody's)."""
     retry = options.pop("retry", None)
     request = {"text": text, **options}
+    meta = {TENANT_META_KEY: tenant_of_queue(queue)}
     job = json_queue(connection, queue).enqueue(
-        "workers.tasks.synthesize", request=request, retry=retry
+        "workers.tasks.synthesize", request=request, retry=retry, meta=meta
     )
     record_submitted(connection, [job.id])  # as the producer does, for the orphan sweep
     return job

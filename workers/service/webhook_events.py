@@ -17,7 +17,7 @@ from shared import keys
 from shared.document_events import document_job_ended
 from shared.logs import get_logger
 from shared.settings import Settings
-from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
+from shared.tenants import TENANT_META_KEY
 from shared.webhooks import (
     EventName,
     WebhookEvent,
@@ -75,9 +75,9 @@ def job_ended(connection: Any, job: Job, event: EventName, policy: WebhookPolicy
     url = webhook_url(job, policy)
     if url is None:
         return
-    tenant = job.meta.get(TENANT_META_KEY, DEFAULT_TENANT)
-    if not isinstance(tenant, str):
-        log.warning("webhook_refused", job_id=job.id, reason="the job's tenant tag is not a name")
+    tenant = job.meta.get(TENANT_META_KEY)
+    if not isinstance(tenant, str):  # no tag (its hash re-made without meta): nobody's
+        log.warning("webhook_refused", job_id=job.id, reason="the job has no tenant tag")
         return
     run = job.meta.get(keys.RUN_META_KEY, 1)
     run = run if isinstance(run, int) else 1
