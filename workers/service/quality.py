@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shared.audio import resample
 from shared.errors import QualityError
 from shared.jobs import DEFAULT_TRUE_PEAK_DBTP, SynthesisRequest
 from shared.results import PieceQuality, QualityAttempt, QualityReport, Verdict
@@ -215,7 +216,11 @@ def process_audio(
     report: QualityReport,
 ) -> tuple[SynthesisOutput, QualityReport]:
     """trim_silence, then loudness_lufs under true_peak_dbtp, as the request asks; the report
-    gains what was done, and the pieces' spans move with a trimmed start."""
+    gains what was done, and the pieces' spans move with a trimmed start.
+
+    Loudness is set at the request's sample rate (the output is resampled to it first, its
+    spans with it): what is delivered is what meets the target (levels.py then measures the
+    encoded file itself)."""
     update: dict[str, object] = {}
     samples, rate = output.samples, output.sample_rate
     if request.trim_silence:
@@ -229,6 +234,11 @@ def process_audio(
         update["trimmed_s"] = (output.samples.size - samples.size) / rate
         output = dataclasses.replace(output, pieces=shifted(output.pieces, start, samples.size))
     if request.loudness_lufs is not None:
+        if request.sample_rate != rate:
+            samples = resample(samples, rate, request.sample_rate)
+            pieces = rescaled(output.pieces, request.sample_rate / rate, samples.size)
+            rate = request.sample_rate
+            output = dataclasses.replace(output, sample_rate=rate, pieces=pieces)
         ceiling = request.true_peak_dbtp
         ceiling = DEFAULT_TRUE_PEAK_DBTP if ceiling is None else ceiling
         done = normalise_loudness(samples, rate, request.loudness_lufs, ceiling)
@@ -248,6 +258,16 @@ def shifted(pieces: list[PieceSpan], cut: int, size: int) -> list[PieceSpan]:
     return [
         dataclasses.replace(
             p, start=min(size, max(0, p.start - cut)), end=min(size, max(0, p.end - cut))
+        )
+        for p in pieces
+    ]
+
+
+def rescaled(pieces: list[PieceSpan], factor: float, size: int) -> list[PieceSpan]:
+    """Spans in audio resampled by `factor` (new rate / old rate) that is now `size` long."""
+    return [
+        dataclasses.replace(
+            p, start=min(size, round(p.start * factor)), end=min(size, round(p.end * factor))
         )
         for p in pieces
     ]
