@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from shared.audio import resample
 from shared.errors import QualityError
 from shared.jobs import DEFAULT_TRUE_PEAK_DBTP, SynthesisRequest
@@ -234,11 +236,8 @@ def process_audio(
         update["trimmed_s"] = (output.samples.size - samples.size) / rate
         output = dataclasses.replace(output, pieces=shifted(output.pieces, start, samples.size))
     if request.loudness_lufs is not None:
-        if request.sample_rate != rate:
-            samples = resample(samples, rate, request.sample_rate)
-            pieces = rescaled(output.pieces, request.sample_rate / rate, samples.size)
-            rate = request.sample_rate
-            output = dataclasses.replace(output, sample_rate=rate, pieces=pieces)
+        output, samples = at_rate(output, samples, request.sample_rate)
+        rate = output.sample_rate
         ceiling = request.true_peak_dbtp
         ceiling = DEFAULT_TRUE_PEAK_DBTP if ceiling is None else ceiling
         done = normalise_loudness(samples, rate, request.loudness_lufs, ceiling)
@@ -261,6 +260,17 @@ def shifted(pieces: list[PieceSpan], cut: int, size: int) -> list[PieceSpan]:
         )
         for p in pieces
     ]
+
+
+def at_rate(
+    output: SynthesisOutput, samples: np.ndarray, rate: int
+) -> tuple[SynthesisOutput, np.ndarray]:
+    """`samples` (at output.sample_rate) resampled to `rate`, and the output's spans with them."""
+    if rate == output.sample_rate:
+        return output, samples
+    resampled = resample(samples, output.sample_rate, rate)
+    pieces = rescaled(output.pieces, rate / output.sample_rate, resampled.size)
+    return dataclasses.replace(output, sample_rate=rate, pieces=pieces), resampled
 
 
 def rescaled(pieces: list[PieceSpan], factor: float, size: int) -> list[PieceSpan]:
