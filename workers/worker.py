@@ -86,6 +86,7 @@ class CosyqWorker(StopSafeWorker):
         **kwargs: Any,
     ) -> None:
         self.settings = settings if settings is not None else load_settings()
+        STOP_BOUND.disarm()  # a stop asked of an earlier worker in this process is not ours
         self._requested_serializer = kwargs.get("serializer")
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = admission.CosyqJob

@@ -48,6 +48,10 @@ class StopBound:
         if self.deadline is None:
             self.deadline, self.on_expiry = time.monotonic() + wait_s, on_expiry
 
+    def disarm(self) -> None:
+        """No stop asked: a new worker in this process (tests run several) starts unbounded."""
+        self.deadline, self.on_expiry = None, None
+
     def left_s(self) -> float:
         """Seconds left (infinity when no stop was asked)."""
         return math.inf if self.deadline is None else self.deadline - time.monotonic()
@@ -156,3 +160,5 @@ class OutageTolerantWorker(SimpleWorker):
             super().teardown()
         except REDIS_OUTAGE as e:
             log.warning("worker_deregister_failed", error=str(e))
+        finally:
+            STOP_BOUND.disarm()  # this worker's stop is over
