@@ -314,6 +314,12 @@ class Settings(
     heartbeat_ttl_s: float = Field(
         10.0, gt=0, description="a job whose heartbeat is this old has lost its worker"
     )
+    stop_redis_wait_s: float = Field(
+        30.0,
+        gt=0,
+        description="once a warm stop is asked, how long a worker still waits for an "
+        "unreachable Redis to record or give back its job before it exits (status 3)",
+    )
 
     # Long-form documents (producer splits, workers synthesize the segments and assemble)
     max_document_chars: int = Field(

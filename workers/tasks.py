@@ -22,7 +22,7 @@ from rq import get_current_job
 from rq.job import Job
 
 from shared import keys
-from shared.audio import EncodedAudio, encode_audio
+from shared.audio import EncodedAudio
 from shared.document_state import DOCUMENT_META_KEY
 from shared.errors import InvalidRequestError
 from shared.jobs import (
@@ -49,7 +49,7 @@ from workers.engine.api import (
     VoicePrompt,
     stop_if_asked,
 )
-from workers.service import metrics, quality
+from workers.service import levels, metrics, quality
 from workers.service.audio_stream import AudioStreamWriter
 from workers.service.cancels import CancelFlag
 from workers.service.failures import classify
@@ -298,14 +298,8 @@ def finish_synthesis(
             samples, rate = stream.flush(), stream.target_rate
         else:
             output, report = quality.process_audio(output, request, runtime.settings, report)
-            samples = output.samples
-        encoded = encode_audio(
-            samples,
-            rate,
-            request.format,
-            target_rate=request.sample_rate,
-            sample_format=request.sample_format,
-        )
+            samples, rate = output.samples, output.sample_rate  # the delivered rate with levels
+        encoded, report = levels.encode_delivered(samples, rate, request, report)
         encoded_at = time.perf_counter()
         stop_if_asked(context.should_stop)  # canceled at the last step: nothing is stored
         stored = _store(runtime, request, context, encoded)

@@ -23,7 +23,7 @@ import socket
 import threading
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job
@@ -44,7 +44,7 @@ from workers.service.dequeue import StopSafeWorker
 from workers.service.failures import CANCELED_KIND, JobError, classify
 from workers.service.housekeeping import WorkerState
 from workers.service.lifecycle import WorkerIdentity, WorkerLifecycle
-from workers.service.outage import REDIS_OUTAGE, wait_for_redis
+from workers.service.outage import REDIS_OUTAGE, STOP_BOUND, STOP_WAIT_EXIT_CODE, wait_for_redis
 from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.service.storage_check import StorageCheck
 
@@ -85,6 +85,7 @@ class CosyqWorker(StopSafeWorker):
         **kwargs: Any,
     ) -> None:
         self.settings = settings if settings is not None else load_settings()
+        STOP_BOUND.disarm()  # a stop asked of an earlier worker in this process is not ours
         self._requested_serializer = kwargs.get("serializer")
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = admission.CosyqJob
@@ -399,6 +400,25 @@ class CosyqWorker(StopSafeWorker):
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         super().request_stop(signum, frame)
         self.lifecycle.housekeeper.stats.state = WorkerState.STOPPING  # published next tick
+        STOP_BOUND.arm(self.settings.stop_redis_wait_s, self._give_up_on_redis)
+
+    def _give_up_on_redis(self, event: str) -> NoReturn:
+        """A warm stop that waited COSYQ_STOP_REDIS_WAIT_S for an unreachable Redis: the job in
+        hand stays where Redis has it (queued, or started with a heartbeat that now expires, so
+        a reaper gives it back) and the process exits STOP_WAIT_EXIT_CODE."""
+        in_hand = [self._current[0].id] if self._current is not None else []
+        if self._batch is not None:
+            in_hand += [job_id for job_id, _, _ in self._batch.started()]
+        log.error(
+            "worker_stop_gave_up_on_redis",
+            waiting_for=event,
+            waited_s=self.settings.stop_redis_wait_s,
+            jobs=in_hand,
+            hint="the jobs stay started in Redis; a reaper gives them back once their "
+            "heartbeat expires",
+        )
+        self.before_cold_exit()
+        os._exit(STOP_WAIT_EXIT_CODE)
 
     def release_running(self) -> None:
         """Cold stop mid-job: release the started entries now instead of waiting for a reaper;

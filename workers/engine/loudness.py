@@ -6,7 +6,7 @@ the ceiling, and a gain down to the ceiling may miss the loudness: speech's cres
 large. So: gain to the target, then a look-ahead peak limiter (a gain envelope that never
 exceeds what each sample's oversampled peak allows, held and smoothed over a few ms so it does
 not distort), re-measure and correct, a few rounds; a last whole-file scale guarantees the
-ceiling whatever the rounds left.
+ceiling whatever the rounds left. scipy is imported on first use (a worker starts without it).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.ndimage import minimum_filter1d, uniform_filter1d
-from scipy.signal import resample_poly
 
 from workers.engine.quality import integrated_loudness, silence_runs, true_peak
 
@@ -64,6 +62,9 @@ def limit_peaks(samples: np.ndarray, sample_rate: int, ceiling: float) -> np.nda
     exceeds what any sample within reach needs."""
     if samples.size == 0:
         return samples
+    from scipy.ndimage import minimum_filter1d, uniform_filter1d  # noqa: PLC0415 (first use)
+    from scipy.signal import resample_poly  # noqa: PLC0415 (on first use)
+
     factor = 4
     upsampled = np.abs(resample_poly(samples, factor, 1))[: samples.size * factor]
     peaks = np.maximum(upsampled.reshape(samples.size, factor).max(axis=1), np.abs(samples))

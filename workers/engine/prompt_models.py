@@ -6,7 +6,8 @@
   (output 0, flattened, not normalised: the flow normalises it).
 On macOS the Core ML execution provider runs them when this onnxruntime build has it; the CPU
 provider always backs it up (and is all there is elsewhere). Sessions are created on first use:
-a worker whose jobs name stored voices never pays for the ~0.5 GB speech tokenizer.
+a worker whose jobs name stored voices never pays for the ~0.5 GB speech tokenizer, and
+onnxruntime itself is imported then too (a worker's start never waits for it).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import platform
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 
 from shared.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 SPEECH_TOKENIZER_FILE = "speech_tokenizer_v2.onnx"
 SPEAKER_MODEL_FILE = "campplus.onnx"
@@ -30,7 +34,10 @@ CPU_PROVIDER = "CPUExecutionProvider"
 def onnx_providers(system: str | None = None, available: Sequence[str] | None = None) -> list[str]:
     """Core ML then CPU on macOS when the build has Core ML; CPU alone otherwise."""
     system = system or platform.system()
-    available = ort.get_available_providers() if available is None else available
+    if available is None:
+        import onnxruntime  # noqa: PLC0415 (on first use: a worker's start never waits for it)
+
+        available = onnxruntime.get_available_providers()
     if system == "Darwin" and COREML_PROVIDER in available:
         return [COREML_PROVIDER, CPU_PROVIDER]
     return [CPU_PROVIDER]
@@ -55,6 +62,8 @@ class OnnxModel:
             return self._session
 
     def _open(self) -> ort.InferenceSession:
+        import onnxruntime as ort  # noqa: PLC0415 (on first use: see the module's docstring)
+
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = self.threads

@@ -8,6 +8,9 @@ them on the engine's 24 kHz float samples; what counts as suspect is the service
 Silence is judged on 20 ms frames (a syllable is ~200 ms, so a frame never hides one) whose
 RMS is under a threshold in dBFS. Only the pieces' own samples are measured: the pauses the
 join inserts on purpose between pieces and for `<break>`s are cut out first.
+
+pyloudnorm and scipy.signal are imported on first use, never at a worker's start: together
+they are half a second of every start, and a job that asks for no levels never needs them.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pyloudnorm
-from scipy.signal import resample_poly
 
 FRAME_S = 0.02
 CLIP_LEVEL = 0.989  # HiFT clamps to its audio_limit (0.99): a sample there was cut off
@@ -105,6 +106,8 @@ def integrated_loudness(samples: np.ndarray, sample_rate: int) -> float | None:
     """ITU-R BS.1770-4 integrated loudness (LUFS) by pyloudnorm; None when undefined."""
     if samples.size < LOUDNESS_MIN_S * sample_rate:
         return None
+    import pyloudnorm  # noqa: PLC0415 (on first use: see the module's docstring)
+
     value = float(pyloudnorm.Meter(sample_rate).integrated_loudness(samples.astype(np.float64)))
     return value if math.isfinite(value) else None
 
@@ -114,6 +117,8 @@ def true_peak(samples: np.ndarray, sample_rate: int) -> float:
     4x at 48 kHz and above, 8x below (BS.1770-4: the oversampled rate should reach 192 kHz)."""
     if samples.size == 0:
         return 0.0
+    from scipy.signal import resample_poly  # noqa: PLC0415 (on first use)
+
     factor = TRUE_PEAK_OVERSAMPLING * (2 if sample_rate < 48_000 else 1)
     upsampled = resample_poly(samples.astype(np.float64), factor, 1)
     return float(max(np.max(np.abs(upsampled)), np.max(np.abs(samples))))

@@ -5,13 +5,17 @@ heartbeat after a job, the suspension check, maintenance, deregistration) ends t
 each of those logs and carries on, so the loop returns to the dequeue, which waits for Redis.
 A misconfiguration (wrong password, ACL, TLS certificate) is never waited out: it becomes a
 RedisRefusedError, and `cosyq-worker run` turns that into one line and a non-zero exit.
+
+Once a warm stop is asked, every such wait is bounded (`STOP_BOUND`, armed by the worker's
+first signal with COSYQ_STOP_REDIS_WAIT_S): past it the worker gives up on Redis and exits.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import redis
 from rq.worker import SimpleWorker
@@ -26,8 +30,39 @@ REDIS_RETRY_MAX_S = 10.0  # longest wait between attempts to reach Redis again
 STOP_CHECK_S = 0.25  # while waiting out an outage, how often a stop is looked for
 
 REFUSED_EXIT_CODE = 2  # the settings must be fixed; restarting as-is cannot help
+STOP_WAIT_EXIT_CODE = 3  # a warm stop gave up waiting for Redis (COSYQ_STOP_REDIS_WAIT_S)
 
 T = TypeVar("T")
+
+
+class StopBound:
+    """How long, once a warm stop is asked, this process still waits for Redis; past that,
+    `on_expiry` (which must not return: it ends the process) is called by the next wait."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.on_expiry: Callable[[str], NoReturn] | None = None
+
+    def arm(self, wait_s: float, on_expiry: Callable[[str], NoReturn]) -> None:
+        """The first call counts (a second signal is the cold stop, not a new bound)."""
+        if self.deadline is None:
+            self.deadline, self.on_expiry = time.monotonic() + wait_s, on_expiry
+
+    def disarm(self) -> None:
+        """No stop asked: a new worker in this process (tests run several) starts unbounded."""
+        self.deadline, self.on_expiry = None, None
+
+    def left_s(self) -> float:
+        """Seconds left (infinity when no stop was asked)."""
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+    def check(self, event: str) -> None:
+        """Give up (`on_expiry(event)`) once the bound has passed."""
+        if self.on_expiry is not None and self.left_s() <= 0:
+            self.on_expiry(event)
+
+
+STOP_BOUND = StopBound()  # one per process: the signal handler arms what every wait reads
 
 
 class RedisRefusedError(SystemExit):
@@ -78,9 +113,10 @@ def _retry_outages(
             return (action(),)
         except redis.RedisError as e:
             refuse_or_wait(e)
+            STOP_BOUND.check(event)
             log.warning(event, error=str(e), retry_in_s=delay)
             deadline = time.monotonic() + delay
-            while not stopped() and time.monotonic() < deadline:
+            while not stopped() and time.monotonic() < deadline and STOP_BOUND.left_s() > 0:
                 time.sleep(min(STOP_CHECK_S, max(0.0, deadline - time.monotonic())))
             if stopped():
                 return None
@@ -124,3 +160,5 @@ class OutageTolerantWorker(SimpleWorker):
             super().teardown()
         except REDIS_OUTAGE as e:
             log.warning("worker_deregister_failed", error=str(e))
+        finally:
+            STOP_BOUND.disarm()  # this worker's stop is over

@@ -25,7 +25,7 @@ from rq.registry import StartedJobRegistry
 from rq.utils import as_text, parse_composite_key
 
 from shared.logs import get_logger
-from workers.service.outage import REDIS_RETRY_FIRST_S, refuse_or_wait
+from workers.service.outage import REDIS_RETRY_FIRST_S, STOP_BOUND, refuse_or_wait
 from workers.service.reaper import release_job
 from workers.service.webhook_events import WebhookPolicy
 
@@ -36,7 +36,8 @@ UNRECORDED_KIND = "outcome_unrecorded"
 
 
 def when_reachable(action: Callable[[], None], *, job_id: str, step: str) -> None:
-    """Run `action` (an outcome write); while Redis is unreachable, wait and run it again.
+    """Run `action` (an outcome write); while Redis is unreachable, wait and run it again
+    (after a warm stop, only until STOP_BOUND has passed).
 
     A misconfiguration or any other Redis error is raised (refuse_or_wait)."""
     delay, lost_at = REDIS_RETRY_FIRST_S, None
@@ -45,10 +46,11 @@ def when_reachable(action: Callable[[], None], *, job_id: str, step: str) -> Non
             action()
         except redis.RedisError as e:
             refuse_or_wait(e)
+            STOP_BOUND.check("job_outcome_unrecorded")  # a warm stop's wait is bounded
             if lost_at is None:
                 lost_at = time.monotonic()
                 log.warning("job_outcome_unrecorded", job_id=job_id, step=step, error=str(e))
-            time.sleep(delay)
+            time.sleep(max(0.0, min(delay, STOP_BOUND.left_s())))
             delay = min(delay * 2, OUTCOME_RETRY_MAX_S)
             continue
         if lost_at is not None:

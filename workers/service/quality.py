@@ -16,6 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from shared.audio import resample
 from shared.errors import QualityError
 from shared.jobs import DEFAULT_TRUE_PEAK_DBTP, SynthesisRequest
 from shared.results import PieceQuality, QualityAttempt, QualityReport, Verdict
@@ -215,7 +218,11 @@ def process_audio(
     report: QualityReport,
 ) -> tuple[SynthesisOutput, QualityReport]:
     """trim_silence, then loudness_lufs under true_peak_dbtp, as the request asks; the report
-    gains what was done, and the pieces' spans move with a trimmed start."""
+    gains what was done, and the pieces' spans move with a trimmed start.
+
+    Loudness is set at the request's sample rate (the output is resampled to it first, its
+    spans with it): what is delivered is what meets the target (levels.py then measures the
+    encoded file itself)."""
     update: dict[str, object] = {}
     samples, rate = output.samples, output.sample_rate
     if request.trim_silence:
@@ -229,6 +236,8 @@ def process_audio(
         update["trimmed_s"] = (output.samples.size - samples.size) / rate
         output = dataclasses.replace(output, pieces=shifted(output.pieces, start, samples.size))
     if request.loudness_lufs is not None:
+        output, samples = at_rate(output, samples, request.sample_rate)
+        rate = output.sample_rate
         ceiling = request.true_peak_dbtp
         ceiling = DEFAULT_TRUE_PEAK_DBTP if ceiling is None else ceiling
         done = normalise_loudness(samples, rate, request.loudness_lufs, ceiling)
@@ -248,6 +257,27 @@ def shifted(pieces: list[PieceSpan], cut: int, size: int) -> list[PieceSpan]:
     return [
         dataclasses.replace(
             p, start=min(size, max(0, p.start - cut)), end=min(size, max(0, p.end - cut))
+        )
+        for p in pieces
+    ]
+
+
+def at_rate(
+    output: SynthesisOutput, samples: np.ndarray, rate: int
+) -> tuple[SynthesisOutput, np.ndarray]:
+    """`samples` (at output.sample_rate) resampled to `rate`, and the output's spans with them."""
+    if rate == output.sample_rate:
+        return output, samples
+    resampled = resample(samples, output.sample_rate, rate)
+    pieces = rescaled(output.pieces, rate / output.sample_rate, resampled.size)
+    return dataclasses.replace(output, sample_rate=rate, pieces=pieces), resampled
+
+
+def rescaled(pieces: list[PieceSpan], factor: float, size: int) -> list[PieceSpan]:
+    """Spans in audio resampled by `factor` (new rate / old rate) that is now `size` long."""
+    return [
+        dataclasses.replace(
+            p, start=min(size, round(p.start * factor)), end=min(size, round(p.end * factor))
         )
         for p in pieces
     ]

@@ -76,3 +76,39 @@ def test_an_unavoidable_rerun_is_labelled_outcome_unrecorded(redis_url: str) -> 
     }
     assert connection.zcard(registry.key) == 0
     connection.close()
+
+
+def test_a_warm_stop_waits_for_redis_only_so_long_and_the_job_is_given_back(
+    persistent_redis: LocalRedis, tmp_path: Path
+) -> None:
+    """Issue 45 item 13: SIGTERM to a pool whose Redis went away mid-job. The worker may wait
+    for Redis to record the job, but only COSYQ_STOP_REDIS_WAIT_S; then it exits (status 3)
+    naming the job, and once Redis is back the next pool's reaper gives the job back and it
+    finishes: nothing is lost, nobody waits for a second signal."""
+    cluster = Cluster(
+        redis_url=persistent_redis.url, root=tmp_path, overrides={"COSYQ_STOP_REDIS_WAIT_S": "2"}
+    )
+    connection = redis.Redis.from_url(persistent_redis.url)
+    try:
+        pool = cluster.start("pool", "-n", "1", log_name="pool.log")
+        wait_for(lambda: named(cluster.events("pool.log"), "slot_ready"), 60, "the worker ready")
+        job = enqueue(connection, "sleep:4 is running when Redis goes away")
+        wait_for(lambda: statuses(connection, [job]) == ["started"], 30, "the job to start")
+        persistent_redis.stop()
+        pool.send_signal(signal.SIGTERM)
+        assert pool.wait(timeout=30) == 0  # before: the worker waited out the outage for good
+        events = cluster.events("pool.log")
+        [gave_up] = named(events, "worker_stop_gave_up_on_redis")
+        assert gave_up["jobs"] == [job.id] and gave_up["waited_s"] == 2
+        assert [e["how"] for e in named(events, "slot_exited")] == ["exit code 3"]
+        persistent_redis.start()
+        again = cluster.start("pool", "-n", "1", log_name="pool-again.log")
+        wait_for(lambda: statuses(connection, [job]) == ["finished"], 60, "the job given back")
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=30) == 0
+    finally:
+        cluster.stop_all()
+        connection.close()
+    job.refresh()
+    assert job.meta.get("cosyq_attempt") == 2  # the first attempt's outcome never reached Redis
+    assert len(named(cluster.events("pool-again.log"), "synthesis_finished")) == 1

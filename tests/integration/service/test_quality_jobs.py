@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pyloudnorm
 import pytest
+import scipy.signal
 import soundfile
 
 from producer import CosyqClient
@@ -66,3 +67,55 @@ def test_runaways_are_retried_failed_or_normalised_as_asked(settings: Settings) 
         assert pyloudnorm.Meter(rate).integrated_loudness(samples) == pytest.approx(-16, abs=0.5)
         assert 20 * np.log10(true_peak(samples, rate)) <= -1.0 + 0.05  # PCM16 rounding
         assert result.quality.output_lufs == pytest.approx(-16, abs=0.5)
+
+
+DELIVERED_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+
+
+def independent_true_peak_dbtp(samples: np.ndarray) -> float:
+    """BS.1770-4 Annex 2's 4x oversampling, here by FFT (ideal band-limited) interpolation: not
+    the worker's polyphase filter."""
+    upsampled = scipy.signal.resample(samples, 4 * samples.size)
+    return float(20 * np.log10(max(np.max(np.abs(upsampled)), np.max(np.abs(samples)))))
+
+
+@pytest.fixture
+def forced_settings(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The tiny model with every piece forced to 40 speech tokens (1.6 s): no runaways."""
+    monkeypatch.setenv("COSYQ_ENGINE", "tests.doubles.engines:tiny_forced")
+    return load_settings(env_file=None)
+
+
+def test_loudness_and_true_peak_hold_on_the_delivered_file_at_every_rate(
+    forced_settings: Settings,
+) -> None:
+    """Issue 45 item 9: the targets hold on the file (decoded and metered on its own), and the
+    result reports what the file measures, at every rate, PCM16 WAV and FLAC (and float32)."""
+    asked = [
+        {"sample_rate": rate, "format": fmt, "loudness_lufs": -16, "true_peak_dbtp": -1.0}
+        for rate in DELIVERED_RATES
+        for fmt in ("wav", "flac")
+    ]
+    asked += [  # loud enough that the limiter works: the issue's ceiling case, and float32
+        {"sample_rate": 48000, "format": "wav", "loudness_lufs": -5, "true_peak_dbtp": -0.1},
+        {"sample_rate": 8000, "format": "flac", "loudness_lufs": -9, "true_peak_dbtp": -0.5},
+        {"sample_rate": 44100, "format": "wav", "sample_format": "float32", "loudness_lufs": -20},
+    ]
+    with CosyqClient(forced_settings) as client:
+        ids = [client.submit({"text": TEXT, "seed": 21, **options}) for options in asked]
+        run_cosyq_burst(forced_settings)
+        for options, job_id in zip(asked, ids, strict=True):
+            result = client.result(job_id, timeout=5)
+            samples, rate = soundfile.read(urlparse(result.uri).path, dtype="float64")
+            assert rate == options["sample_rate"] == result.sample_rate
+            lufs = pyloudnorm.Meter(rate).integrated_loudness(samples)
+            peak = independent_true_peak_dbtp(samples)
+            ceiling = options.get("true_peak_dbtp", -1.0)
+            assert lufs == pytest.approx(options["loudness_lufs"], abs=0.5), options
+            assert peak <= ceiling, options
+            quality = result.quality
+            assert quality is not None and quality.output_lufs is not None, options
+            assert quality.output_lufs == pytest.approx(lufs, abs=0.05), options
+            assert quality.output_true_peak_dbtp is not None, options
+            assert quality.output_true_peak_dbtp == pytest.approx(peak, abs=0.2), options
+            assert quality.output_true_peak_dbtp <= ceiling, options

@@ -180,3 +180,23 @@ def test_trim_silence_moves_the_piece_spans_with_the_audio() -> None:
     assert (piece.text, piece.stop, piece.speech_tokens) == ("a long text", "stop_token", 25)
     assert report.trimmed_s == pytest.approx(2 * (1.0 - 0.15), abs=0.03)
     assert (samples.size - trimmed.samples.size) / RATE == report.trimmed_s
+
+
+def test_loudness_at_another_rate_resamples_first_and_keeps_the_spans_in_seconds() -> None:
+    """Issue 45 item 9: the levels are set on the delivered rate's samples, and the spans
+    (captions) move to that rate with the same times."""
+    speech = output(1.0)
+    samples = np.concatenate([np.zeros(RATE // 2, np.float32), speech.samples])
+    made = SynthesisOutput(
+        samples=samples,
+        sample_rate=RATE,
+        pieces=[PieceSpan("a long text", RATE // 2, RATE // 2 + RATE, 25, "stop_token", 0.0)],
+    )
+    asked = {"text": "a long text", "loudness_lufs": -16, "sample_rate": 8000}
+    request = validate_request(asked, RequestLimits())
+    report = QualityReport(verdict="ok")
+    delivered, report = process_audio(made, request, load_settings(env_file=None), report)
+    [piece] = delivered.pieces
+    assert delivered.sample_rate == 8000 and delivered.samples.size == samples.size // 3
+    assert (piece.start / 8000, piece.end / 8000) == (0.5, 1.5)
+    assert report.output_lufs == pytest.approx(-16.0, abs=0.1)

@@ -20,6 +20,7 @@ from workers.tools.bench import DEFAULT_TEXT
 # Modules exposing `register_bench(commands)`; e.g. "workers.tools.bench.queue_cli" (`bench queue`).
 SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.queue_cli",
+    "workers.tools.bench.start_cli",
     "workers.tools.bench.soak_cli",
     "workers.tools.bench.quantization_cli",
     "workers.tools.bench.batch_cli",
