@@ -68,6 +68,7 @@ def state(client: CosyqClient, document_id: str) -> str:
 def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
     """Settings for workers the test starts itself (none yet)."""
     overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100", "COSYQ_DOCUMENT_ASSEMBLY_GRACE_S": "1"}
+    overrides["COSYQ_WEBHOOK_ALLOW_PRIVATE"] = "1"  # the receiver is on loopback
     cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
     try:
         yield cluster
@@ -142,6 +143,7 @@ def test_a_document_tells_its_webhook_of_its_ends_never_of_its_segments(
     with webhook_receiver() as receiver:
         overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100", "COSYQ_WEBHOOK_SECRET": SECRET}
         overrides["COSYQ_WEBHOOK_ALLOWED_URLS"] = receiver.url
+        overrides["COSYQ_WEBHOOK_ALLOW_PRIVATE"] = "1"  # the receiver is on loopback
         with (
             pool_of_two(redis_url, tmp_path, overrides) as cluster,
             CosyqClient(client_settings(cluster, monkeypatch)) as client,

@@ -35,7 +35,11 @@ def test_permanent_error_fails_once_with_a_short_reason(
     assert worker.wait(timeout=60) == 0
     for job, reason in (
         (bad, "text: the test engine refuses this text"),
-        (unknown_voice, "voice: no voice named 'nobody' is registered (cosyq voices list)"),
+        (
+            unknown_voice,
+            "voice: no voice named 'nobody' is registered for tenant default or shared "
+            "(cosyq voices list, GET /v1/audio/voices)",
+        ),
         (missing_prompt, f"{missing}: no such file"),
         (
             outside_prompt,

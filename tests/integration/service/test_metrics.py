@@ -45,16 +45,19 @@ def test_pool_metrics_sum_every_child_and_survive_recycling(
     jobs = [*good, flaky]
     wait_for(lambda: statuses(connection, jobs) == ["finished"] * len(jobs), 90, "jobs done")
     wait_for(lambda: statuses(connection, bad) == ["failed"] * 2, 30, "bad jobs failed")
+
     # Recycled children are gone; two fresh ones idle (their state is published each tick).
     # An idle child told to retire leaves within COSYQ_DEQUEUE_POLL_S: wait for its exit too.
-    result = scrape_when(
-        port,
-        lambda s: (
-            s.value("cosyq_workers", state="idle") == 2
-            and bool(named(cluster.events("pool.log"), "slot_exited"))
-        ),
-        "a recycled child gone and two idle workers",
-    )
+    # A child asked to retire keeps working until the pool grants it (its replacement ready),
+    # so wait until every recycle counted has its child gone and its replacement loaded.
+    def settled(s: Scrape) -> bool:
+        recycled = s.value("cosyq_worker_recycles_total", reason="max_jobs")
+        gone = len(named(cluster.events("pool.log"), "slot_exited"))
+        loads = s.value("cosyq_model_load_seconds_count")
+        idle = s.value("cosyq_workers", state="idle")
+        return idle == 2 and recycled >= 1 and gone >= recycled and loads >= 2 + recycled
+
+    result = scrape_when(port, settled, "every recycled child gone, two idle workers")
     queue = "cosyq-default"
     assert result.value("cosyq_jobs_total", queue=queue, outcome="finished") == 9
     assert result.value("cosyq_jobs_total", queue=queue, outcome="failed") == 2
