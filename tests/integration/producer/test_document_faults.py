@@ -5,8 +5,10 @@ own webhook events (failed, then finished after a retry; canceled) in place of i
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,6 +83,17 @@ def settings(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Settings:
     return client_settings(cluster, monkeypatch)
 
 
+@pytest.fixture
+def short_marker() -> Iterator[Path]:
+    """A `refuse:` marker path short enough that its sentence is one segment of 100
+    characters (a pytest tmp_path under xdist is long enough to be split mid-directive)."""
+    folder = Path(tempfile.mkdtemp(prefix="cq"))
+    try:
+        yield folder / "m"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.timeout(180)
 def test_a_worker_killed_before_the_assembly_enqueue_leaves_no_document_assembling(
     cluster: Cluster, settings: Settings, redis_url: str
@@ -103,13 +116,13 @@ def test_a_worker_killed_before_the_assembly_enqueue_leaves_no_document_assembli
 
 @pytest.mark.timeout(300)
 def test_a_failed_assembly_needs_one_retry_over_http(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short_marker: Path
 ) -> None:
     from fastapi.testclient import TestClient  # noqa: PLC0415 (cosyq[http])
 
     from producer.http.app import create_app  # noqa: PLC0415
 
-    marker = tmp_path / "refuse-marker"
+    marker = short_marker
     text = f"{PARAGRAPH}\n\nThen refuse:{marker} happens."
     overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100"}
     with (
@@ -136,9 +149,9 @@ def test_a_failed_assembly_needs_one_retry_over_http(
 
 @pytest.mark.timeout(300)
 def test_a_document_tells_its_webhook_of_its_ends_never_of_its_segments(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short_marker: Path
 ) -> None:
-    marker = tmp_path / "refuse-marker"
+    marker = short_marker
     text = f"{PARAGRAPH}\n\nThen refuse:{marker} happens."
     with webhook_receiver() as receiver:
         overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100", "COSYQ_WEBHOOK_SECRET": SECRET}
