@@ -19,6 +19,7 @@ NON_SETTINGS_VARIABLES = frozenset(
     {
         "COSYQ_PYTHON",  # scripts/env.sh: the interpreter that creates .venv
         "COSYQ_REFERENCE_DIR",  # tests: the CosyVoice 2 reference set
+        "COSYQ_REFERENCE3_DIR",  # tests: the CosyVoice 3 reference set
         "COSYQ_REQUIRE_REFERENCE",  # tests/CI: fail (not skip) when the reference set is missing
     }
 )

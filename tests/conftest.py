@@ -37,14 +37,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileSche
     return FilesAndConversionScheduling(config, log)
 
 
-def find_reference_dir() -> Path | None:
-    """The official-format reference set: $COSYQ_REFERENCE_DIR, else ../shared beside the repo."""
-    candidates = [os.environ.get("COSYQ_REFERENCE_DIR"), REPO_ROOT.parent / "shared"]
+def find_reference_dir(
+    variable: str = "COSYQ_REFERENCE_DIR", name: str = "cosyvoice2-reference"
+) -> Path | None:
+    """An official-format reference set: $variable, else ../shared/<name> beside the repo."""
+    candidates = [os.environ.get(variable), REPO_ROOT.parent / "shared"]
     for candidate in candidates:
         if not candidate:
             continue
         path = Path(candidate)
-        for folder in (path, path / "cosyvoice2-reference"):
+        for folder in (path, path / name):
             if (folder / "config.json").is_file():
                 return folder
     return None
@@ -84,6 +86,18 @@ def reference_dir() -> Path:
     found = find_reference_dir()
     if found is None:
         reason = "CosyVoice 2 reference set not found: set COSYQ_REFERENCE_DIR to its folder"
+        if os.environ.get("COSYQ_REQUIRE_REFERENCE") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return found
+
+
+@pytest.fixture(scope="session")
+def reference3_dir() -> Path:
+    """The CosyVoice 3 reference set: $COSYQ_REFERENCE3_DIR, else ../shared beside the repo."""
+    found = find_reference_dir("COSYQ_REFERENCE3_DIR", "cosyvoice3-reference")
+    if found is None:
+        reason = "CosyVoice 3 reference set not found: set COSYQ_REFERENCE3_DIR to its folder"
         if os.environ.get("COSYQ_REQUIRE_REFERENCE") == "1":
             pytest.fail(reason)
         pytest.skip(reason)

@@ -29,7 +29,12 @@ from shared.submitted import record_submitted
 from shared.tenants import TENANT_META_KEY, tenant_of_queue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ALLOWED_PARENT_COSYQ = {"COSYQ_REFERENCE_DIR", "COSYQ_REQUIRE_REFERENCE", "COSYQ_PYTHON"}
+ALLOWED_PARENT_COSYQ = {
+    "COSYQ_REFERENCE_DIR",
+    "COSYQ_REFERENCE3_DIR",
+    "COSYQ_REQUIRE_REFERENCE",
+    "COSYQ_PYTHON",
+}
 
 
 def write_model_dir(folder: Path) -> Path:
