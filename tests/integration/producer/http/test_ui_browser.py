@@ -10,6 +10,7 @@ on another's order.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 from collections.abc import Iterator
@@ -160,7 +161,7 @@ def _judge_by_key(browser: object, key: str) -> str:
 def test_a_suspect_job_is_played_accepted_and_regenerated(front: Front, browser: object) -> None:
     from selenium.webdriver.common.by import By  # noqa: PLC0415
 
-    jobs = [submit(front, ACME, "First suspect line."), submit(front, ACME, "Second one here.")]
+    jobs = [submit(front, ACME, f"Suspect line number {n}.") for n in ("one", "two", "three")]
     for job_id in jobs:
         wait_done(front, ACME, job_id)
     sign_in(browser, front, ACME, name="Ann")
@@ -197,6 +198,12 @@ def test_a_suspect_job_is_played_accepted_and_regenerated(front: Front, browser:
     assert new.kwargs["request"]["seed"] != old.kwargs["request"].get("seed")
     assert new.meta[keys.SUBMIT_META_KEY] is not None and new.origin.endswith(".acme")
     wait_done(front, ACME, new_id)  # a real job of acme's, through the normal path
+
+    browser.get(_local(front) + "/ui/suspects")  # type: ignore[attr-defined]
+    failed = _judge_by_key(browser, "f")
+    record = json.loads(connection(front).get(keys.JUDGEMENT_PREFIX + failed) or b"{}")
+    assert record["action"] == "failed" and record["by"] == "Ann (tenant acme)"
+    assert failed not in {accepted, next_id}
 
 
 def _worker_states(browser: object, front: Front) -> dict[str, str]:
@@ -287,6 +294,37 @@ def test_a_documents_lost_segment_is_retried_from_its_page(front: Front, browser
     browser.refresh()  # type: ignore[attr-defined]
     link = browser.find_element(By.CSS_SELECTOR, "#segment-1 a.segment-job")  # type: ignore[attr-defined]
     assert link.get_attribute("href").endswith(f"/ui/jobs/{redone}")
+
+
+def test_a_session_post_needs_its_token_and_its_origin(front: Front) -> None:
+    """A signed-in browser's judgement needs the session's CSRF token and a same-origin POST;
+    neither alone does anything."""
+    job_id = submit(front, ACME, "Token check line.")
+    wait_done(front, ACME, job_id)
+    with httpx.Client(base_url=front.url, timeout=30) as http:
+        signed = http.post("/ui/signin", data={"key": ACME})
+        assert signed.status_code == 303
+        session = signed.headers["set-cookie"].split(";", 1)[0]  # cosyq_ui=<id>
+        assert ACME not in signed.headers["set-cookie"]
+        page = http.get(f"/ui/jobs/{job_id}", headers={"Cookie": session}).text
+        token = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert token is not None
+        judge = f"/ui/jobs/{job_id}/judge"
+        for headers, data in (
+            ({"Cookie": session}, {"action": "accepted"}),
+            ({"Cookie": session}, {"action": "accepted", "csrf": "forged"}),
+            (
+                {"Cookie": session, "Origin": "http://evil.example"},
+                {"action": "accepted", "csrf": token[1]},
+            ),
+        ):
+            assert http.post(judge, headers=headers, data=data).status_code == 403
+            assert connection(front).get(keys.JUDGEMENT_PREFIX + job_id) is None
+        done = http.post(
+            judge, headers={"Cookie": session}, data={"action": "accepted", "csrf": token[1]}
+        )
+        assert done.status_code == 303
+        assert connection(front).get(keys.JUDGEMENT_PREFIX + job_id) is not None
 
 
 def test_bearer_callers_and_the_schema(front: Front) -> None:
