@@ -114,17 +114,17 @@ def record_outcome(connection: Redis, outcome: Outcome, *, at: float | None = No
     summary = {SUMMARY_VERDICT: outcome.verdict, SUMMARY_AUDIO_S: round(outcome.audio_s, 3)}
     with connection.pipeline(transaction=False) as pipe:
         pipe.set(keys.JOB_SUMMARY_PREFIX + outcome.job_id, json.dumps(summary), ex=_ttl(outcome))
-        _count_minute(pipe, stamp, jobs=1, audio_s=outcome.audio_s)
+        _count_minute(pipe, stamp, outcome.tenant, jobs=1, audio_s=outcome.audio_s)
         if outcome.verdict == "suspect":
             for tenant in (None, outcome.tenant) if outcome.tenant else (None,):
                 pipe.zadd(owned(keys.SUSPECT_INDEX, tenant), {outcome.job_id: stamp})
         pipe.execute()
 
 
-def record_failure(connection: Redis, *, at: float | None = None) -> None:
-    """One failed job in this minute's throughput."""
+def record_failure(connection: Redis, tenant: str | None, *, at: float | None = None) -> None:
+    """One failed job (of `tenant`) in this minute's throughput."""
     with connection.pipeline(transaction=False) as pipe:
-        _count_minute(pipe, time.time() if at is None else at, failed=1)
+        _count_minute(pipe, time.time() if at is None else at, tenant, failed=1)
         pipe.execute()
 
 
@@ -133,15 +133,27 @@ def _ttl(outcome: Outcome) -> int:
 
 
 def _count_minute(
-    pipe: Pipeline, stamp: float, *, jobs: int = 0, audio_s: float = 0.0, failed: int = 0
+    pipe: Pipeline,
+    stamp: float,
+    tenant: str | None,
+    *,
+    jobs: int = 0,
+    audio_s: float = 0.0,
+    failed: int = 0,
 ) -> None:
-    key = keys.THROUGHPUT_PREFIX + str(int(stamp // 60))
-    if jobs:
-        pipe.hincrby(key, "jobs", jobs)
-        pipe.hincrbyfloat(key, "audio_s", audio_s)
-    if failed:
-        pipe.hincrby(key, "failed", failed)
-    pipe.expire(key, THROUGHPUT_KEEP_S)
+    """The minute's counts, for the fleet and for the tenant (a tenant sees only its own)."""
+    for owner in (None, tenant) if tenant else (None,):
+        key = _minute_key(owner, int(stamp // 60))
+        if jobs:
+            pipe.hincrby(key, "jobs", jobs)
+            pipe.hincrbyfloat(key, "audio_s", audio_s)
+        if failed:
+            pipe.hincrby(key, "failed", failed)
+        pipe.expire(key, THROUGHPUT_KEEP_S)
+
+
+def _minute_key(tenant: str | None, minute: int) -> str:
+    return keys.THROUGHPUT_PREFIX + (f"{tenant}:" if tenant else "") + str(minute)
 
 
 @dataclass(frozen=True)
@@ -152,13 +164,20 @@ class Minute:
     failed: int
 
 
-def throughput(connection: Redis, *, minutes: int = 60, now: float | None = None) -> list[Minute]:
-    """The last `minutes` minutes, oldest first (a minute with nothing done reads zero)."""
+def throughput(
+    connection: Redis,
+    tenant: str | None = None,
+    *,
+    minutes: int = 60,
+    now: float | None = None,
+) -> list[Minute]:
+    """The last `minutes` minutes of the fleet (or of `tenant`), oldest first (a minute with
+    nothing done reads zero)."""
     last = int((time.time() if now is None else now) // 60)
     starts = list(range(last - minutes + 1, last + 1))
     with connection.pipeline(transaction=False) as pipe:
         for minute in starts:
-            pipe.hgetall(keys.THROUGHPUT_PREFIX + str(minute))
+            pipe.hgetall(_minute_key(tenant, minute))
         rows = pipe.execute()
     found = []
     for minute, row in zip(starts, rows, strict=True):
@@ -191,6 +210,19 @@ def save_judgement(
         for owner in (None, tenant) if tenant else (None,):
             pipe.zrem(owned(keys.SUSPECT_INDEX, owner), job_id)
         pipe.execute()
+
+
+def claim_judgement(
+    connection: Redis, job_id: str, record: dict[str, Any], *, keep_s: float
+) -> bool:
+    """Take the job's judgement for `record` (SET NX): False when someone judged it first."""
+    key = keys.JUDGEMENT_PREFIX + job_id
+    return bool(connection.set(key, json.dumps(record), nx=True, ex=max(1, int(keep_s))))
+
+
+def release_judgement(connection: Redis, job_id: str) -> None:
+    """Give a claimed judgement back (its action could not be carried out)."""
+    connection.delete(keys.JUDGEMENT_PREFIX + job_id)
 
 
 def judgement_of(connection: Redis, job_id: str) -> dict[str, Any] | None:

@@ -64,7 +64,9 @@ JUDGEMENT_PREFIX = PREFIX + "judgement:"  # + job id -> JSON: accepted/regenerat
 STOPPED_WORKERS = PREFIX + "index:workers-stopped"  # sorted set: worker name -> when it stopped
 STOPPED_WORKER_STATS = PREFIX + "index:workers-stopped-stats"  # hash: name -> its last stats JSON
 UI_SESSION_PREFIX = PREFIX + "ui-session:"  # + sha256(session id) -> JSON: who signed in, csrf
-THROUGHPUT_PREFIX = PREFIX + "throughput:"  # + unix minute -> hash: jobs, audio_s, failed
+THROUGHPUT_PREFIX = (
+    PREFIX + "throughput:"
+)  # + [tenant ":"] unix minute -> hash: jobs, audio_s, failed
 QUOTA_PREFIX = PREFIX + "quota"  # + ":" + the `limits` library's key: a tenant's request window
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).

@@ -3,6 +3,7 @@ state) and its retry and cancel buttons (as POST /v1/documents/{id}:retry and DE
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -13,10 +14,11 @@ from starlette.concurrency import run_in_threadpool
 from producer.documents import DocumentStatus
 from producer.http.context import Context
 from producer.http.documents import check_document_owner
-from producer.http.storage_read import check_under_storage
+from producer.http.storage_read import check_under_storage, stored_response
 from producer.http.ui import listing
 from producer.http.ui.access import UiCaller, check_post
 from producer.http.ui.render import render
+from shared.audio import CONTENT_TYPES
 from shared.document_state import DocumentPlanRecord, document_key, load_plan
 from shared.errors import ObjectNotFoundError, StorageError
 
@@ -30,6 +32,7 @@ class SegmentView:
     job_id: str | None
     verdict: str | None
     failure: str | None
+    span: tuple[float, float] | None  # where it lies in the assembled file (seconds)
 
 
 @router.get("/ui/documents")
@@ -50,6 +53,7 @@ async def documents_page(
 def _segments(
     context: Context, plan: DocumentPlanRecord, status: DocumentStatus
 ) -> list[SegmentView]:
+    spans = _spans(context, status)
     raw: Any = context.connection.hgetall(document_key(plan.document_id, "jobs"))
     jobs = {int(k): v.decode() for k, v in raw.items()}
     failures = {f.index: f.reason for f in status.failures}
@@ -61,9 +65,26 @@ def _segments(
             job_id=jobs.get(segment.index),
             verdict=verdicts[segment.index] if segment.index < len(verdicts) else None,
             failure=failures.get(segment.index),
+            span=spans.get(segment.index),
         )
         for segment in plan.segments
     ]
+
+
+def _spans(context: Context, status: DocumentStatus) -> dict[int, tuple[float, float]]:
+    """Each segment's (start, end) in the assembled file, from its manifest ({} before
+    assembly: each segment then plays from its own job's audio)."""
+    if status.result is None:
+        return {}
+    try:
+        check_under_storage(context, status.result.manifest_uri)
+        manifest = json.loads(context.storage.get(status.result.manifest_uri))
+        return {
+            int(s["index"]): (float(s["start_s"]), float(s["end_s"]))
+            for s in manifest.get("segments", [])
+        }
+    except (ObjectNotFoundError, StorageError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _captions(context: Context, status: DocumentStatus) -> str:
@@ -95,6 +116,16 @@ async def document_page(
         segments=segments,
         captions=captions,
     )
+
+
+@router.get("/ui/documents/{document_id}/audio")
+async def document_audio(caller: UiCaller, context: Context, document_id: str) -> Response:
+    await check_document_owner(context, document_id)
+    status = await run_in_threadpool(context.client.document_status, document_id)
+    if status.result is None:
+        return Response("not assembled", status_code=404, media_type="text/plain")
+    media = CONTENT_TYPES[status.result.format]
+    return await stored_response(context, status.result.uri, media, {}, document_id)
 
 
 @router.post("/ui/documents/{document_id}/{action}")

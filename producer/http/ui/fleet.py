@@ -57,7 +57,7 @@ def fleet(connection: redis.Redis, settings: Settings, tenant: str | None) -> Fl
         if tenant is None
         else tenants.tenant_queues(tenant)
     )
-    minutes = throughput(connection)
+    minutes = throughput(connection, tenant)  # an operator's: the fleet's
     rates = [m.audio_s / 60.0 for m in minutes]
     jobs = [float(m.jobs) for m in minutes]
     return Fleet(

@@ -22,7 +22,14 @@ from producer.tracking import JobStatus, tenant_of_job
 from shared import keys
 from shared.document_state import DOCUMENT_META_KEY
 from shared.errors import InvalidRequestError
-from shared.job_index import JUDGEMENTS, judgement_of, owned, save_judgement
+from shared.job_index import (
+    JUDGEMENTS,
+    claim_judgement,
+    judgement_of,
+    owned,
+    release_judgement,
+    save_judgement,
+)
 from shared.tenants import DEFAULT_TENANT
 
 SEED_LIMIT = 2**31  # a request's seed is a non-negative 31-bit integer
@@ -68,11 +75,19 @@ def judge(client: CosyqClient, job: Job, view: JobView, action: str, who: str) -
         raise InvalidRequestError(f"action: one of {', '.join(JUDGEMENTS)}, not {action!r}")
     if not view.suspect:
         raise InvalidRequestError(f"job {job.id}: only a suspect result is judged")
+    if view.judgement is not None:  # a second click, or two people at once: the first stands
+        raise InvalidRequestError(f"job {job.id}: already {view.judgement.get('action')}")
     tenant = tenant_of_job(job)
     record: dict[str, Any] = {"action": action, "by": who, "at": time.time()}
-    if action == "regenerated":
-        record["new_job"] = regenerate(client, job, view, tenant or DEFAULT_TENANT)
     keep_s = max(client.settings.result_ttl_s, client.settings.failure_ttl_s)
+    if not claim_judgement(client.connection, job.id, record, keep_s=keep_s):
+        raise InvalidRequestError(f"job {job.id}: someone judged it first")
+    if action == "regenerated":
+        try:
+            record["new_job"] = regenerate(client, job, view, tenant or DEFAULT_TENANT)
+        except BaseException:
+            release_judgement(client.connection, job.id)  # nothing was submitted
+            raise
     save_judgement(client.connection, job.id, tenant, record, keep_s=keep_s)
     return record
 

@@ -50,7 +50,8 @@ def test_suspects_wait_until_judged_and_minutes_count(redis_url: str) -> None:
     connection = redis.Redis.from_url(redis_url)
     record_outcome(connection, Outcome("j1", "acme", 2.5, "suspect", 60), at=600.0)
     record_outcome(connection, Outcome("j2", "acme", 1.5, "ok", 60), at=610.0)
-    record_failure(connection, at=615.0)
+    record_failure(connection, "acme", at=615.0)
+    record_outcome(connection, Outcome("b1", "beta", 9.0, "ok", 60), at=612.0)
     assert connection.zrange(keys.SUSPECT_INDEX + ":acme", 0, -1) == [b"j1"]
     assert connection.zrange(keys.SUSPECT_INDEX, 0, -1) == [b"j1"]
     assert [s.get("verdict") for s in summaries(connection, ["j1", "j2", "gone"])] == [
@@ -58,8 +59,10 @@ def test_suspects_wait_until_judged_and_minutes_count(redis_url: str) -> None:
         "ok",
         None,
     ]
-    minute = throughput(connection, minutes=2, now=650.0)[-1]
-    assert (minute.jobs, minute.audio_s, minute.failed) == (2, 4.0, 1)
+    minute = throughput(connection, "acme", minutes=2, now=650.0)[-1]
+    assert (minute.jobs, minute.audio_s, minute.failed) == (2, 4.0, 1)  # acme's alone
+    fleet = throughput(connection, minutes=2, now=650.0)[-1]
+    assert (fleet.jobs, fleet.audio_s, fleet.failed) == (3, 13.0, 1)
 
     save_judgement(connection, "j1", "acme", {"action": "accepted", "by": "ann"}, keep_s=60)
     assert connection.zcard(keys.SUSPECT_INDEX + ":acme") == 0

@@ -31,6 +31,20 @@
       });
     }
   }
+  var whole = document.getElementById("document-player");
+  if (whole) {
+    var stopAt = null;
+    whole.addEventListener("timeupdate", function () {
+      if (stopAt !== null && whole.currentTime >= stopAt) { whole.pause(); stopAt = null; }
+    });
+    document.querySelectorAll(".segment-play").forEach(function (button) {
+      button.addEventListener("click", function () {
+        whole.currentTime = parseFloat(button.dataset.start);
+        stopAt = parseFloat(button.dataset.end);
+        whole.play();
+      });
+    });
+  }
   var judge = document.getElementById("judge");
   if (judge) {
     document.addEventListener("keydown", function (event) {

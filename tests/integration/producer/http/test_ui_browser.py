@@ -158,6 +158,10 @@ def _judge_by_key(browser: object, key: str) -> str:
     return job_id
 
 
+def judgement(front: Front, job_id: str) -> dict:
+    return json.loads(connection(front).get(keys.JUDGEMENT_PREFIX + job_id) or b"{}")
+
+
 def test_a_suspect_job_is_played_accepted_and_regenerated(front: Front, browser: object) -> None:
     from selenium.webdriver.common.by import By  # noqa: PLC0415
 
@@ -166,7 +170,9 @@ def test_a_suspect_job_is_played_accepted_and_regenerated(front: Front, browser:
         wait_done(front, ACME, job_id)
     sign_in(browser, front, ACME, name="Ann")
     browser.get(_local(front) + "/ui/suspects")  # type: ignore[attr-defined]
-    assert "?queue=1" in browser.current_url  # type: ignore[attr-defined]
+    assert "?queue=1" in browser.current_url  # type: ignore[attr-defined]  # the judging queue
+
+    browser.get(_local(front) + f"/ui/jobs/{jobs[0]}?queue=1")  # type: ignore[attr-defined]
     assert browser.find_element(By.ID, "verdict").text == "suspect"  # type: ignore[attr-defined]
     played = browser.execute_async_script(  # type: ignore[attr-defined]
         "const done = arguments[0]; const p = document.getElementById('player');"
@@ -177,33 +183,30 @@ def test_a_suspect_job_is_played_accepted_and_regenerated(front: Front, browser:
         "return document.getElementById('spectrogram').naturalWidth"
     )
     assert width == 1000
-
-    accepted = _judge_by_key(browser, "a")
-    record = json.loads(connection(front).get(keys.JUDGEMENT_PREFIX + accepted) or b"{}")
+    assert _judge_by_key(browser, "a") == jobs[0]  # A: accepted, and on to the next suspect
+    assert "/ui/jobs/" in browser.current_url or "/ui/suspects" in browser.current_url  # type: ignore[attr-defined]
+    record = judgement(front, jobs[0])
     assert record["action"] == "accepted" and record["by"] == "Ann (tenant acme)"
+    assert str(jobs[0]).encode() not in connection(front).zrange(keys.SUSPECT_INDEX, 0, -1)
 
-    # the queue moved on to the next suspect: regenerate it with the button
-    next_id = browser.find_element(By.ID, "job-id").text  # type: ignore[attr-defined]
-    assert next_id != accepted
-    browser.get(_local(front) + f"/ui/jobs/{next_id}")  # type: ignore[attr-defined]
+    browser.get(_local(front) + f"/ui/jobs/{jobs[1]}")  # type: ignore[attr-defined]
     browser.find_element(By.ID, "judge-regenerated").click()  # type: ignore[attr-defined]
     new_id = browser.find_element(By.ID, "new-job").get_attribute("href").rsplit("/", 1)[1]  # type: ignore[attr-defined]
-    record = json.loads(connection(front).get(keys.JUDGEMENT_PREFIX + next_id) or b"{}")
+    record = judgement(front, jobs[1])
     assert record["action"] == "regenerated" and record["new_job"] == new_id
     old, new = (
         Job.fetch(i, connection=connection(front), serializer=JSONSerializer)
-        for i in (next_id, new_id)
+        for i in (jobs[1], new_id)
     )
     assert new.kwargs["request"]["text"] == old.kwargs["request"]["text"]
     assert new.kwargs["request"]["seed"] != old.kwargs["request"].get("seed")
     assert new.meta[keys.SUBMIT_META_KEY] is not None and new.origin.endswith(".acme")
     wait_done(front, ACME, new_id)  # a real job of acme's, through the normal path
 
-    browser.get(_local(front) + "/ui/suspects")  # type: ignore[attr-defined]
-    failed = _judge_by_key(browser, "f")
-    record = json.loads(connection(front).get(keys.JUDGEMENT_PREFIX + failed) or b"{}")
+    browser.get(_local(front) + f"/ui/jobs/{jobs[2]}?queue=1")  # type: ignore[attr-defined]
+    assert _judge_by_key(browser, "f") == jobs[2]
+    record = judgement(front, jobs[2])
     assert record["action"] == "failed" and record["by"] == "Ann (tenant acme)"
-    assert failed not in {accepted, next_id}
 
 
 def _worker_states(browser: object, front: Front) -> dict[str, str]:
@@ -272,8 +275,17 @@ def test_a_documents_lost_segment_is_retried_from_its_page(front: Front, browser
     sign_in(browser, front, ACME)
     browser.get(_local(front) + f"/ui/documents/{document_id}")  # type: ignore[attr-defined]
     assert "its job is gone" in browser.find_element(By.ID, "segment-1").text  # type: ignore[attr-defined]
-    segment_0 = browser.find_element(By.CSS_SELECTOR, "#segment-0 audio")  # type: ignore[attr-defined]
-    assert segment_0.get_attribute("src").endswith(f"/ui/jobs/{jobs[0]}/audio")
+    start = float(
+        browser.find_element(By.CSS_SELECTOR, "#segment-0 .segment-play").get_attribute(
+            "data-start"
+        )  # type: ignore[attr-defined]
+    )
+    played = browser.execute_async_script(  # type: ignore[attr-defined]
+        "const done = arguments[0]; const p = document.getElementById('document-player');"
+        "document.querySelector('#segment-0 .segment-play').click();"
+        "setTimeout(() => done(p.paused ? -1 : p.currentTime), 700);"
+    )
+    assert played >= start  # segment 0 plays from its span of the assembled file
     browser.find_element(By.ID, "document-retry").click()  # type: ignore[attr-defined]
 
     redone = wait_for(
@@ -325,6 +337,11 @@ def test_a_session_post_needs_its_token_and_its_origin(front: Front) -> None:
         )
         assert done.status_code == 303
         assert connection(front).get(keys.JUDGEMENT_PREFIX + job_id) is not None
+        again = http.post(  # a second click: the first judgement stands
+            judge, headers={"Cookie": session}, data={"action": "failed", "csrf": token[1]}
+        )
+        assert again.status_code == 400 and "judged" in again.text
+        assert judgement(front, job_id)["action"] == "accepted"
 
 
 def test_bearer_callers_and_the_schema(front: Front) -> None:
