@@ -340,7 +340,7 @@ def test_a_session_post_needs_its_token_and_its_origin(front: Front) -> None:
         again = http.post(  # a second click: the first judgement stands
             judge, headers={"Cookie": session}, data={"action": "failed", "csrf": token[1]}
         )
-        assert again.status_code == 400 and "judged" in again.text
+        assert again.status_code == 400 and "already accepted" in again.text
         assert judgement(front, job_id)["action"] == "accepted"
 
 
