@@ -38,6 +38,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "producer.commands.voices",  # voices list|add|rm
     "producer.commands.serve",  # serve (the HTTP front; needs cosyq[http])
     "producer.commands.webhooks",  # webhooks run|failed
+    "producer.commands.bench_ui",  # bench ui (the /ui page with many jobs in Redis)
 )
 
 PIPED_WIDTH = 160  # columns for tables when stdout is not a terminal

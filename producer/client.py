@@ -48,6 +48,7 @@ from shared.errors import (
     TenantQuotaError,
     UnknownTenantError,
 )
+from shared.job_index import index_jobs
 from shared.jobs import (
     RequestLimits,
     SynthesisRequest,
@@ -273,6 +274,8 @@ class CosyqClient:
         if prelude is not None:
             prelude(pipe)
         record_submitted(pipe, [job.job_id for job in fresh])
+        keep_s = max(self.settings.result_ttl_s, self.settings.failure_ttl_s)  # RQ's TTLs
+        index_jobs(pipe, self.tenant, [job.job_id for job in fresh], keep_s=keep_s)
         mark_enqueued(pipe, _claims(fresh, self.tenant))
         for name, queue in self._queues.items():
             datas = [self._enqueue_data(job) for job in fresh if job.queue == name]

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import redis
+from redis.client import Pipeline
 
 from producer.cancel import CancelOutcome
 from producer.idempotency import release as release_idempotency_key
@@ -55,6 +56,7 @@ from shared.documents import (
 )
 from shared.documents import document_key as output_base_key
 from shared.errors import InvalidRequestError, ResultTimeoutError
+from shared.job_index import index_document
 from shared.jobs import RequestLimits, validate_request
 from shared.output_keys import place_output_key, tenant_prefix
 from shared.settings import Settings
@@ -215,8 +217,14 @@ def _enqueue_document(
     )
     ids, ttl = [job.job_id for job in planned], client.settings.result_ttl_s
     client.submit_planned(
-        planned, whole=True, prelude=lambda pipe: save_plan(pipe, record, ids, ttl)
+        planned, whole=True, prelude=lambda pipe: _prelude(pipe, record, ids, ttl)
     )
+
+
+def _prelude(pipe: Pipeline, record: DocumentPlanRecord, ids: list[str], ttl: int) -> None:
+    """The plan, and the document in the operator page's index (shared/job_index.py)."""
+    save_plan(pipe, record, ids, ttl)
+    index_document(pipe, record.tenant or DEFAULT_TENANT, record.document_id, keep_s=ttl)
 
 
 def document_status(client: CosyqClient, document_id: str) -> DocumentStatus:

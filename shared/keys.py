@@ -54,6 +54,19 @@ WEBHOOK_GROUP = "cosyq-webhooks"  # the dispatchers' consumer group on the outbo
 WEBHOOK_RETRY = PREFIX + "webhooks:retry"  # sorted set: delivery JSON scored by its next try
 WEBHOOK_DEAD = PREFIX + "webhooks:dead"  # hash: webhook id -> delivery JSON with why it died
 WEBHOOK_EVENT_SEEN_PREFIX = PREFIX + "webhooks:seen:"  # + webhook id: its event was appended
+# The operator's page (shared/job_index.py): jobs and documents by submit time, all and per
+# tenant (+ ":" tenant), suspect results waiting for a judgement, judgements, throughput per minute
+JOB_INDEX = PREFIX + "index:jobs"  # [+ ":" tenant]: sorted set, job id -> submit time
+DOCUMENT_INDEX = PREFIX + "index:documents"  # [+ ":" tenant]: document id -> submit time
+SUSPECT_INDEX = PREFIX + "index:suspects"  # [+ ":" tenant]: suspect job id -> when it finished
+JOB_SUMMARY_PREFIX = PREFIX + "index:summary:"  # + job id -> JSON: verdict, audio s (result TTL)
+JUDGEMENT_PREFIX = PREFIX + "judgement:"  # + job id -> JSON: accepted/regenerated/failed, by, at
+STOPPED_WORKERS = PREFIX + "index:workers-stopped"  # sorted set: worker name -> when it stopped
+STOPPED_WORKER_STATS = PREFIX + "index:workers-stopped-stats"  # hash: name -> its last stats JSON
+UI_SESSION_PREFIX = PREFIX + "ui-session:"  # + sha256(session id) -> JSON: who signed in, csrf
+THROUGHPUT_PREFIX = (
+    PREFIX + "throughput:"
+)  # + [tenant ":"] unix minute -> hash: jobs, audio_s, failed
 QUOTA_PREFIX = PREFIX + "quota"  # + ":" + the `limits` library's key: a tenant's request window
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).

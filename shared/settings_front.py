@@ -44,6 +44,16 @@ class FrontSettings(BaseModel):
     http_retry_after_s: int = Field(
         5, ge=0, description="the Retry-After of a 429 (a queue at COSYQ_MAX_QUEUE_DEPTH)"
     )
+    # The operator's page at /ui (producer/http/ui/)
+    ui_session_ttl_s: int = Field(
+        8 * 3600, gt=0, description="how long a /ui sign-in lasts (its session in Redis)"
+    )
+    ui_page_size: int = Field(50, gt=0, le=500, description="rows per page of the /ui lists")
+    ui_scan_limit: int = Field(
+        2000,
+        gt=0,
+        description="most index entries one filtered /ui list page reads to fill its rows",
+    )
 
     # Webhooks (a request's `webhook`; delivered by `cosyq webhooks run` or `cosyq serve`)
     webhook_allowed_urls: str | None = Field(

@@ -20,7 +20,9 @@ from rq import get_current_job
 
 from shared import keys
 from shared.audio import EncodedAudio
+from shared.connection import REDIS_OUTAGE
 from shared.errors import InvalidRequestError
+from shared.job_index import Outcome, record_outcome
 from shared.jobs import (
     NATIVE_SAMPLE_RATE,
     SUPPORTED_SAMPLE_RATES,
@@ -264,6 +266,7 @@ def finish_synthesis(
         ).model_copy(update={"quality": report})
         _log_finished(request, result, synthesis_s=synthesized - prepared.started)
         metrics.record_quality(report.verdict, report.action, report.retries)
+        _record_outcome(runtime, context, result)
         if context.document is not None and context.connection is not None:
             record_finished_segment(context.connection, runtime.settings, context.document, result)
         return result
@@ -349,6 +352,20 @@ def _store(
         attempts=runtime.settings.storage_write_attempts,
         backoff=Backoff.from_settings(runtime.settings),
     )
+
+
+def _record_outcome(runtime: WorkerRuntime, context: JobContext, result: SynthesisResult) -> None:
+    """The operator page's summary and throughput (shared/job_index.py); a Redis blip here
+    costs the page a row, never the job its result."""
+    if context.connection is None:
+        return
+    verdict = result.quality.verdict if result.quality is not None else None
+    keep_s = runtime.settings.result_ttl_s
+    outcome = Outcome(result.job_id, context.tenant, result.duration_s, verdict, keep_s)
+    try:
+        record_outcome(context.connection, outcome)
+    except REDIS_OUTAGE as e:
+        log.warning("job_outcome_not_indexed", job_id=result.job_id, error=str(e))
 
 
 def _log_finished(

@@ -24,6 +24,7 @@ from producer.http.middleware import AccessLog, BodyLimit
 from producer.http.openapi import install_openapi
 from producer.http.responses import RESPONSE_MODELS
 from producer.http.speech import SpeechRequest
+from producer.http.ui import install_ui
 from producer.http.voices import VoiceUpload
 from shared.documents import DocumentRequest
 from shared.jobs import SynthesisRequest
@@ -69,6 +70,7 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     check_key = Depends(key_check)
     for router in KEYED_ROUTERS:
         app.include_router(router, dependencies=[check_key])
+    install_ui(app)  # /ui: its own sign-in, the same keys (producer/http/ui/access.py)
     install_openapi(
         app, REQUEST_MODELS, response_models=RESPONSE_MODELS, keyed_routers=KEYED_ROUTERS
     )

@@ -115,8 +115,7 @@ async def cancel_document(context: Context, document_id: str) -> DocumentStatusR
 async def retry_document(context: Context, document_id: str) -> DocumentStatusResponse:
     """Run again what failed (as `cosyq document retry`): the failed or lost segments, then
     the assembly; or the assembly alone when it failed. The document's status after it."""
-    if not JOB_ID_RE.fullmatch(document_id):
-        raise ApiError(404, "no such document", code="document_not_found")
+    await check_document_owner(context, document_id)  # another tenant's: 404, nothing redone
     try:
         await run_in_threadpool(context.client.retry_document, document_id)
     except DocumentNotFoundError as e:

@@ -28,8 +28,10 @@ from rq.utils import now
 from rq.worker import SimpleWorker
 
 from shared import keys
+from shared.job_index import record_failure
 from shared.logs import get_logger
 from shared.settings import Settings
+from shared.tenants import TENANT_META_KEY
 from workers.service import admission, metrics, outcomes, webhook_events
 from workers.service.dequeue import push_back
 from workers.service.housekeeping import Housekeeper
@@ -103,8 +105,18 @@ class AttemptBooks:
         if outcome is not None:
             seconds = time.monotonic() - attempt.began_at
             metrics.record_job(attempt.queue.name, outcome, seconds)
+            if outcome == "failed":
+                self._count_failure(attempt.job)
         self.housekeeper.end_job(attempt.job.id)
         self.on_end(model_idle)
+
+    def _count_failure(self, job: Job) -> None:
+        """A failure in the operator page's throughput chart (shared/job_index.py)."""
+        try:
+            tag = job.meta.get(TENANT_META_KEY)
+            record_failure(self.worker.connection, tag if isinstance(tag, str) else None)
+        except REDIS_OUTAGE as e:
+            log.warning("job_failure_not_counted", job_id=job.id, error=str(e))
 
     def refuse(
         self, job: Job, queue: Queue, refusal: admission.Refusal, *, model_idle: bool = True

@@ -27,6 +27,7 @@ from rq.job import Job
 from rq.queue import Queue
 
 from shared import keys
+from shared.job_index import record_stopped_worker
 from shared.logs import get_logger
 from workers.service import metrics
 from workers.service.host import rss_mb
@@ -138,8 +139,14 @@ class Housekeeper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(STOP_JOIN_TIMEOUT_S)
-        with contextlib.suppress(redis.RedisError):
-            self.connection.delete(self.stats_key)
+        stopped = {**self.stats.as_mapping(), "state": "stopped"}
+        with (
+            contextlib.suppress(redis.RedisError),
+            self.connection.pipeline(transaction=False) as pipe,
+        ):
+            pipe.delete(self.stats_key)
+            record_stopped_worker(pipe, self.stats.name, stopped)  # the /ui fleet view
+            pipe.execute()
 
     def set_state(self, state: WorkerState) -> None:
         self.stats.state = state

@@ -1,0 +1,158 @@
+"""The /ui pages: fleet, jobs (list, one job, its audio and pictures, judging), documents.
+
+Every route runs `caller_of` first (bearer key or session) and reads through the same
+`FrontContext` rules as the API: a tenant key reaches its own jobs and documents only (another
+tenant's answer as not found), an operator key every tenant's. Nothing here is in /openapi.json.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from producer.http.context import Context
+from producer.http.jobs import check_owner, checked_job_id
+from producer.http.storage_read import audio_response, check_under_storage
+from producer.http.ui import fleet as fleet_data
+from producer.http.ui import listing
+from producer.http.ui.access import UiCaller, check_post
+from producer.http.ui.judging import JobView, job_view, judge, next_suspect
+from producer.http.ui.pictures import decode, spectrogram_png, waveform_png
+from producer.http.ui.render import SECURITY_HEADERS, render
+from producer.http.ui.session import Caller
+
+router = APIRouter(include_in_schema=False)
+
+
+def _scope(caller: Caller) -> str | None:
+    """Whose index a list reads: every tenant's for an operator, else the caller's own."""
+    return None if caller.operator else caller.tenant
+
+
+@router.get("/ui")
+async def fleet_page(request: Request, caller: UiCaller, context: Context) -> Response:
+    data = await run_in_threadpool(
+        fleet_data.fleet, context.connection, context.settings, _scope(caller)
+    )
+    return render(request, "fleet.html", caller=caller, fleet=data, chart=fleet_data)
+
+
+@router.get("/ui/jobs")
+async def jobs_page(
+    request: Request,
+    *,
+    caller: UiCaller,
+    context: Context,
+    state: str = "",
+    verdict: str = "",
+    tenant: str = "",
+    voice: str = "",
+    since_h: str = "",
+    offset: int = 0,
+) -> Response:
+    wanted = listing.JobFilter(state, verdict, tenant, voice.strip(), _hours(since_h))
+    scope = _scope(caller) if not (caller.operator and tenant) else tenant
+    page = await run_in_threadpool(
+        listing.job_page,
+        context.connection,
+        scope,
+        wanted,
+        offset=max(0, offset),
+        size=context.settings.ui_page_size,
+        scan_limit=context.settings.ui_scan_limit,
+    )
+    return render(
+        request,
+        "jobs.html",
+        caller=caller,
+        page=page,
+        wanted=wanted,
+        states=listing.STATES,
+        verdicts=listing.VERDICTS,
+    )
+
+
+def _hours(raw: str) -> float | None:
+    """The list's "last hours" box: a positive number, else no time filter."""
+    try:
+        hours = float(raw)
+    except ValueError:
+        return None
+    return hours if 0 < hours < 1e6 else None
+
+
+async def _job(context: Context, job_id: str) -> JobView:
+    checked_job_id(job_id)
+    job = await run_in_threadpool(context.client.tracker.fetch, job_id)
+    status = await run_in_threadpool(context.client.status, job_id)
+    check_owner(context, job_id, status.tenant)  # another tenant's: no such job
+    return await run_in_threadpool(job_view, context.client, job, status)
+
+
+@router.get("/ui/jobs/{job_id}")
+async def job_page(
+    request: Request, caller: UiCaller, context: Context, job_id: str, queue: int = 0
+) -> Response:
+    view = await _job(context, job_id)
+    return render(request, "job.html", caller=caller, view=view, queue=bool(queue))
+
+
+@router.get("/ui/jobs/{job_id}/audio")
+async def job_audio(caller: UiCaller, context: Context, job_id: str) -> Response:
+    view = await _job(context, job_id)
+    if view.status.result is None:
+        return Response("no audio", status_code=404, media_type="text/plain")
+    return await audio_response(context, view.status.result)
+
+
+@router.get("/ui/jobs/{job_id}/{picture}.png")
+async def job_picture(caller: UiCaller, context: Context, job_id: str, picture: str) -> Response:
+    if picture not in ("waveform", "spectrogram"):
+        return Response("no such picture", status_code=404, media_type="text/plain")
+    view = await _job(context, job_id)
+    result = view.status.result
+    if result is None:
+        return Response("no audio", status_code=404, media_type="text/plain")
+    check_under_storage(context, result.uri)
+    data = await run_in_threadpool(context.storage.get, result.uri)
+    samples, rate = await run_in_threadpool(decode, data)
+    if picture == "waveform":
+        image = await run_in_threadpool(waveform_png, samples)
+    else:
+        image = await run_in_threadpool(spectrogram_png, samples, rate)
+    return Response(image, media_type="image/png", headers=SECURITY_HEADERS)
+
+
+@router.post("/ui/jobs/{job_id}/judge")
+async def judge_job(
+    request: Request,
+    *,
+    caller: UiCaller,
+    context: Context,
+    job_id: str,
+    action: Annotated[str, Form()],
+    csrf: Annotated[str, Form()] = "",
+    queue: Annotated[int, Form()] = 0,
+) -> Response:
+    check_post(request, caller, csrf)
+    view = await _job(context, job_id)
+    job = await run_in_threadpool(context.client.tracker.fetch, job_id)
+    await run_in_threadpool(judge, context.client, job, view, action, caller.who)
+    if queue:
+        following = await run_in_threadpool(next_suspect, context.client, _scope(caller), job_id)
+        if following is not None:
+            return RedirectResponse(f"/ui/jobs/{following}?queue=1", status_code=303)
+        return RedirectResponse("/ui/suspects", status_code=303)
+    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+
+
+@router.get("/ui/suspects")
+async def suspects(request: Request, caller: UiCaller, context: Context) -> Response:
+    """The judging queue: the oldest suspect waiting, or a page saying there is none."""
+    first = await run_in_threadpool(next_suspect, context.client, _scope(caller))
+    if first is not None:
+        return RedirectResponse(f"/ui/jobs/{first}?queue=1", status_code=303)
+    return render(request, "suspects.html", caller=caller)
