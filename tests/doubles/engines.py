@@ -173,14 +173,21 @@ def batching(settings: Any) -> Any:
 def tiny_forced(settings: Any) -> Any:
     """The real torch engine from the worker's settings, every piece forced to
     TESTENGINE_FORCED_TOKENS speech tokens (default 40): the random tiny LLM would otherwise
-    run to its cap of 20 tokens per text token, minutes on a busy test machine."""
+    run to its cap of 20 tokens per text token, minutes on a busy test machine. The flow
+    solves in TESTENGINE_FLOW_STEPS Euler steps (default 2, the model's 10 when "model"): the
+    flow is most of a tiny piece's time, and these tests check the service, not the audio."""
     import dataclasses  # noqa: PLC0415
 
     from workers.engine.pipeline import build_engine  # noqa: PLC0415 (torch only when used)
     from workers.service.default_engine import engine_options  # noqa: PLC0415
 
     forced = int(os.environ.get("TESTENGINE_FORCED_TOKENS", "40"))
-    options = dataclasses.replace(engine_options(settings), forced_speech_tokens=forced)
+    steps = os.environ.get("TESTENGINE_FLOW_STEPS", "2")
+    options = dataclasses.replace(
+        engine_options(settings),
+        forced_speech_tokens=forced,
+        flow_steps=None if steps == "model" else int(steps),
+    )
     return build_engine(
         settings.model_dir, device="cpu", options=options, hash_cache_dir=settings.hash_cache_dir
     )

@@ -78,6 +78,7 @@ class EngineOptions:
     max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
     max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
+    flow_steps: int | None = None  # benchmarks and tests: Euler steps instead of the model's 10
     max_batch: int = 16  # the most requests one batch session may hold (KV cache rows)
     batch_max_positions: int = 2048  # KV positions per batch row; longer pieces run alone
     join_reduced_precision_flow: bool = False  # bf16/fp16: one flow call per batch, not per piece
@@ -87,6 +88,8 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_max_positions < 1:
             raise ValueError("max_batch and batch_max_positions must be >= 1")
+        if self.flow_steps is not None and self.flow_steps < 1:
+            raise ValueError("flow_steps must be >= 1")
 
 
 class SynthesisPipeline:
@@ -428,6 +431,7 @@ def build_engine(
             dtype=resolve_dtype(dtype),
             hash_cache_dir=hash_cache_dir,
             torch_stages=frozenset(stage for stage, other in replaced.items() if other is None),
+            flow_steps=options.flow_steps,
         )
     configs = loaded.configs
     frontend = TextFrontend(

@@ -13,6 +13,7 @@ naming it, before a worker takes a job.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,13 @@ class ModelConfigs:
             mel=MelConfig.from_model_yaml(doc),
         )
 
+    def with_flow_steps(self, steps: int) -> ModelConfigs:
+        """The same configs with the flow solved in `steps` Euler steps."""
+        if steps < 1:
+            raise ValueError(f"flow steps must be >= 1, got {steps}")
+        cfm = dataclasses.replace(self.flow.cfm, n_timesteps=steps)
+        return dataclasses.replace(self, flow=dataclasses.replace(self.flow, cfm=cfm))
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -77,15 +85,19 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     hash_cache_dir: Path | None = None,
     torch_stages: frozenset[str] = frozenset({"flow", "hift"}),
+    flow_steps: int | None = None,
 ) -> LoadedModel:
     """Check the layout, read configs, load each checkpoint strictly onto `device`.
 
     The LLM always loads; `torch_stages` names which of flow and HiFT run in PyTorch (under
-    Core ML neither does, and their weights are not loaded at all).
+    Core ML neither does, and their weights are not loaded at all). `flow_steps` replaces the
+    model's Euler steps (its 10) in the torch flow: fewer is faster and coarser.
     """
     directory = ModelDirectory(Path(root))
     directory.check_layout()
     configs = ModelConfigs.from_directory(directory)
+    if flow_steps is not None:
+        configs = configs.with_flow_steps(flow_steps)
     device = torch.device(device)
     llm_path, flow_path, hift_path = (directory.checkpoint(s) for s in ("llm", "flow", "hift"))
     convert = None if dtype == torch.float32 else dtype  # fp32 keeps the mapped tensors
