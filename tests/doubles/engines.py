@@ -173,23 +173,29 @@ def batching(settings: Any) -> Any:
 def tiny_forced(settings: Any) -> Any:
     """The real torch engine from the worker's settings, every piece forced to
     TESTENGINE_FORCED_TOKENS speech tokens (default 40): the random tiny LLM would otherwise
-    run to its cap of 20 tokens per text token, minutes on a busy test machine. The flow
-    solves in TESTENGINE_FLOW_STEPS Euler steps (default 2, the model's 10 when "model"): the
-    flow is most of a tiny piece's time, and these tests check the service, not the audio."""
+    run to its cap of 20 tokens per text token, minutes on a busy test machine."""
+    forced = int(os.environ.get("TESTENGINE_FORCED_TOKENS", "40"))
+    return tiny_torch_engine(settings, forced_speech_tokens=forced)
+
+
+def tiny_torch_engine(settings: Any, **options: Any) -> Any:
+    """The real torch engine on the worker's settings (cpu) with these EngineOptions changed.
+    The flow solves in TESTENGINE_FLOW_STEPS Euler steps (default 2, the model's 10 when
+    "model"): the flow is most of a tiny piece's time, and these tests check the service, not
+    the audio."""
     import dataclasses  # noqa: PLC0415
 
     from workers.engine.pipeline import build_engine  # noqa: PLC0415 (torch only when used)
     from workers.service.default_engine import engine_options  # noqa: PLC0415
 
-    forced = int(os.environ.get("TESTENGINE_FORCED_TOKENS", "40"))
     steps = os.environ.get("TESTENGINE_FLOW_STEPS", "2")
-    options = dataclasses.replace(
+    chosen = dataclasses.replace(
         engine_options(settings),
-        forced_speech_tokens=forced,
         flow_steps=None if steps == "model" else int(steps),
+        **options,
     )
     return build_engine(
-        settings.model_dir, device="cpu", options=options, hash_cache_dir=settings.hash_cache_dir
+        settings.model_dir, device="cpu", options=chosen, hash_cache_dir=settings.hash_cache_dir
     )
 
 
@@ -198,9 +204,7 @@ def runaway_tiny(settings: Any) -> Any:
     every piece babbles to its length bound, the runaway the quality check must catch."""
     import torch  # noqa: PLC0415 (torch only for the tests that load a model)
 
-    from workers.service.default_engine import engine_from_settings  # noqa: PLC0415
-
-    engine = engine_from_settings(settings)
+    engine = tiny_torch_engine(settings)
     model = engine.llm.model  # type: ignore[attr-defined]  # the torch pipeline's Qwen2LM
     with torch.no_grad():
         model.llm_decoder.bias[list(model.config.stop_tokens)] = -1e9
