@@ -45,10 +45,13 @@ def environment(device: str) -> dict[str, Any]:
 
 def run_step(step: Step, timeout_s: float, log: Path) -> StepResult:
     env = {**os.environ, **dict(step.env)}
+    argv = step.argv
+    if step.own_timeout:  # it ends itself first, writing what it has
+        argv = (*argv, step.own_timeout, str(max(1, int(timeout_s - 15))))
     started = time.perf_counter()
     try:
         done = subprocess.run(
-            step.argv,
+            argv,
             check=False,
             capture_output=True,
             text=True,
@@ -64,7 +67,7 @@ def run_step(step: Step, timeout_s: float, log: Path) -> StepResult:
         err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
     seconds = time.perf_counter() - started
     with log.open("a") as file:
-        command = " ".join(step.argv)
+        command = " ".join(argv)
         file.write(f"==== {step.name} rc={rc} {seconds:.1f}s: {command}\n{out}\n{err}\n")
     data = None
     if step.json_output and rc == 0:
@@ -105,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/cosyq-gpu-check"))
     parser.add_argument("--reference", type=Path, help="a reference set (flow.pt optional)")
     parser.add_argument("--upstream", type=Path, help="upstream's harness folder (.cvup)")
+    parser.add_argument("--upstream-site", type=Path, help="where its carried wheels went")
     parser.add_argument("--dtypes", default="bf16,fp16", help="first: batch, stream and pool")
     parser.add_argument("--batch-sizes", default="1,8,32,64,128")
     parser.add_argument("--pool-workers", type=int, default=2)
@@ -118,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         work=args.work,
         reference=args.reference,
         upstream=args.upstream,
+        upstream_site=args.upstream_site,
         dtypes=tuple(d for d in args.dtypes.split(",") if d),
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b),
         pool_workers=args.pool_workers,

@@ -25,6 +25,7 @@ class CheckOptions:
     reference: Path | None = None  # a reference set (flow.pt may be left out)
     upstream: Path | None = None  # `.cvup` from make-upstream.sh (None: skip upstream)
     upstream_ckpt: Path | None = None  # where upstream's random checkpoints are written
+    upstream_site: Path | None = None  # its carried wheels (transformers 4.51.3 ...), installed
     dtypes: tuple[str, ...] = ("bf16", "fp16")
     batch_sizes: tuple[int, ...] = (1, 8, 32, 64, 128)
     pool_workers: int = 2
@@ -53,6 +54,7 @@ class Step:
     json_output: bool = True  # stdout's last line is the step's JSON
     env: tuple[tuple[str, str], ...] = ()
     cwd: Path | None = None
+    own_timeout: str | None = None  # its own flag for a deadline (given 15 s less than ours)
 
 
 def _model_args(options: CheckOptions) -> tuple[str, ...]:
@@ -121,24 +123,28 @@ def upstream_steps(options: CheckOptions) -> list[Step]:
     ckpt = str(options.upstream_ckpt or options.work / "cvckpt")
     harness = (sys.executable, "bench_upstream_gpu.py")
     out = str(options.work / "upstream.json")
+    env = (("PYTHONPATH", str(options.upstream_site)),) if options.upstream_site else ()
     if options.quick:
-        run = ("--device", "cpu", "--smoke", "--concurrency", "1", "--threads", "1")
-    else:
-        run = ("--device", "cuda", "--dtype", "fp32,fp16", "--concurrency", "1,4", "--stream")
+        run: tuple[str, ...] = ("--device", "cpu", "--smoke", "--concurrency", "1")
+    else:  # fp16 (upstream's own switch), 2 runs: what fits beside ours in one call
+        run = ("--device", "cuda", "--dtype", "fp16", "--runs", "2", "--concurrency", "1,4")
     return [
         Step(
             "upstream_ckpt",
             (*harness, "--save-ckpt", "--ckpt", ckpt),
             150,
             json_output=False,
+            env=env,
             cwd=options.upstream,
         ),
         Step(
             "upstream",
-            (*harness, *run, "--ckpt", ckpt, "--json", out, "--timeout", "380"),
+            (*harness, *run, "--stream", "--ckpt", ckpt, "--json", out),
             390,
             json_output=False,
+            env=env,
             cwd=options.upstream,
+            own_timeout="--timeout",
         ),
     ]
 
