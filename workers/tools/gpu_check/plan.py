@@ -149,8 +149,25 @@ def upstream_steps(options: CheckOptions) -> list[Step]:
     ]
 
 
+# What a cut-short run must have first: parity, the main dtype, the batch figure and upstream
+# beside it (the issue's ratio), then streaming, the pool, recycling, the second dtype.
+ORDER = (
+    "tiny_model",
+    "check_reference",
+    "bench_bf16",
+    "batch",
+    "upstream_ckpt",
+    "upstream",
+    "stream",
+    "pool",
+    "recycle",
+    "bench_fp16",
+)
+
+
 def plan(options: CheckOptions) -> list[Step]:
-    """Every step in order; a quick run first writes the tiny model its pool loads."""
+    """Every step, in `ORDER` (steps it does not name last); a quick run first writes the tiny
+    model its pool loads."""
     tiny = (*WORKER, "model", "init-tiny", str(options.model_dir))
     steps = [
         *([Step("tiny_model", tiny, 60, json_output=False)] if options.quick else []),
@@ -159,4 +176,6 @@ def plan(options: CheckOptions) -> list[Step]:
         *service_steps(options),
         *upstream_steps(options),
     ]
+    rank = {name: index for index, name in enumerate(ORDER)}
+    steps.sort(key=lambda step: rank.get(step.name, len(ORDER)))
     return [step for step in steps if step.name not in options.skip]
