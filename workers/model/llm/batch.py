@@ -238,7 +238,9 @@ class BatchDecoder:
         n = len(self.rows)
         if self.static is not None:
             tokens = [row.tokens[-1] for row in self.rows]
-            self._took_step(self.static.run(tokens, self.cache.lengths[:n]).clone())
+            # one copy to the CPU per step (sampling runs there): no per-row sync, and a copy
+            # the next graph replay cannot overwrite
+            self._took_step(self.static.run(tokens, self.cache.lengths[:n]).to("cpu"))
             return
         model = self.model
         weight = model.speech_embedding.weight
