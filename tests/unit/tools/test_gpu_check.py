@@ -29,10 +29,13 @@ ISSUE_FIELDS = (
 
 
 def test_a_full_run_plans_every_measurement_of_the_issue(tmp_path: Path) -> None:
-    options = CheckOptions(reference=tmp_path / "ref", upstream=tmp_path / "cvup", work=tmp_path)
+    options = CheckOptions(
+        reference=tmp_path / "ref", upstream=tmp_path / "cvup", work=tmp_path, checkout=tmp_path
+    )
     steps = {step.name: step for step in plan(options)}
     assert list(steps) == [  # what a run cut short must have comes first
         "check_reference",
+        "cuda_tests",
         "bench_bf16",
         "batch",
         "upstream_ckpt",

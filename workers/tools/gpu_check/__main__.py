@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", type=Path, help="a reference set (flow.pt optional)")
     parser.add_argument("--upstream", type=Path, help="upstream's harness folder (.cvup)")
     parser.add_argument("--upstream-site", type=Path, help="where its carried wheels went")
+    parser.add_argument("--checkout", type=Path, help="run the CUDA tests of this checkout")
     parser.add_argument("--dtypes", default="bf16,fp16", help="first: batch, stream and pool")
     parser.add_argument("--batch-sizes", default="1,8,32,64,128")
     parser.add_argument("--pool-workers", type=int, default=2)
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         pool_workers=args.pool_workers,
         pool_batch=args.pool_batch,
         skip=frozenset(s for s in args.skip.split(",") if s),
+        checkout=args.checkout,
     )
     summary = run_check(options, args.out, args.budget_s)
     failed = [name for name, step in summary["steps"].items() if step["rc"] != 0]

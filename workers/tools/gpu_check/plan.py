@@ -31,6 +31,7 @@ class CheckOptions:
     pool_workers: int = 2
     pool_batch: int = 64
     skip: frozenset[str] = field(default_factory=frozenset)
+    checkout: Path | None = None  # the project's checkout: its CUDA tests run from there
 
     @property
     def tokens(self) -> int:
@@ -107,6 +108,18 @@ def service_steps(options: CheckOptions) -> list[Step]:
     ]
 
 
+CUDA_TESTS = ("tests/unit/model/test_cuda_decode.py", "tests/unit/model/test_llm_static_decode.py")
+
+
+def test_step(options: CheckOptions) -> list[Step]:
+    """The CUDA-only tests (graphs replay the eager step, the dynamic step's tokens), which
+    skip everywhere else."""
+    if options.checkout is None:
+        return []
+    argv = (sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:randomly", *CUDA_TESTS)
+    return [Step("cuda_tests", argv, 120, json_output=False, cwd=options.checkout)]
+
+
 def reference_step(options: CheckOptions) -> list[Step]:
     if options.reference is None:
         return []
@@ -154,6 +167,7 @@ def upstream_steps(options: CheckOptions) -> list[Step]:
 ORDER = (
     "tiny_model",
     "check_reference",
+    "cuda_tests",
     "bench_bf16",
     "batch",
     "upstream_ckpt",
@@ -172,6 +186,7 @@ def plan(options: CheckOptions) -> list[Step]:
     steps = [
         *([Step("tiny_model", tiny, 60, json_output=False)] if options.quick else []),
         *reference_step(options),
+        *test_step(options),
         *bench_steps(options),
         *service_steps(options),
         *upstream_steps(options),
