@@ -51,6 +51,7 @@ def test_a_full_run_plans_every_measurement_of_the_issue(tmp_path: Path) -> None
     assert batch[batch.index("--batch-sizes") + 1] == "1,8,32,64,128"
     assert "full-random" in batch and "--compare-fp32" in steps["bench_fp16"].argv
     assert ("COSYQ_DEVICE", "cuda") in steps["recycle"].env
+    assert steps["pool"].env == (("COSYQ_COMPILE_CACHE_DIR", str(tmp_path / "inductor")),)
     assert steps["upstream"].cwd == tmp_path / "cvup"
     assert sum(step.timeout_s for step in steps.values()) > 480  # the budget cuts, not the sum
 
@@ -81,6 +82,8 @@ def test_the_json_carries_the_issue_fields_and_verdicts() -> None:
     assert summary["vs_upstream_tts"] == 30.0
     assert summary["stream_first_chunk_s"] == 0.12
     assert summary["recycle_ready_s"] is None
+    steps["pool"] = _step("pool", {"audio_s_per_wall_s": 70, "recycle_ready_s": [31.0, 6.5]})
+    assert summarize(steps, {}, None)["recycle_ready_s"] == 6.5  # the start from the cache
     targets = summary["targets"]
     assert targets["batch_audio_s_per_wall_s"]["met"] is True
     assert targets["pool_audio_s_per_wall_s"]["met"] is False

@@ -93,7 +93,8 @@ def service_steps(options: CheckOptions) -> list[Step]:
     pool = (sys.executable, "-m", "workers.tools.gpu_check.pool", "--model-dir")
     argv = (*pool, str(options.model_dir), "--device", options.device, "--dtype", best)
     sizes = ("--workers", str(workers), "--batch-size", str(batch), "--jobs", str(jobs))
-    counts = ("--streams", str(streams), "--tokens", str(options.tokens), "--json")
+    starts = "1" if options.quick else "2"
+    counts = ("--streams", str(streams), "--tokens", str(options.tokens), "--starts", starts)
     engine = "workers.tools.gpu_check.pool:gpu_engine"
     env = (
         ("COSYQ_DEVICE", options.device),
@@ -103,7 +104,7 @@ def service_steps(options: CheckOptions) -> list[Step]:
     )
     start = (*WORKER, "bench", "start", "--repeats", "2", "--engine", engine)
     return [
-        Step("pool", (*argv, *sizes, *counts), 300),
+        Step("pool", (*argv, *sizes, *counts, "--json"), 360, env=env[2:3]),
         Step("recycle", (*start, "--model-dir", str(options.model_dir), "--json"), 180, env=env),
     ]
 

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -29,6 +30,7 @@ from workers.tools.local_redis import LocalRedis
 FORCED_TOKENS_VAR = "BENCH_FORCED_TOKENS"
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away."
 WAIT_S = 600.0
+KEPT_SETTINGS = ("COSYQ_COMPILE_DECODE", "COSYQ_COMPILE_CACHE_DIR", "COSYQ_CUDA_GRAPHS")
 
 
 def gpu_engine(settings: Any) -> Any:
@@ -43,7 +45,7 @@ def gpu_engine(settings: Any) -> Any:
 
 
 def pool_env(redis_url: str, args: argparse.Namespace, out: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_") or k in KEPT_SETTINGS}
     env.update(
         COSYQ_REDIS_URL=redis_url,
         COSYQ_ENGINE="workers.tools.gpu_check.pool:gpu_engine",
@@ -138,6 +140,36 @@ def stream_run(client: Any, streams: int) -> dict[str, Any]:
     }
 
 
+def recycle_ready(env: dict[str, str], work: Path, starts: int) -> list[float]:
+    """Seconds from a fresh `cosyq-worker run --burst` process's start to its batch session
+    open (model on the device, warm-up, decode graphs captured; `worker_ready` without
+    batching), `starts` times in turn: the later ones read the compile cache the first wrote."""
+    marker = '"batch_session_opened"' if int(env["COSYQ_BATCH_SIZE"]) > 1 else '"worker_ready"'
+    seconds = []
+    for index in range(starts):
+        log_path = work / f"start-{index}.log"
+        started = time.perf_counter()
+        with log_path.open("wb") as file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "workers.cli", "run", "--burst"],
+                env=env,
+                stdout=file,
+                stderr=subprocess.STDOUT,
+            )
+        ready = None
+        while ready is None and time.perf_counter() - started < WAIT_S:
+            if marker in log_path.read_text(errors="replace"):
+                ready = time.perf_counter() - started
+            elif process.poll() is not None:
+                break
+            time.sleep(0.05)
+        process.wait(timeout=WAIT_S)
+        if ready is None:
+            raise RuntimeError(f"no {marker} from a fresh worker: see {log_path}")
+        seconds.append(ready)
+    return seconds
+
+
 def run_pool(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="cosyq-gpu-pool-") as tmp:
         work = Path(tmp)
@@ -152,6 +184,7 @@ def run_pool(args: argparse.Namespace) -> dict[str, Any]:
                     streamed = stream_run(client, args.streams) if args.streams else None
             finally:
                 stop_pool(pool)
+            ready = recycle_ready(env, work, args.starts) if args.starts else []
     return {
         "workers": args.workers,
         "batch_size": args.batch_size,
@@ -161,6 +194,7 @@ def run_pool(args: argparse.Namespace) -> dict[str, Any]:
         **result,
         "gpu_memory_mib_per_worker": sorted(memory.values()),
         "stream": streamed,
+        "recycle_ready_s": ready,  # in turn: the first may compile, the later read its cache
     }
 
 
@@ -174,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=128)
     parser.add_argument("--streams", type=int, default=8, help="streamed jobs at once (0: none)")
     parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--starts", type=int, default=2, help="fresh workers timed (0: none)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     result = run_pool(args)
