@@ -30,7 +30,12 @@ from workers.tools.local_redis import LocalRedis
 FORCED_TOKENS_VAR = "BENCH_FORCED_TOKENS"
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away."
 WAIT_S = 600.0
-KEPT_SETTINGS = ("COSYQ_COMPILE_DECODE", "COSYQ_COMPILE_CACHE_DIR", "COSYQ_CUDA_GRAPHS")
+KEPT_SETTINGS = (  # the GPU knobs a run may try (the caller's environment reaches the pool)
+    "COSYQ_COMPILE_DECODE",
+    "COSYQ_COMPILE_CACHE_DIR",
+    "COSYQ_CUDA_GRAPHS",
+    "COSYQ_BATCH_MAX_POSITIONS",
+)
 
 
 def gpu_engine(settings: Any) -> Any:
