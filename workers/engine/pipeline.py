@@ -56,7 +56,7 @@ from workers.engine.voice_extraction import VoiceExtractor
 from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.directory import QWEN_DIR
 from workers.model.heap import HeapPolicy, building_model
-from workers.model.llm.batch import BatchDecoder
+from workers.model.llm.decoder_choice import DecodeChoice, open_decoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
@@ -84,6 +84,7 @@ class EngineOptions:
     join_reduced_precision_flow: bool = False  # bf16/fp16: one flow call per batch, not per piece
     stream: StreamSchedule = field(default_factory=StreamSchedule)  # streamed requests' hops
     heap: HeapPolicy = field(default_factory=HeapPolicy)  # glibc: freed memory kept for reuse
+    decode: DecodeChoice = field(default_factory=DecodeChoice)  # CUDA: graphs, compiled step
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_max_positions < 1:
@@ -339,7 +340,8 @@ class SynthesisPipeline:
         model = getattr(self.llm, "model", None)
         if max_batch <= 1 or not isinstance(model, Qwen2LM):
             return SequentialSession(self, max_batch)
-        decoder = BatchDecoder(model, max_batch, self.options.batch_max_positions)
+        positions = self.options.batch_max_positions
+        decoder = open_decoder(model, max_batch, positions, choice=self.options.decode)
         return PipelineBatchSession(self, decoder, max_batch)
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:

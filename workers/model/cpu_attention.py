@@ -106,11 +106,20 @@ def _use_blocked(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return _blocked_dtype(q, k, v) and blocked_attention_pays()
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, score_block_bytes: int) -> Tensor:
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Mask,
+    *,
+    score_block_bytes: int,
+    blocked: bool = True,
+) -> Tensor:
     """q (B, H, Lq, D), k/v (B, H, Lk, D), bool mask (True = attend) broadcastable to
     (B, H, Lq, Lk), `KeyLimits` over (Lq, Lk), or None -> (B, H, Lq, D): what
-    `scaled_dot_product_attention` returns."""
-    if not _use_blocked(q, k, v):
+    `scaled_dot_product_attention` returns. `blocked` False (the kernel policy off the CPU):
+    the fused kernel whatever the input."""
+    if not (blocked and _use_blocked(q, k, v)):
         if isinstance(mask, KeyLimits):
             if mask.keys != k.size(-2):
                 raise ValueError(f"attention: key limits over {mask.keys} keys, given {k.size(-2)}")
@@ -123,7 +132,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, *, score_block_bytes:
 
 
 def attention_over(
-    q: Tensor, segments: Sequence[tuple[Tensor, Tensor]], mask: Mask, *, score_block_bytes: int
+    q: Tensor,
+    segments: Sequence[tuple[Tensor, Tensor]],
+    mask: Mask,
+    *,
+    score_block_bytes: int,
+    blocked: bool = True,
 ) -> Tensor:
     """`attention` over keys/values given as segments of consecutive positions, in order
     (each (B, H, L_i, D)): a streamed pass of a primed voice reads the voice's kept positions
@@ -133,11 +147,11 @@ def attention_over(
     against 13-16 s per fp32 piece) they are joined first."""
     if len(segments) == 1:
         (k, v) = segments[0]
-        return attention(q, k, v, mask, score_block_bytes=score_block_bytes)
-    if not all(_use_blocked(q, k, v) for k, v in segments):
+        return attention(q, k, v, mask, score_block_bytes=score_block_bytes, blocked=blocked)
+    if not (blocked and all(_use_blocked(q, k, v) for k, v in segments)):
         k = torch.cat([k for k, _ in segments], dim=2)
         v = torch.cat([v for _, v in segments], dim=2)
-        return attention(q, k, v, mask, score_block_bytes=score_block_bytes)
+        return attention(q, k, v, mask, score_block_bytes=score_block_bytes, blocked=blocked)
     with torch.profiler.record_function(ATTENTION_RANGE):
         return _blocked_over(q, segments, mask, score_block_bytes)
 

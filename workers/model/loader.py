@@ -5,7 +5,9 @@ Below fp32, the LLM's and the flow's checkpoints are converted tensor by tensor 
 from the mapped file (its fp32 pages released as they go), so fp32 never sits beside bf16; on
 CPU the LLM's text table stays in the mapped file and only the rows looked up become resident,
 and bf16 linear and flow convolution weights are then packed in oneDNN's layout
-(`cpu_linear.pack_linear_weights`, `cpu_conv.pack_conv_weights`).
+(`cpu_linear.pack_linear_weights`, `cpu_conv.pack_conv_weights`). Which kernels run is
+`kernel_policy.kernel_policy(device, dtype)`, decided here once: on CUDA or MPS none of the
+CPU kernels (plain `F.linear`, no packing, no fusion).
 Hyperparameters come only from the directory (`cosyvoice2.yaml` read as plain data and
 `CosyVoice-BlankEN/config.json`); any missing or inconsistent file raises `ModelLoadError`
 naming it, before a worker takes a job.
@@ -20,8 +22,6 @@ from pathlib import Path
 import torch
 
 from workers.model.checkpoint import can_map, read_state_dict
-from workers.model.cpu_conv import pack_conv_weights
-from workers.model.cpu_linear import pack_linear_weights
 from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
 from workers.model.features import MelConfig
 from workers.model.flow.config import FlowConfig
@@ -29,7 +29,12 @@ from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
 from workers.model.heap import release_freed_heap
 from workers.model.hift.config import HiFTConfig
 from workers.model.hift.model import HiFTGenerator, build_hift
-from workers.model.llm.fused_projections import fuse_projections
+from workers.model.kernel_policy import (
+    KernelPolicy,
+    apply_llm_policy,
+    apply_stage_policy,
+    kernel_policy,
+)
 from workers.model.llm.model import TEXT_TABLE_KEY, TIED_HEAD_KEY, LLMConfig, Qwen2LM, build_llm
 
 
@@ -72,6 +77,7 @@ class LoadedModel:
     checkpoint_hashes: dict[str, str]
     device: torch.device
     dtype: torch.dtype
+    kernels: KernelPolicy
 
     @property
     def checkpoint_hash(self) -> str:
@@ -86,12 +92,14 @@ def load_model(
     hash_cache_dir: Path | None = None,
     torch_stages: frozenset[str] = frozenset({"flow", "hift"}),
     flow_steps: int | None = None,
+    policy: KernelPolicy | None = None,
 ) -> LoadedModel:
     """Check the layout, read configs, load each checkpoint strictly onto `device`.
 
     The LLM always loads; `torch_stages` names which of flow and HiFT run in PyTorch (under
     Core ML neither does, and their weights are not loaded at all). `flow_steps` replaces the
-    model's Euler steps (its 10) in the torch flow: fewer is faster and coarser.
+    model's Euler steps (its 10) in the torch flow: fewer is faster and coarser. `policy`: the
+    kernels (default `kernel_policy(device, dtype)`; a test loads a CUDA policy on the CPU).
     """
     directory = ModelDirectory(Path(root))
     directory.check_layout()
@@ -99,6 +107,7 @@ def load_model(
     if flow_steps is not None:
         configs = configs.with_flow_steps(flow_steps)
     device = torch.device(device)
+    policy = policy or kernel_policy(device, dtype)  # CPU kernels on the CPU only, chosen once
     llm_path, flow_path, hift_path = (directory.checkpoint(s) for s in ("llm", "flow", "hift"))
     convert = None if dtype == torch.float32 else dtype  # fp32 keeps the mapped tensors
     mapped_text_table = convert is not None and device.type == "cpu" and can_map(llm_path)
@@ -111,25 +120,25 @@ def load_model(
         device=device,
         dtype=dtype,
         mapped_text_table=mapped_text_table,
+        kernel=policy.llm_linear,
     )
     del llm_state  # the mapping stays only for what the model still uses of it
-    fuse_projections(llm)  # bf16 on CPU: q/k/v and gate/up as one product each, then
-    pack_linear_weights(llm)  # oneDNN's layout, once nothing else holds the plain weights
+    apply_llm_policy(llm, policy)  # CPU bf16: fused q/k/v, gate/up, packed weights
     flow = hift = None
     if "flow" in torch_stages:
         flow_state = read_state_dict(flow_path, dtype=convert)
         flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
         del flow_state
-        pack_linear_weights(flow)
         # In bf16 each piece's flow runs alone (COSYQ_BATCH_FLOW=joined gives up the bits anyway)
-        pack_conv_weights(flow, rows_alone=True)
+        apply_stage_policy(flow, policy, rows_alone=True)
     if "hift" in torch_stages:
         # Read into memory, not mapped: every weight-normed kernel is folded into a new tensor
         # (and below fp32 converted), so mapped pages would stay resident beside the results.
         hift_state = read_state_dict(hift_path, mmap=False)
         hift = build_hift(configs.hift, hift_state, device=device, dtype=dtype, source=hift_path)
         del hift_state
-        pack_conv_weights(hift)  # AMX only: elsewhere +40 MB of working memory for 0.91x
+        # packed convs on AMX only: elsewhere +40 MB of working memory for 0.91x
+        apply_stage_policy(hift, policy, rows_alone=False)
     release_freed_heap()  # what conversion, fusion and packing freed
     return LoadedModel(
         directory=directory,
@@ -140,4 +149,5 @@ def load_model(
         checkpoint_hashes=checkpoint_hashes(directory, hash_cache_dir),
         device=device,
         dtype=dtype,
+        kernels=policy,
     )

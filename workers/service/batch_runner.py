@@ -127,9 +127,13 @@ class BatchRunner:
     # -- the window ----------------------------------------------------------------------------
 
     def start_session(self) -> None:
-        """The engine's batch session (its model thread), once per worker, after the load."""
+        """The engine's batch session (its model thread), once per worker, after the load
+        (on CUDA this captures the decode graphs: `batch_session_opened` says how long)."""
         if self.session is None:
+            started = time.perf_counter()
             self.session = open_batch_session(current_runtime().engine, self.batch_size)
+            seconds = round(time.perf_counter() - started, 3)
+            log.info("batch_session_opened", batch_size=self.batch_size, seconds=seconds)
 
     def run(self, job: Job, queue_: Queue) -> None:
         """Admit `job` and whatever joins it; return once every admitted job is recorded."""

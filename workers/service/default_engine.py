@@ -16,6 +16,7 @@ from workers.engine.pipeline import EngineOptions, build_engine
 from workers.engine.streaming import StreamSchedule
 from workers.engine.text_split import SplitConfig
 from workers.model.heap import HeapPolicy
+from workers.model.llm.decoder_choice import DecodeChoice
 from workers.service.backend import select_backend
 
 log = get_logger(__name__)
@@ -55,6 +56,7 @@ def engine_options(settings: Settings) -> EngineOptions:
             trim_threshold_mb=settings.malloc_trim_threshold_mb,
             build_mmap_threshold_kb=settings.malloc_build_mmap_threshold_kb,
         ),
+        decode=DecodeChoice(cuda_graphs=settings.cuda_graphs, compile_step=settings.compile_decode),
     )
 
 
@@ -66,6 +68,10 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
             "(or write a test model with `cosyq-worker model init-tiny DIR`)"
         )
     choice = select_backend(settings, settings.model_dir)  # Linux + coreml: the one-line refusal
+    if settings.compile_decode:  # before anything compiles: a recycled worker reads the cache
+        from workers.model.compile_cache import use_compile_cache  # noqa: PLC0415
+
+        use_compile_cache(settings.compile_cache_dir)
     options = engine_options(settings)
     if choice.backend == "coreml":  # macOS with a valid conversion; coremltools loads only here
         from workers.coreml.engine import CoreMLPlacement, load_coreml_engine  # noqa: PLC0415

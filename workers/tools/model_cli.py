@@ -68,18 +68,18 @@ def _check_reference(args: argparse.Namespace) -> int:
     from workers.tools.reference.parity import ReferenceSet  # noqa: PLC0415
 
     ref = ReferenceSet(args.directory)
-    missing = missing_files(ref)
-    if missing:
-        print(
-            f"{args.directory}: not a reference set, missing {', '.join(missing)}", file=sys.stderr
-        )
-        return 2
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     unknown = sorted(set(stages) - set(STAGE_CHECKS))
     if unknown:
         print(
             f"--stages: unknown {', '.join(unknown)}; choose from {', '.join(STAGE_CHECKS)}",
             file=sys.stderr,
+        )
+        return 2
+    missing = missing_files(ref, stages)
+    if missing:
+        print(
+            f"{args.directory}: not a reference set, missing {', '.join(missing)}", file=sys.stderr
         )
         return 2
     report = run_reference_checks(ref, torch.device(args.device), stages)

@@ -1,4 +1,5 @@
-"""`COSYQ_DTYPE=auto`: fp16 on GPUs, bf16 only on a CPU with native bf16 and a measured win."""
+"""`COSYQ_DTYPE=auto`: fp16 on MPS, bf16 on CUDA sm80+ (fp16 below), bf16 on a CPU only with
+native bf16 and a measured win."""
 
 from __future__ import annotations
 
@@ -14,9 +15,19 @@ def host(*flags: str) -> HostCPU:
     return HostCPU(model="Test CPU", machine="x86_64", flags=flags, cores=2)
 
 
-def test_gpus_get_fp16() -> None:
+def test_mps_gets_fp16() -> None:
     assert choose_dtype(torch.device("mps")).name == "fp16"
-    assert choose_dtype(torch.device("cuda")).name == "fp16"
+
+
+def test_cuda_gets_bf16_from_ampere_on_and_fp16_before() -> None:
+    cuda = torch.device("cuda")
+    h100 = choose_dtype(cuda, capability=(9, 0))
+    assert h100.name == "bf16" and "sm90" in h100.reason
+    assert choose_dtype(cuda, capability=(8, 0)).name == "bf16"  # A100
+    assert choose_dtype(cuda, capability=(8, 9)).name == "bf16"  # L4, L20, L40
+    t4 = choose_dtype(cuda, capability=(7, 5))
+    assert t4.name == "fp16" and "sm75" in t4.reason
+    assert choose_dtype(cuda, capability=(7, 0)).name == "fp16"  # V100
 
 
 def test_a_cpu_without_native_bf16_stays_fp32_whatever_the_check() -> None:

@@ -11,3 +11,10 @@ def test_the_batch_flow_and_prompt_alignment_settings_reach_the_engine() -> None
     assert not default.join_reduced_precision_flow and not default.stream.align_prompt
     chosen = engine_options(Settings(batch_flow="joined", stream_align_prompt=True))
     assert chosen.join_reduced_precision_flow and chosen.stream.align_prompt
+
+
+def test_the_gpu_decode_settings_reach_the_engine() -> None:
+    default = engine_options(Settings()).decode
+    assert default.cuda_graphs and not default.compile_step
+    chosen = engine_options(Settings(cuda_graphs=False, compile_decode=True)).decode
+    assert not chosen.cuda_graphs and chosen.compile_step

@@ -50,6 +50,19 @@ def test_check_reference_names_missing_files(
     assert "missing llm.pt" in capsys.readouterr().err
 
 
+def test_a_set_without_flow_weights_checks_the_other_stages(
+    reference_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the GPU check carries (flow.pt alone is over half the 64 MiB a call may take)."""
+    for name in REQUIRED_FILES:
+        if name != "flow.pt":
+            shutil.copy(reference_dir / name, tmp_path / name)
+    assert main(["model", "check-reference", str(tmp_path), "--stages", "hift"]) == 0
+    assert "ok   hift_reference.npz:wav_fixed" in capsys.readouterr().out
+    assert main(["model", "check-reference", str(tmp_path), "--stages", "hift,flow"]) == 2
+    assert "missing flow.pt" in capsys.readouterr().err
+
+
 def test_reference_report_counts_key_list_differences(reference_dir: Path, tmp_path: Path) -> None:
     for name in (*REQUIRED_FILES, "frontend_reference.npz", "keys-llm.txt"):
         shutil.copy(reference_dir / name, tmp_path / name)

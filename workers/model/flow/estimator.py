@@ -105,7 +105,12 @@ class CausalResnetBlock1D(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """diffusers-style attention: bias-free q/k/v, `to_out.0` projection with bias."""
+    """diffusers-style attention: bias-free q/k/v, `to_out.0` projection with bias.
+
+    `blocked_attention`: whether `cpu_attention`'s blocked bf16 kernel may run (the kernel
+    policy turns it off off the CPU: `F.scaled_dot_product_attention` alone)."""
+
+    blocked_attention: bool = True
 
     def __init__(self, dim: int, heads: int, head_dim: int, score_block_mb: int = 64) -> None:
         super().__init__()
@@ -125,7 +130,9 @@ class SelfAttention(nn.Module):
             return h.view(batch, -1, self.heads, h.size(-1) // self.heads).transpose(1, 2)
 
         q, k, v = split(self.to_q(x)), split(self.to_k(x)), split(self.to_v(x))
-        out = attention(q, k, v, mask, score_block_bytes=self.score_block_bytes)  # (B, H, T, hd)
+        out = attention(  # (B, H, T, hd)
+            q, k, v, mask, score_block_bytes=self.score_block_bytes, blocked=self.blocked_attention
+        )
         return self.to_out[0](out.transpose(1, 2).flatten(2))
 
 

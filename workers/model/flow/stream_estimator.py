@@ -107,6 +107,10 @@ class EstimatorStream:
         q, k, v = split(layer.to_q(x)), split(layer.to_k(x)), split(layer.to_v(x))
         segments = self.cache.key_value_segments(layer, k, v, self.span.keep)
         out = attention_over(  # (B, H, n, hd)
-            q, segments, self._mask, score_block_bytes=layer.score_block_bytes
+            q,
+            segments,
+            self._mask,
+            score_block_bytes=layer.score_block_bytes,
+            blocked=layer.blocked_attention,
         )
         return layer.to_out[0](out.transpose(1, 2).flatten(2))

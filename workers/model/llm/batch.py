@@ -36,6 +36,7 @@ from workers.model.llm.qwen2 import (
     rotary_at,
 )
 from workers.model.llm.sampling import SamplingConfig, ras_sampling
+from workers.model.llm.static_decode import DecodeStep, StaticDecoder
 
 
 class RowTooLong(Exception):
@@ -118,7 +119,13 @@ class BatchDecoder:
         positions: int,
         *,
         sampling: SamplingConfig | None = None,
+        static: bool = False,
+        graphs: bool = False,
+        step_fn: DecodeStep | None = None,
     ) -> None:
+        """`static`: decode through `static_decode` (the kernel policy's choice on CUDA), with
+        one CUDA graph per batch bucket where `graphs`; `step_fn` replaces its step function
+        (a `torch.compile`d one)."""
         self.model = model
         self.sampling = sampling or model.config.sampling
         self.cache = BatchKVCache(
@@ -130,6 +137,11 @@ class BatchDecoder:
         )
         self.rows: list[DecodeRow] = []  # row i lives in cache slot i
         self._finished: list[FinishedRow] = []
+        self.static: StaticDecoder | None = None
+        if static or graphs:
+            self.static = StaticDecoder(
+                model, self.cache.keys, self.cache.values, graphs=graphs, step_fn=step_fn
+            )
 
     @property
     def free(self) -> int:
@@ -224,6 +236,12 @@ class BatchDecoder:
 
     def _forward(self) -> None:
         n = len(self.rows)
+        if self.static is not None:
+            tokens = [row.tokens[-1] for row in self.rows]
+            # one copy to the CPU per step (sampling runs there): no per-row sync, and a copy
+            # the next graph replay cannot overwrite
+            self._took_step(self.static.run(tokens, self.cache.lengths[:n]).to("cpu"))
+            return
         model = self.model
         weight = model.speech_embedding.weight
         ids = torch.tensor([row.tokens[-1] for row in self.rows], device=weight.device)
@@ -242,7 +260,11 @@ class BatchDecoder:
                 layer.self_attn, h, (cos, sin), self.cache, index, lengths, hidden_mask
             )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logp = model.llm_decoder(backbone.norm(x)[:, -1]).float().log_softmax(dim=-1)
+        self._took_step(model.llm_decoder(backbone.norm(x)[:, -1]).float().log_softmax(dim=-1))
+
+    def _took_step(self, logp: torch.Tensor) -> None:
+        """Each row's next log-probs (rows, V) in, its length one longer."""
+        n = len(self.rows)
         for slot, row in enumerate(self.rows):
             self.cache.lengths[slot] += 1
             row.logp = logp[slot]
