@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from shared.errors import ModelLoadError
+from workers.model.dit.config import DiTConfig, DiTFlowConfig
 from workers.model.features import MelConfig, mel_config_from_fields
 from workers.model.flow.config import (
     DEFAULT_EULER_STEPS,
@@ -54,7 +55,6 @@ def flow_config_from_reference(config: Mapping[str, Any], size: str) -> FlowConf
     flow = require(require(config, size, "config.json"), "flow", f"config.json:{size}")
     common = require(config, "common", "config.json")
     fixed = common.get("flow_encoder_fixed", {})
-    cfm = common.get("cfm", {})
     where = f"config.json:{size}.flow"
     encoder = encoder_config(flow, require(flow, "encoder", where), f"{where}.encoder")
     encoder = replace(
@@ -64,20 +64,55 @@ def flow_config_from_reference(config: Mapping[str, Any], size: str) -> FlowConf
     )
     decoder = require(flow, "decoder", where)
     estimator = require(decoder, "estimator", f"{where}.decoder")
-    noise_shape = cfm.get("rand_noise_shape", [1, 80, NOISE_FRAMES])
     return FlowConfig(
         vocab_size=require_int(flow, "vocab_size", where),
         mel_bins=require_int(flow, "output_size", where),
         spk_embed_dim=require_int(flow, "spk_embed_dim", where),
         encoder=encoder,
         estimator=estimator_config(estimator, f"{where}.decoder.estimator"),
-        cfm=CfmConfig(
-            n_timesteps=int(cfm.get("n_timesteps", DEFAULT_EULER_STEPS)),
-            inference_cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
-            temperature=float(cfm.get("temperature", 1.0)),
-            noise_frames=int(noise_shape[-1]),
-            noise_seed=int(cfm.get("rand_noise_seed", NOISE_SEED)),
-        ),
+        cfm=_cfm_from_reference(config),
+    )
+
+
+def _cfm_from_reference(config: Mapping[str, Any]) -> CfmConfig:
+    """`common.cfm` (both families): steps, CFG rate, temperature and the noise buffer."""
+    cfm = require(config, "common", "config.json").get("cfm", {})
+    noise_shape = cfm.get("rand_noise_shape", [1, 80, NOISE_FRAMES])
+    return CfmConfig(
+        n_timesteps=int(cfm.get("n_timesteps", DEFAULT_EULER_STEPS)),
+        inference_cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
+        temperature=float(cfm.get("temperature", 1.0)),
+        noise_frames=int(noise_shape[-1]),
+        noise_seed=int(cfm.get("rand_noise_seed", NOISE_SEED)),
+    )
+
+
+def dit_flow_config_from_reference(config: Mapping[str, Any], size: str) -> DiTFlowConfig:
+    """CosyVoice 3: `<size>.flow` (pre-look-ahead layer, DiT estimator) plus `common.cfm`."""
+    flow = require(require(config, size, "config.json"), "flow", f"config.json:{size}")
+    where = f"config.json:{size}.flow"
+    look = require(flow, "pre_lookahead_layer", where)
+    est = require(require(flow, "decoder", where), "estimator", f"{where}.decoder")
+    est_where = f"{where}.decoder.estimator"
+    keys = ("dim", "depth", "heads", "dim_head", "ff_mult", "mel_dim", "mu_dim", "spk_dim")
+    sizes = {key: require_int(est, key, est_where) for key in keys}
+    estimator = DiTConfig(
+        **sizes,
+        static_chunk_size=require_int(est, "static_chunk_size", est_where),
+        time_freq_dim=int(est.get("time_freq_embed_dim", 256)),
+        conv_pos_kernel=int(est.get("conv_pos_kernel", 31)),
+        conv_pos_groups=int(est.get("conv_pos_groups", 16)),
+        rotary_base=float(est.get("rotary_base", 10000.0)),
+    )
+    return DiTFlowConfig(
+        vocab_size=require_int(flow, "vocab_size", where),
+        mel_bins=require_int(flow, "output_size", where),
+        spk_embed_dim=require_int(flow, "spk_embed_dim", where),
+        token_mel_ratio=int(flow.get("token_mel_ratio", 2)),
+        pre_lookahead_len=require_int(flow, "pre_lookahead_len", where),
+        pre_lookahead_channels=require_int(look, "channels", f"{where}.pre_lookahead_layer"),
+        estimator=estimator,
+        cfm=_cfm_from_reference(config),
     )
 
 
