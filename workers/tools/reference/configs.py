@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from shared.errors import ModelLoadError
+from workers.model.causal_hift.config import CausalHiFTConfig
 from workers.model.dit.config import DiTConfig, DiTFlowConfig
 from workers.model.features import MelConfig, mel_config_from_fields
 from workers.model.flow.config import (
@@ -130,6 +131,23 @@ def hift_config_from_reference(config: Mapping[str, Any], size: str) -> HiFTConf
             f0_num_class=predictor.get("num_class", 1),
         )
     except KeyError as e:
+        raise ModelLoadError(f"config.json: hift key missing: {e}") from e
+
+
+def causal_hift_config_from_reference(config: Mapping[str, Any], size: str) -> CausalHiFTConfig:
+    """CosyVoice 3: `common.hift_fixed` plus `<size>.hift` (with its `f0_predictor` mapping)."""
+    try:
+        fixed = config["common"]["hift_fixed"]
+        sized = config[size]["hift"]
+        predictor = sized["f0_predictor"]
+        return CausalHiFTConfig.from_fields(
+            fixed,
+            base_channels=sized["base_channels"],
+            f0_in_channels=predictor.get("in_channels", fixed["in_channels"]),
+            f0_cond_channels=predictor["cond_channels"],
+            f0_num_class=predictor.get("num_class", 1),
+        )
+    except (KeyError, TypeError) as e:
         raise ModelLoadError(f"config.json: hift key missing: {e}") from e
 
 
