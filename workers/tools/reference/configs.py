@@ -28,6 +28,7 @@ from workers.model.flow.config import (
     require_int,
 )
 from workers.model.hift.config import HiFTConfig, hift_config_from_fields
+from workers.model.llm.cosyvoice3 import cosyvoice3_variant
 from workers.model.llm.model import LLMConfig, build_llm_config
 
 
@@ -48,6 +49,28 @@ def llm_config_from_reference(config: Mapping[str, Any], size: str) -> LLMConfig
     expected_stops = special.get("stop_token_ids", list(made.stop_tokens))
     if list(expected_stops) != list(made.stop_tokens):
         raise ModelLoadError(f"{source}: stop ids {expected_stops} != {made.stop_tokens}")
+    return made
+
+
+def cosyvoice3_llm_config_from_reference(config: Mapping[str, Any], size: str) -> LLMConfig:
+    """CosyVoice 3: `<size>.llm` as for CosyVoice 2, then `cosyvoice3_variant`; checks the
+    decoder rows and the silent list against the set's."""
+    source = f"config.json[{size}][llm]"
+    try:
+        section = config[size]["llm"]
+        qwen = section["qwen2_config"]
+        sizes = (section["llm_input_size"], section["llm_output_size"])
+        speech_tokens = int(section["speech_token_size"])
+        sampling_doc = config["common"]["llm_sampling"]
+        silent = config["common"].get("silent_token_cap", {})
+    except KeyError as e:
+        raise ModelLoadError(f"{source}: missing key {e.args[0]!r}") from e
+    made = cosyvoice3_variant(build_llm_config(qwen, sizes, speech_tokens, sampling_doc, source))
+    rows = int(section.get("llm_decoder_out_features", made.decoder_size))
+    if rows != made.decoder_size:
+        raise ModelLoadError(f"{source}: llm_decoder_out_features {rows} != {made.decoder_size}")
+    if list(silent.get("silent_tokens", made.silent_tokens)) != list(made.silent_tokens):
+        raise ModelLoadError(f"{source}: silent tokens differ from {made.silent_tokens}")
     return made
 
 
