@@ -59,3 +59,19 @@ class CausalHiFTConfig:
             f0_num_class=f0_num_class,
         )
         return cls(base=base, conv_pre_look_right=int(src.get("conv_pre_look_right", 4)))
+
+    @classmethod
+    def from_model_yaml(cls, doc: Mapping[str, Any]) -> CausalHiFTConfig:
+        """From the plain-data dict `load_plain_yaml()` returns for `cosyvoice3.yaml`."""
+        try:
+            hift = doc["hift"]
+            predictor = hift["f0_predictor"]
+            return cls.from_fields(
+                hift,
+                base_channels=hift["base_channels"],
+                f0_in_channels=predictor["in_channels"],
+                f0_cond_channels=predictor["cond_channels"],
+                f0_num_class=predictor.get("num_class", 1),
+            )
+        except (KeyError, TypeError) as e:
+            raise ModelLoadError(f"cosyvoice3.yaml: hift key missing: {e}") from e

@@ -8,10 +8,15 @@ LayerNorm eps 1e-6) are the defaults here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.errors import ModelLoadError
-from workers.model.flow.config import CfmConfig
+from workers.model.flow.config import CfmConfig, require, require_int
+
+FLOW_CLASS = "CausalMaskedDiffWithDiT"
+ESTIMATOR_KEYS = ("dim", "depth", "heads", "dim_head", "ff_mult", "mel_dim", "mu_dim", "spk_dim")
 
 
 @dataclass(frozen=True)
@@ -70,3 +75,35 @@ class DiTFlowConfig:
                 f"DiT: mel_dim/mu_dim/spk_dim {est.mel_dim}/{est.mu_dim}/{est.spk_dim} must all "
                 f"equal the flow's {self.mel_bins} mel bins (tokens are embedded into mel bins)"
             )
+
+    @classmethod
+    def from_model_yaml(cls, doc: Mapping[str, Any]) -> DiTFlowConfig:
+        """Build from `load_plain_yaml(cosyvoice3.yaml)`: the `flow` section and its children."""
+        where = "cosyvoice3.yaml:flow"
+        flow = require(doc, "flow", "cosyvoice3.yaml")
+        target = str(flow.get("_target", FLOW_CLASS))
+        if not target.endswith(FLOW_CLASS):
+            raise ModelLoadError(f"{where}: {target} is not CosyVoice 3's {FLOW_CLASS}")
+        look = require(flow, "pre_lookahead_layer", where)
+        decoder = require(flow, "decoder", where)
+        params = require(decoder, "cfm_params", f"{where}.decoder")
+        params = params.get("content", params)  # !new:omegaconf.DictConfig {content: {...}}
+        est = require(decoder, "estimator", f"{where}.decoder")
+        est_where = f"{where}.decoder.estimator"
+        sizes = {key: require_int(est, key, est_where) for key in ESTIMATOR_KEYS}
+        return cls(
+            vocab_size=require_int(flow, "vocab_size", where),
+            mel_bins=require_int(flow, "output_size", where),
+            spk_embed_dim=require_int(flow, "spk_embed_dim", where),
+            token_mel_ratio=require_int(flow, "token_mel_ratio", where),
+            pre_lookahead_len=require_int(flow, "pre_lookahead_len", where),
+            pre_lookahead_channels=require_int(look, "channels", f"{where}.pre_lookahead_layer"),
+            estimator=DiTConfig(
+                **sizes, static_chunk_size=require_int(est, "static_chunk_size", est_where)
+            ),
+            cfm=CfmConfig(
+                inference_cfg_rate=float(
+                    require(params, "inference_cfg_rate", f"{where}.decoder.cfm_params")
+                )
+            ),
+        )

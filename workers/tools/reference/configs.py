@@ -31,6 +31,16 @@ from workers.model.hift.config import HiFTConfig, hift_config_from_fields
 from workers.model.llm.cosyvoice3 import cosyvoice3_variant
 from workers.model.llm.model import LLMConfig, build_llm_config
 
+CV3_FLOW_CLASS = "CausalMaskedDiffWithDiT"
+
+
+def reference_family(config: Mapping[str, Any]) -> str:
+    """ "cosyvoice3" when the set's tiny flow is upstream's DiT flow, else "cosyvoice2"."""
+    tiny = config.get("tiny", {})
+    flow = tiny.get("flow", {}) if isinstance(tiny, Mapping) else {}
+    cls = flow.get("cls", "") if isinstance(flow, Mapping) else ""
+    return "cosyvoice3" if cls == CV3_FLOW_CLASS else "cosyvoice2"
+
 
 def llm_config_from_reference(config: Mapping[str, Any], size: str) -> LLMConfig:
     """`<size>.llm` (with its `qwen2_config`) plus `common.llm_sampling`; checks the stop ids."""
