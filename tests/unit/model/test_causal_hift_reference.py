@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.causal_hift.model import CausalHiFTGenerator
+from workers.model.causal_hift.model import CausalHiFTGenerator, build_causal_hift
 from workers.model.causal_hift.source import SourceBuffer
 from workers.model.causal_stream import StreamSchedule
+from workers.model.checkpoint import read_state_dict
 from workers.model.dit.model import CausalMaskedDiffWithDiT
 from workers.tools.reference.causal_hift import (
     causal_hift_key_differences,
@@ -110,3 +112,15 @@ def test_a_perturbed_f0_weight_fails_f0_source_and_wav(ref: ReferenceSet) -> Non
 def test_first_hop_reaches_a_chunk_border() -> None:
     schedule = StreamSchedule()
     assert [schedule.first_hop(p) for p in (0, 13, 25, 26)] == [25, 37, 25, 49]
+
+
+def test_bf16_vocoder_keeps_the_waveform_close(ref: ReferenceSet) -> None:
+    config = causal_hift_config_from_reference(ref.config, "tiny")
+    state = read_state_dict(ref.checkpoint("hift"))
+    model = build_causal_hift(config, state, dtype=torch.bfloat16)
+    arrays = ref.arrays("hift_reference.npz")
+    wav = model.inference(torch.from_numpy(arrays["mel"])).wav.double().numpy()
+    error = wav - arrays["wav"]
+    snr_db = 10 * np.log10((arrays["wav"] ** 2).sum() / (error**2).sum())
+    assert model.f0_predictor.classifier.weight.dtype == torch.float64  # F0 stays float64
+    assert snr_db > 25

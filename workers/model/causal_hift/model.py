@@ -137,7 +137,8 @@ class CausalHiFTGenerator(nn.Module):
         """mel (B, 80, T), source (B, 1, 480·T) -> wav (B, 480·T), or (B, 480·(T − 5)) when not
         finalizing (4 frames of conv_pre context and one dropped frame)."""
         base = self.config.base
-        spec = self.stft(source[:, 0, :].float())  # (B, 18, 120·T + 1)
+        mel = mel.to(self.conv_pre.weight.dtype)
+        spec = self.stft(source[:, 0, :].float()).to(mel.dtype)  # (B, 18, 120·T + 1)
         look = self.config.conv_pre_look_right
         if finalize:
             x = self.conv_pre(mel)
