@@ -1,9 +1,12 @@
-"""A CosyVoice 2 model directory in the upstream layout, checked before anything is loaded.
+"""A CosyVoice 2 or 3 model directory in the upstream layout, checked before anything is loaded.
 
-`COSYQ_MODEL_DIR` points at a real `CosyVoice2-0.5B` download or at a tiny directory written by
-`cosyq-worker model init-tiny`. Every missing or unreadable file is reported by name with what
-was expected there, so a worker fails at start-up with one clear message instead of deep in a
-stack trace, and never downloads anything.
+`COSYQ_MODEL_DIR` points at a real `CosyVoice2-0.5B` or `Fun-CosyVoice3-0.5B` download or at a
+tiny directory written by `cosyq-worker model init-tiny [--family cosyvoice3]`. The family comes
+from the directory itself, never from a setting: `cosyvoice2.yaml` (+ `speech_tokenizer_v2.onnx`)
+or `cosyvoice3.yaml` (+ `speech_tokenizer_v3.onnx`); a directory with neither or both is a
+`ModelLoadError` naming what was found. Every missing or unreadable file is reported by name
+with what was expected there, so a worker fails at start-up with one clear message instead of
+deep in a stack trace, and never downloads anything.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from workers.model.yaml_plain import load_plain_yaml
 YAML_FILE = "cosyvoice2.yaml"
 QWEN_DIR = "CosyVoice-BlankEN"
 CHECKPOINTS = ("llm", "flow", "hift")
+FAMILY_YAML = {"cosyvoice2": YAML_FILE, "cosyvoice3": "cosyvoice3.yaml"}
+FAMILY_SPEECH_TOKENIZER = {
+    "cosyvoice2": "speech_tokenizer_v2.onnx",
+    "cosyvoice3": "speech_tokenizer_v3.onnx",
+}
 EXPECTED_FILES: dict[str, str] = {
     YAML_FILE: "the model configuration (HyperPyYAML)",
     "llm.pt": "the Qwen2LM state_dict (torch.save)",
@@ -39,19 +47,49 @@ PROMPT_TEXT = "prompt.txt"
 _HASH_CHUNK = 8 << 20
 
 
+def expected_files(family: str) -> dict[str, str]:
+    """Every file a directory of `family` must have, with what it is."""
+    if family == "cosyvoice2":
+        return EXPECTED_FILES
+    renamed = {YAML_FILE: FAMILY_YAML[family]}
+    renamed[FAMILY_SPEECH_TOKENIZER["cosyvoice2"]] = FAMILY_SPEECH_TOKENIZER[family]
+    files = {renamed.get(name, name): what for name, what in EXPECTED_FILES.items()}
+    files["llm.pt"] = "the CosyVoice3LM state_dict (torch.save)"
+    return files
+
+
 @dataclass(frozen=True)
 class ModelDirectory:
     """Paths and plain-data configuration of one model directory."""
 
     root: Path
 
-    def check_layout(self) -> None:
-        """Raise ModelLoadError naming every missing file and what it should have been."""
+    @cached_property
+    def family(self) -> str:
+        """ "cosyvoice2" or "cosyvoice3", from which model yaml the directory holds."""
         if not self.root.is_dir():
             raise ModelLoadError(f"{self.root}: model directory not found")
+        found = [family for family, name in FAMILY_YAML.items() if (self.root / name).is_file()]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            both = " and ".join(FAMILY_YAML.values())
+            raise ModelLoadError(
+                f"{self.root}: both {both} found; a model directory holds one model family"
+            )
+        yamls = " or ".join(FAMILY_YAML.values())
+        names = sorted(p.name for p in self.root.iterdir())
+        shown = ", ".join(names[:12]) + (f", ... ({len(names)} entries)" if len(names) > 12 else "")
+        raise ModelLoadError(
+            f"{self.root}: neither a CosyVoice 2 nor a CosyVoice 3 model directory: no {yamls} "
+            f"(found: {shown or 'nothing'})"
+        )
+
+    def check_layout(self) -> None:
+        """Raise ModelLoadError naming every missing file and what it should have been."""
         missing = [
             f"{name} ({what})"
-            for name, what in EXPECTED_FILES.items()
+            for name, what in expected_files(self.family).items()
             if not (self.root / name).is_file()
         ]
         if missing:
@@ -65,7 +103,7 @@ class ModelDirectory:
 
     @cached_property
     def yaml(self) -> dict[str, Any]:
-        return load_plain_yaml(self.root / YAML_FILE)
+        return load_plain_yaml(self.root / FAMILY_YAML[self.family])
 
     @cached_property
     def qwen_config(self) -> dict[str, Any]:

@@ -21,8 +21,18 @@ from pathlib import Path
 
 import torch
 
+from shared.errors import ModelLoadError
+from workers.model.causal_hift.config import CausalHiFTConfig
+from workers.model.causal_hift.model import CausalHiFTGenerator, build_causal_hift
 from workers.model.checkpoint import can_map, read_state_dict
-from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
+from workers.model.directory import (
+    CHECKPOINTS,
+    ModelDirectory,
+    checkpoint_hashes,
+    combined_hash,
+)
+from workers.model.dit.config import DiTFlowConfig
+from workers.model.dit.model import CausalMaskedDiffWithDiT, build_dit_flow
 from workers.model.features import MelConfig
 from workers.model.flow.config import FlowConfig
 from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
@@ -35,6 +45,7 @@ from workers.model.kernel_policy import (
     apply_stage_policy,
     kernel_policy,
 )
+from workers.model.llm.cosyvoice3 import cosyvoice3_variant
 from workers.model.llm.model import TEXT_TABLE_KEY, TIED_HEAD_KEY, LLMConfig, Qwen2LM, build_llm
 
 
@@ -49,6 +60,12 @@ class ModelConfigs:
 
     @classmethod
     def from_directory(cls, directory: ModelDirectory) -> ModelConfigs:
+        if directory.family != "cosyvoice2":
+            raise ModelLoadError(
+                f"{directory.root}: a CosyVoice 3 model directory (cosyvoice3.yaml); this "
+                "engine serves CosyVoice 2 directories only so far (CosyVoice 3's model code "
+                "loads through `CosyVoice3Configs` / `load_cosyvoice3`)"
+            )
         doc = directory.yaml
         return cls(
             llm=LLMConfig.from_model_yaml(doc, directory.qwen_config),
@@ -63,6 +80,56 @@ class ModelConfigs:
             raise ValueError(f"flow steps must be >= 1, got {steps}")
         cfm = dataclasses.replace(self.flow.cfm, n_timesteps=steps)
         return dataclasses.replace(self, flow=dataclasses.replace(self.flow, cfm=cfm))
+
+
+@dataclass(frozen=True)
+class CosyVoice3Configs:
+    """Every CosyVoice 3 stage's hyperparameters, as read from one model directory."""
+
+    llm: LLMConfig
+    flow: DiTFlowConfig
+    hift: CausalHiFTConfig
+    mel: MelConfig
+
+    @classmethod
+    def from_directory(cls, directory: ModelDirectory) -> CosyVoice3Configs:
+        if directory.family != "cosyvoice3":
+            raise ModelLoadError(
+                f"{directory.root}: not a CosyVoice 3 directory (no cosyvoice3.yaml)"
+            )
+        doc = directory.yaml
+        return cls(
+            llm=cosyvoice3_variant(LLMConfig.from_model_yaml(doc, directory.qwen_config)),
+            flow=DiTFlowConfig.from_model_yaml(doc),
+            hift=CausalHiFTConfig.from_model_yaml(doc),
+            mel=MelConfig.from_model_yaml(doc),
+        )
+
+
+@dataclass(frozen=True)
+class LoadedCosyVoice3:
+    """CosyVoice 3's three stages on one device (fp32 model code; not yet in the engine)."""
+
+    directory: ModelDirectory
+    configs: CosyVoice3Configs
+    llm: Qwen2LM
+    flow: CausalMaskedDiffWithDiT
+    hift: CausalHiFTGenerator
+
+
+def load_cosyvoice3(root: Path, *, device: torch.device | str = "cpu") -> LoadedCosyVoice3:
+    """Check the layout, read the configs, load each checkpoint strictly onto `device`."""
+    directory = ModelDirectory(Path(root))
+    directory.check_layout()
+    configs = CosyVoice3Configs.from_directory(directory)
+    paths = {stage: directory.checkpoint(stage) for stage in CHECKPOINTS}
+    llm = build_llm(configs.llm, read_state_dict(paths["llm"]), source=paths["llm"], device=device)
+    flow = build_dit_flow(
+        configs.flow, read_state_dict(paths["flow"]), device=device, source=paths["flow"]
+    )
+    hift_state = read_state_dict(paths["hift"], mmap=False)
+    hift = build_causal_hift(configs.hift, hift_state, device=device, source=paths["hift"])
+    return LoadedCosyVoice3(directory, configs, llm, flow, hift)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ library and check every id instead of trusting the order.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -86,8 +87,13 @@ class TextTokenizer:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
 
-def load_text_tokenizer(folder: Path) -> TextTokenizer:
-    """Build the tokenizer from `folder` (CosyVoice-BlankEN) and check the special-token ids."""
+def load_text_tokenizer(
+    folder: Path, *, specials: Sequence[str] = COSYVOICE2_SPECIAL_TOKENS
+) -> TextTokenizer:
+    """Build the tokenizer from `folder` (CosyVoice-BlankEN) and check the special-token ids.
+
+    `specials`: the family's added tokens, in order (CosyVoice 3:
+    `workers.model.cosyvoice3_tokens.COSYVOICE3_SPECIAL_TOKENS`)."""
     for name in TOKENIZER_FILES:
         if not (folder / name).is_file():
             raise ModelLoadError(f"{folder / name}: file missing (Qwen2 tokenizer file)")
@@ -104,7 +110,5 @@ def load_text_tokenizer(folder: Path) -> TextTokenizer:
                 f"{folder / 'tokenizer_config.json'}: {content} should have id {token_id}, "
                 f"got {tokenizer.token_to_id(content)} (base vocabulary has {base} entries)"
             )
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in COSYVOICE2_SPECIAL_TOKENS]
-    )
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return TextTokenizer(tokenizer)

@@ -17,24 +17,37 @@ def register(subparsers: Any) -> None:
     )
     tiny.add_argument("directory", type=Path)
     tiny.add_argument("--seed", type=int, default=0, help="weights and ONNX stand-ins seed")
+    tiny.add_argument(
+        "--family",
+        choices=("cosyvoice2", "cosyvoice3"),
+        default="cosyvoice2",
+        help="model family: CosyVoice2-0.5B (default) or Fun-CosyVoice3-0.5B layout",
+    )
     tiny.set_defaults(handler=_init_tiny)
 
     check = commands.add_parser(
         "check-reference", help="compare our stages with an official reference set"
     )
-    check.add_argument("directory", type=Path, help="a folder in the cosyvoice2-reference format")
+    check.add_argument(
+        "directory",
+        type=Path,
+        help="a folder in the cosyvoice2-reference or cosyvoice3-reference format (the family "
+        "is read from its config.json)",
+    )
     check.add_argument("--device", default="cpu", help="torch device (cpu, mps, cuda)")
     check.add_argument(
         "--stages",
-        default="llm,flow,stream,hift,features",
-        help="comma-separated subset of llm, flow, stream (the engine's chunked streaming "
-        "flow), hift, features (default: all)",
+        default=None,
+        help="comma-separated subset; CosyVoice 2 sets: llm, flow, stream (the engine's chunked "
+        "streaming flow), hift, features; CosyVoice 3 sets: llm, flow, hift, session (flow + "
+        "HiFT in the official streaming schedule), features (default: all)",
     )
     check.set_defaults(handler=_check_reference)
 
 
 def _init_tiny(args: argparse.Namespace) -> int:
     from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415 (torch only when run)
+    from workers.tools.fixtures.tiny3 import write_tiny3_model  # noqa: PLC0415
 
     if args.directory.exists() and not args.directory.is_dir():
         print(
@@ -43,7 +56,8 @@ def _init_tiny(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        directory = write_tiny_model(args.directory, seed=args.seed)
+        writer = write_tiny3_model if args.family == "cosyvoice3" else write_tiny_model
+        directory = writer(args.directory, seed=args.seed)
     except OSError as e:
         inner = f": {e.filename}" if e.filename and str(e.filename) != str(args.directory) else ""
         print(
@@ -52,7 +66,8 @@ def _init_tiny(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"wrote a tiny CosyVoice 2 model (random weights, seed {args.seed}) to {directory.root}")
+    name = "CosyVoice 3" if args.family == "cosyvoice3" else "CosyVoice 2"
+    print(f"wrote a tiny {name} model (random weights, seed {args.seed}) to {directory.root}")
     print(f"use it with: COSYQ_MODEL_DIR={directory.root.resolve()}")
     return 0
 
@@ -61,18 +76,24 @@ def _check_reference(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415 (torch only when run)
 
     from workers.tools.reference.check import (  # noqa: PLC0415
-        STAGE_CHECKS,
+        family_checks,
         missing_files,
         run_reference_checks,
     )
     from workers.tools.reference.parity import ReferenceSet  # noqa: PLC0415
 
     ref = ReferenceSet(args.directory)
-    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
-    unknown = sorted(set(stages) - set(STAGE_CHECKS))
+    if not ref.has("config.json"):
+        print(f"{args.directory}: not a reference set, missing config.json", file=sys.stderr)
+        return 2
+    stage_checks, _ = family_checks(ref)
+    stages = tuple(stage_checks)
+    if args.stages is not None:
+        stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    unknown = sorted(set(stages) - set(stage_checks))
     if unknown:
         print(
-            f"--stages: unknown {', '.join(unknown)}; choose from {', '.join(STAGE_CHECKS)}",
+            f"--stages: unknown {', '.join(unknown)}; choose from {', '.join(stage_checks)}",
             file=sys.stderr,
         )
         return 2

@@ -138,13 +138,17 @@ class LinearEmbed(nn.Module):
 
 
 class PreLookahead(nn.Module):
-    """Residual conv pair: conv1 sees `lookahead` future tokens, conv2 (k3) is causal."""
+    """Residual conv pair: conv1 sees `lookahead` future tokens, conv2 (k3) is causal.
 
-    def __init__(self, width: int, lookahead: int) -> None:
+    `channels` is the width between the convs (CosyVoice 3: 80 -> 1024 -> 80); by default the
+    input width (CosyVoice 2)."""
+
+    def __init__(self, width: int, lookahead: int, *, channels: int | None = None) -> None:
         super().__init__()
+        inner = width if channels is None else channels
         self.lookahead = lookahead
-        self.conv1 = nn.Conv1d(width, width, kernel_size=lookahead + 1)
-        self.conv2 = nn.Conv1d(width, width, kernel_size=3)
+        self.conv1 = nn.Conv1d(width, inner, kernel_size=lookahead + 1)
+        self.conv2 = nn.Conv1d(inner, width, kernel_size=3)
 
     def look_ahead(self, x: Tensor, context: Tensor | None) -> Tensor:
         """conv1 over x and its look-ahead: x (B, T, D), context (B, <=lookahead, D), zeros

@@ -60,22 +60,23 @@ class EulerStep:
     velocity: Tensor  # (2, 80, T)
 
 
-class ConditionalFlowMatching(nn.Module):
-    """Euler solver of the flow ODE with classifier-free guidance (upstream's CFM `decoder`).
+class FlowMatchingSolver(nn.Module):
+    """Euler solver of the flow ODE with classifier-free guidance (upstream's CFM `decoder`),
+    around any estimator called as `estimator(x, mask, mu, t, spks, cond, streaming=...)`.
 
-    `rand_noise` is the fixed noise buffer: non-persistent (not in the state dict), created on
-    CPU even when the module is built on the meta device, moved by `.to()`.
+    Shared by CosyVoice 2 (U-Net estimator) and CosyVoice 3 (DiT estimator): the solver, the
+    noise buffer and the schedule are the same. `rand_noise` is the fixed noise buffer:
+    non-persistent (not in the state dict), created on CPU even when the module is built on
+    the meta device, moved by `.to()`.
     """
 
     rand_noise: Tensor
 
-    def __init__(self, config: FlowConfig) -> None:
+    def __init__(self, cfm: CfmConfig, mel_bins: int, estimator: nn.Module) -> None:
         super().__init__()
-        self.cfm = config.cfm
-        self.estimator = CausalConditionalDecoder(config.estimator)
-        self.register_buffer(
-            "rand_noise", make_noise(config.cfm, config.mel_bins), persistent=False
-        )
+        self.cfm = cfm
+        self.estimator = estimator
+        self.register_buffer("rand_noise", make_noise(cfm, mel_bins), persistent=False)
 
     def check_frames(self, num_frames: int) -> None:
         """Raise `InvalidRequestError` when the fixed noise is too short for `num_frames`."""
@@ -142,6 +143,15 @@ class ConditionalFlowMatching(nn.Module):
                 if between_steps is not None:
                     between_steps()
         return x
+
+
+class ConditionalFlowMatching(FlowMatchingSolver):
+    """CosyVoice 2's CFM: the solver around the causal U-Net estimator."""
+
+    estimator: CausalConditionalDecoder
+
+    def __init__(self, config: FlowConfig) -> None:
+        super().__init__(config.cfm, config.mel_bins, CausalConditionalDecoder(config.estimator))
 
 
 @dataclass(frozen=True)

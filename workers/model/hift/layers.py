@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
@@ -103,31 +104,39 @@ def same_padding(kernel_size: int, dilation: int) -> int:
 
 
 class ResBlock(nn.Module):
-    """HiFi-GAN/BigVGAN residual block: per dilation, Snake → conv(d) → Snake → conv(1) + skip."""
+    """HiFi-GAN/BigVGAN residual block: per dilation, Snake → conv(d) → Snake → conv(1) + skip.
 
-    def __init__(self, channels: int, kernel_size: int, dilations: tuple[int, ...]) -> None:
+    `causal` (CosyVoice 3's HiFT): each conv sees only the past, (k − 1)·d zeros on the left
+    instead of centred padding."""
+
+    def __init__(
+        self, channels: int, kernel_size: int, dilations: tuple[int, ...], *, causal: bool = False
+    ) -> None:
         super().__init__()
+        self.causal = causal
+        self.left_pads = [(kernel_size - 1) * d for d in (*dilations, 1)]  # convs1..., convs2
+
+        def padding(d: int) -> int:
+            return 0 if causal else same_padding(kernel_size, d)
+
         self.convs1 = nn.ModuleList(
-            wn_conv1d(
-                channels,
-                channels,
-                kernel_size,
-                dilation=d,
-                padding=same_padding(kernel_size, d),
-            )
+            wn_conv1d(channels, channels, kernel_size, dilation=d, padding=padding(d))
             for d in dilations
         )
         self.convs2 = nn.ModuleList(
-            wn_conv1d(channels, channels, kernel_size, padding=same_padding(kernel_size, 1))
-            for _ in dilations
+            wn_conv1d(channels, channels, kernel_size, padding=padding(1)) for _ in dilations
         )
         self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
         self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, C, T) -> (B, C, T)."""
-        for conv1, conv2, act1, act2 in zip(
-            self.convs1, self.convs2, self.activations1, self.activations2, strict=True
+        for i, (conv1, conv2, act1, act2) in enumerate(
+            zip(self.convs1, self.convs2, self.activations1, self.activations2, strict=True)
         ):
+            if self.causal:
+                h = conv1(F.pad(act1(x), (self.left_pads[i], 0)))
+                x = conv2(F.pad(act2(h), (self.left_pads[-1], 0))).add_(x)
+                continue
             x = conv2(act2(conv1(act1(x)))).add_(x)  # conv output is fresh: add in place
         return x

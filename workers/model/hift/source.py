@@ -106,11 +106,15 @@ class SourceModule(nn.Module):
         phase = torch.cumsum(increments, dim=2) * 2 * math.pi
         return phase * self.upsample
 
+    def upsample_phase(self, phase: torch.Tensor) -> torch.Tensor:
+        """(B, H, T) frame phases -> (B, H, 480·T): linear interpolation (SineGen2)."""
+        return F.interpolate(phase, scale_factor=self.upsample, mode="linear")
+
     def sine_waves(
         self, f0: torch.Tensor, normal: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """f0: (B, T), normal: (B, H, L) -> (harmonics + noise (B, H, L), uv (B, 1, L))."""
-        phase = F.interpolate(self.frame_phase(f0), scale_factor=self.upsample, mode="linear")
+        phase = self.upsample_phase(self.frame_phase(f0))
         sines = torch.sin(phase) * self.sine_amp
         uv = torch.repeat_interleave((f0 > self.voiced_threshold).to(f0.dtype), self.upsample, 1)
         return self._add_noise(sines, uv[:, None, :], normal), uv[:, None, :]

@@ -42,6 +42,7 @@ class DecodeOutcome:
     """Filled in by the decode loop when it ends (plain data the engine hands upward)."""
 
     stop: StopKind = "unknown"
+    stop_token: int | None = None  # the sampled stop id (never yielded), when one ended it
 
 
 def stop_kind(*, sampled_stop: bool, forced: bool) -> StopKind:
@@ -53,23 +54,42 @@ def stop_kind(*, sampled_stop: bool, forced: bool) -> StopKind:
 
 @dataclass(frozen=True)
 class LLMConfig:
-    """Sizes of Qwen2LM plus its sampling parameters."""
+    """Sizes of Qwen2LM plus its sampling parameters.
+
+    The defaults are CosyVoice 2's; `cosyvoice3_variant` sets CosyVoice 3's (`CosyVoice3LM`):
+    200 extra rows, every one a stop id, EOS one past SOS, SOS/TASK_ID rows of
+    `speech_embedding` (no `llm_embedding`), no decoder bias, <|endofprompt|> required, the
+    minimum length masking index `speech_token_size` only (upstream's rule), a silent-run cap.
+    """
 
     backbone: Qwen2Config
     speech_token_size: int
     sampling: SamplingConfig
+    extra_tokens: int = STOP_TOKEN_COUNT  # rows past the speech ids; all of them stop ids
+    eos_offset: int = 0  # EOS = speech_token_size + eos_offset
+    decoder_bias: bool = True
+    sos_task_rows: tuple[int, int] | None = None  # in speech_embedding; None: llm_embedding
+    required_text_token: int | None = None  # must occur in prompt_text + text
+    min_length_mask: tuple[int, ...] | None = None  # None: every stop id (CosyVoice 2 here)
+    silent_tokens: tuple[int, ...] = ()  # capped runs of these (`cap_silent_runs`)
+    max_silent_run: int = 0
 
     @property
     def eos_token(self) -> int:
-        return self.speech_token_size
+        return self.speech_token_size + self.eos_offset
 
     @property
     def stop_tokens(self) -> tuple[int, ...]:
-        return tuple(self.speech_token_size + i for i in range(STOP_TOKEN_COUNT))
+        return tuple(self.speech_token_size + i for i in range(self.extra_tokens))
 
     @property
     def decoder_size(self) -> int:
-        return self.speech_token_size + STOP_TOKEN_COUNT
+        return self.speech_token_size + self.extra_tokens
+
+    @property
+    def masked_below_min_length(self) -> list[int]:
+        """Ids set to -inf while fewer than the minimum tokens were generated."""
+        return list(self.stop_tokens if self.min_length_mask is None else self.min_length_mask)
 
     @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any], qwen_config: Mapping[str, Any]) -> LLMConfig:
@@ -129,9 +149,10 @@ class Qwen2LM(nn.Module):
         super().__init__()
         hidden = config.backbone.hidden_size
         self.config = config
-        self.llm_embedding = Embedding(2, hidden)
+        if config.sos_task_rows is None:
+            self.llm_embedding = Embedding(2, hidden)
         self.llm = Qwen2Encoder(config.backbone)
-        self.llm_decoder = Linear(hidden, config.decoder_size, bias=True)
+        self.llm_decoder = Linear(hidden, config.decoder_size, bias=config.decoder_bias)
         self.speech_embedding = Embedding(config.decoder_size, hidden)
 
     @property
@@ -142,9 +163,11 @@ class Qwen2LM(nn.Module):
         self, text: torch.Tensor, prompt_text: torch.Tensor, prompt_speech: torch.Tensor
     ) -> torch.Tensor:
         """1-D id tensors -> (1, 1 + P + L + 1 + S, hidden): SOS, texts, TASK_ID, prompt speech."""
-        rows = self.llm_embedding.weight
+        sos_row, task_row = self.config.sos_task_rows or (SOS_ROW, TASK_ID_ROW)
+        table = self.llm_embedding if self.config.sos_task_rows is None else self.speech_embedding
+        rows = table.weight
         texts = self.backbone.embed_tokens(torch.cat((prompt_text, text)))
-        parts = [rows[SOS_ROW : SOS_ROW + 1], texts, rows[TASK_ID_ROW : TASK_ID_ROW + 1]]
+        parts = [rows[sos_row : sos_row + 1], texts, rows[task_row : task_row + 1]]
         if prompt_speech.numel():
             parts.append(self.speech_embedding(prompt_speech))
         return torch.cat(parts).unsqueeze(0)
@@ -276,10 +299,11 @@ def plan_decode(
 ) -> DecodePlan:
     """Validate one piece's ids (InvalidRequestError naming the field) and fix its bounds.
 
-    Lengths: between 2x and 20x the TTS text tokens (sampling ratios). Every stop id is
-    masked before the minimum: upstream masks EOS alone, so a fill token sampled first ends the
-    piece with no speech at all (seen on random weights). `forced_length` (benchmarks): exactly
-    that many.
+    Lengths: between 2x and 20x the TTS text tokens (sampling ratios). CosyVoice 2: every stop
+    id is masked before the minimum: upstream masks EOS alone, so a fill token sampled first
+    ends the piece with no speech at all (seen on random weights). CosyVoice 3 keeps upstream's
+    rule (`min_length_mask`, parity with its reference set). `forced_length` (benchmarks):
+    exactly that many.
     """
     config = model.config
     sampling = sampling or config.sampling
@@ -293,18 +317,24 @@ def plan_decode(
     for tokens, name in zip(ids, ("text", "prompt_text"), strict=True):
         _check_range(tokens, name, config.backbone.vocab_size)
     _check_range(speech, "prompt_speech", config.speech_token_size)
+    required = config.required_text_token
+    if required is not None and not any(bool((t == required).any()) for t in ids):
+        raise InvalidRequestError(
+            f"text: CosyVoice 3 needs the <|endofprompt|> token (id {required}) in the prompt "
+            "text or the text (e.g. 'You are a helpful assistant.<|endofprompt|>' first)"
+        )
     if forced_length is None:
         return DecodePlan(
             (ids[0], ids[1], speech),
             sampling.length_bounds(ids[0].numel()),
-            list(config.stop_tokens),
+            config.masked_below_min_length,
         )
     if forced_length < 0:
         raise InvalidRequestError("forced_length: must be >= 0")
     return DecodePlan(
         (ids[0], ids[1], speech),
         (forced_length, forced_length),
-        list(config.stop_tokens),
+        config.masked_below_min_length,
         forced=True,
     )
 
@@ -371,6 +401,7 @@ def _decode(
         token = ras_sampling(logp, decoded, sampling, generator)
         if token in config.stop_tokens:
             outcome.stop = stop_kind(sampled_stop=True, forced=plan.forced)
+            outcome.stop_token = token
             return
         yield token
         decoded.append(token)

@@ -29,6 +29,13 @@ def register_bench(commands: Any) -> None:
     flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
     flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
     flow.add_argument("--prompt-tokens", type=int, default=50, help="prompt tokens (default 50)")
+    flow.add_argument(
+        "--family",
+        choices=("cosyvoice2", "cosyvoice3"),
+        default="cosyvoice2",
+        help="cosyvoice3: the DiT flow, with its FLOPs floor (default cosyvoice2)",
+    )
+    flow.add_argument("--json", action="store_true", help="cosyvoice3: print JSON")
     flow.set_defaults(handler=run_flow, runs=3)
     hift = _stage(commands, "hift", "the FULL HiFT vocoder on a run of mel frames")
     hift.add_argument("--frames", type=int, default=200, help="mel frames (default 200)")
@@ -78,6 +85,8 @@ def run_llm(args: argparse.Namespace) -> int:
 
 def run_flow(args: argparse.Namespace) -> int:
     set_omp_wait_policy(args.omp_wait_policy)
+    if args.family == "cosyvoice3":
+        return _run_dit_flow(args)
     from workers.tools.bench.flow_stage import format_flow_table, time_flow  # noqa: PLC0415
     from workers.tools.fixtures.random_weights import random_flow  # noqa: PLC0415
 
@@ -90,6 +99,30 @@ def run_flow(args: argparse.Namespace) -> int:
         runs=args.runs,
     )
     print(format_flow_table(timing, device=args.device, dtype="fp32"))
+    return 0
+
+
+def _run_dit_flow(args: argparse.Namespace) -> int:
+    from workers.tools.bench.dit_flow_stage import (  # noqa: PLC0415
+        bench_dit_flow,
+        dit_json,
+        format_dit_table,
+    )
+    from workers.tools.fixtures.random_weights import random_dit_flow  # noqa: PLC0415
+    from workers.tools.reference.configs import dit_flow_config_from_reference  # noqa: PLC0415
+    from workers.tools.reference.parity import ReferenceSet  # noqa: PLC0415
+
+    config = None
+    if args.reference is not None:
+        config = dit_flow_config_from_reference(ReferenceSet(args.reference).config, "full")
+    result = bench_dit_flow(
+        random_dit_flow(config),
+        tokens=args.tokens,
+        prompt_tokens=args.prompt_tokens,
+        threads=args.threads,
+        runs=args.runs,
+    )
+    print(dit_json(result) if args.json else format_dit_table(result))
     return 0
 
 

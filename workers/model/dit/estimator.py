@@ -1,0 +1,224 @@
+"""CosyVoice 3's velocity estimator: the DiT (adaLN-Zero transformer over mel frames).
+
+Inputs are channel-major like CosyVoice 2's U-Net (x, mu, cond (B, 80, T), spks (B, 80), t (B,),
+mask (B, 1, T)) and the call signature is the same, so one flow-matching solver drives both.
+Inside, frames are time-major: [x, cond, mu, spks] -> Linear -> + causal grouped-conv position
+term; `depth` blocks of (adaLN-Zero modulated) self-attention and GELU-tanh feed-forward, each
+scaled by a time-dependent gate; a final modulated LayerNorm and a projection back to 80 bins.
+Rotary positions (interleaved pairs, base 10000) are applied to the first `dim_head` channels
+of the concatenated q and k only: head 0, as upstream (x-transformers' partial rotary).
+Attention is full, or limited to static chunks of `static_chunk_size` frames when streaming.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from workers.model.cpu_linear import Linear
+from workers.model.dit.config import DiTConfig
+from workers.model.flow.encoder import chunk_mask
+from workers.model.flow.estimator import timestep_embedding
+
+
+class TimestepEmbedding(nn.Module):
+    """t (B,) -> (B, dim): sinusoidal features of 1000 t, then Linear, SiLU, Linear."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.freq_dim = config.time_freq_dim
+        self.time_mlp = nn.Sequential(
+            Linear(config.time_freq_dim, config.dim), nn.SiLU(), Linear(config.dim, config.dim)
+        )
+
+    def forward(self, t: Tensor) -> Tensor:
+        return self.time_mlp(timestep_embedding(t, self.freq_dim))
+
+
+class CausalConvPositionEmbedding(nn.Module):
+    """(B, T, D) -> (B, T, D): two grouped convs, each left-padded (causal) and Mish-activated."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        dim, kernel, groups = config.dim, config.conv_pos_kernel, config.conv_pos_groups
+        self.pad = kernel - 1
+        self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
+        self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv1(F.pad(x.transpose(1, 2), (self.pad, 0)))
+        h = self.conv2(F.pad(h, (self.pad, 0)))
+        return h.transpose(1, 2)
+
+
+class InputEmbedding(nn.Module):
+    """x, cond, mu (B, T, 80) and spks (B, 80) -> (B, T, dim), position term added."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.proj = Linear(config.in_channels, config.dim)
+        self.conv_pos_embed = CausalConvPositionEmbedding(config)
+
+    def forward(self, x: Tensor, cond: Tensor, mu: Tensor, spks: Tensor) -> Tensor:
+        spks = spks.unsqueeze(1).expand(-1, x.size(1), -1)
+        h = self.proj(torch.cat([x, cond, mu, spks], dim=-1))
+        return self.conv_pos_embed(h) + h
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary angles per position; `inv_freq` is a persistent buffer (it is in flow.pt)."""
+
+    inv_freq: Tensor
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", rotary_inv_freq(config))
+
+    def forward(self, length: int) -> Tensor:
+        """(T, dim_head): angle position * inv_freq[i] on channels 2i and 2i+1."""
+        positions = torch.arange(length, device=self.inv_freq.device, dtype=self.inv_freq.dtype)
+        angles = positions.unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        return angles.repeat_interleave(2, dim=-1)
+
+
+def rotary_inv_freq(config: DiTConfig) -> Tensor:
+    """1 / base^(2i/dim_head), i = 0..dim_head/2-1 (float32), as x-transformers computes it."""
+    exponents = torch.arange(0, config.dim_head, 2).float() / config.dim_head
+    return 1.0 / (config.rotary_base**exponents)
+
+
+def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate the first angles.size(-1) channels of x (B, T, C) in interleaved pairs."""
+    width = angles.size(-1)
+    head, rest = x[..., :width], x[..., width:]
+    pairs = head.unflatten(-1, (-1, 2))
+    rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    head = head * angles.cos() + rotated * angles.sin()
+    return torch.cat((head, rest), dim=-1)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with biased projections and rotary positions on head 0."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.to_q = Linear(config.dim, config.inner_dim)
+        self.to_k = Linear(config.dim, config.inner_dim)
+        self.to_v = Linear(config.dim, config.inner_dim)
+        self.to_out = nn.ModuleList([Linear(config.inner_dim, config.dim)])
+
+    def forward(self, x: Tensor, attn_mask: Tensor, angles: Tensor) -> Tensor:
+        """x (B, T, D); attn_mask (B, 1, T, T) bool, True = may attend; angles (T, dim_head)."""
+        q = apply_rotary(self.to_q(x), angles)
+        k = apply_rotary(self.to_k(x), angles)
+        v = self.to_v(x)
+
+        def split(h: Tensor) -> Tensor:  # (B, T, H*d) -> (B, H, T, d)
+            return h.unflatten(-1, (self.heads, -1)).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=attn_mask)
+        out = self.to_out[0](out.transpose(1, 2).flatten(2))
+        # Upstream zeroes the frames the last query may not see (padding; never in inference).
+        return out * attn_mask[:, 0, -1].unsqueeze(-1).to(out.dtype)
+
+
+class AdaLayerNorm(nn.Module):
+    """LayerNorm without weights, modulated by `parts` vectors from Linear(SiLU(time))."""
+
+    def __init__(self, config: DiTConfig, parts: int) -> None:
+        super().__init__()
+        self.eps = config.layer_norm_eps
+        self.parts = parts
+        self.linear = Linear(config.dim, config.dim * parts)
+
+    def modulation(self, time: Tensor) -> tuple[Tensor, ...]:
+        """(B, dim) time -> `parts` tensors (B, 1, dim), broadcast over frames."""
+        return self.linear(F.silu(time)).unsqueeze(1).chunk(self.parts, dim=-1)
+
+    def norm(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale) + shift
+
+
+class FeedForward(nn.Module):
+    """Linear, GELU (tanh approximation), Linear; keys ff.0.0 and ff.2 as upstream's."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        inner = config.dim * config.ff_mult
+        project_in = nn.Sequential(Linear(config.dim, inner), nn.GELU(approximate="tanh"))
+        self.ff = nn.Sequential(project_in, nn.Identity(), Linear(inner, config.dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ff(x)
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm block: gated attention, then gated feed-forward, both adaLN-Zero modulated."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.attn_norm = AdaLayerNorm(config, parts=6)
+        self.attn = Attention(config)
+        self.ff = FeedForward(config)
+
+    def forward(self, x: Tensor, time: Tensor, attn_mask: Tensor, angles: Tensor) -> Tensor:
+        """x (B, T, D), time (B, D) -> (B, T, D)."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.attn_norm.modulation(time)
+        h = self.attn_norm.norm(x, shift_a, scale_a)
+        x = x + gate_a * self.attn(h, attn_mask, angles)
+        h = self.attn_norm.norm(x, shift_f, scale_f)
+        return x + gate_f * self.ff(h)
+
+
+class FinalNorm(AdaLayerNorm):
+    """The output modulation: scale first, then shift (the reverse of the blocks' order)."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__(config, parts=2)
+
+    def forward(self, x: Tensor, time: Tensor) -> Tensor:
+        scale, shift = self.modulation(time)
+        return self.norm(x, shift, scale)
+
+
+class DiT(nn.Module):
+    """The estimator; attribute names match the official checkpoint's `decoder.estimator.*`."""
+
+    def __init__(self, config: DiTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.time_embed = TimestepEmbedding(config)
+        self.input_embed = InputEmbedding(config)
+        self.rotary_embed = RotaryEmbedding(config)
+        self.transformer_blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.depth))
+        self.norm_out = FinalNorm(config)
+        self.proj_out = Linear(config.dim, config.mel_dim)
+
+    def attention_mask(self, mask: Tensor, streaming: bool) -> Tensor:
+        """(B, 1, T) frame mask -> (B, 1, T, T) bool: valid keys, within the chunk if streaming."""
+        keys = mask.bool()  # (B, 1, T): broadcast over queries
+        length = mask.size(-1)
+        if streaming:
+            keys = keys & chunk_mask(length, self.config.static_chunk_size, device=mask.device)
+        return keys.expand(-1, length, -1).unsqueeze(1)
+
+    def forward(  # noqa: PLR0917 - the CFM solver's estimator interface
+        self,
+        x: Tensor,
+        mask: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        streaming: bool = False,
+    ) -> Tensor:
+        """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80) -> velocity (B, 80, T)."""
+        time = self.time_embed(t)
+        h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
+        angles = self.rotary_embed(h.size(1)).to(h.dtype)
+        attn_mask = self.attention_mask(mask, streaming)
+        for block in self.transformer_blocks:
+            h = block(h, time, attn_mask, angles)
+        return self.proj_out(self.norm_out(h, time)).transpose(1, 2)
