@@ -17,6 +17,7 @@ SHOWN_DEFAULTS = {
     "storage_url": "file URL of ./cosyq-output",
     "coreml_cache_dir": "~/.cache/cosyq/coreml",
     "hash_cache_dir": "~/.cache/cosyq/hashes",
+    "ort_cache_dir": "~/.cache/cosyq/onnx",
 }
 
 

@@ -30,6 +30,7 @@ from shared.settings_env import (
     reject_unknown_variables,
 )
 from shared.settings_front import FrontSettings
+from shared.settings_llm import LLMSettings
 from shared.settings_memory import MemorySettings
 from shared.settings_quality import QualitySettings
 from shared.settings_tenants import TenantSettings
@@ -54,7 +55,13 @@ def _default_hash_cache_dir() -> Path:
 
 
 class Settings(
-    FrontSettings, QualitySettings, TenantSettings, MemorySettings, BatchSettings, BaseSettings
+    LLMSettings,
+    FrontSettings,
+    QualitySettings,
+    TenantSettings,
+    MemorySettings,
+    BatchSettings,
+    BaseSettings,
 ):
     """Every knob of a cosyq process; each limit is named here with its default.
 

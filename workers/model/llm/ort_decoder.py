@@ -104,9 +104,10 @@ class OrtKV:
 class OrtSpeechLM:
     """`SpeechLM` with the backbone and head in ONNX Runtime (see the module docstring)."""
 
-    def __init__(self, model: Qwen2LM, session: ort.InferenceSession) -> None:
+    def __init__(self, model: Qwen2LM, session: ort.InferenceSession, *, path: Path) -> None:
         self.model = model  # the embeddings; its backbone is never run
         self.session = session
+        self.path = path  # the graph file
         self.config: LLMConfig = model.config
         self.names = GraphNames(model.config.backbone.num_layers)
 
@@ -177,4 +178,4 @@ def load_ort_llm(
     path = ort_cache_path(cache_dir, checkpoint_hash)
     session, built = open_step_session(model, path, threads=threads)
     log.info("llm_graph_opened", path=str(path), built=built, precision=PRECISION)
-    return OrtSpeechLM(model, session)
+    return OrtSpeechLM(model, session, path=path)
