@@ -111,9 +111,24 @@ class OrtSpeechLM:
         self.config: LLMConfig = model.config
         self.names = GraphNames(model.config.backbone.num_layers)
 
+    precision = PRECISION  # what the bench's stage table names
+
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    def step_bytes(self) -> int:
+        """Bytes of weights one step reads: the graph's initializers (8-bit weights, their
+        scales, biases, norms), the rotary tables excepted (a step reads one row of each)."""
+        import onnx  # noqa: PLC0415
+
+        graph = onnx.load(str(self.path), load_external_data=False).graph
+        total = 0
+        for init in graph.initializer:
+            if init.name not in ("cos", "sin"):
+                item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+                total += int(np.prod(init.dims)) * item
+        return total
 
     @property
     def speech_embedding(self) -> nn.Embedding:

@@ -65,20 +65,6 @@ class Int8Report:
         return [*out, *self.agreement.lines()]
 
 
-def graph_weight_bytes(ort_llm: OrtSpeechLM) -> int:
-    """Bytes of the graph's initializers a step reads (the rotary tables excluded: it reads
-    one row of each)."""
-    import onnx  # noqa: PLC0415
-
-    model = onnx.load(str(ort_llm.path), load_external_data=False)
-    total = 0
-    for init in model.graph.initializer:
-        if init.name not in ("cos", "sin"):
-            item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
-            total += int(np.prod(init.dims)) * item
-    return total
-
-
 def time_batched(ort_llm: OrtSpeechLM, batch: int, runs: int) -> float:
     """ms per row of one batched decode step, rows `BATCH_CONTEXT` long (best of runs)."""
     hidden = ort_llm.config.backbone.hidden_size
@@ -134,7 +120,7 @@ def bench_int8(
         )
         return Int8Report(
             timings=tuple(timings),
-            weight_bytes=graph_weight_bytes(ort_llm),
+            weight_bytes=ort_llm.step_bytes(),
             bandwidth_gbs=memory_bandwidth_gbs(),
             batched_ms_per_row=batched,
             agreement=agreement,
