@@ -28,6 +28,7 @@ class LLMAgreement:
     snr_db: tuple[float, ...]
     agreed: int
     steps: int
+    raw_snr_db: tuple[float, ...] = ()  # not centred (the issue-22 note's measure)
 
     @property
     def share(self) -> float:
@@ -35,7 +36,9 @@ class LLMAgreement:
 
     def lines(self) -> list[str]:
         first, rest = self.snr_db[0], self.snr_db[1:21] or (math.inf,)
+        raw = self.raw_snr_db[:21] or (math.inf,)
         return [
+            f"LLM log-probs (raw), prefill + 20 steps, min {min(raw):.1f} dB, prefill {raw[0]:.1f}",
             f"LLM log-probs (centred), prefill      {first:8.1f} dB",
             f"LLM log-probs, 20 decode steps (min)  {min(rest):8.1f} dB "
             f"(median {statistics.median(rest):.1f})",
@@ -51,6 +54,13 @@ def centred_snr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
     got = got[finite] - got[finite].mean()
     error = float(((ref - got) ** 2).sum())
     return math.inf if error == 0 else 10 * math.log10(float((ref**2).sum()) / error)
+
+
+def raw_snr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
+    ref, got = reference.double(), other.double()
+    finite = torch.isfinite(ref) & torch.isfinite(got)
+    error = float(((ref[finite] - got[finite]) ** 2).sum())
+    return math.inf if error == 0 else 10 * math.log10(float((ref[finite] ** 2).sum()) / error)
 
 
 def _draw(logp: torch.Tensor, decoded: list[int], model: SpeechLM, state: torch.Tensor) -> int:
@@ -75,7 +85,7 @@ def compare_llm(
     models = (reference, other)
     logps = [m.step_logp(prefix, c).float() for m, c in zip(models, caches, strict=True)]
     generator = torch.Generator().manual_seed(seed)
-    snrs, agreed = [centred_snr_db(*logps)], 0
+    snrs, raws, agreed = [centred_snr_db(*logps)], [raw_snr_db(*logps)], 0
     decoded: list[int] = []
     for step in range(steps):
         for logp in logps:
@@ -91,4 +101,5 @@ def compare_llm(
         embed = reference.speech_embedding.weight[token].view(1, 1, -1)
         logps = [m.step_logp(embed, c).float() for m, c in zip(models, caches, strict=True)]
         snrs.append(centred_snr_db(*logps))
-    return LLMAgreement(snr_db=tuple(snrs), agreed=agreed, steps=steps)
+        raws.append(raw_snr_db(*logps))
+    return LLMAgreement(snr_db=tuple(snrs), agreed=agreed, steps=steps, raw_snr_db=tuple(raws))

@@ -18,12 +18,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shared.logs import get_logger
 from workers.model.llm.model import Qwen2LM
 from workers.model.llm.ort_decoder import OrtSpeechLM, load_ort_llm
 from workers.tools.bench.floors import memory_bandwidth_gbs
 from workers.tools.bench.llm_agreement import LLMAgreement, compare_llm
 from workers.tools.bench.llm_stage import DTYPES, _prompt, time_decode, time_prefill
 from workers.tools.fixtures.random_weights import build_random_llm, full_llm_config
+
+log = get_logger(__name__)
 
 BATCH_CONTEXT = 200  # positions already in each row when a batched step is timed
 BATCH_STEPS = 20
@@ -85,6 +88,7 @@ def _timing(name: str, model: object, prompt: tuple, tokens: int, runs: int) -> 
     time_prefill(model, prompt)  # type: ignore[arg-type]  # warm-up
     prefill = min(time_prefill(model, prompt) for _ in range(runs))  # type: ignore[arg-type]
     per_token = min(time_decode(model, prompt, tokens) for _ in range(runs))  # type: ignore[arg-type]
+    log.info("bench_llm_timed", precision=name, prefill_s=prefill, ms_per_token=per_token * 1e3)
     return PrecisionTiming(name, prefill, per_token * 1e3)
 
 
@@ -114,6 +118,7 @@ def bench_int8(
         timings.append(_timing("bf16", bf16, prompt, decode_tokens, runs))
         bf16 = None
         batched = {b: time_batched(ort_llm, b, runs) for b in batches}
+        log.info("bench_llm_batched", ms_per_row=batched)
         ids = [torch.tensor(p, dtype=torch.long) for p in prompt]
         agreement = compare_llm(
             fp32, ort_llm, fp32.prefix_embeddings(*ids), steps=agreement_steps, seed=0
