@@ -63,6 +63,12 @@ def raw_snr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
     return math.inf if error == 0 else 10 * math.log10(float((ref[finite] ** 2).sum()) / error)
 
 
+def _step_logp(model: SpeechLM, cache: KVCache, embeds: torch.Tensor) -> torch.Tensor:
+    """One step of `model`, the embeddings in its own dtype (a bf16 model against fp32)."""
+    dtype = model.speech_embedding.weight.dtype
+    return model.step_logp(embeds.to(dtype), cache).float()
+
+
 def _draw(logp: torch.Tensor, decoded: list[int], model: SpeechLM, state: torch.Tensor) -> int:
     generator = torch.Generator()
     generator.set_state(state)
@@ -81,9 +87,12 @@ def compare_llm(
     """`prefix` (1, P, hidden) embeddings (the reference's), then `steps` teacher-forced steps."""
     backbone = reference.config.backbone
     stops = list(reference.config.stop_tokens)
-    caches = [KVCache(backbone, prefix.shape[1] + steps, dtype=prefix.dtype) for _ in range(2)]
     models = (reference, other)
-    logps = [m.step_logp(prefix, c).float() for m, c in zip(models, caches, strict=True)]
+    caches = [
+        KVCache(backbone, prefix.shape[1] + steps, dtype=m.speech_embedding.weight.dtype)
+        for m in models
+    ]
+    logps = [_step_logp(m, c, prefix) for m, c in zip(models, caches, strict=True)]
     generator = torch.Generator().manual_seed(seed)
     snrs, raws, agreed = [centred_snr_db(*logps)], [raw_snr_db(*logps)], 0
     decoded: list[int] = []
@@ -99,7 +108,7 @@ def compare_llm(
         if step + 1 == steps:
             break
         embed = reference.speech_embedding.weight[token].view(1, 1, -1)
-        logps = [m.step_logp(embed, c).float() for m, c in zip(models, caches, strict=True)]
+        logps = [_step_logp(m, c, embed) for m, c in zip(models, caches, strict=True)]
         snrs.append(centred_snr_db(*logps))
         raws.append(raw_snr_db(*logps))
     return LLMAgreement(snr_db=tuple(snrs), agreed=agreed, steps=steps, raw_snr_db=tuple(raws))
