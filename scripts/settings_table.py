@@ -18,6 +18,7 @@ SHOWN_DEFAULTS = {
     "coreml_cache_dir": "~/.cache/cosyq/coreml",
     "hash_cache_dir": "~/.cache/cosyq/hashes",
     "compile_cache_dir": "~/.cache/cosyq/inductor",
+    "ort_cache_dir": "~/.cache/cosyq/onnx",
 }
 
 

@@ -31,6 +31,7 @@ from shared.settings_env import (
 )
 from shared.settings_front import FrontSettings
 from shared.settings_gpu import GpuSettings
+from shared.settings_llm import LLMSettings
 from shared.settings_memory import MemorySettings
 from shared.settings_quality import QualitySettings
 from shared.settings_tenants import TenantSettings
@@ -55,6 +56,7 @@ def _default_hash_cache_dir() -> Path:
 
 
 class Settings(
+    LLMSettings,
     FrontSettings,
     QualitySettings,
     TenantSettings,

@@ -37,6 +37,7 @@ from workers.engine.assembly import JoinConfig, change_speed, join_pieces, piece
 from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, SequentialSession
 from workers.engine.devices import resolve_device, resolve_dtype
+from workers.engine.llm_precision import int8_speech_tokens
 from workers.engine.modes import llm_prompt
 from workers.engine.prompt_models import PromptModels
 from workers.engine.requests import RequestPlan, RequestState
@@ -58,7 +59,7 @@ from workers.model.directory import QWEN_DIR
 from workers.model.heap import HeapPolicy, building_model
 from workers.model.llm.decoder_choice import DecodeChoice, open_decoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
-from workers.model.loader import load_model
+from workers.model.loader import LoadedModel, load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
 from workers.model.tokenizer import load_text_tokenizer
 
@@ -85,6 +86,8 @@ class EngineOptions:
     stream: StreamSchedule = field(default_factory=StreamSchedule)  # streamed requests' hops
     heap: HeapPolicy = field(default_factory=HeapPolicy)  # glibc: freed memory kept for reuse
     decode: DecodeChoice = field(default_factory=DecodeChoice)  # CUDA: graphs, compiled step
+    llm_precision: str = "native"  # "int8": the LLM step in ONNX Runtime (`llm_precision.py`)
+    ort_cache_dir: Path | None = None  # int8's built graphs (None: ~/.cache/cosyq/onnx)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_max_positions < 1:
@@ -406,6 +409,13 @@ def voice_prefixes(schedule: StreamSchedule) -> VoicePrefixes | None:
     return VoicePrefixes(int(schedule.voice_cache_max_mb * 2**20))
 
 
+def _llm_stage(loaded: LoadedModel, options: EngineOptions) -> SpeechTokenStage:
+    if options.llm_precision != "int8":
+        return ModuleSpeechTokens(loaded.llm)
+    cache_dir = options.ort_cache_dir or Path.home() / ".cache" / "cosyq" / "onnx"
+    return int8_speech_tokens(loaded, cache_dir=cache_dir, threads=torch.get_num_threads())
+
+
 def build_engine(
     model_dir: Path,
     *,
@@ -456,7 +466,7 @@ def build_engine(
     return SynthesisPipeline(
         frontend=frontend,
         voices=voices,
-        llm=llm or ModuleSpeechTokens(loaded.llm),
+        llm=llm or _llm_stage(loaded, options),
         flow=flow
         or ModuleFlow(
             loaded.flow,

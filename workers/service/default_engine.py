@@ -33,9 +33,28 @@ def dtype_for(settings: Settings, torch_device: str) -> str:
     return choice.name
 
 
-def engine_options(settings: Settings) -> EngineOptions:
+def llm_precision_for(settings: Settings, device: str, backend: str) -> str:
+    """`COSYQ_LLM_PRECISION`, with `auto` resolved for this host; logged with its reason."""
+    from workers.engine.devices import resolve_device  # noqa: PLC0415
+    from workers.engine.llm_precision import choose_llm_precision  # noqa: PLC0415
+
+    choice = choose_llm_precision(
+        settings.llm_precision, device=resolve_device(device), backend=backend
+    )
+    log.info(
+        "llm_precision_chosen",
+        setting=settings.llm_precision,
+        precision=choice.name,
+        reason=choice.reason,
+    )
+    return choice.name
+
+
+def engine_options(settings: Settings, *, llm_precision: str = "native") -> EngineOptions:
     """The engine's per-engine choices, from the worker's settings."""
     return EngineOptions(
+        llm_precision=llm_precision,
+        ort_cache_dir=settings.ort_cache_dir,
         normalize_text=settings.normalize_text,
         split=SplitConfig(max_piece_tokens=settings.max_piece_tokens),
         join=JoinConfig(gap_s=settings.piece_gap_ms / 1000),
@@ -76,6 +95,7 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
     if choice.backend == "coreml":  # macOS with a valid conversion; coremltools loads only here
         from workers.coreml.engine import CoreMLPlacement, load_coreml_engine  # noqa: PLC0415
 
+        llm_precision_for(settings, choice.torch_device, "coreml")  # int8 refused, auto logged
         if choice.coreml_dir is None or choice.compute_units is None:
             raise ModelLoadError(f"Core ML was chosen without a conversion: {choice.reason}")
         placement = CoreMLPlacement(
@@ -94,10 +114,11 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
             options=options,
             hash_cache_dir=settings.hash_cache_dir,
         )
+    precision = llm_precision_for(settings, choice.device, choice.backend)
     return build_engine(
         settings.model_dir,
         device=choice.device,
         dtype=dtype_for(settings, choice.device),
-        options=options,
+        options=engine_options(settings, llm_precision=precision),
         hash_cache_dir=settings.hash_cache_dir,
     )

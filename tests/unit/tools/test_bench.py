@@ -139,6 +139,22 @@ def test_bf16_against_fp32_on_the_tiny_model(capsys: pytest.CaptureFixture[str])
     assert len(values) == 5 and all(0.0 < v < 100.0 for v in values)  # close, not identical
 
 
+def test_int8_llm_against_fp32_on_the_tiny_model(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["bench", "--runs", "1", "--threads", "1", "--llm-precision", "int8", "--compare-fp32"]
+    argv += ["--text", "Hello.", "--no-floors", "--cache-dir", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "precision per stage: llm int8, flow fp32" in out
+    assert "fp32, LLM int8 vs fp32, SNR dB" in out
+    first = next(line for line in out.splitlines() if line.startswith("LLM first-step"))
+    assert 30.0 < float(first.split()[-1]) < 100.0  # close to fp32, not identical
+    agreeing = next(line for line in out.splitlines() if "sampled tokens agreeing" in line)
+    assert "/ 200" in agreeing
+    assert [p.suffix for p in (tmp_path / "onnx").iterdir()] == [".onnx"]  # the graph kept
+
+
 def test_bench_json_has_every_figure_the_cpu_and_each_stage_beside_its_floor(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -76,7 +76,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare-fp32",
         action="store_true",
-        help="with --dtype fp16/bf16: also load fp32 and print each stage's SNR against it",
+        help="with --dtype fp16/bf16 or --llm-precision int8: also load fp32 and print each "
+        "stage's SNR against it (int8: and the sampled tokens' agreement over 200 steps)",
+    )
+    parser.add_argument(
+        "--llm-precision",
+        choices=["native", "int8"],
+        default="native",
+        help="int8: the LLM step in ONNX Runtime with 8-bit weights (COSYQ_LLM_PRECISION)",
     )
     parser.add_argument(
         "--omp-wait-policy",

@@ -10,6 +10,7 @@ or a model directory. A fresh process per bench keeps RSS figures honest.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import statistics
@@ -33,12 +34,13 @@ from workers.engine.requests import RequestState
 from workers.service.quality import QualityPolicy, judge
 from workers.tools.bench import DEFAULT_TEXT
 from workers.tools.bench.floors import Floors, measure_floors, stage_precisions
-from workers.tools.bench.precision import PrecisionReport, compare_precision
+from workers.tools.bench.precision import PrecisionReport, compare_precision, llm_agreement
 
 FULL_RANDOM_TOKENS = 100  # 4 s of audio, as in the table upstream was measured with
 DEFAULT_CACHE = Path.home() / ".cache" / "cosyq" / "full-random"  # ~2.5 GB, written once
 DEFAULT_HASH_CACHE = Path.home() / ".cache" / "cosyq" / "hashes"  # as the worker's default
 COMPARE_TOKENS = 50  # speech tokens fed to both precisions when none are forced
+AGREEMENT_STEPS = 200  # int8 LLM: teacher-forced steps whose sampled tokens are compared
 QUALITY_SHARE_TARGET = 0.01  # issue 25: the quality measures add under 1% to a job
 
 
@@ -58,6 +60,7 @@ class BenchOptions:
     compare_fp32: bool = False  # also load an fp32 engine and report per-stage SNR
     floors: bool = True  # measure the machine's rates and each stage's floor (CPU only)
     omp_wait_policy: str = "(unset)"  # as in force for this process (reported)
+    llm_precision: str = "native"  # "int8": the LLM step in ONNX Runtime (COSYQ_LLM_PRECISION)
 
     @classmethod
     def from_args(cls, args: Any, **extra: Any) -> BenchOptions:
@@ -77,6 +80,7 @@ SHARED_ARGUMENTS = (
     "tokens",
     "seed",
     "cache_dir",
+    "llm_precision",
 )
 
 
@@ -258,7 +262,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
             root,
             device=options.device,
             dtype=options.dtype,
-            options=EngineOptions(forced_speech_tokens=forced_tokens(options)),
+            options=engine_options(options),
             hash_cache_dir=Path(workdir) / "hashes" if temporary else options.hash_cache_dir,
         )
         load_s = time.perf_counter() - start
@@ -275,7 +279,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         precisions = stage_precisions(engine)
         floors = _floors(options, engine, voice, first, precisions)
         precision = None
-        if options.compare_fp32 and options.dtype != "fp32":
+        if options.compare_fp32 and (options.dtype != "fp32" or options.llm_precision == "int8"):
             precision = _compare(options, root, engine, request, Path(workdir))
     return BenchResult(
         options=options,
@@ -294,6 +298,14 @@ def run_bench(options: BenchOptions) -> BenchResult:
         precisions=precisions,
         floors=floors,
         precision=precision,
+    )
+
+
+def engine_options(options: BenchOptions) -> EngineOptions:
+    return EngineOptions(
+        forced_speech_tokens=forced_tokens(options),
+        llm_precision=options.llm_precision,
+        ort_cache_dir=options.cache_dir / "onnx",
     )
 
 
@@ -319,12 +331,17 @@ def _compare(
     workdir: Path,
 ) -> PrecisionReport:
     reference = build_engine(root, device=options.device, dtype="fp32", hash_cache_dir=workdir)
-    return compare_precision(
+    int8 = options.llm_precision == "int8"
+    report = compare_precision(
         reference,
         engine,
-        dtype=options.dtype,
+        dtype=f"{options.dtype}, LLM int8" if int8 else options.dtype,
         text=request.text,
         voice=request.prompt,
         tokens=forced_tokens(options) or COMPARE_TOKENS,
         seed=options.seed,
     )
+    if not int8:
+        return report
+    agreement = llm_agreement(reference, engine, request, steps=AGREEMENT_STEPS, seed=options.seed)
+    return dataclasses.replace(report, llm_agreement=agreement)

@@ -201,7 +201,8 @@ class Floors:
 def measure_floors(engine: Any, voice: Any, tokens: int, precisions: dict[str, str]) -> Floors:
     """Rates, then one flow and one HiFT pass on `tokens` speech tokens of `voice` (counted,
     then profiled). `precisions`: each stage's dtype name (the GEMM rate is taken in each)."""
-    dtypes = {name: getattr(torch, _TORCH_NAMES[name]) for name in set(precisions.values())}
+    used = {precisions["flow"], precisions["hift"]}  # the GEMM-bound stages
+    dtypes = {name: getattr(torch, _TORCH_NAMES[name]) for name in used}
     rates = {name: gemm_gflops(dtype) for name, dtype in dtypes.items()}
     bandwidth = memory_bandwidth_gbs()
     ids = np.random.default_rng(0).integers(0, 4096, size=tokens, dtype=np.int64)
@@ -210,7 +211,9 @@ def measure_floors(engine: Any, voice: Any, tokens: int, precisions: dict[str, s
     generator = torch.Generator().manual_seed(0)
     flow_flops = count_flops(flow_pass)
     hift_flops = count_flops(lambda: engine.vocoder.waveform(mel, generator))
-    llm_bytes = decode_bytes_per_step(engine.llm.model)
+    model = engine.llm.model
+    step_bytes = getattr(model, "step_bytes", None)  # the int8 ORT step: its graph's weights
+    llm_bytes = step_bytes() if step_bytes is not None else decode_bytes_per_step(model)
     return Floors(
         bandwidth_gbs=bandwidth,
         gemm_gflops=rates,
@@ -237,8 +240,9 @@ def stage_precisions(engine: Any) -> dict[str, str]:
     """The dtype each stage really computes in, read from its weights (HiFT's F0 predictor
     and its source/STFT parts may differ from its convolutions)."""
     hift = getattr(engine.vocoder, "model", None)
+    llm = getattr(engine.llm, "model", None)
     return {
-        "llm": _dtype_of(getattr(engine.llm, "model", None)),
+        "llm": getattr(llm, "precision", None) or _dtype_of(llm),
         "flow": _dtype_of(getattr(engine.flow, "model", None)),
         "hift": _dtype_of(getattr(hift, "conv_pre", None)),
         "hift_f0_predictor": _dtype_of(getattr(hift, "f0_predictor", None)),

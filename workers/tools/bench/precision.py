@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from workers.engine.api import VoicePrompt
 from workers.engine.pipeline import SynthesisPipeline
 from workers.engine.stages import ModuleFlow, ModuleSpeechTokens, ModuleVocoder, source_noise
 from workers.model.llm.qwen2 import KVCache
+from workers.tools.bench.llm_agreement import LLMAgreement, compare_llm
 
 
 def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
@@ -40,6 +42,7 @@ class PrecisionReport:
     hift_wav_db: float
     hift_decoder_db: float
     chain_wav_db: float
+    llm_agreement: LLMAgreement | None = None  # int8 LLM: 200 teacher-forced steps
 
     def lines(self) -> list[str]:
         rows = [
@@ -51,7 +54,8 @@ class PrecisionReport:
         ]
         width = max(len(name) for name, _ in rows)
         head = f"{self.dtype} vs fp32, SNR dB (identical inputs per stage)"
-        return [head, *(f"{name:<{width}}  {value:8.1f}" for name, value in rows)]
+        lines = [head, *(f"{name:<{width}}  {value:8.1f}" for name, value in rows)]
+        return lines + (self.llm_agreement.lines() if self.llm_agreement else [])
 
 
 @torch.inference_mode()
@@ -69,6 +73,26 @@ def first_step_logp(engine: SynthesisPipeline, text: list[int], prompt: VoicePro
     )
     logp = model.step_logp(prefix, cache).float().cpu().numpy()
     return logp - logp.mean()
+
+
+@torch.inference_mode()
+def llm_agreement(
+    reference: SynthesisPipeline,
+    other: SynthesisPipeline,
+    request: Any,
+    *,
+    steps: int,
+    seed: int,
+) -> LLMAgreement:
+    """`other`'s LLM against `reference`'s over a prefill of `request`'s text and voice and
+    `steps` teacher-forced steps (`llm_agreement.compare_llm`)."""
+    ref, low = reference.llm, other.llm
+    if not (isinstance(ref, ModuleSpeechTokens) and isinstance(low, ModuleSpeechTokens)):
+        raise TypeError("the LLM agreement check needs module LLM stages")
+    ids = torch.as_tensor(list(reference.frontend.pieces(request.text)[0].ids))
+    speech = torch.from_numpy(request.prompt.speech_tokens.astype(np.int64))
+    prefix = ref.model.prefix_embeddings(ids, ids[:0], speech)
+    return compare_llm(ref.model, low.model, prefix, steps=steps, seed=seed)
 
 
 @torch.inference_mode()

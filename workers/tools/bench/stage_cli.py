@@ -7,6 +7,7 @@ The three share their arguments (`--threads`, `--runs`, `--dtype`, `--device`, `
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,14 @@ def register_bench(commands: Any) -> None:
     llm.add_argument("--prefill", type=int, default=42, help="prefix positions (default 42)")
     llm.add_argument("--tokens", type=int, default=100, help="forced decode tokens (default 100)")
     llm.add_argument("--kernel", choices=["torch", "onednn", "gemv"], default=None)
+    llm.add_argument(
+        "--llm-precision",
+        choices=["native", "int8"],
+        default="native",
+        help="int8: the ONNX Runtime int8 step beside fp32 and bf16, its floor, batched steps "
+        "and its accuracy against fp32 (one run)",
+    )
+    llm.add_argument("--batches", default="8,16", help="int8 batched decode sizes (default 8,16)")
     llm.set_defaults(handler=run_llm, runs=3)
     flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
     flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
@@ -67,6 +76,8 @@ def _stage(
 
 def run_llm(args: argparse.Namespace) -> int:
     set_omp_wait_policy(args.omp_wait_policy)
+    if args.llm_precision == "int8":
+        return run_llm_int8(args)
     from workers.tools.bench.llm_stage import bench_llm, format_table  # noqa: PLC0415
     from workers.tools.fixtures.random_weights import full_llm_config  # noqa: PLC0415
 
@@ -80,6 +91,24 @@ def run_llm(args: argparse.Namespace) -> int:
         kernel=args.kernel,
     )
     print(format_table(result))
+    return 0
+
+
+def run_llm_int8(args: argparse.Namespace) -> int:
+    from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
+    from workers.tools.bench.llm_int8 import bench_int8  # noqa: PLC0415
+
+    cpu = host_cpu()
+    report = bench_int8(
+        threads=args.threads,
+        prefill_positions=args.prefill,
+        decode_tokens=args.tokens,
+        runs=args.runs,
+        batches=[int(b) for b in args.batches.split(",") if b],
+    )
+    print(f"LLM FULL random weights, {args.threads} threads; CPU {cpu.model} ({cpu.machine})")
+    print(f"ISA: {' '.join(cpu.flags)}; load average {os.getloadavg()[0]:.2f}")
+    print("\n".join(report.lines()))
     return 0
 
 

@@ -11,6 +11,7 @@ import platform
 import sys
 from collections.abc import Callable
 
+from shared.errors import ModelLoadError
 from shared.settings import Settings
 from workers.service.host import is_translated, physical_cores, threads_per_worker
 from workers.tools.doctor.rows import Row, fail, ok, skip
@@ -67,6 +68,7 @@ def precision_row(settings: Settings) -> Row:
     from workers.engine.auto_dtype import resolve_dtype_setting  # noqa: PLC0415 (torch)
     from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
     from workers.engine.devices import resolve_device  # noqa: PLC0415
+    from workers.engine.llm_precision import choose_llm_precision  # noqa: PLC0415
 
     host = host_cpu()
     try:
@@ -74,12 +76,21 @@ def precision_row(settings: Settings) -> Row:
     except Exception as e:
         return skip(GROUP, PRECISION_ROW, f"device not resolved: {e}")
     choice = resolve_dtype_setting(settings.dtype, device)
+    backend = "coreml" if settings.backend == "coreml" else "torch"
+    try:
+        llm = choose_llm_precision(
+            settings.llm_precision, device=device, backend=backend, host=host
+        )
+    except ModelLoadError as e:
+        return fail(GROUP, PRECISION_ROW, str(e), "set COSYQ_LLM_PRECISION=native or auto")
     return ok(
         GROUP,
         PRECISION_ROW,
-        f"{choice.name} on {device.type}: {choice.reason}; {host.line()}",
+        f"{choice.name} on {device.type}: {choice.reason}; LLM {llm.name}: {llm.reason}; "
+        f"{host.line()}",
         dtype=choice.name,
         setting=settings.dtype,
+        llm_precision=llm.name,
         flags=list(host.flags),
     )
 

@@ -1,0 +1,89 @@
+"""`COSYQ_LLM_PRECISION`: the setting, the choice (auto's table), and an int8 engine end to end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from shared.errors import ModelLoadError, SettingsError
+from shared.settings import Settings, load_settings
+from workers.engine.api import SynthesisInput
+from workers.engine.cpu_features import HostCPU
+from workers.engine.llm_precision import MEASURED, choose_llm_precision, host_class
+from workers.engine.pipeline import EngineOptions, build_engine
+from workers.engine.stages import ModuleSpeechTokens
+from workers.model.llm.model import Qwen2LM
+from workers.model.llm.ort_decoder import OrtSpeechLM
+
+CPU = torch.device("cpu")
+
+
+def host(*flags: str) -> HostCPU:
+    return HostCPU(model="Test CPU", machine="x86_64", flags=flags, cores=2)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for name in list(os.environ):
+        if name.upper().startswith("COSYQ_") and name.lower()[6:] in Settings.model_fields:
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_setting_defaults_to_auto_and_refuses_other_values(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_settings().llm_precision == "auto"
+    monkeypatch.setenv("COSYQ_LLM_PRECISION", "int4")
+    with pytest.raises(SettingsError, match=r"(?i)llm_precision"):
+        load_settings()
+    monkeypatch.setenv("COSYQ_LLM_PRECISION", "int8")
+    monkeypatch.setenv("COSYQ_ORT_CACHE_DIR", str(clean_env / "graphs"))
+    settings = load_settings()
+    assert settings.llm_precision == "int8" and settings.ort_cache_dir == clean_env / "graphs"
+
+
+def test_explicit_choices_are_kept_and_int8_off_the_cpu_is_refused() -> None:
+    assert choose_llm_precision("native", device=CPU, host=host("avx2")).name == "native"
+    assert choose_llm_precision("int8", device=CPU, host=host("avx2")).name == "int8"
+    with pytest.raises(ModelLoadError, match="CPU with the torch backend only"):
+        choose_llm_precision("int8", device=torch.device("cuda"))
+    with pytest.raises(ModelLoadError, match="coreml"):
+        choose_llm_precision("int8", device=CPU, backend="coreml")
+
+
+def test_auto_follows_the_measured_table_and_stays_native_where_unmeasured() -> None:
+    zen4 = host("avx2", "avx512f", "avx512_bf16")
+    assert host_class(zen4) == "avx512_bf16"
+    choice = choose_llm_precision("auto", device=CPU, host=zen4)
+    assert choice.name == ("int8" if MEASURED["avx512_bf16"][0] else "native")
+    assert MEASURED["avx512_bf16"][1] in choice.reason
+    unmeasured = choose_llm_precision("auto", device=CPU, host=host("neon"))
+    assert unmeasured.name == "native" and "no int8 measurement" in unmeasured.reason
+    gpu = choose_llm_precision("auto", device=torch.device("cuda"), host=zen4)
+    assert gpu.name == "native"
+
+
+def test_an_int8_engine_synthesizes_and_a_native_one_keeps_torch(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    options = EngineOptions(llm_precision="int8", ort_cache_dir=tmp_path / "graphs")
+    engine = build_engine(
+        tiny_model_dir, device="cpu", options=options, hash_cache_dir=tmp_path / "h"
+    )
+    assert isinstance(engine.llm, ModuleSpeechTokens)
+    assert isinstance(engine.llm.model, OrtSpeechLM)
+    assert engine.llm.model.path.parent == tmp_path / "graphs" and engine.llm.model.path.is_file()
+    samples, rate = soundfile.read(tiny_model_dir / "prompt.wav", dtype="float32")
+    voice = engine.extract_voice(samples, int(rate), "A prompt.")
+    out = engine.synthesize(SynthesisInput(text="Hello there, a short test.", prompt=voice, seed=3))
+    assert out.samples.size > 0 and np.isfinite(out.samples).all()
+    native = build_engine(tiny_model_dir, device="cpu", hash_cache_dir=tmp_path / "h")
+    assert isinstance(native.llm, ModuleSpeechTokens)
+    assert isinstance(native.llm.model, Qwen2LM)
