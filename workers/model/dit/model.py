@@ -28,7 +28,7 @@ from workers.model.dit.config import DiTFlowConfig
 from workers.model.dit.estimator import DiT
 from workers.model.embedding import Embedding
 from workers.model.flow.encoder import PreLookahead
-from workers.model.flow.model import EulerStep, FlowMatchingSolver
+from workers.model.flow.model import EulerStep, FlowMatchingSolver, check_token_ids
 
 
 class DiTFlowMatching(FlowMatchingSolver):
@@ -126,21 +126,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
     ) -> None:
         """Reject malformed requests with a message naming the field, before any compute."""
         cfg = self.config
-        if token.dim() != 2 or token.size(0) != 1 or token.size(1) == 0:
-            raise InvalidRequestError(
-                f"flow token: expected shape (1, N>0), got {tuple(token.shape)}"
-            )
-        if prompt_token.dim() != 2 or prompt_token.size(0) != 1:
-            raise InvalidRequestError(
-                f"flow prompt_token: expected shape (1, P), got {tuple(prompt_token.shape)}"
-            )
-        for name, ids in (("token", token), ("prompt_token", prompt_token)):
-            if ids.is_floating_point():
-                raise InvalidRequestError(f"flow {name}: expected integer ids, got {ids.dtype}")
-            if ids.numel() and int(ids.max()) >= cfg.vocab_size:
-                raise InvalidRequestError(
-                    f"flow {name}: id {int(ids.max())} >= speech vocabulary {cfg.vocab_size}"
-                )
+        check_token_ids(token, prompt_token, cfg.vocab_size)
         if not finalize and token.size(1) <= cfg.pre_lookahead_len:
             raise InvalidRequestError(
                 f"flow token: a non-final chunk needs more than {cfg.pre_lookahead_len} tokens "

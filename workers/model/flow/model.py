@@ -267,21 +267,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
     ) -> None:
         """Reject malformed requests with a message naming the field (not traced)."""
         cfg = self.config
-        if token.dim() != 2 or token.size(0) != 1 or token.size(1) == 0:
-            raise InvalidRequestError(
-                f"flow token: expected shape (1, N>0), got {tuple(token.shape)}"
-            )
-        if prompt_token.dim() != 2 or prompt_token.size(0) != 1:
-            raise InvalidRequestError(
-                f"flow prompt_token: expected shape (1, P), got {tuple(prompt_token.shape)}"
-            )
-        for name, ids in (("token", token), ("prompt_token", prompt_token)):
-            if ids.is_floating_point():
-                raise InvalidRequestError(f"flow {name}: expected integer ids, got {ids.dtype}")
-            if ids.numel() and int(ids.max()) >= cfg.vocab_size:
-                raise InvalidRequestError(
-                    f"flow {name}: id {int(ids.max())} >= speech vocabulary {cfg.vocab_size}"
-                )
+        check_token_ids(token, prompt_token, cfg.vocab_size)
         expected = (1, cfg.token_mel_ratio * prompt_token.size(1), cfg.mel_bins)
         if tuple(prompt_feat.shape) != expected:
             raise InvalidRequestError(
@@ -292,6 +278,24 @@ class CausalMaskedDiffWithXvec(nn.Module):
             raise InvalidRequestError(
                 f"flow embedding: expected shape (1, {cfg.spk_embed_dim}), "
                 f"got {tuple(embedding.shape)}"
+            )
+
+
+def check_token_ids(token: Tensor, prompt_token: Tensor, vocab_size: int) -> None:
+    """A flow request's speech tokens, (1, N>0) and (1, P) integer ids below `vocab_size`, or
+    an InvalidRequestError naming the field (both families' flows)."""
+    if token.dim() != 2 or token.size(0) != 1 or token.size(1) == 0:
+        raise InvalidRequestError(f"flow token: expected shape (1, N>0), got {tuple(token.shape)}")
+    if prompt_token.dim() != 2 or prompt_token.size(0) != 1:
+        raise InvalidRequestError(
+            f"flow prompt_token: expected shape (1, P), got {tuple(prompt_token.shape)}"
+        )
+    for name, ids in (("token", token), ("prompt_token", prompt_token)):
+        if ids.is_floating_point():
+            raise InvalidRequestError(f"flow {name}: expected integer ids, got {ids.dtype}")
+        if ids.numel() and int(ids.max()) >= vocab_size:
+            raise InvalidRequestError(
+                f"flow {name}: id {int(ids.max())} >= speech vocabulary {vocab_size}"
             )
 
 
