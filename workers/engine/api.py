@@ -71,6 +71,7 @@ class ModelIdentity:
     checkpoint_hash: str  # hash over llm.pt, flow.pt, hift.pt
     backend: str  # "torch" or "coreml"
     device: str  # "cpu", "mps", "cuda", "ane/gpu/cpu" ...
+    family: str = "cosyvoice2"  # the model directory's family: cosyvoice2 or cosyvoice3
 
 
 @dataclass(frozen=True)

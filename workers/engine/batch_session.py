@@ -57,6 +57,7 @@ from workers.engine.openmp_pool import release_thread_team
 from workers.engine.requests import RequestPlan
 from workers.engine.stages import ModuleVocoder
 from workers.model.llm.batch import FinishedRow, RowTooLong
+from workers.model.llm.cosyvoice3 import cap_silent_runs
 
 T = TypeVar("T")
 
@@ -287,6 +288,7 @@ class PipelineBatchSession:
     def _pieces_done(self, rows: list[FinishedRow]) -> None:
         """Flow for every row that finished this step in one padded batch (when the flow
         stage can), then each piece's speed change and HiFT on its own generator."""
+        rows = [capped(row, self.pipeline.llm) for row in rows]
         mels: list[np.ndarray | None] = [None] * len(rows)
         batch = [i for i, row in enumerate(rows) if row.tokens]
         flow = self.pipeline.flow
@@ -445,6 +447,15 @@ class PipelineBatchSession:
                 job.future.set_result(output)
         with self._lock:
             self._pending -= 1
+
+
+def capped(row: FinishedRow, llm: object) -> FinishedRow:
+    """The row's tokens as the alone path hands them on: CosyVoice 3's silent-run cap
+    (`cap_silent_runs`; nothing changes for CosyVoice 2, which has no silent tokens)."""
+    config = getattr(getattr(llm, "model", None), "config", None)
+    if config is None or not getattr(config, "silent_tokens", ()):
+        return row
+    return dataclasses.replace(row, tokens=list(cap_silent_runs(row.tokens, config)))
 
 
 def _job(row: FinishedRow) -> Job:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shared.errors import InvalidRequestError
+from shared.errors import InvalidRequestError, ModelLoadError
 from shared.text_markup import speech_limit_message, speech_seconds
 from workers.engine.api import (
     ChunkSink,
@@ -36,9 +36,10 @@ from workers.engine.api import (
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces, piece_spans
 from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, SequentialSession
+from workers.engine.causal_stages import CausalPieceStream, CausalVocoder
 from workers.engine.devices import resolve_device, resolve_dtype
 from workers.engine.llm_precision import int8_speech_tokens
-from workers.engine.modes import llm_prompt
+from workers.engine.modes import llm_prompt, raw_text, with_text_prefix
 from workers.engine.prompt_models import PromptModels
 from workers.engine.requests import RequestPlan, RequestState
 from workers.engine.stages import (
@@ -55,13 +56,17 @@ from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.engine.voice_prefixes import VoicePrefixes
-from workers.model.directory import QWEN_DIR
+from workers.model.causal_hift.config import CausalHiFTConfig
+from workers.model.causal_hift.model import CausalHiFTGenerator
+from workers.model.cosyvoice3_tokens import COSYVOICE3_SPECIAL_TOKENS, COSYVOICE3_USER_TOKENS
+from workers.model.directory import FAMILY_SPEECH_TOKENIZER, QWEN_DIR, ModelDirectory
+from workers.model.dit.model import CausalMaskedDiffWithDiT
 from workers.model.heap import HeapPolicy, building_model
 from workers.model.llm.decoder_choice import DecodeChoice, open_decoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import LoadedModel, load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
-from workers.model.tokenizer import load_text_tokenizer
+from workers.model.tokenizer import TextTokenizer, load_text_tokenizer
 
 WARM_UP_TEXT = "Hello."
 WARM_UP_TOKENS = 25  # one second of speech: every stage runs once at a bounded cost
@@ -111,6 +116,7 @@ class SynthesisPipeline:
         sample_rate: int,
         options: EngineOptions,
         prompt_dims: tuple[int, int] = (80, 192),  # mel bins, speaker embedding size
+        family: str = "cosyvoice2",  # the model directory's: cosyvoice2 or cosyvoice3
     ) -> None:
         self.frontend = frontend
         self.voices = voices
@@ -121,6 +127,7 @@ class SynthesisPipeline:
         self.sample_rate = sample_rate
         self.options = options
         self.prompt_dims = prompt_dims
+        self.family = family
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
         samples, state = self.run(request)
@@ -197,18 +204,11 @@ class SynthesisPipeline:
         self, piece: TextPiece, plan: RequestPlan, forced_length: int | None
     ) -> Iterator[np.ndarray]:
         """One piece's chunks; a stage that cannot stream (Core ML) gives the whole piece."""
-        flow, vocoder, state = self.flow, self.vocoder, plan.state
-        if not (getattr(flow, "can_stream", False) and getattr(vocoder, "can_stream", False)):
+        stream = self._piece_stream(plan)
+        if stream is None:
             yield self._piece(piece, plan, forced_length)
             return
-        stream = PieceStream(
-            flow,  # type: ignore[arg-type]  # can_stream: a ModuleFlow on our torch flow
-            vocoder,  # type: ignore[arg-type]
-            plan.request.prompt,
-            state.generator,
-            schedule=self.options.stream,
-            timed=state.clock.timed,
-        )
+        state = plan.state
         kwargs: dict[str, Any] = {
             "prompt_text": plan.prompt.text_ids,
             "prompt_speech": plan.prompt.speech_tokens,
@@ -239,12 +239,36 @@ class SynthesisPipeline:
         state.record_stop(ids, outcome.stop)
         yield stream.finish()
 
+    def _piece_stream(self, plan: RequestPlan) -> PieceStream | CausalPieceStream | None:
+        """One piece's stream for this family's stages; None when a stage cannot stream."""
+        flow, vocoder, state = self.flow, self.vocoder, plan.state
+        model = getattr(flow, "model", None)
+        if isinstance(model, CausalMaskedDiffWithDiT) and isinstance(vocoder, CausalVocoder):
+            return CausalPieceStream(
+                model,
+                vocoder.model,
+                plan.request.prompt,
+                schedule=self.options.stream,
+                timed=state.clock.timed,
+            )
+        if not (getattr(flow, "can_stream", False) and getattr(vocoder, "can_stream", False)):
+            return None
+        return PieceStream(
+            flow,  # type: ignore[arg-type]  # can_stream: a ModuleFlow on our torch flow
+            vocoder,  # type: ignore[arg-type]
+            plan.request.prompt,
+            state.generator,
+            schedule=self.options.stream,
+            timed=state.clock.timed,
+        )
+
     def begin(self, request: SynthesisInput) -> RequestPlan:
         """The front end of one request: checks, pieces, the mode's LLM prompt, its state."""
         state = RequestState.start(request.seed)
         with state.clock.timed("frontend"):
             pieces = self.text_pieces(request)
-            prompt = llm_prompt(self.frontend, request)
+            prompt = llm_prompt(self.frontend, request, self.family)
+            pieces = with_text_prefix(pieces, prompt)
         state.text_tokens = sum(len(piece.ids) for piece in pieces)
         return RequestPlan(request, state, pieces, prompt)
 
@@ -253,7 +277,10 @@ class SynthesisPipeline:
         accepts (InvalidRequestError naming the rule otherwise)."""
         _check_request(request)
         pieces = self.frontend.pieces(
-            request.text, language=request.language, transcript=request.prompt.transcript
+            request.text,
+            language=request.language,
+            transcript=request.prompt.transcript,
+            raw=raw_text(self.family, request.mode),
         )
         check_speech_bound(
             pieces, self.options.max_speech_seconds, per_piece=request.split_past_limit
@@ -412,6 +439,11 @@ def voice_prefixes(schedule: StreamSchedule) -> VoicePrefixes | None:
 def _llm_stage(loaded: LoadedModel, options: EngineOptions) -> SpeechTokenStage:
     if options.llm_precision != "int8":
         return ModuleSpeechTokens(loaded.llm)
+    if loaded.family != "cosyvoice2":
+        raise ModelLoadError(
+            f"{loaded.directory.root}: COSYQ_LLM_PRECISION=int8 serves CosyVoice 2 only so far "
+            "(this directory is CosyVoice 3): use native"
+        )
     cache_dir = options.ort_cache_dir or Path.home() / ".cache" / "cosyq" / "onnx"
     return int8_speech_tokens(loaded, cache_dir=cache_dir, threads=torch.get_num_threads())
 
@@ -436,6 +468,12 @@ def build_engine(
     options = options or EngineOptions()
     torch_device = resolve_device(device)
     replaced = {"flow": flow, "hift": vocoder}
+    family = ModelDirectory(Path(model_dir)).family  # from the directory's yaml, never a setting
+    if family != "cosyvoice2" and (flow is not None or vocoder is not None or llm is not None):
+        raise ModelLoadError(
+            f"{model_dir}: a CosyVoice 3 directory; the {backend} backend's stages serve "
+            "CosyVoice 2 only so far: run it on the torch backend (COSYQ_BACKEND=torch)"
+        )
     with building_model(options.heap):  # process-wide; the request policy from its end on
         loaded = load_model(
             model_dir,
@@ -447,12 +485,17 @@ def build_engine(
         )
     configs = loaded.configs
     frontend = TextFrontend(
-        load_text_tokenizer(loaded.directory.root / QWEN_DIR),
+        family_tokenizer(loaded.directory.root / QWEN_DIR, family),
         normalize=options.normalize_text,
         split=options.split,
     )
+    prompt_models = PromptModels(
+        loaded.directory.root,
+        threads=torch.get_num_threads(),
+        speech_tokenizer=FAMILY_SPEECH_TOKENIZER[family],
+    )
     voices = VoiceExtractor(
-        PromptModels(loaded.directory.root, threads=torch.get_num_threads()),
+        prompt_models,
         configs.mel,
         speech_vocab=configs.llm.speech_token_size,
         max_seconds=options.max_prompt_seconds,
@@ -462,7 +505,9 @@ def build_engine(
         checkpoint_hash=loaded.checkpoint_hash,
         backend=backend,
         device=reported_device or str(torch_device),
+        family=family,
     )
+    hift_config = configs.hift.base if isinstance(configs.hift, CausalHiFTConfig) else configs.hift
     return SynthesisPipeline(
         frontend=frontend,
         voices=voices,
@@ -473,9 +518,25 @@ def build_engine(
             voice_prefixes=voice_prefixes(options.stream),
             join_reduced_precision=options.join_reduced_precision_flow,
         ),
-        vocoder=vocoder or ModuleVocoder(loaded.hift),
+        vocoder=vocoder or _vocoder_stage(loaded),
         identity=identity,
-        sample_rate=configs.hift.sampling_rate,
+        sample_rate=hift_config.sampling_rate,
         options=options,
         prompt_dims=(configs.flow.mel_bins, configs.flow.spk_embed_dim),
+        family=family,
     )
+
+
+def family_tokenizer(folder: Path, family: str) -> TextTokenizer:
+    """The family's text tokenizer: CosyVoice 3 adds its 280 special tokens ('cosyvoice3')."""
+    if family == "cosyvoice3":
+        return load_text_tokenizer(
+            folder, specials=COSYVOICE3_SPECIAL_TOKENS, user_tokens=COSYVOICE3_USER_TOKENS
+        )
+    return load_text_tokenizer(folder)
+
+
+def _vocoder_stage(loaded: LoadedModel) -> VocoderStage:
+    if isinstance(loaded.hift, CausalHiFTGenerator):
+        return CausalVocoder(loaded.hift)
+    return ModuleVocoder(loaded.hift)

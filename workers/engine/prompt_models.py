@@ -89,8 +89,11 @@ class OnnxModel:
 class PromptModels:
     """Speech tokens and speaker embedding of a prompt, from the model directory's ONNX files."""
 
-    def __init__(self, root: Path, *, threads: int = 1) -> None:
-        self.speech_tokenizer = OnnxModel(root / SPEECH_TOKENIZER_FILE, threads=threads)
+    def __init__(
+        self, root: Path, *, threads: int = 1, speech_tokenizer: str = SPEECH_TOKENIZER_FILE
+    ) -> None:
+        """`speech_tokenizer`: the family's file (CosyVoice 3: speech_tokenizer_v3.onnx)."""
+        self.speech_tokenizer = OnnxModel(root / speech_tokenizer, threads=threads)
         self.speaker_model = OnnxModel(root / SPEAKER_MODEL_FILE, threads=threads)
 
     def speech_tokens(self, feats: np.ndarray, feats_length: np.ndarray) -> np.ndarray:

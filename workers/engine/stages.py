@@ -31,6 +31,7 @@ from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.model.hift.config import HiFTConfig
 from workers.model.hift.model import HiFTGenerator
 from workers.model.hift.source import SourceNoise
+from workers.model.llm.cosyvoice3 import cap_silent_runs
 from workers.model.llm.model import DecodeOutcome, SpeechLM, StopKind, iter_speech_tokens
 
 
@@ -121,7 +122,8 @@ class ModuleSpeechTokens:
     ) -> Iterator[int]:
         """The same decode loop, one speech token at a time as it is sampled (streaming);
         `should_stop` is asked before each step (SynthesisCanceled when it says stop),
-        `outcome` says how it ended once exhausted."""
+        `outcome` says how it ended once exhausted. CosyVoice 3: silent tokens past the
+        model's run cap are not handed on (`cap_silent_runs`; the LLM still saw them)."""
         tokens = iter_speech_tokens(
             self.model,
             text,
@@ -131,6 +133,8 @@ class ModuleSpeechTokens:
             forced_length=forced_length,
             outcome=outcome,
         )
+        if self.model.config.silent_tokens:
+            tokens = cap_silent_runs(tokens, self.model.config)
         return tokens if should_stop is None else _until_stopped(tokens, should_stop)
 
 

@@ -73,13 +73,20 @@ class TextFrontend:
         return len(self.tokenizer.encode(text))
 
     def pieces(
-        self, text: str, *, language: str = "auto", transcript: str = "", field: str = "text"
+        self,
+        text: str,
+        *,
+        language: str = "auto",
+        transcript: str = "",
+        field: str = "text",
+        raw: bool = False,
     ) -> list[TextPiece]:
         """The TTS text as normalised, tokenized pieces; EmptyTextError if nothing is left.
 
         `language` "auto" reads each span in its script's language (a stretch of no letters in
         the whole text's, else the voice `transcript`'s, else en); en, zh or ja is also the
-        Latin spans' language.
+        Latin spans' language. `raw`: each stretch between pauses is one piece as written,
+        neither normalised nor split (CosyVoice 3's cross_lingual, as upstream does).
         """
         segments = _markup(text, field)
         words = " ".join(s for s in segments if isinstance(s, str))
@@ -91,7 +98,9 @@ class TextFrontend:
             if isinstance(segment, Pause):
                 pause = (pause or 0.0) + segment.seconds
                 continue
-            for chunk in self._chunks(segment, spoken_in, final=index == last_words):
+            final = index == last_words
+            chunks = [segment.strip()] if raw else self._chunks(segment, spoken_in, final=final)
+            for chunk in filter(speakable, chunks):
                 pieces.append(TextPiece(chunk, tuple(self.user_ids(chunk, field)), pause))
                 pause = None
         if not pieces:
@@ -116,6 +125,14 @@ class TextFrontend:
             s for s in _markup(transcript, "prompt_text", allow_breaks=False) if isinstance(s, str)
         )
         return self.user_ids(self.normalizer(words, "auto"), "prompt_text")
+
+    def raw_prompt_text_ids(self, transcript: str) -> list[int]:
+        """The prompt's transcript as written (CosyVoice 3: its prompt text holds
+        <|endofprompt|>, so upstream never normalises it)."""
+        words = " ".join(
+            s for s in _markup(transcript, "prompt_text", allow_breaks=False) if isinstance(s, str)
+        )
+        return self.user_ids(words.strip(), "prompt_text")
 
     def instruction_ids(self, instruction: str) -> list[int]:
         """instruct2's instruction, not normalised, ending in <|endofprompt|> (added by us; one

@@ -18,7 +18,8 @@ Without streaming, `finish` alone makes the whole utterance in one call.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -82,6 +83,8 @@ class CausalTokenStream:
     emitted: int = 0
     hop: int = -1
     mel: Tensor | None = None
+    # each stage's time (the engine's clock): timed("flow") / timed("hift") wrap the calls
+    timed: Callable[[str], contextlib.AbstractContextManager[None]] | None = None
 
     def __post_init__(self) -> None:
         if self.hop < 0:
@@ -109,18 +112,21 @@ class CausalTokenStream:
 
     @torch.inference_mode()
     def _run(self, call: StreamCall) -> StreamChunk:
+        timed = self.timed or (lambda _stage: contextlib.nullcontext())
         token = torch.tensor([self.tokens[: call.tokens]], dtype=torch.int64)
-        mel, _ = self.flow.inference(
-            token.to(self.prompt_token.device),
-            self.prompt_token,
-            self.prompt_feat,
-            self.embedding,
-            streaming=call.streaming,
-            finalize=call.finalize,
-        )
+        with timed("flow"):
+            mel, _ = self.flow.inference(
+                token.to(self.prompt_token.device),
+                self.prompt_token,
+                self.prompt_feat,
+                self.embedding,
+                streaming=call.streaming,
+                finalize=call.finalize,
+            )
         new_mel = mel[:, :, self.flow.config.token_mel_ratio * call.offset :]
         self.mel = new_mel if self.mel is None else torch.cat([self.mel, new_mel], dim=2)
-        out = self.hift.inference(self.mel, finalize=call.finalize)
+        with timed("hift"):
+            out = self.hift.inference(self.mel, finalize=call.finalize)
         speech = out.wav[:, self.emitted :]
         self.emitted += speech.size(1)
         return StreamChunk(speech, new_mel, out.source, call)

@@ -214,3 +214,7 @@ COSYVOICE3_SPECIAL_TOKENS = (
     *_arpabet(),
     *(f"[{syllable}]" for syllable in PINYIN),
 )
+
+# What user text may carry: the control tags and the pronunciation tokens (`[j][ǐ]`, `[AA1]`);
+# never a `<|…|>` token (`<|endofprompt|>`, `<|endofsystem|>` ...).
+COSYVOICE3_USER_TOKENS = tuple(t for t in COSYVOICE3_SPECIAL_TOKENS if not t.startswith("<|"))

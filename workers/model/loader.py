@@ -62,9 +62,8 @@ class ModelConfigs:
     def from_directory(cls, directory: ModelDirectory) -> ModelConfigs:
         if directory.family != "cosyvoice2":
             raise ModelLoadError(
-                f"{directory.root}: a CosyVoice 3 model directory (cosyvoice3.yaml); this "
-                "engine serves CosyVoice 2 directories only so far (CosyVoice 3's model code "
-                "loads through `CosyVoice3Configs` / `load_cosyvoice3`)"
+                f"{directory.root}: a CosyVoice 3 model directory (cosyvoice3.yaml), where "
+                "CosyVoice 2's configs were asked for (`family_configs` reads either)"
             )
         doc = directory.yaml
         return cls(
@@ -105,6 +104,20 @@ class CosyVoice3Configs:
             mel=MelConfig.from_model_yaml(doc),
         )
 
+    def with_flow_steps(self, steps: int) -> CosyVoice3Configs:
+        """The same configs with the flow solved in `steps` Euler steps."""
+        if steps < 1:
+            raise ValueError(f"flow steps must be >= 1, got {steps}")
+        cfm = dataclasses.replace(self.flow.cfm, n_timesteps=steps)
+        return dataclasses.replace(self, flow=dataclasses.replace(self.flow, cfm=cfm))
+
+
+def family_configs(directory: ModelDirectory) -> ModelConfigs | CosyVoice3Configs:
+    """The configs of whichever family the directory holds (its yaml decides)."""
+    if directory.family == "cosyvoice3":
+        return CosyVoice3Configs.from_directory(directory)
+    return ModelConfigs.from_directory(directory)
+
 
 @dataclass(frozen=True)
 class LoadedCosyVoice3:
@@ -137,10 +150,11 @@ class LoadedModel:
     """The three stages on one device, plus what identifies the weights."""
 
     directory: ModelDirectory
-    configs: ModelConfigs
+    configs: ModelConfigs | CosyVoice3Configs
     llm: Qwen2LM
-    flow: CausalMaskedDiffWithXvec | None  # None when another runtime (Core ML) replaces it
-    hift: HiFTGenerator | None
+    # None when another runtime (Core ML) replaces it; CosyVoice 3: the DiT flow, causal HiFT
+    flow: CausalMaskedDiffWithXvec | CausalMaskedDiffWithDiT | None
+    hift: HiFTGenerator | CausalHiFTGenerator | None
     checkpoint_hashes: dict[str, str]
     device: torch.device
     dtype: torch.dtype
@@ -149,6 +163,10 @@ class LoadedModel:
     @property
     def checkpoint_hash(self) -> str:
         return combined_hash(self.checkpoint_hashes)
+
+    @property
+    def family(self) -> str:
+        return self.directory.family
 
 
 def load_model(
@@ -167,10 +185,12 @@ def load_model(
     Core ML neither does, and their weights are not loaded at all). `flow_steps` replaces the
     model's Euler steps (its 10) in the torch flow: fewer is faster and coarser. `policy`: the
     kernels (default `kernel_policy(device, dtype)`; a test loads a CUDA policy on the CPU).
+    A CosyVoice 3 directory loads its DiT flow and causal HiFT (the LLM is the same class
+    with CosyVoice 3's config); their CPU kernel packing is CosyVoice 2's only so far.
     """
     directory = ModelDirectory(Path(root))
     directory.check_layout()
-    configs = ModelConfigs.from_directory(directory)
+    configs = family_configs(directory)
     if flow_steps is not None:
         configs = configs.with_flow_steps(flow_steps)
     device = torch.device(device)
@@ -192,13 +212,15 @@ def load_model(
     del llm_state  # the mapping stays only for what the model still uses of it
     apply_llm_policy(llm, policy)  # CPU bf16: fused q/k/v, gate/up, packed weights
     flow = hift = None
-    if "flow" in torch_stages:
+    if isinstance(configs, CosyVoice3Configs):
+        flow, hift = _cosyvoice3_stages(configs, directory, torch_stages, device, dtype)
+    if isinstance(configs, ModelConfigs) and "flow" in torch_stages:
         flow_state = read_state_dict(flow_path, dtype=convert)
         flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
         del flow_state
         # In bf16 each piece's flow runs alone (COSYQ_BATCH_FLOW=joined gives up the bits anyway)
         apply_stage_policy(flow, policy, rows_alone=True)
-    if "hift" in torch_stages:
+    if isinstance(configs, ModelConfigs) and "hift" in torch_stages:
         # Read into memory, not mapped: every weight-normed kernel is folded into a new tensor
         # (and below fp32 converted), so mapped pages would stay resident beside the results.
         hift_state = read_state_dict(hift_path, mmap=False)
@@ -218,3 +240,26 @@ def load_model(
         dtype=dtype,
         kernels=policy,
     )
+
+
+def _cosyvoice3_stages(
+    configs: CosyVoice3Configs,
+    directory: ModelDirectory,
+    torch_stages: frozenset[str],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[CausalMaskedDiffWithDiT | None, CausalHiFTGenerator | None]:
+    """CosyVoice 3's DiT flow and causal HiFT (the F0 predictor stays float64 in any dtype)."""
+    flow = hift = None
+    if "flow" in torch_stages:
+        path = directory.checkpoint("flow")
+        convert = None if dtype == torch.float32 else dtype
+        flow = build_dit_flow(
+            configs.flow, read_state_dict(path, dtype=convert), device=device, dtype=dtype,
+            source=path,
+        )  # fmt: skip
+    if "hift" in torch_stages:
+        path = directory.checkpoint("hift")
+        state = read_state_dict(path, mmap=False)
+        hift = build_causal_hift(configs.hift, state, device=device, dtype=dtype, source=path)
+    return flow, hift

@@ -60,6 +60,7 @@ class TextTokenizer:
     """Text to token ids the way CosyVoice 2 does it: no BOS/EOS, specials as single ids."""
 
     tokenizer: Tokenizer
+    user_tokens: frozenset[str] = frozenset(CONTROL_TAGS)  # added tokens user text may carry
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -79,7 +80,7 @@ class TextTokenizer:
         carry (`<|endoftext|>`, `<|im_start|>`, `<|endofprompt|>` ...), by id: never from user
         text."""
         added = self.tokenizer.get_added_tokens_decoder()
-        allowed = set(CONTROL_TAGS)
+        allowed = self.user_tokens
         return {int(i): t.content for i, t in added.items() if t.content not in allowed}
 
     @property
@@ -88,12 +89,16 @@ class TextTokenizer:
 
 
 def load_text_tokenizer(
-    folder: Path, *, specials: Sequence[str] = COSYVOICE2_SPECIAL_TOKENS
+    folder: Path,
+    *,
+    specials: Sequence[str] = COSYVOICE2_SPECIAL_TOKENS,
+    user_tokens: Sequence[str] = CONTROL_TAGS,
 ) -> TextTokenizer:
     """Build the tokenizer from `folder` (CosyVoice-BlankEN) and check the special-token ids.
 
     `specials`: the family's added tokens, in order (CosyVoice 3:
-    `workers.model.cosyvoice3_tokens.COSYVOICE3_SPECIAL_TOKENS`)."""
+    `workers.model.cosyvoice3_tokens.COSYVOICE3_SPECIAL_TOKENS`); `user_tokens`: those of them
+    user text may carry (the control tags; CosyVoice 3 also its phone and pinyin tokens)."""
     for name in TOKENIZER_FILES:
         if not (folder / name).is_file():
             raise ModelLoadError(f"{folder / name}: file missing (Qwen2 tokenizer file)")
@@ -111,4 +116,4 @@ def load_text_tokenizer(
                 f"got {tokenizer.token_to_id(content)} (base vocabulary has {base} entries)"
             )
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    return TextTokenizer(tokenizer)
+    return TextTokenizer(tokenizer, frozenset(user_tokens))

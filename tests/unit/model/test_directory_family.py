@@ -12,9 +12,17 @@ import torch
 from shared.errors import ModelLoadError
 from workers.cli import main
 from workers.model.causal_hift.config import CausalHiFTConfig
+from workers.model.causal_hift.model import CausalHiFTGenerator
 from workers.model.directory import ModelDirectory
 from workers.model.dit.config import DiTFlowConfig
-from workers.model.loader import CosyVoice3Configs, LoadedCosyVoice3, load_cosyvoice3, load_model
+from workers.model.dit.model import CausalMaskedDiffWithDiT
+from workers.model.loader import (
+    CosyVoice3Configs,
+    LoadedCosyVoice3,
+    ModelConfigs,
+    load_cosyvoice3,
+    load_model,
+)
 from workers.model.yaml_plain import load_plain_yaml
 from workers.tools.fixtures.tiny3 import TinySpec3, render_yaml3
 from workers.tools.reference.configs import (
@@ -76,9 +84,15 @@ def test_a_cosyvoice3_directory_needs_the_v3_speech_tokenizer(tiny3: Path, tmp_p
         ModelDirectory(tmp_path / "d").check_layout()
 
 
-def test_the_cosyvoice2_engine_loader_refuses_a_cosyvoice3_directory_clearly(tiny3: Path) -> None:
+def test_the_engine_loader_takes_the_family_from_the_directory(tiny3: Path) -> None:
+    loaded = load_model(tiny3, flow_steps=2)
+    assert loaded.family == "cosyvoice3"
+    assert isinstance(loaded.configs, CosyVoice3Configs)
+    assert loaded.configs.flow.cfm.n_timesteps == 2
+    assert isinstance(loaded.flow, CausalMaskedDiffWithDiT)
+    assert isinstance(loaded.hift, CausalHiFTGenerator)
     with pytest.raises(ModelLoadError, match="a CosyVoice 3 model directory"):
-        load_model(tiny3)
+        ModelConfigs.from_directory(ModelDirectory(tiny3))  # CosyVoice 2's configs alone
 
 
 def test_published_yaml_form_reads_as_the_reference_full_config(

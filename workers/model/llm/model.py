@@ -303,7 +303,7 @@ def plan_decode(
     id is masked before the minimum: upstream masks EOS alone, so a fill token sampled first
     ends the piece with no speech at all (seen on random weights). CosyVoice 3 keeps upstream's
     rule (`min_length_mask`, parity with its reference set). `forced_length` (benchmarks):
-    exactly that many.
+    exactly that many, every stop id masked.
     """
     config = model.config
     sampling = sampling or config.sampling
@@ -331,10 +331,10 @@ def plan_decode(
         )
     if forced_length < 0:
         raise InvalidRequestError("forced_length: must be >= 0")
-    return DecodePlan(
+    return DecodePlan(  # every stop id masked: exactly that many (CosyVoice 3 masks one only)
         (ids[0], ids[1], speech),
         (forced_length, forced_length),
-        config.masked_below_min_length,
+        list(config.stop_tokens),
         forced=True,
     )
 
