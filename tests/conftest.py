@@ -115,6 +115,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight CosyVoice 3 in the official layout, written once per session."""
+    from workers.tools.fixtures.tiny3 import write_tiny3_model  # noqa: PLC0415 (torch when used)
+
+    root = tmp_path_factory.mktemp("tiny3-model")
+    write_tiny3_model(root)
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The real torch engine on the tiny model (cpu, fp32), loaded once per session."""
     from workers.engine.pipeline import build_engine  # noqa: PLC0415

@@ -109,8 +109,11 @@ class TextNormalizer:
     """Normalised text, each span in its language (wetext), or whitespace clean-up only when
     disabled."""
 
-    def __init__(self, *, enabled: bool = True) -> None:
+    def __init__(self, *, enabled: bool = True, kept: re.Pattern[str] = CONTROL_TAG_RE) -> None:
+        """`kept`: the tags passed through as written (CosyVoice 3: its pronunciation tokens
+        too)."""
         self.enabled = enabled
+        self.kept = kept
         self._wetext: dict[Language, _Wetext] = {}
 
     def _for(self, language: Language) -> _Wetext:
@@ -130,7 +133,7 @@ class TextNormalizer:
             return text
         parts: list[str] = []
         position = 0
-        for tag in CONTROL_TAG_RE.finditer(text):
+        for tag in self.kept.finditer(text):
             parts.append(self._stretch(text[position : tag.start()], language, no_letters))
             parts.append(tag.group())
             position = tag.end()

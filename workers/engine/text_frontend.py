@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 from shared.errors import EmptyTextError, InvalidRequestError
 from shared.sentences import SENTENCE_END
-from shared.text_markup import MarkupError, Pause, parse_markup, refuse_special_tokens
+from shared.text_markup import (
+    CONTROL_TAG_RE,
+    CONTROL_TAGS,
+    MarkupError,
+    Pause,
+    parse_markup,
+    refuse_special_tokens,
+)
 from workers.engine.normalizer import Language, TextNormalizer, choose_language
 from workers.engine.text_split import SplitConfig, split_text
 from workers.model.tokenizer import END_OF_PROMPT, TextTokenizer
@@ -59,6 +66,14 @@ def _markup(text: str, field: str, *, allow_breaks: bool = True) -> list[str | P
         raise InvalidRequestError(f"{field}: {e}") from e
 
 
+def _kept_tags(tokenizer: TextTokenizer) -> re.Pattern[str]:
+    """What normalisation passes through as written: the tokens user text may carry."""
+    if tokenizer.user_tokens == frozenset(CONTROL_TAGS):
+        return CONTROL_TAG_RE
+    tags = sorted(tokenizer.user_tokens, key=lambda t: (-len(t), t))  # longest first
+    return re.compile("|".join(re.escape(t) for t in tags))
+
+
 class TextFrontend:
     """Text -> token ids for each LLM input."""
 
@@ -66,7 +81,7 @@ class TextFrontend:
         self, tokenizer: TextTokenizer, *, normalize: bool = True, split: SplitConfig | None = None
     ) -> None:
         self.tokenizer = tokenizer
-        self.normalizer = TextNormalizer(enabled=normalize)
+        self.normalizer = TextNormalizer(enabled=normalize, kept=_kept_tags(tokenizer))
         self.split = split or SplitConfig()
 
     def count_tokens(self, text: str) -> int:
