@@ -52,6 +52,7 @@ class ModelInfo(BaseModel):
 
     name: str
     checkpoint_hash: str
+    family: str | None = None  # cosyvoice2 or cosyvoice3; None: a worker from before CosyVoice 3
 
 
 class PieceQuality(BaseModel):

@@ -208,6 +208,8 @@ class VoiceSummary:
     format: int = PROFILE_FORMAT
     replaced: bool = False  # in the add-voice job's answer: the name had a voice before
     shared: bool = False  # a shared voice (an operator's), usable by every tenant
+    # the model family it was extracted for (profiles from before CosyVoice 3: cosyvoice2)
+    family: str = "cosyvoice2"
 
     def to_dict(self) -> dict[str, Any]:
         return {field: getattr(self, field) for field in self.__dataclass_fields__}

@@ -427,7 +427,9 @@ def _result(
         duration_s=encoded.duration_s,
         timings=timings,
         rtf=synthesis_s / encoded.duration_s if encoded.duration_s > 0 else 0.0,
-        model=ModelInfo(name=identity.name, checkpoint_hash=identity.checkpoint_hash),
+        model=ModelInfo(
+            name=identity.name, checkpoint_hash=identity.checkpoint_hash, family=identity.family
+        ),
         backend=identity.backend,
         device=identity.device,
         worker_name=runtime.worker_name,

@@ -63,7 +63,8 @@ def _shorten(text: str) -> str:
 
 def _table(voices: list[VoiceSummary], title: str) -> Table:
     table = Table(title=title)
-    for column in ("voice", "tokens", "seconds", "source Hz", "model", "checkpoint", "created"):
+    columns = ("voice", "tokens", "seconds", "source Hz", "model", "family", "checkpoint")
+    for column in (*columns, "created"):
         table.add_column(column, overflow="fold")
     table.add_column("transcript", overflow="fold")
     for voice in voices:
@@ -73,6 +74,7 @@ def _table(voices: list[VoiceSummary], title: str) -> Table:
             f"{voice.source_seconds:.2f}",
             str(voice.source_sample_rate),
             voice.model_name,
+            voice.family,
             voice.checkpoint_hash,
             voice.created_at,
             _shorten(voice.transcript),

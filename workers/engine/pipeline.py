@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from shared.errors import InvalidRequestError, ModelLoadError
+from shared.errors import InvalidRequestError
 from shared.text_markup import speech_limit_message, speech_seconds
+from workers.engine import family_stages
 from workers.engine.api import (
     ChunkSink,
     ModelIdentity,
@@ -38,15 +39,12 @@ from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, SequentialSession
 from workers.engine.causal_stages import CausalPieceStream, CausalVocoder
 from workers.engine.devices import resolve_device, resolve_dtype
-from workers.engine.llm_precision import int8_speech_tokens
 from workers.engine.modes import llm_prompt, raw_text, with_text_prefix
 from workers.engine.prompt_models import PromptModels
 from workers.engine.requests import RequestPlan, RequestState
 from workers.engine.stages import (
     FlowStage,
     ModuleFlow,
-    ModuleSpeechTokens,
-    ModuleVocoder,
     SpeechTokenStage,
     VocoderStage,
 )
@@ -55,18 +53,14 @@ from workers.engine.streaming import PieceStream, StreamSchedule
 from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
-from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.causal_hift.config import CausalHiFTConfig
-from workers.model.causal_hift.model import CausalHiFTGenerator
-from workers.model.cosyvoice3_tokens import COSYVOICE3_SPECIAL_TOKENS, COSYVOICE3_USER_TOKENS
 from workers.model.directory import FAMILY_SPEECH_TOKENIZER, QWEN_DIR, ModelDirectory
 from workers.model.dit.model import CausalMaskedDiffWithDiT
 from workers.model.heap import HeapPolicy, building_model
 from workers.model.llm.decoder_choice import DecodeChoice, open_decoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
-from workers.model.loader import LoadedModel, load_model
+from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
-from workers.model.tokenizer import TextTokenizer, load_text_tokenizer
 
 WARM_UP_TEXT = "Hello."
 WARM_UP_TOKENS = 25  # one second of speech: every stage runs once at a bounded cost
@@ -429,25 +423,6 @@ def _check_request(request: SynthesisInput) -> None:
         raise InvalidRequestError(f"seed: {request.seed} is outside 0-{2**32 - 1:,}")
 
 
-def voice_prefixes(schedule: StreamSchedule) -> VoicePrefixes | None:
-    """The per-voice store of primed flow streams the schedule asks for (None: off)."""
-    if schedule.voice_cache_max_mb <= 0:
-        return None
-    return VoicePrefixes(int(schedule.voice_cache_max_mb * 2**20))
-
-
-def _llm_stage(loaded: LoadedModel, options: EngineOptions) -> SpeechTokenStage:
-    if options.llm_precision != "int8":
-        return ModuleSpeechTokens(loaded.llm)
-    if loaded.family != "cosyvoice2":
-        raise ModelLoadError(
-            f"{loaded.directory.root}: COSYQ_LLM_PRECISION=int8 serves CosyVoice 2 only so far "
-            "(this directory is CosyVoice 3): use native"
-        )
-    cache_dir = options.ort_cache_dir or Path.home() / ".cache" / "cosyq" / "onnx"
-    return int8_speech_tokens(loaded, cache_dir=cache_dir, threads=torch.get_num_threads())
-
-
 def build_engine(
     model_dir: Path,
     *,
@@ -469,11 +444,7 @@ def build_engine(
     torch_device = resolve_device(device)
     replaced = {"flow": flow, "hift": vocoder}
     family = ModelDirectory(Path(model_dir)).family  # from the directory's yaml, never a setting
-    if family != "cosyvoice2" and (flow is not None or vocoder is not None or llm is not None):
-        raise ModelLoadError(
-            f"{model_dir}: a CosyVoice 3 directory; the {backend} backend's stages serve "
-            "CosyVoice 2 only so far: run it on the torch backend (COSYQ_BACKEND=torch)"
-        )
+    family_stages.check_replaced_stages(model_dir, family, backend, replaced=(flow, vocoder, llm))
     with building_model(options.heap):  # process-wide; the request policy from its end on
         loaded = load_model(
             model_dir,
@@ -485,7 +456,7 @@ def build_engine(
         )
     configs = loaded.configs
     frontend = TextFrontend(
-        family_tokenizer(loaded.directory.root / QWEN_DIR, family),
+        family_stages.family_tokenizer(loaded.directory.root / QWEN_DIR, family),
         normalize=options.normalize_text,
         split=options.split,
     )
@@ -511,32 +482,17 @@ def build_engine(
     return SynthesisPipeline(
         frontend=frontend,
         voices=voices,
-        llm=llm or _llm_stage(loaded, options),
+        llm=llm or family_stages.llm_stage(loaded, options.llm_precision, options.ort_cache_dir),
         flow=flow
         or ModuleFlow(
             loaded.flow,
-            voice_prefixes=voice_prefixes(options.stream),
+            voice_prefixes=family_stages.voice_prefixes(options.stream),
             join_reduced_precision=options.join_reduced_precision_flow,
         ),
-        vocoder=vocoder or _vocoder_stage(loaded),
+        vocoder=vocoder or family_stages.vocoder_stage(loaded),
         identity=identity,
         sample_rate=hift_config.sampling_rate,
         options=options,
         prompt_dims=(configs.flow.mel_bins, configs.flow.spk_embed_dim),
         family=family,
     )
-
-
-def family_tokenizer(folder: Path, family: str) -> TextTokenizer:
-    """The family's text tokenizer: CosyVoice 3 adds its 280 special tokens ('cosyvoice3')."""
-    if family == "cosyvoice3":
-        return load_text_tokenizer(
-            folder, specials=COSYVOICE3_SPECIAL_TOKENS, user_tokens=COSYVOICE3_USER_TOKENS
-        )
-    return load_text_tokenizer(folder)
-
-
-def _vocoder_stage(loaded: LoadedModel) -> VocoderStage:
-    if isinstance(loaded.hift, CausalHiFTGenerator):
-        return CausalVocoder(loaded.hift)
-    return ModuleVocoder(loaded.hift)

@@ -26,6 +26,7 @@ YAML_FILE = "cosyvoice2.yaml"
 QWEN_DIR = "CosyVoice-BlankEN"
 CHECKPOINTS = ("llm", "flow", "hift")
 FAMILY_YAML = {"cosyvoice2": YAML_FILE, "cosyvoice3": "cosyvoice3.yaml"}
+FAMILY_NAMES = {"cosyvoice2": "CosyVoice 2", "cosyvoice3": "CosyVoice 3"}  # as users read them
 FAMILY_SPEECH_TOKENIZER = {
     "cosyvoice2": "speech_tokenizer_v2.onnx",
     "cosyvoice3": "speech_tokenizer_v3.onnx",

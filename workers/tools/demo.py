@@ -48,11 +48,20 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="output folder")
     parser.add_argument("-n", "--workers", type=int, default=2, help="worker pool size")
+    parser.add_argument(
+        "--family",
+        choices=("cosyvoice2", "cosyvoice3"),
+        default="cosyvoice2",
+        help="the tiny model's family when COSYQ_MODEL_DIR is not set",
+    )
     return parser
 
 
-def _environment(stack: ExitStack, out: Path, workers: int, console: Console) -> dict[str, str]:
-    """COSYQ_* for the pool and the producer: the user's, or private defaults."""
+def _environment(
+    stack: ExitStack, out: Path, workers: int, console: Console, family: str = "cosyvoice2"
+) -> dict[str, str]:
+    """COSYQ_* for the pool and the producer: the user's, or private defaults (the tiny model
+    of `family`)."""
     env = dict(os.environ)
     state = out / ".state"
     if not env.get("COSYQ_REDIS_URL"):
@@ -60,14 +69,23 @@ def _environment(stack: ExitStack, out: Path, workers: int, console: Console) ->
         env["COSYQ_REDIS_URL"] = server.url
         console.print(f"started a private redis-server on port {server.port}")
     if not env.get("COSYQ_MODEL_DIR"):
-        from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415 (torch: only if needed)
-
-        model_dir = write_tiny_model(state / "tiny-model").root
+        model_dir = _write_tiny(state, family)
         env["COSYQ_MODEL_DIR"] = str(model_dir.resolve())
         console.print(f"wrote the tiny random-weight model to {model_dir} (audio is noise-like)")
     env.setdefault("COSYQ_STORAGE_URL", out.resolve().as_uri())
     env.setdefault("COSYQ_POOL_SIZE", str(workers))
     return env
+
+
+def _write_tiny(state: Path, family: str) -> Path:
+    """The tiny random-weight model of `family` (torch is imported only here)."""
+    if family == "cosyvoice3":
+        from workers.tools.fixtures.tiny3 import write_tiny3_model  # noqa: PLC0415
+
+        return write_tiny3_model(state / "tiny3-model").root
+    from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415
+
+    return write_tiny_model(state / "tiny-model").root
 
 
 def _where(uri: str) -> str:
@@ -103,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = out / "requests.jsonl"
     requests.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in DEMO_REQUESTS))
     with ExitStack() as stack:
-        env = _environment(stack, out, args.workers, console)
+        env = _environment(stack, out, args.workers, console, args.family)
         stack.enter_context(pool_process(env, args.workers, out / "worker.log"))
         console.print(f"started a pool of {args.workers} workers (log: {out / 'worker.log'})")
         os.environ.update(env)  # the producer CLI reads COSYQ_* like any producer would

@@ -31,6 +31,7 @@ from shared.voices import (
     utc_now,
 )
 from workers.engine.api import ModelIdentity, SynthesisEngine, VoicePrompt
+from workers.model.directory import FAMILY_NAMES
 
 
 def profile_from_prompt(
@@ -55,6 +56,7 @@ def profile_from_prompt(
         created_at=utc_now(),
         source_uri=source_uri,
         shared=shared,
+        family=identity.family,
     )
     return VoiceProfile(
         summary=summary,
@@ -65,7 +67,18 @@ def profile_from_prompt(
 
 
 def prompt_from_profile(profile: VoiceProfile, identity: ModelIdentity) -> VoicePrompt:
-    """The engine's prompt; VoiceMismatchError for a profile made with other weights."""
+    """The engine's prompt; VoiceMismatchError for a profile made for the other model family
+    or with other weights."""
+    family = profile.summary.family
+    if family != identity.family:
+        raise VoiceMismatchError(
+            f"voice {profile.name!r} was extracted for {FAMILY_NAMES.get(family, family)} "
+            f"(model {profile.summary.model_name}); this worker serves "
+            f"{FAMILY_NAMES.get(identity.family, identity.family)} ({identity.name}): its speech "
+            "tokens and prompt mel do not fit this model. Send the job to a worker of that "
+            f"family, or add the voice again for this one (`cosyq voices add {profile.name} ...` "
+            "under another name while the other family's workers still use it)"
+        )
     made_with = profile.summary.checkpoint_hash
     if made_with != identity.checkpoint_hash:
         raise VoiceMismatchError(

@@ -22,7 +22,13 @@ from workers.coreml.manifest import (
     read_manifest,
 )
 from workers.coreml.stages import ALL_STAGES
-from workers.model.directory import ModelDirectory, checkpoint_hashes, combined_hash
+from workers.model.directory import (
+    FAMILY_NAMES,
+    FAMILY_YAML,
+    ModelDirectory,
+    checkpoint_hashes,
+    combined_hash,
+)
 from workers.service.backend import coreml_dir_for
 from workers.tools.doctor.rows import COREML_ONLY_ON_MACOS, Row, fail, ok, one_line, skip
 
@@ -74,12 +80,14 @@ def layout_row(root: Path, hash_cache: Path) -> Row:
         if module is not None
         for p in module.parameters()
     )
+    family = FAMILY_NAMES.get(loaded.family, loaded.family)
     return ok(
         GROUP,
         LAYOUT,
-        f"{root}: every file present, llm/flow/hift loaded strictly "
-        f"({params / 1e6:.1f} M parameters, {seconds:.1f} s)",
+        f"{root}: {family} (from {FAMILY_YAML[loaded.family]}), every file present, "
+        f"llm/flow/hift loaded strictly ({params / 1e6:.1f} M parameters, {seconds:.1f} s)",
         load_s=round(seconds, 3),
+        family=loaded.family,
     )
 
 
