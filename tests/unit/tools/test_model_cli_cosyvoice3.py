@@ -43,3 +43,12 @@ def test_check_reference_fails_on_a_perturbed_cosyvoice3_checkpoint(
     out = capsys.readouterr().out
     assert "FAIL hift_reference.npz:wav_fixed" in out
     assert "llm_reference" not in out
+
+
+def test_doctor_names_the_directorys_family(tiny3_model_dir: Path, tmp_path: Path) -> None:
+    from workers.tools.doctor.model_checks import layout_row  # noqa: PLC0415
+
+    row = layout_row(tiny3_model_dir, tmp_path / "hashes")
+    assert row.status.value == "ok", row.detail
+    assert "CosyVoice 3 (from cosyvoice3.yaml)" in row.detail
+    assert row.figures is not None and row.figures["family"] == "cosyvoice3"
