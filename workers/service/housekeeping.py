@@ -83,6 +83,7 @@ class WorkerStats:
     backend: str = ""
     device: str = ""
     model: str = ""
+    family: str = ""  # the model directory's: cosyvoice2 or cosyvoice3
     threads: int = 0
     started_at: str = field(default_factory=utc_now_iso)
     ready_at: str = ""

@@ -242,6 +242,7 @@ class WorkerLifecycle:
         identity = loaded.engine.identity
         stats = self.housekeeper.stats
         stats.backend, stats.device, stats.model = identity.backend, identity.device, identity.name
+        stats.family = identity.family
         stats.threads, stats.ready_at = self.threads, utc_now_iso()
         metrics.record_model_load(loaded.load_s)
         self.housekeeper.set_state(WorkerState.IDLE)
@@ -263,6 +264,7 @@ class WorkerLifecycle:
             device=identity.device,
             threads=self.threads,
             model=identity.name,
+            family=identity.family,
             checkpoint_hash=identity.checkpoint_hash,
             job_budget=self.job_budget,
             queues=list(self.identity.queue_names),

@@ -129,3 +129,4 @@ def test_the_demo_jobs_run_end_to_end_on_cosyvoice3(
     events = cluster.events("worker.log")
     ready = [e for e in events if e.get("event") == "worker_ready"]
     assert len(ready) == 1  # one worker served every job: the refusal did not stop it
+    assert ready[0]["family"] == "cosyvoice3"
