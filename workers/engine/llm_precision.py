@@ -51,14 +51,27 @@ def host_class(host: HostCPU) -> str:
 
 
 def choose_llm_precision(
-    setting: str, *, device: torch.device, backend: str = "torch", host: HostCPU | None = None
+    setting: str,
+    *,
+    device: torch.device,
+    backend: str = "torch",
+    host: HostCPU | None = None,
+    family: str = "cosyvoice2",
 ) -> LLMPrecisionChoice:
     """A `COSYQ_LLM_PRECISION` value -> the LLM runtime (`host` injectable for tests).
 
-    An explicit int8 where it cannot run is a configuration error (ModelLoadError)."""
+    An explicit int8 where it cannot run is a configuration error (ModelLoadError); the int8
+    step is CosyVoice 2's only so far, so `auto` keeps CosyVoice 3 native."""
     runs_int8 = device.type == "cpu" and backend == "torch"
     if setting == "native":
         return LLMPrecisionChoice("native", "COSYQ_LLM_PRECISION=native (set explicitly)")
+    if family != "cosyvoice2":
+        if setting == "int8":
+            raise ModelLoadError(
+                "COSYQ_LLM_PRECISION=int8 serves CosyVoice 2 only so far (this model directory "
+                "is CosyVoice 3): set COSYQ_LLM_PRECISION=native or auto"
+            )
+        return LLMPrecisionChoice("native", "auto: the int8 step is CosyVoice 2's only so far")
     if setting == "int8":
         if not runs_int8:
             raise ModelLoadError(
