@@ -288,7 +288,7 @@ class PipelineBatchSession:
     def _pieces_done(self, rows: list[FinishedRow]) -> None:
         """Flow for every row that finished this step in one padded batch (when the flow
         stage can), then each piece's speed change and HiFT on its own generator."""
-        rows = [capped(row, self.pipeline.llm) for row in rows]
+        rows = [capped(row, getattr(self.pipeline, "llm", None)) for row in rows]
         mels: list[np.ndarray | None] = [None] * len(rows)
         batch = [i for i, row in enumerate(rows) if row.tokens]
         flow = self.pipeline.flow

@@ -211,23 +211,26 @@ def load_model(
     )
     del llm_state  # the mapping stays only for what the model still uses of it
     apply_llm_policy(llm, policy)  # CPU bf16: fused q/k/v, gate/up, packed weights
-    flow = hift = None
+    flow: CausalMaskedDiffWithXvec | CausalMaskedDiffWithDiT | None = None
+    hift: HiFTGenerator | CausalHiFTGenerator | None = None
     if isinstance(configs, CosyVoice3Configs):
         flow, hift = _cosyvoice3_stages(configs, directory, torch_stages, device, dtype)
     if isinstance(configs, ModelConfigs) and "flow" in torch_stages:
         flow_state = read_state_dict(flow_path, dtype=convert)
-        flow = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
+        flow2 = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)
         del flow_state
         # In bf16 each piece's flow runs alone (COSYQ_BATCH_FLOW=joined gives up the bits anyway)
-        apply_stage_policy(flow, policy, rows_alone=True)
+        apply_stage_policy(flow2, policy, rows_alone=True)
+        flow = flow2
     if isinstance(configs, ModelConfigs) and "hift" in torch_stages:
         # Read into memory, not mapped: every weight-normed kernel is folded into a new tensor
         # (and below fp32 converted), so mapped pages would stay resident beside the results.
         hift_state = read_state_dict(hift_path, mmap=False)
-        hift = build_hift(configs.hift, hift_state, device=device, dtype=dtype, source=hift_path)
+        hift2 = build_hift(configs.hift, hift_state, device=device, dtype=dtype, source=hift_path)
         del hift_state
         # packed convs on AMX only: elsewhere +40 MB of working memory for 0.91x
-        apply_stage_policy(hift, policy, rows_alone=False)
+        apply_stage_policy(hift2, policy, rows_alone=False)
+        hift = hift2
     release_freed_heap()  # what conversion, fusion and packing freed
     return LoadedModel(
         directory=directory,

@@ -12,6 +12,7 @@ import soundfile as sf
 import torch
 
 from shared.errors import InvalidRequestError
+from shared.jobs import Mode
 from workers.engine.api import SynthesisInput, VoicePrompt
 from workers.engine.modes import SYSTEM_PROMPT, LLMPrompt, with_text_prefix
 from workers.engine.pipeline import EngineOptions, SynthesisPipeline, build_engine
@@ -39,9 +40,8 @@ def llm(ref: ReferenceSet) -> Qwen2LM:
 def first_logp(llm: Qwen2LM, prompt: LLMPrompt, piece: tuple[int, ...]) -> np.ndarray:
     """The first step's log-probs for one piece, built as the engine builds it."""
     [piece_in] = with_text_prefix([TextPiece("piece", piece)], prompt)
-    plan = plan_decode(
-        llm, list(piece_in.ids), prompt_text=prompt.text_ids, prompt_speech=prompt.speech_tokens
-    )
+    speech = torch.from_numpy(prompt.speech_tokens.astype(np.int64))
+    plan = plan_decode(llm, list(piece_in.ids), prompt_text=prompt.text_ids, prompt_speech=speech)
     with torch.inference_mode():
         from workers.model.llm.qwen2 import KVCache  # noqa: PLC0415
 
@@ -151,7 +151,7 @@ def test_user_text_may_carry_pronunciation_tokens_never_prompt_tokens(
 
 
 @pytest.mark.parametrize("mode", ["zero_shot", "cross_lingual", "instruct2"])
-def test_every_mode_synthesizes(engine: SynthesisPipeline, voice: VoicePrompt, mode: str) -> None:
+def test_every_mode_synthesizes(engine: SynthesisPipeline, voice: VoicePrompt, mode: Mode) -> None:
     instruction = "Speak slowly." if mode == "instruct2" else None
     request = SynthesisInput(text="Hello.", prompt=voice, mode=mode, instruction=instruction)
     out = engine.synthesize(request)
