@@ -170,6 +170,12 @@ def batching(settings: Any) -> Any:
     return BatchingScriptedEngine()
 
 
+def tiny(settings: Any) -> Any:
+    """The real torch engine from the worker's settings, its flow in TESTENGINE_FLOW_STEPS
+    Euler steps (`tiny_torch_engine`): for tests of what happens around synthesis."""
+    return tiny_torch_engine(settings)
+
+
 def tiny_forced(settings: Any) -> Any:
     """The real torch engine from the worker's settings, every piece forced to
     TESTENGINE_FORCED_TOKENS speech tokens (default 40): the random tiny LLM would otherwise

@@ -88,6 +88,7 @@ def load_coreml_engine(
         compute_units=placement.compute_units,
         compile_timeout_s=compile_timeout_s,
         llm=batch_size <= 1,
+        flow_steps=options.flow_steps if options is not None else None,
     )
     stages.warm_up()  # every CFM bucket, batch size and the LLM; then the engine's warm-up
     return coreml_engine(

@@ -21,7 +21,13 @@ from shared.errors import ModelLoadError
 from workers.coreml.cache import COMPILE_LOCK_TIMEOUT_S, compiled_model_path
 from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
-from workers.coreml.manifest import Manifest, check_packages, check_sources, read_manifest
+from workers.coreml.manifest import (
+    Manifest,
+    check_flow_steps,
+    check_packages,
+    check_sources,
+    read_manifest,
+)
 from workers.coreml.platform import COMPUTE_UNITS_DEVICE, MACOS_ONLY
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import (
@@ -118,10 +124,13 @@ def load_coreml_stages(
     compute_units: str | None = None,
     compile_timeout_s: float = COMPILE_LOCK_TIMEOUT_S,
     llm: bool = True,
+    flow_steps: int | None = None,
 ) -> CoreMLStages:
     """Check and open `coreml_dir`'s packages for `model_dir` (macOS only).
 
     `compute_units` None means the default recorded at conversion (`--compute-units`);
+    `flow_steps`: the Euler steps the engine asks for (None: the model's own); a conversion
+    made with other steps is refused before anything compiles;
     `compile_timeout_s` bounds the wait for another process compiling the same package;
     `llm` False leaves a converted LLM unopened (a batching worker runs it on PyTorch).
     """
@@ -129,6 +138,8 @@ def load_coreml_stages(
     manifest = read_manifest(coreml_dir)
     hashes = cache_dir / "hashes"
     check_sources(manifest, model_dir, hashes)
+    yaml = ModelDirectory(model_dir).yaml
+    check_flow_steps(manifest, FlowConfig.from_model_yaml(yaml).cfm.n_timesteps, flow_steps)
     missing = [stage for stage in ALL_STAGES if stage not in manifest.packages]
     if missing:
         raise ModelLoadError(f"{coreml_dir}: conversion lacks {', '.join(missing)}; convert again")
@@ -138,7 +149,7 @@ def load_coreml_stages(
         raise ModelLoadError(f"compute units {units!r}: choose one of {list(COMPUTE_UNITS_DEVICE)}")
     opener = _Opener(manifest, coreml_dir, cache_dir, compile_timeout_s)
     models = {stage: opener.open(stage, units) for stage in ALL_STAGES}
-    flow, hift = runtime_stages(manifest, ModelDirectory(model_dir).yaml, models)
+    flow, hift = runtime_stages(manifest, yaml, models, flow_steps=flow_steps)
     coreml_llm = None
     if llm and LLM in manifest.packages:
         coreml_llm = _open_llm(opener, model_dir, LLM_COMPUTE_UNITS[units])
@@ -146,11 +157,18 @@ def load_coreml_stages(
 
 
 def runtime_stages(
-    manifest: Manifest, yaml: dict[str, Any], models: dict[str, Any]
+    manifest: Manifest,
+    yaml: dict[str, Any],
+    models: dict[str, Any],
+    *,
+    flow_steps: int | None = None,
 ) -> tuple[CoreMLFlow, CoreMLHiFT]:
     """The flow and HiFT runtime stages over opened `models` (by stage), shaped as the
-    manifest says: the CFM's buckets and each stage's batch sizes (the same for both of a
+    manifest says: the CFM's buckets and Euler steps (those the engine asks for, `flow_steps`,
+    None: the model's own, else refused) and each stage's batch sizes (the same for both of a
     stage's packages, else the manifest is refused)."""
+    flow_config = FlowConfig.from_model_yaml(yaml)
+    steps = check_flow_steps(manifest, flow_config.cfm.n_timesteps, flow_steps)
     packages = manifest.packages
     for first, second in ((FLOW_ENCODER, FLOW_CFM), (HIFT_SOURCE, HIFT_DECODE)):
         if packages[first].batch_sizes != packages[second].batch_sizes:
@@ -160,7 +178,7 @@ def runtime_stages(
                 "convert again"
             )
     flow = CoreMLFlow(
-        FlowConfig.from_model_yaml(yaml),
+        flow_config.with_steps(steps),
         models[FLOW_ENCODER],
         models[FLOW_CFM],
         buckets=packages[FLOW_CFM].buckets,

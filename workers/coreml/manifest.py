@@ -85,6 +85,9 @@ class Manifest:
     target: str  # "macOS14" | "macOS15"
     compute_units: str  # default for the runtime (COSYQ_COMPUTE_UNITS overrides)
     packages: dict[str, PackageEntry]
+    # Euler steps unrolled into flow_cfm; None: a manifest from before they were recorded,
+    # whose conversion unrolled the model's own (10)
+    flow_steps: int | None = None
     created_utc: str = ""
     format: int = MANIFEST_FORMAT
 
@@ -186,6 +189,19 @@ def check_sources(manifest: Manifest, model_dir: Path, hash_cache: Path | None =
                 f"(sha256 {current[:12]}, converted from {recorded[:12]}); run "
                 f"`cosyq-worker convert {model_dir} <out>` again or use COSYQ_BACKEND=torch"
             )
+
+
+def check_flow_steps(manifest: Manifest, model_steps: int, asked: int | None) -> int:
+    """The conversion's Euler steps, which must be those the engine asks for (`asked`; None:
+    the model's own `model_steps`): ModelLoadError names both and how to convert again."""
+    built = manifest.flow_steps if manifest.flow_steps is not None else model_steps
+    wanted = asked if asked is not None else model_steps
+    if built != wanted:
+        raise ModelLoadError(
+            f"Core ML conversion's flow_cfm solves in {built} Euler steps, the engine asks for "
+            f"{wanted}; run `cosyq-worker convert --flow-steps {wanted}` again"
+        )
+    return built
 
 
 def check_packages(manifest: Manifest, folder: Path, hash_cache: Path | None = None) -> None:

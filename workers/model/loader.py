@@ -75,10 +75,7 @@ class ModelConfigs:
 
     def with_flow_steps(self, steps: int) -> ModelConfigs:
         """The same configs with the flow solved in `steps` Euler steps."""
-        if steps < 1:
-            raise ValueError(f"flow steps must be >= 1, got {steps}")
-        cfm = dataclasses.replace(self.flow.cfm, n_timesteps=steps)
-        return dataclasses.replace(self, flow=dataclasses.replace(self.flow, cfm=cfm))
+        return dataclasses.replace(self, flow=self.flow.with_steps(steps))
 
 
 @dataclass(frozen=True)

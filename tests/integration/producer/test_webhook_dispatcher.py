@@ -282,6 +282,9 @@ def test_a_slow_receiver_cannot_take_every_slot(
     with dispatching(connection, settings, bodies):
         wait_for(lambda: receiver.calls, 20, "the quick receiver told while the slow one holds")
         assert trickling.cut_off == 0  # no slow try has ended: the quick one did not wait
+        # Checked: now end the slow answers, or the dispatcher's stop waits out the try in
+        # flight (the 30 s deadline that kept every slow try from ending above).
+        trickling.closing.set()
     assert trickling.most_held == 1
 
 

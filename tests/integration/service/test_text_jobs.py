@@ -25,6 +25,8 @@ def settings(
     monkeypatch.setenv("COSYQ_REDIS_URL", redis_url)
     monkeypatch.setenv("COSYQ_STORAGE_URL", (tmp_path / "storage").as_uri())
     monkeypatch.setenv("COSYQ_MODEL_DIR", str(tiny_model_dir))
+    # the real engine, its flow in 2 Euler steps: the text rules are checked before the flow
+    monkeypatch.setenv("COSYQ_ENGINE", "tests.doubles.engines:tiny")
     monkeypatch.setenv("COSYQ_DEVICE", "cpu")
     monkeypatch.setenv("COSYQ_HASH_CACHE_DIR", str(tmp_path / "hashes"))
     monkeypatch.setenv("COSYQ_RETRY_BACKOFF_S", "0")

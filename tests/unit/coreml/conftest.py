@@ -1,9 +1,10 @@
 """Fixtures: one torch thread, a micro model directory and its conversion (once per session).
 
 Conversion is the slow part of these tests, so one session-scoped fixture converts the micro
-model once (fp16, flexible lengths) through the `cosyq-worker convert` command and every test
-reads that folder. Under pytest-xdist the test processes share it: the first to need it
-converts under a file lock in the run's common temp folder, the others wait and read it.
+model once (fp16, flexible lengths, FLOW_STEPS Euler steps) through the `cosyq-worker convert`
+command and every test reads that folder. Under pytest-xdist the test processes share it: the
+first to need it converts under a file lock in the run's common temp folder, the others wait
+and read it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.coreml.micro import Converted, write_micro_model_dir
+from tests.unit.coreml.micro import FLOW_STEPS, Converted, write_micro_model_dir
 from workers.cli import main as worker_cli
 from workers.coreml.manifest import read_manifest
 
@@ -73,16 +74,26 @@ def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return folder
 
 
-@pytest.fixture(scope="session")
-def converted(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Converted:
-    """The micro model converted once per run: fp16, no weight compression, flexible lengths."""
-    with shared_folder(tmp_path_factory, "micro-coreml") as out_dir:
+def convert_once(
+    micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str
+) -> Converted:
+    """`cosyq-worker convert MICRO OUT *flags` once per run into the shared folder `name`."""
+    with shared_folder(tmp_path_factory, name) as out_dir:
         printed_file = out_dir.with_suffix(".printed")
         if not printed_file.exists():
             out_dir.mkdir(exist_ok=True)
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
-                status = worker_cli(["convert", str(micro_model_dir), str(out_dir)])
+                status = worker_cli(["convert", str(micro_model_dir), str(out_dir), *flags])
             assert status == 0, printed.getvalue()
             printed_file.write_text(printed.getvalue())
         return Converted(micro_model_dir, out_dir, read_manifest(out_dir), printed_file.read_text())
+
+
+@pytest.fixture(scope="session")
+def converted(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Converted:
+    """The micro model converted once per run: fp16, no weight compression, flexible lengths,
+    the CFM in FLOW_STEPS Euler steps (compare it with a torch flow of as many steps)."""
+    return convert_once(
+        micro_model_dir, tmp_path_factory, "micro-coreml", "--flow-steps", str(FLOW_STEPS)
+    )

@@ -26,6 +26,9 @@ MICRO = TinySpec(
     hift_base_channels=16,
     hift_cond_channels=16,
 )
+# The session conversion's Euler steps (`convert --flow-steps`): the CFM program unrolls each
+# step, so the model's 10 made the conversion ~4x longer; what the tests check is per step.
+FLOW_STEPS = 2
 # The same flow with ONE Euler step: for tests that convert the CFM again (seconds, not tens).
 MICRO_FLOW = FlowConfig(
     encoder=FlowEncoderConfig(width=64, attention_heads=2, linear_units=64, num_blocks=1),

@@ -78,7 +78,14 @@ def batched(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     options = ConvertOptions(precision="fp32", batch_sizes=SIZES)
     converted = convert_modules(flow, hift, options)
     entries = {name: save_package(stage, out_dir) for name, stage in converted.items()}
-    manifest = write_manifest(entries, out_dir, options=options, sources={}, model_name="micro")
+    manifest = write_manifest(
+        entries,
+        out_dir,
+        options=options,
+        sources={},
+        model_name="micro",
+        flow_steps=MICRO_FLOW.cfm.n_timesteps,
+    )
     return Batched(flow, hift, out_dir, manifest)
 
 
@@ -147,4 +154,4 @@ def test_a_stage_whose_packages_disagree_on_batch_sizes_is_refused(
     yaml = ModelDirectory(micro_model_dir).yaml
     models = {stage: object() for stage in ALL_STAGES}  # never called: refused before
     with pytest.raises(ModelLoadError, match="flow_encoder and flow_cfm have different batch"):
-        runtime_stages(manifest, yaml, models)
+        runtime_stages(manifest, yaml, models, flow_steps=MICRO_FLOW.cfm.n_timesteps)

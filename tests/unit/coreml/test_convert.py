@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.doubles.mil_interpreter import MILPredictor
-from tests.unit.coreml.micro import MICRO_FLOW, Converted
+from tests.unit.coreml.micro import FLOW_STEPS, MICRO_FLOW, Converted
 from workers.cli import main as worker_cli
 from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.convert.graphs import pack_cfm_frames
@@ -74,6 +74,7 @@ def test_manifest_is_complete_and_matches_the_files(converted: Converted) -> Non
     assert set(manifest.tools) == {"coremltools", "torch", "numpy", "python"}
     assert (manifest.precision, manifest.weights, manifest.target) == ("fp16", "none", "macOS14")
     assert manifest.compute_units == "ALL" and manifest.created_utc
+    assert manifest.flow_steps == FLOW_STEPS  # --flow-steps, unrolled into flow_cfm
     specs = stage_specs(80, 192, harmonics=9, batched=True)
     for stage, entry in manifest.packages.items():
         path = converted.out_dir / entry.path
@@ -90,6 +91,7 @@ def test_manifest_is_complete_and_matches_the_files(converted: Converted) -> Non
         "N": {"lower": 1, "upper": 7500},
     }
     assert raw["packages"]["flow_cfm"]["batch_sizes"] == [1, 2, 4, 8]
+    assert raw["flow_steps"] == FLOW_STEPS
 
 
 def test_convert_command_lists_packages_and_says_running_needs_macos(
@@ -98,6 +100,7 @@ def test_convert_command_lists_packages_and_says_running_needs_macos(
     assert "flow_cfm.mlpackage" in converted.cli_output
     assert "T 2..15000" in converted.cli_output
     assert "B in {1,2,4,8}" in converted.cli_output
+    assert f"flow steps {FLOW_STEPS}" in converted.cli_output
     assert "Running these packages needs macOS" in converted.cli_output
     assert "LLM: not converted (stateful KV-cache models need --target macOS15)" in (
         converted.cli_output
@@ -112,6 +115,8 @@ def test_convert_command_rejects_bad_options_and_missing_models(
     assert "needs --target macOS15" in capsys.readouterr().err
     assert worker_cli(["convert", str(tmp_path), out, "--batch-sizes", "2,4"]) == 2
     assert "--batch-sizes: batch sizes 2,4" in capsys.readouterr().err
+    assert worker_cli(["convert", str(tmp_path), out, "--flow-steps", "0"]) == 2
+    assert "--flow-steps 0: at least 1" in capsys.readouterr().err
     assert worker_cli(["convert", str(tmp_path / "nowhere"), out]) == 1
     assert "model directory not found" in capsys.readouterr().err
 
@@ -179,6 +184,7 @@ def test_a_trace_that_bakes_in_a_length_is_refused() -> None:
         ({"batch_sizes": (2, 4)}, "--batch-sizes: batch sizes 2,4: strictly increasing"),
         ({"batch_sizes": (1, 4, 4)}, "--batch-sizes"),
         ({"batch_sizes": (1, 32)}, "from 1 up to 16"),
+        ({"flow_steps": 0}, "--flow-steps 0: at least 1"),
     ],
 )
 def test_options_are_checked_up_front(options: dict[str, Any], message: str) -> None:

@@ -8,18 +8,23 @@ turned into `x - x`, and token ids and position angles computed in fp16.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from shared.errors import ModelLoadError
 from tests.doubles.mil_interpreter import MILPredictor
-from tests.unit.coreml.micro import Converted
+from tests.unit.coreml.micro import FLOW_STEPS, Converted
 from workers.coreml.convert.build import load_flow_and_hift
 from workers.coreml.convert.compat import load_coremltools
+from workers.coreml.engine import CoreMLPlacement, load_coreml_engine
 from workers.coreml.loader import runtime_stages
 from workers.coreml.runtime import CoreMLFlow, CoreMLHiFT
 from workers.coreml.stages import ALL_STAGES
+from workers.engine.pipeline import EngineOptions
 from workers.model.directory import ModelDirectory
 from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.model.hift.model import HiFTGenerator
@@ -33,7 +38,7 @@ FP16_HIFT_SNR_DB = 35.0  # fp16 vocoder against float32 on the same mel (measure
 
 @pytest.fixture(scope="module")
 def modules(micro_model_dir: Path) -> Modules:
-    return load_flow_and_hift(micro_model_dir)
+    return load_flow_and_hift(micro_model_dir, FLOW_STEPS)  # as many steps as the conversion
 
 
 def package(converted: Converted, stage: str) -> MILPredictor:
@@ -44,7 +49,7 @@ def runtime(converted: Converted) -> tuple[CoreMLFlow, CoreMLHiFT]:
     """The runtime stages over the interpreted packages, shaped by the manifest (batched)."""
     models = {stage: package(converted, stage) for stage in ALL_STAGES}
     yaml = ModelDirectory(converted.model_dir).yaml
-    return runtime_stages(converted.manifest, yaml, models)
+    return runtime_stages(converted.manifest, yaml, models, flow_steps=FLOW_STEPS)
 
 
 @torch.inference_mode()
@@ -89,3 +94,46 @@ def test_integer_derived_values_stay_float32_in_fp16_packages(converted: Convert
     assert dtypes["clip"] == {fp32}  # token ids
     assert dtypes["sin"] == dtypes["cos"] == {fp32}  # relative-position angles
     assert dtypes["linear"] == {fp16}  # the rest computes in fp16
+
+
+def test_a_conversion_made_with_other_flow_steps_is_refused(converted: Converted) -> None:
+    """The manifest records the Euler steps unrolled into flow_cfm; the runtime takes the
+    conversion only for an engine asking for as many (None: the model's own 10)."""
+    assert converted.manifest.flow_steps == FLOW_STEPS
+    yaml = ModelDirectory(converted.model_dir).yaml
+    models: dict[str, Any] = {stage: object() for stage in ALL_STAGES}  # never called
+    asks_for_10 = (
+        r"flow_cfm solves in 2 Euler steps, the engine asks for 10; "
+        r"run `cosyq-worker convert --flow-steps 10` again"
+    )
+    with pytest.raises(ModelLoadError, match=asks_for_10):
+        runtime_stages(converted.manifest, yaml, models)
+    with pytest.raises(ModelLoadError, match="solves in 2 Euler steps, the engine asks for 3"):
+        runtime_stages(converted.manifest, yaml, models, flow_steps=3)
+    flow, _ = runtime_stages(converted.manifest, yaml, models, flow_steps=FLOW_STEPS)
+    assert flow.config.cfm.n_timesteps == FLOW_STEPS
+    before = dataclasses.replace(converted.manifest, flow_steps=None)  # steps not recorded:
+    flow, _ = runtime_stages(before, yaml, models)  # such conversions unrolled the model's 10
+    assert flow.config.cfm.n_timesteps == 10
+    with pytest.raises(ModelLoadError, match="solves in 10 Euler steps, the engine asks for 2"):
+        runtime_stages(before, yaml, models, flow_steps=2)
+
+
+def test_the_core_ml_engine_asks_for_its_options_flow_steps(
+    converted: Converted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[Any] = []
+
+    def record(*_args: object, **kwargs: Any) -> None:
+        asked.append(kwargs.get("flow_steps", "not passed"))
+        raise ModelLoadError("recorded")
+
+    monkeypatch.setattr("workers.coreml.engine.load_coreml_stages", record)
+    placement = CoreMLPlacement("cpu", "cpu", "CPU_ONLY", converted.out_dir)
+    for options in (None, EngineOptions(), EngineOptions(flow_steps=FLOW_STEPS)):
+        with pytest.raises(ModelLoadError, match="recorded"):
+            load_coreml_engine(
+                converted.model_dir, placement, cache_dir=tmp_path, compile_timeout_s=1,
+                options=options,
+            )  # fmt: skip
+    assert asked == [None, None, FLOW_STEPS]

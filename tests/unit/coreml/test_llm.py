@@ -50,7 +50,9 @@ def package(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     options = ConvertOptions(target="macOS15", llm_capacity=CAPACITY)
     out_dir = tmp_path_factory.mktemp("llm")
     entry = convert_llm_package(ModelDirectory(micro_model_dir), out_dir, options)
-    write_manifest({LLM: entry}, out_dir, options=options, sources={}, model_name="micro")
+    write_manifest(
+        {LLM: entry}, out_dir, options=options, sources={}, model_name="micro", flow_steps=None
+    )
     return out_dir
 
 

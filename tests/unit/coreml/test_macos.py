@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from shared.settings import Settings
+from tests.unit.coreml.conftest import convert_once
 from tests.unit.coreml.micro import MICRO_FLOW, Converted
 from workers.coreml.convert.build import (
     convert_model_dir,
@@ -48,6 +49,14 @@ pytestmark = [
 ]
 DOCTOR_MIN_SNR_DB = 10.0  # doctor's flow mel on the micro model: a loose floor, fp16 vs fp32
 FP16_MIN_SNR_DB = 20.0  # fp16 arithmetic on random weights; the Linux bench shows the spread
+
+
+@pytest.fixture(scope="module")
+def converted(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Converted:
+    """Here the micro model converted with the model's own Euler steps: the loads, warm-ups
+    and doctor's rows below are a worker's, whose engine asks for the model's steps (the
+    session's `converted` has fewer and would be refused)."""
+    return convert_once(micro_model_dir, tmp_path_factory, "micro-coreml-model-steps")
 
 
 def load(converted: Converted, cache: Path, units: str | None = None) -> Any:

@@ -120,7 +120,8 @@ def test_coremltools_transient_manifest_is_not_part_of_the_package(
 def test_the_json_names_every_documented_field(converted: Converted) -> None:
     raw = json.loads((converted.out_dir / MANIFEST_FILE).read_text())
     assert {"source_checkpoints", "tools", "precision", "weights", "target", "compute_units",
-            "packages", "format", "model_name", "created_utc"} <= set(raw)  # fmt: skip
+            "packages", "format", "model_name", "created_utc",
+            "flow_steps"} <= set(raw)  # fmt: skip
     for entry in raw["packages"].values():
         assert {"path", "sha256", "size_bytes", "weights_bytes", "precision", "compression",
                 "inputs", "outputs", "dims", "buckets"} <= set(entry)  # fmt: skip

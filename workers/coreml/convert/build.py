@@ -47,15 +47,19 @@ WEIGHTS_FILE = Path("Data/com.apple.CoreML/weights/weight.bin")
 Progress = Callable[[str, float], None]  # (stage, seconds it took)
 
 
-def load_flow_and_hift(model_dir: Path) -> tuple[CausalMaskedDiffWithXvec, HiFTGenerator]:
-    """flow.pt and hift.pt built from the directory's cosyvoice2.yaml, float32 on CPU."""
+def load_flow_and_hift(
+    model_dir: Path, flow_steps: int | None = None
+) -> tuple[CausalMaskedDiffWithXvec, HiFTGenerator]:
+    """flow.pt and hift.pt built from the directory's cosyvoice2.yaml, float32 on CPU; the
+    flow solves in `flow_steps` Euler steps (None: the model's own)."""
     directory = ModelDirectory(model_dir)
     if not directory.root.is_dir():
         raise ModelLoadError(f"{model_dir}: model directory not found")
     flow_path, hift_path = directory.checkpoint("flow"), directory.checkpoint("hift")
-    flow = build_flow(
-        FlowConfig.from_model_yaml(directory.yaml), read_state_dict(flow_path), source=flow_path
-    )
+    flow_config = FlowConfig.from_model_yaml(directory.yaml)
+    if flow_steps is not None:
+        flow_config = flow_config.with_steps(flow_steps)
+    flow = build_flow(flow_config, read_state_dict(flow_path), source=flow_path)
     hift = build_hift(
         HiFTConfig.from_model_yaml(directory.yaml), read_state_dict(hift_path), source=hift_path
     )
@@ -97,8 +101,10 @@ def write_manifest(
     options: ConvertOptions,
     sources: dict[str, str],
     model_name: str,
+    flow_steps: int | None,
 ) -> Manifest:
-    """Write the manifest describing the packages already saved in `out_dir`."""
+    """Write the manifest describing the packages already saved in `out_dir`; `flow_steps`:
+    the Euler steps the CFM package was traced with (None: no flow package)."""
     manifest = Manifest(
         model_name=model_name,
         source_checkpoints=sources,
@@ -108,6 +114,7 @@ def write_manifest(
         target=options.target,
         compute_units=options.compute_units,
         packages=entries,
+        flow_steps=flow_steps,
         created_utc=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
     manifest.write(out_dir)
@@ -160,7 +167,7 @@ def convert_model_dir(
     Flow and HiFT always; the LLM too when `options.converts_llm` (target macOS 15).
     """
     directory = ModelDirectory(model_dir)
-    flow, hift = load_flow_and_hift(model_dir)
+    flow, hift = load_flow_and_hift(model_dir, options.flow_steps)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # no manifest until every package is in
     sources = {name: file_sha256(directory.path(name)) for name in SOURCE_CHECKPOINTS}
@@ -172,7 +179,12 @@ def convert_model_dir(
         sources[LLM_CHECKPOINT] = file_sha256(directory.path(LLM_CHECKPOINT))
         (progress or (lambda _step, _seconds: None))("convert llm", time.perf_counter() - started)
     return write_manifest(
-        entries, out_dir, options=options, sources=sources, model_name=directory.name
+        entries,
+        out_dir,
+        options=options,
+        sources=sources,
+        model_name=directory.name,
+        flow_steps=flow.config.cfm.n_timesteps,
     )
 
 

@@ -78,6 +78,14 @@ def register(subparsers: Any) -> None:
         f"1 for unbatched packages (default {','.join(map(str, DEFAULT_BATCH_SIZES))})",
     )
     parser.add_argument(
+        "--flow-steps",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="Euler steps unrolled into the CFM package (default: the model's 10); workers "
+        "refuse a conversion whose steps differ from their engine's (tests and benchmarks)",
+    )
+    parser.add_argument(
         "--llm-capacity",
         type=int,
         default=DEFAULT_LLM_CAPACITY,
@@ -104,6 +112,7 @@ def run_convert(args: argparse.Namespace) -> int:
             compute_units=args.compute_units,
             flow_buckets=args.flow_buckets,
             batch_sizes=args.batch_sizes,
+            flow_steps=args.flow_steps,
             llm=args.llm,
             llm_capacity=args.llm_capacity,
         )
@@ -149,5 +158,6 @@ def _summary(manifest: Any) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
     lines.append(f"  manifest.json: sources {', '.join(manifest.source_checkpoints)}, "
-                 f"target {manifest.target}, compute units {manifest.compute_units}")  # fmt: skip
+                 f"target {manifest.target}, compute units {manifest.compute_units}, "
+                 f"flow steps {manifest.flow_steps}")  # fmt: skip
     return "\n".join(lines)

@@ -34,9 +34,10 @@ class ConvertOptions:
     """precision: compute precision inside the packages (I/O stays float32); weights: weight
     compression; target: minimum macOS; compute_units: the runtime's default; flow_buckets:
     enumerated CFM frame counts (empty: any length); batch_sizes: enumerated rows per call of
-    the flow and HiFT packages ((1,): no batch axis, the packages of earlier conversions); llm:
-    also convert the LLM (only with target macOS15; always batch 1); llm_capacity: its
-    KV-cache positions."""
+    the flow and HiFT packages ((1,): no batch axis, the packages of earlier conversions);
+    flow_steps: Euler steps unrolled into the CFM package (None: the model's own 10; a worker
+    refuses a conversion whose steps differ from its engine's); llm: also convert the LLM
+    (only with target macOS15; always batch 1); llm_capacity: its KV-cache positions."""
 
     precision: str = "fp16"
     weights: str = "none"
@@ -44,6 +45,7 @@ class ConvertOptions:
     compute_units: str = "ALL"
     flow_buckets: tuple[int, ...] = ()
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    flow_steps: int | None = None
     llm: bool = True
     llm_capacity: int = DEFAULT_LLM_CAPACITY
 
@@ -66,6 +68,8 @@ class ConvertOptions:
             check_batch_sizes(self.batch_sizes)
         except ValueError as e:
             raise ValueError(f"--batch-sizes: {e}") from e
+        if self.flow_steps is not None and self.flow_steps < 1:
+            raise ValueError(f"--flow-steps {self.flow_steps}: at least 1")
         if self.llm_capacity < MIN_LLM_CAPACITY:
             raise ValueError(f"--llm-capacity {self.llm_capacity}: at least {MIN_LLM_CAPACITY}")
 

@@ -11,6 +11,7 @@ buffer) are the defaults here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,12 @@ class FlowConfig:
     @property
     def token_mel_ratio(self) -> int:
         return self.encoder.upsample_stride
+
+    def with_steps(self, steps: int) -> FlowConfig:
+        """The same flow solved in `steps` Euler steps (fewer: faster and coarser)."""
+        if steps < 1:
+            raise ValueError(f"flow steps must be >= 1, got {steps}")
+        return dataclasses.replace(self, cfm=dataclasses.replace(self.cfm, n_timesteps=steps))
 
     @classmethod
     def from_model_yaml(cls, doc: Mapping[str, Any]) -> FlowConfig:
