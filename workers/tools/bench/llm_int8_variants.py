@@ -153,9 +153,14 @@ def bench_variants(
     runs: int = 2,
     steps: int = 200,
     cache_dir: Path | None = None,
-    yardsticks: bool = True,
+    only: tuple[str, ...] = (),
 ) -> list[VariantRow]:
-    """The rows in the order measured: fp32 first and last, then schemes, tunings, yardsticks."""
+    """The rows in the order measured: fp32 first and last, then schemes, tunings, yardsticks;
+    `only`: the variants whose names contain one of these (fp32's rows always run)."""
+
+    def wanted(name: str) -> bool:
+        return not only or any(part in name for part in only)
+
     torch.set_num_threads(threads)
     config = full_llm_config()
     prompt = _prompt(config, prefill_positions)
@@ -166,7 +171,7 @@ def bench_variants(
     accuracy = _Accuracy(fp32, prefix, steps)
     rows = [_timed_row("fp32 (PyTorch)", fp32, prompt, decode_tokens, runs)]
     with _scratch(cache_dir) as folder:
-        for name, scheme in SCHEMES:
+        for name, scheme in filter(lambda item: wanted(item[0]), SCHEMES):
             start = time.perf_counter()
             ort = load_ort_llm(
                 fp32, cache_dir=folder, checkpoint_hash="random0", threads=threads, scheme=scheme
@@ -176,15 +181,16 @@ def bench_variants(
             rows.append(accuracy.row(name, ort, prefill_s=prefill, ms_per_token=ms))
             log.info("int8_variant", **rows[-1].__dict__)
             del ort
-        for name, tuning in TUNINGS:
+        for name, tuning in filter(lambda item: wanted(item[0]), TUNINGS):
             ort = load_ort_llm(
                 fp32, cache_dir=folder, checkpoint_hash="random0", threads=threads, tuning=tuning
             )
             rows.append(_timed_row(name, ort, prompt, decode_tokens, runs))
             del ort
     rows.append(_timed_row("fp32 (PyTorch), again", fp32, prompt, decode_tokens, runs))
-    if yardsticks:
+    if wanted("yardstick: fp32 at 1 thread"):
         rows.append(accuracy.row("yardstick: fp32 at 1 thread", ThreadsLM(fp32, 1)))
+    if wanted("yardstick: bf16 (PyTorch)"):
         bf16 = build_random_llm(config, dtype=DTYPES["bf16"])
         rows.append(accuracy.row("yardstick: bf16 (PyTorch)", bf16))
     return rows

@@ -40,6 +40,14 @@ def register_bench(commands: Any) -> None:
         help="with --llm-precision int8: instead, each quantization scheme's and session "
         "option's speed and accuracy against fp32, in one run (llm_int8_variants)",
     )
+    llm.add_argument(
+        "--only",
+        default="",
+        help="with --variants: comma-separated parts of the variant names to run (default all)",
+    )
+    llm.add_argument(
+        "--steps", type=int, default=200, help="with --variants: agreement steps (default 200)"
+    )
     llm.set_defaults(handler=run_llm, runs=3)
     flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
     flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
@@ -136,6 +144,8 @@ def run_llm_int8_variants(args: argparse.Namespace) -> int:
         prefill_positions=args.prefill,
         decode_tokens=args.tokens,
         runs=args.runs,
+        steps=args.steps,
+        only=tuple(part for part in args.only.split(",") if part),
     )
     print("\n".join(format_variants(rows)))
     return 0
