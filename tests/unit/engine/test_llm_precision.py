@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -9,12 +10,19 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+from structlog.testing import capture_logs
 
 from shared.errors import ModelLoadError, SettingsError
 from shared.settings import Settings, load_settings
 from workers.engine.api import SynthesisInput
+from workers.engine.batching import SequentialSession
 from workers.engine.cpu_features import HostCPU
-from workers.engine.llm_precision import MEASURED, choose_llm_precision, host_class
+from workers.engine.llm_precision import (
+    MEASURED,
+    Int8Measurement,
+    choose_llm_precision,
+    host_class,
+)
 from workers.engine.pipeline import EngineOptions, build_engine
 from workers.engine.stages import ModuleSpeechTokens
 from workers.model.llm.model import Qwen2LM
@@ -58,16 +66,45 @@ def test_explicit_choices_are_kept_and_int8_off_the_cpu_is_refused() -> None:
         choose_llm_precision("int8", device=CPU, backend="coreml")
 
 
-def test_auto_follows_the_measured_table_and_stays_native_where_unmeasured() -> None:
-    zen4 = host("avx2", "avx512f", "avx512_bf16")
-    assert host_class(zen4) == "avx512_bf16"
-    choice = choose_llm_precision("auto", device=CPU, host=zen4)
-    assert choice.name == ("int8" if MEASURED["avx512_bf16"][0] else "native")
-    assert MEASURED["avx512_bf16"][1] in choice.reason
-    unmeasured = choose_llm_precision("auto", device=CPU, host=host("neon"))
+def measurement(**changes: float) -> Int8Measurement:
+    """Figures meeting every bar on any host class, with `changes` applied."""
+    good = Int8Measurement(
+        host="a test host",
+        ratio=0.5,
+        baseline="bf16",
+        floor_ratio=1.2,
+        logp_db=50.0,
+        agreement=0.97,
+    )
+    return dataclasses.replace(good, **changes)
+
+
+def test_auto_picks_int8_only_where_every_bar_of_the_measurement_holds() -> None:
+    zen4, zen3 = host("avx2", "avx512f", "avx512_bf16"), host("avx2", "fma")
+    assert (host_class(zen4), host_class(zen3)) == ("avx512_bf16", "avx2")
+    table = {"avx512_bf16": measurement(), "avx2": measurement(agreement=0.35)}
+    assert choose_llm_precision("auto", device=CPU, host=zen4, measured=table).name == "int8"
+    missed = choose_llm_precision("auto", device=CPU, host=zen3, measured=table)
+    assert missed.name == "native" and "35% of sampled tokens fp32's (bar 95%)" in missed.reason
+    # the speed bar is per class: 0.65x passes on AVX2 (0.7x) and fails on AVX512 (0.6x)
+    slow = {"avx512_bf16": measurement(ratio=0.65), "avx2": measurement(ratio=0.65)}
+    assert choose_llm_precision("auto", device=CPU, host=zen3, measured=slow).name == "int8"
+    refused = choose_llm_precision("auto", device=CPU, host=zen4, measured=slow)
+    assert refused.name == "native" and "(bar 0.6x)" in refused.reason
+    far = choose_llm_precision(
+        "auto", device=CPU, host=zen3, measured={"avx2": measurement(floor_ratio=2.04)}
+    )
+    assert far.name == "native" and "2.04x its floor (bar 1.5x)" in far.reason
+    unmeasured = choose_llm_precision("auto", device=CPU, host=host("neon"), measured=table)
     assert unmeasured.name == "native" and "no int8 measurement" in unmeasured.reason
-    gpu = choose_llm_precision("auto", device=torch.device("cuda"), host=zen4)
+    gpu = choose_llm_precision("auto", device=torch.device("cuda"), host=zen4, measured=table)
     assert gpu.name == "native"
+
+
+def test_the_shipped_table_keeps_both_measured_classes_native() -> None:
+    for kind in ("avx512_bf16", "avx2"):
+        pays, why = MEASURED[kind].verdict(kind)
+        assert not pays and "misses" in why
 
 
 def test_an_int8_engine_synthesizes_and_a_native_one_keeps_torch(
@@ -84,6 +121,12 @@ def test_an_int8_engine_synthesizes_and_a_native_one_keeps_torch(
     voice = engine.extract_voice(samples, int(rate), "A prompt.")
     out = engine.synthesize(SynthesisInput(text="Hello there, a short test.", prompt=voice, seed=3))
     assert out.samples.size > 0 and np.isfinite(out.samples).all()
+    with capture_logs() as logs:
+        session = engine.open_batch_session(4)
+    session.close()
+    assert isinstance(session, SequentialSession)  # no continuous batching with int8 yet
+    (warned,) = [e for e in logs if e["event"] == "batch_session_sequential"]
+    assert warned["llm"] == "OrtSpeechLM" and "COSYQ_LLM_PRECISION=native" in warned["reason"]
     native = build_engine(tiny_model_dir, device="cpu", hash_cache_dir=tmp_path / "h")
     assert isinstance(native.llm, ModuleSpeechTokens)
     assert isinstance(native.llm.model, Qwen2LM)

@@ -11,9 +11,10 @@ import torch
 from shared.errors import InvalidRequestError
 from workers.model.llm.model import Qwen2LM
 from workers.model.llm.ort_decoder import OrtSpeechLM, load_ort_llm, ort_cache_path
+from workers.model.llm.ort_graph import QuantScheme, quantized_blocks
 from workers.model.llm.qwen2 import KVCache
 from workers.model.loader import LoadedModel, load_model
-from workers.tools.bench.llm_agreement import compare_llm
+from workers.tools.bench.llm_agreement import compare_llm, free_running
 
 MIN_SNR_DB = 40.0  # the bar for log-probs (measured ~66 dB on the tiny model)
 STEPS = 20
@@ -117,3 +118,64 @@ def test_the_graph_file_is_built_once_and_reused(loaded: LoadedModel, tmp_path: 
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no partial file left
     assert again.session is not None
     assert ort_cache_path(tmp_path, "0" * 64) != path  # another checkpoint, another file
+
+
+@pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_quantized_blocks_round_trip_within_half_a_step(block: int, symmetric: bool) -> None:
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((6, 300)).astype(np.float32) * 0.02
+    weight[0, :block] = np.linspace(0.01, 0.05, block)  # all positive: asymmetric's case
+    packed, scales, zeros = quantized_blocks(weight, block=block, symmetric=symmetric)
+    blocks = -(-300 // block)
+    assert packed.shape == (6, blocks, block) and scales.shape == (6 * blocks,)
+    zero = np.full(6 * blocks, 128.0) if zeros is None else zeros.astype(np.float64)
+    assert (zeros is None) == symmetric
+    restored = (packed.astype(np.float64) - zero.reshape(6, blocks, 1)) * scales.reshape(
+        6, blocks, 1
+    )
+    restored = restored.reshape(6, -1)[:, :300]
+    step = np.repeat(scales.reshape(6, blocks), block, axis=1)[:, :300]
+    assert np.all(np.abs(restored - weight) <= step / 2 + 1e-9)
+    if not symmetric:  # a positive block uses the whole range: a finer step than symmetric's
+        sym_scales = quantized_blocks(weight, block=block, symmetric=True)[1]
+        assert scales[0] < sym_scales[0] * 0.6
+
+
+def test_a_scheme_names_its_file_and_refuses_bad_values(tmp_path: Path) -> None:
+    assert QuantScheme().tag == ""
+    assert ort_cache_path(tmp_path, "ab" * 32) != ort_cache_path(
+        tmp_path, "ab" * 32, QuantScheme(head_int8=False)
+    )
+    assert QuantScheme(block=128, symmetric=False).tag == "-b128a4ah8"
+    with pytest.raises(ValueError, match="power of two"):
+        QuantScheme(block=48)
+    with pytest.raises(ValueError, match="accuracy_level"):
+        QuantScheme(accuracy_level=7)
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [QuantScheme(head_int8=False), QuantScheme(symmetric=False, block=128, accuracy_level=0)],
+)
+def test_other_schemes_track_fp32_too(
+    loaded: LoadedModel, scheme: QuantScheme, tmp_path: Path
+) -> None:
+    ort = load_ort_llm(
+        loaded.llm,
+        cache_dir=tmp_path,
+        checkpoint_hash=loaded.checkpoint_hash,
+        threads=1,
+        scheme=scheme,
+    )
+    report = compare_llm(loaded.llm, ort, prefix_of(loaded.llm), steps=10, seed=7)
+    assert min(report.raw_snr_db) >= MIN_SNR_DB, report.lines()
+
+
+def test_free_running_of_a_model_against_itself_agrees_everywhere(
+    loaded: LoadedModel, ort_llm: OrtSpeechLM
+) -> None:
+    itself = free_running(loaded.llm, loaded.llm, prefix_of(loaded.llm), steps=30, seed=7)
+    assert (itself.agreed, itself.first_divergence) == (30, None)
+    int8 = free_running(loaded.llm, ort_llm, prefix_of(loaded.llm), steps=30, seed=7)
+    assert int8.steps == 30 and int8.agreed <= 30

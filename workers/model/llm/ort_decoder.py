@@ -26,7 +26,13 @@ from torch import nn
 from shared.errors import InvalidRequestError, ModelLoadError
 from shared.logs import get_logger
 from workers.model.llm.model import LLMConfig, Qwen2LM
-from workers.model.llm.ort_graph import GRAPH_VERSION, GraphNames, build_step_graph
+from workers.model.llm.ort_graph import (
+    DEFAULT_SCHEME,
+    GRAPH_VERSION,
+    GraphNames,
+    QuantScheme,
+    build_step_graph,
+)
 from workers.model.llm.qwen2 import KVCache
 
 if TYPE_CHECKING:
@@ -38,31 +44,56 @@ STATE_ATTRIBUTE = "_ort_kv"  # where a request's ORT cache hangs on its `KVCache
 PRECISION = "int8"
 
 
-def ort_cache_path(cache_dir: Path, checkpoint_hash: str) -> Path:
-    """The step graph's file for one checkpoint (its content hash) and precision."""
-    return cache_dir / f"llm-step-{checkpoint_hash[:32]}-{PRECISION}-v{GRAPH_VERSION}.onnx"
+def ort_cache_path(
+    cache_dir: Path, checkpoint_hash: str, scheme: QuantScheme = DEFAULT_SCHEME
+) -> Path:
+    """The step graph's file for one checkpoint (its content hash), precision and scheme."""
+    name = f"llm-step-{checkpoint_hash[:32]}-{PRECISION}{scheme.tag}-v{GRAPH_VERSION}.onnx"
+    return cache_dir / name
 
 
-def _session_options(threads: int) -> ort.SessionOptions:
+@dataclass(frozen=True)
+class SessionTuning:
+    """ORT session options (the defaults are the shipped ones; the bench measures others).
+
+    spinning: let the intra-op threads spin between steps (PyTorch samples and embeds on the
+    same cores in between, and spinning there cost ~20x a step in the first try).
+    optimization: "all", "extended", "basic" or "disabled" (ORT's graph optimisation level)."""
+
+    spinning: bool = False
+    optimization: str = "all"
+
+
+DEFAULT_TUNING = SessionTuning()
+_LEVELS = {
+    "all": "ORT_ENABLE_ALL",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "basic": "ORT_ENABLE_BASIC",
+    "disabled": "ORT_DISABLE_ALL",
+}
+
+
+def _session_options(threads: int, tuning: SessionTuning = DEFAULT_TUNING) -> ort.SessionOptions:
     import onnxruntime as ort  # noqa: PLC0415 (only when this precision is chosen)
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, _LEVELS[tuning.optimization]
+    )
     options.log_severity_level = 3
-    # No spinning between steps: PyTorch samples and embeds on the same cores in between, and
-    # ORT's threads spinning there (or torch's OpenMP threads during a step) cost ~20x a step.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    spin = "1" if tuning.spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return options
 
 
-def write_step_graph(model: Qwen2LM, path: Path) -> None:
+def write_step_graph(model: Qwen2LM, path: Path, scheme: QuantScheme = DEFAULT_SCHEME) -> None:
     """Build, quantize and write the graph (atomically: a reader never sees half a file)."""
     import onnx  # noqa: PLC0415
 
-    graph = build_step_graph(model)
+    graph = build_step_graph(model, scheme)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     onnx.save(graph, str(partial))
@@ -70,7 +101,12 @@ def write_step_graph(model: Qwen2LM, path: Path) -> None:
 
 
 def open_step_session(
-    model: Qwen2LM, path: Path, *, threads: int
+    model: Qwen2LM,
+    path: Path,
+    *,
+    threads: int,
+    scheme: QuantScheme = DEFAULT_SCHEME,
+    tuning: SessionTuning = DEFAULT_TUNING,
 ) -> tuple[ort.InferenceSession, bool]:
     """The session for `path`, building the file first when it is missing; (session, built)."""
     import onnxruntime as ort  # noqa: PLC0415
@@ -78,10 +114,12 @@ def open_step_session(
     built = not path.is_file()
     if built:
         log.info("llm_graph_building", path=str(path), precision=PRECISION)
-        write_step_graph(model, path)
+        write_step_graph(model, path, scheme)
     try:
         session = ort.InferenceSession(
-            str(path), sess_options=_session_options(threads), providers=["CPUExecutionProvider"]
+            str(path),
+            sess_options=_session_options(threads, tuning),
+            providers=["CPUExecutionProvider"],
         )
     except Exception as e:  # onnxruntime raises its own exception types for bad files
         raise ModelLoadError(f"{path}: ONNX Runtime could not open the LLM step graph: {e}") from e
@@ -187,10 +225,16 @@ class OrtSpeechLM:
 
 
 def load_ort_llm(
-    model: Qwen2LM, *, cache_dir: Path, checkpoint_hash: str, threads: int
+    model: Qwen2LM,
+    *,
+    cache_dir: Path,
+    checkpoint_hash: str,
+    threads: int,
+    scheme: QuantScheme = DEFAULT_SCHEME,
+    tuning: SessionTuning = DEFAULT_TUNING,
 ) -> OrtSpeechLM:
     """`model`'s int8 ORT stand-in, its graph from `cache_dir` (built there when missing)."""
-    path = ort_cache_path(cache_dir, checkpoint_hash)
-    session, built = open_step_session(model, path, threads=threads)
+    path = ort_cache_path(cache_dir, checkpoint_hash, scheme)
+    session, built = open_step_session(model, path, threads=threads, scheme=scheme, tuning=tuning)
     log.info("llm_graph_opened", path=str(path), built=built, precision=PRECISION)
     return OrtSpeechLM(model, session, path=path)

@@ -49,6 +49,40 @@ QUANT_ACCURACY_LEVEL = 4  # int8 activations inside MatMulNBits
 
 
 @dataclass(frozen=True)
+class QuantScheme:
+    """How the graph's products are quantized (the default is the shipped one; the others are
+    measured by `bench llm --llm-precision int8 --variants`).
+
+    block: input elements per scale (MatMulNBits' block_size, a power of two >= 16).
+    accuracy_level: MatMulNBits' compute type (0 unset, 1 fp32, 4 int8 activations).
+    symmetric: zero point fixed at 128 (else one uint8 zero point per block, min..max range).
+    head_int8: the speech head as MatMulNBits too (else a float32 MatMul)."""
+
+    block: int = QUANT_BLOCK
+    accuracy_level: int = QUANT_ACCURACY_LEVEL
+    symmetric: bool = True
+    head_int8: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block < 16 or self.block & (self.block - 1):
+            raise ValueError(f"block must be a power of two >= 16, got {self.block}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError(f"accuracy_level must be 0-4, got {self.accuracy_level}")
+
+    @property
+    def tag(self) -> str:
+        """'' for the default scheme (its file name is unchanged), else a short suffix."""
+        if self == QuantScheme():
+            return ""
+        sym = "s" if self.symmetric else "a"
+        head = "h8" if self.head_int8 else "h32"
+        return f"-b{self.block}a{self.accuracy_level}{sym}{head}"
+
+
+DEFAULT_SCHEME = QuantScheme()
+
+
+@dataclass(frozen=True)
 class GraphNames:
     """Input/output names of the step graph, shared by the builder and the runtime."""
 
@@ -66,7 +100,8 @@ class GraphNames:
 class _Graph:
     """Collects nodes and initializers; small helpers name each tensor once."""
 
-    def __init__(self) -> None:
+    def __init__(self, scheme: QuantScheme) -> None:
+        self.scheme = scheme
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
 
@@ -85,8 +120,13 @@ class _Graph:
     def linear(self, name: str, x: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
         """x @ weight.T (+ bias), weight (out, in) as 8-bit `MatMulNBits` (`quantized_blocks`)."""
         n, k = weight.shape
-        packed, scales = quantized_blocks(weight.detach().float().numpy())
+        scheme = self.scheme
+        packed, scales, zeros = quantized_blocks(
+            weight.detach().float().numpy(), block=scheme.block, symmetric=scheme.symmetric
+        )
         inputs = [x, self.weight(f"{name}.q8", packed), self.weight(f"{name}.scales", scales)]
+        if zeros is not None:
+            inputs.append(self.weight(f"{name}.zeros", zeros))
         (out,) = self.node(
             "MatMulNBits",
             inputs,
@@ -95,28 +135,53 @@ class _Graph:
             K=k,
             N=n,
             bits=8,
-            block_size=QUANT_BLOCK,
-            accuracy_level=QUANT_ACCURACY_LEVEL,
+            block_size=scheme.block,
+            accuracy_level=scheme.accuracy_level,
         )
+        return self._bias(name, out, bias)
+
+    def dense(self, name: str, x: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+        """x @ weight.T (+ bias) with the float32 weight (a plain MatMul)."""
+        w = self.weight(f"{name}.weight_t", weight.detach().float().numpy().T)
+        (out,) = self.node("MatMul", [x, w], [f"{name}.matmul"])
+        return self._bias(name, out, bias)
+
+    def _bias(self, name: str, out: str, bias: torch.Tensor | None) -> str:
         if bias is None:
             return out
         b = self.weight(f"{name}.bias", bias.detach().float().numpy())
         return self.node("Add", [out, b], [f"{name}.out"])[0]
 
 
-def quantized_blocks(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(out, in) float32 -> MatMulNBits' 8-bit layout: uint8 (out, blocks, QUANT_BLOCK), the
-    value + 128 (the op's default zero point at 8 bits), and float32 scales (out * blocks,),
-    symmetric per block: scale = max |w| / 127. `in` is padded with zeros to whole blocks."""
+def quantized_blocks(
+    weight: np.ndarray, *, block: int = QUANT_BLOCK, symmetric: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(out, in) float32 -> MatMulNBits' 8-bit layout: uint8 (out, blocks, block), float32
+    scales (out * blocks,) and uint8 zero points (out * blocks,) or None for the op's default
+    128. Symmetric: scale = max |w| / 127, q = w / scale + 128. Asymmetric: scale =
+    (max - min) / 255, zero point = round(-min / scale), q = w / scale + zero point, so each
+    block's whole range uses the 256 levels. `in` is padded with zeros to whole blocks."""
     n, k = weight.shape
-    blocks = -(-k // QUANT_BLOCK)
-    padded = np.zeros((n, blocks * QUANT_BLOCK), dtype=np.float32)
+    blocks = -(-k // block)
+    padded = np.zeros((n, blocks * block), dtype=np.float32)
     padded[:, :k] = weight
-    grouped = padded.reshape(n, blocks, QUANT_BLOCK)
-    scale = np.abs(grouped).max(axis=-1) / 127.0
-    scale[scale == 0] = 1.0  # an all-zero block: any scale gives zeros
-    q = np.clip(np.rint(grouped / scale[..., None]), -127, 127) + 128
-    return q.astype(np.uint8), scale.reshape(-1).astype(np.float32)
+    grouped = padded.reshape(n, blocks, block)
+    if symmetric:
+        scale = np.abs(grouped).max(axis=-1) / 127.0
+        scale[scale == 0] = 1.0  # an all-zero block: any scale gives zeros
+        q = np.clip(np.rint(grouped / scale[..., None]), -127, 127) + 128
+        return q.astype(np.uint8), scale.reshape(-1).astype(np.float32), None
+    low = np.minimum(grouped.min(axis=-1), 0.0)  # the range holds 0 (padding is exact)
+    high = np.maximum(grouped.max(axis=-1), 0.0)
+    scale = (high - low) / 255.0
+    scale[scale == 0] = 1.0
+    zero = np.clip(np.rint(-low / scale), 0, 255)
+    q = np.clip(np.rint(grouped / scale[..., None]) + zero[..., None], 0, 255)
+    return (
+        q.astype(np.uint8),
+        scale.reshape(-1).astype(np.float32),
+        zero.reshape(-1).astype(np.uint8),
+    )
 
 
 def _cat(*tensors: torch.Tensor) -> torch.Tensor:
@@ -229,7 +294,8 @@ def _body(g: _Graph, model: Qwen2LM) -> str:
         epsilon=config.rms_norm_eps,
     )
     decoder = model.llm_decoder
-    logits = g.linear("head", normed, decoder.weight, decoder.bias)
+    head = g.linear if g.scheme.head_int8 else g.dense
+    logits = head("head", normed, decoder.weight, decoder.bias)
     return g.node("LogSoftmax", [logits], ["logp"], axis=-1)[0]
 
 
@@ -237,10 +303,10 @@ def _value(name: str, elem: int, shape: list[str | int]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, shape)
 
 
-def build_step_graph(model: Qwen2LM) -> onnx.ModelProto:
+def build_step_graph(model: Qwen2LM, scheme: QuantScheme = DEFAULT_SCHEME) -> onnx.ModelProto:
     """The int8-weight step graph of `model`'s weights (any dtype; read as float32)."""
     config = model.config.backbone
-    g = _Graph()
+    g = _Graph(scheme)
     cos, sin = _rotary_tables(config)
     g.weight("cos", cos)
     g.weight("sin", sin)

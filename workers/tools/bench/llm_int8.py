@@ -9,6 +9,7 @@ row at the batch sizes asked; and the int8 step's accuracy against fp32 (`llm_ag
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from shared.logs import get_logger
 from workers.model.llm.model import Qwen2LM
 from workers.model.llm.ort_decoder import OrtSpeechLM, load_ort_llm
 from workers.tools.bench.floors import memory_bandwidth_gbs
-from workers.tools.bench.llm_agreement import LLMAgreement, compare_llm
+from workers.tools.bench.llm_agreement import LLMAgreement, compare_llm, free_running
 from workers.tools.bench.llm_stage import DTYPES, _prompt, time_decode, time_prefill
 from workers.tools.fixtures.random_weights import build_random_llm, full_llm_config
 
@@ -120,9 +121,10 @@ def bench_int8(
         batched = {b: time_batched(ort_llm, b, runs) for b in batches}
         log.info("bench_llm_batched", ms_per_row=batched)
         ids = [torch.tensor(p, dtype=torch.long) for p in prompt]
-        agreement = compare_llm(
-            fp32, ort_llm, fp32.prefix_embeddings(*ids), steps=agreement_steps, seed=0
-        )
+        prefix = fp32.prefix_embeddings(*ids)
+        agreement = compare_llm(fp32, ort_llm, prefix, steps=agreement_steps, seed=0)
+        free = free_running(fp32, ort_llm, prefix, steps=agreement_steps, seed=0)
+        agreement = dataclasses.replace(agreement, free=free)
         return Int8Report(
             timings=tuple(timings),
             weight_bytes=ort_llm.step_bytes(),

@@ -11,6 +11,7 @@ error, not audible quality; measure a real model with `--model-dir`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from workers.engine.api import VoicePrompt
 from workers.engine.pipeline import SynthesisPipeline
 from workers.engine.stages import ModuleFlow, ModuleSpeechTokens, ModuleVocoder, source_noise
 from workers.model.llm.qwen2 import KVCache
-from workers.tools.bench.llm_agreement import LLMAgreement, compare_llm
+from workers.tools.bench.llm_agreement import LLMAgreement, compare_llm, free_running
 
 
 def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
@@ -85,14 +86,17 @@ def llm_agreement(
     seed: int,
 ) -> LLMAgreement:
     """`other`'s LLM against `reference`'s over a prefill of `request`'s text and voice and
-    `steps` teacher-forced steps (`llm_agreement.compare_llm`)."""
+    `steps` teacher-forced steps (`llm_agreement.compare_llm`), and the same seed's
+    free-running draws (`llm_agreement.free_running`)."""
     ref, low = reference.llm, other.llm
     if not (isinstance(ref, ModuleSpeechTokens) and isinstance(low, ModuleSpeechTokens)):
         raise TypeError("the LLM agreement check needs module LLM stages")
     ids = torch.as_tensor(list(reference.frontend.pieces(request.text)[0].ids))
     speech = torch.from_numpy(request.prompt.speech_tokens.astype(np.int64))
     prefix = ref.model.prefix_embeddings(ids, ids[:0], speech)
-    return compare_llm(ref.model, low.model, prefix, steps=steps, seed=seed)
+    forced = compare_llm(ref.model, low.model, prefix, steps=steps, seed=seed)
+    free = free_running(ref.model, low.model, prefix, steps=steps, seed=seed)
+    return dataclasses.replace(forced, free=free)
 
 
 @torch.inference_mode()

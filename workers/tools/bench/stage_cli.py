@@ -34,6 +34,20 @@ def register_bench(commands: Any) -> None:
         "and its accuracy against fp32 (one run)",
     )
     llm.add_argument("--batches", default="8,16", help="int8 batched decode sizes (default 8,16)")
+    llm.add_argument(
+        "--variants",
+        action="store_true",
+        help="with --llm-precision int8: instead, each quantization scheme's and session "
+        "option's speed and accuracy against fp32, in one run (llm_int8_variants)",
+    )
+    llm.add_argument(
+        "--only",
+        default="",
+        help="with --variants: comma-separated parts of the variant names to run (default all)",
+    )
+    llm.add_argument(
+        "--steps", type=int, default=200, help="with --variants: agreement steps (default 200)"
+    )
     llm.set_defaults(handler=run_llm, runs=3)
     flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
     flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
@@ -96,6 +110,9 @@ def run_llm(args: argparse.Namespace) -> int:
 
 def run_llm_int8(args: argparse.Namespace) -> int:
     from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
+
+    if args.variants:
+        return run_llm_int8_variants(args)
     from workers.tools.bench.llm_int8 import bench_int8  # noqa: PLC0415
 
     cpu = host_cpu()
@@ -109,6 +126,28 @@ def run_llm_int8(args: argparse.Namespace) -> int:
     print(f"LLM FULL random weights, {args.threads} threads; CPU {cpu.model} ({cpu.machine})")
     print(f"ISA: {' '.join(cpu.flags)}; load average {os.getloadavg()[0]:.2f}")
     print("\n".join(report.lines()))
+    return 0
+
+
+def run_llm_int8_variants(args: argparse.Namespace) -> int:
+    from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
+    from workers.tools.bench.llm_int8_variants import (  # noqa: PLC0415
+        bench_variants,
+        format_variants,
+    )
+
+    cpu = host_cpu()
+    print(f"LLM FULL random weights, {args.threads} threads; CPU {cpu.model} ({cpu.machine})")
+    print(f"ISA: {' '.join(cpu.flags)}; load average at start {os.getloadavg()[0]:.2f}")
+    rows = bench_variants(
+        threads=args.threads,
+        prefill_positions=args.prefill,
+        decode_tokens=args.tokens,
+        runs=args.runs,
+        steps=args.steps,
+        only=tuple(part for part in args.only.split(",") if part),
+    )
+    print("\n".join(format_variants(rows)))
     return 0
 
 
