@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,34 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # Test files that share one expensive session fixture made under a file lock (the Core ML
 # conversion, ~45 s): one test process runs them all, so no second process sits waiting on it.
 SHARED_CONVERSION_FOLDER = "tests/unit/coreml/"
+# The units that take longest (from the durations a run prints), started first so that no long
+# file starts last and leaves one test process working alone at the end; every other unit keeps
+# xdist's order. A unit missing here only starts later: the list orders, it selects nothing.
+SLOW_UNITS_FIRST = (
+    SHARED_CONVERSION_FOLDER,
+    "tests/integration/service/test_stop_stress.py",
+    "tests/integration/service/test_batch_custody.py",
+    "tests/integration/service/test_cosyvoice3_jobs.py",
+    "tests/integration/service/test_documents_tiny.py",
+    "tests/integration/service/test_document_length_tiny.py",
+    "tests/integration/tools/test_soak.py",
+    "tests/integration/tools/test_bench_queue.py",
+    "tests/integration/service/test_text_jobs.py",
+)
 
 
 class FilesAndConversionScheduling(LoadFileScheduling):
     """xdist's `--dist loadfile` (a file's tests on one process: they share its module
-    fixtures), with every file under SHARED_CONVERSION_FOLDER as one unit."""
+    fixtures), with every file under SHARED_CONVERSION_FOLDER as one unit and the units of
+    SLOW_UNITS_FIRST handed out first."""
+
+    def _assign_work_unit(self, node: Any) -> None:
+        if not getattr(self, "_slow_first", False):
+            self._slow_first = True
+            rank = {unit: i for i, unit in enumerate(SLOW_UNITS_FIRST)}
+            order = sorted(self.workqueue, key=lambda unit: rank.get(unit, len(rank)))
+            self.workqueue = OrderedDict((unit, self.workqueue[unit]) for unit in order)
+        super()._assign_work_unit(node)
 
     def _split_scope(self, nodeid: str) -> str:
         scope = super()._split_scope(nodeid)
