@@ -18,8 +18,11 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from shared.logs import get_logger
 from workers.engine.api import SynthesisEngine, SynthesisInput, SynthesisOutput
 from workers.engine.openmp_pool import release_thread_team
+
+log = get_logger(__name__)
 
 T = TypeVar("T")
 _WAKE = object()  # a queue item that only wakes the model thread for a `run_first` task
@@ -130,4 +133,18 @@ def open_batch_session(engine: SynthesisEngine, max_batch: int) -> BatchSession:
     """The engine's own batched session when it has one, else a sequential one."""
     if max_batch > 1 and isinstance(engine, BatchingEngine):
         return engine.open_batch_session(max_batch)
+    return SequentialSession(engine, max_batch)
+
+
+def one_at_a_time(engine: SynthesisEngine, max_batch: int, *, llm: str) -> SequentialSession:
+    """A sequential session for an engine whose LLM (`llm`, its class name) cannot batch; a
+    batching worker (max_batch > 1) says so in its log."""
+    if max_batch > 1:
+        log.warning(
+            "batch_session_sequential",
+            max_batch=max_batch,
+            llm=llm,
+            reason="continuous batching needs the torch LLM; this LLM runs one request at a "
+            "time (COSYQ_LLM_PRECISION=native batches)",
+        )
     return SequentialSession(engine, max_batch)

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
-from shared.logs import get_logger
 from shared.text_markup import speech_limit_message, speech_seconds
 from workers.engine import family_stages
 from workers.engine.api import (
@@ -37,7 +36,7 @@ from workers.engine.api import (
 )
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces, piece_spans
 from workers.engine.batch_session import PipelineBatchSession
-from workers.engine.batching import BatchSession, SequentialSession
+from workers.engine.batching import BatchSession, one_at_a_time
 from workers.engine.causal_stages import CausalPieceStream, CausalVocoder
 from workers.engine.devices import resolve_device, resolve_dtype
 from workers.engine.modes import llm_prompt, raw_text, with_text_prefix
@@ -62,8 +61,6 @@ from workers.model.llm.decoder_choice import DecodeChoice, open_decoder
 from workers.model.llm.model import DecodeOutcome, Qwen2LM
 from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
-
-log = get_logger(__name__)
 
 WARM_UP_TEXT = "Hello."
 WARM_UP_TOKENS = 25  # one second of speech: every stage runs once at a bounded cost
@@ -360,23 +357,14 @@ class SynthesisPipeline:
     def open_batch_session(self, max_batch: int) -> BatchSession:
         """Continuous batching when the LLM is our torch Qwen2LM, else one request at a time
         (a Core ML LLM keeps its own batch-1 state; the int8 ONNX Runtime step has no
-        continuous-batching decoder yet, so a batching worker with it runs requests one by
-        one, and says so in the log)."""
+        continuous-batching decoder yet)."""
         if max_batch > self.options.max_batch:
             raise ValueError(
                 f"a batch of {max_batch} exceeds the engine's max_batch {self.options.max_batch}"
             )
         model = getattr(self.llm, "model", None)
         if max_batch <= 1 or not isinstance(model, Qwen2LM):
-            if max_batch > 1:
-                log.warning(
-                    "batch_session_sequential",
-                    max_batch=max_batch,
-                    llm=type(model).__name__,
-                    reason="continuous batching needs the torch LLM; this LLM runs one "
-                    "request at a time (COSYQ_LLM_PRECISION=native batches)",
-                )
-            return SequentialSession(self, max_batch)
+            return one_at_a_time(self, max_batch, llm=type(model).__name__)
         positions = self.options.batch_max_positions
         decoder = open_decoder(model, max_batch, positions, choice=self.options.decode)
         return PipelineBatchSession(self, decoder, max_batch)
