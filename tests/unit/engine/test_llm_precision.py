@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -66,7 +67,7 @@ def test_explicit_choices_are_kept_and_int8_off_the_cpu_is_refused() -> None:
         choose_llm_precision("int8", device=CPU, backend="coreml")
 
 
-def measurement(**changes: float) -> Int8Measurement:
+def measurement(**changes: Any) -> Int8Measurement:
     """Figures meeting every bar on any host class, with `changes` applied."""
     good = Int8Measurement(
         host="a test host",

@@ -61,6 +61,15 @@ class ThreadsLM:
     def speech_embedding(self) -> nn.Embedding:
         return self.model.speech_embedding
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def prefix_embeddings(
+        self, text: torch.Tensor, prompt_text: torch.Tensor, prompt_speech: torch.Tensor
+    ) -> torch.Tensor:
+        return self.model.prefix_embeddings(text, prompt_text, prompt_speech)
+
     def step_logp(self, inputs_embeds: torch.Tensor, cache: KVCache) -> torch.Tensor:
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
@@ -141,7 +150,7 @@ class _Accuracy:
             id_ordered=forced.id_ordered_agreed / forced.steps,
             overlap=statistics.fmean(forced.overlap),
             load=os.getloadavg()[0],
-            **speed,  # type: ignore[arg-type]
+            **speed,
         )
 
 
