@@ -85,6 +85,7 @@ class BatchBench:
     load_average: tuple[float, float]
     omp_wait_policy: str = "(unset)"
     flow: str = "exact"  # COSYQ_BATCH_FLOW's choice the rows ran with
+    family: str = "cosyvoice2"  # the benched directory's, from its yaml
 
     @property
     def plain_throughput(self) -> float:
@@ -192,6 +193,7 @@ def run(options: BenchOptions, batch_sizes: Sequence[int], *, flow: str = "exact
         load_average=(load_before, os.getloadavg()[0]),
         omp_wait_policy=options.omp_wait_policy,
         flow=flow,
+        family=engine.family,
     )
 
 
@@ -203,6 +205,7 @@ def format_json(result: BatchBench) -> str:
     return json.dumps(
         {
             "model": result.model,
+            "family": result.family,
             "device": result.device,
             "dtype": result.dtype,
             "flow": result.flow,
@@ -253,7 +256,8 @@ def format_table(result: BatchBench) -> str:
     lone = f"B=1 / plain: {base / plain:.3f}" if base and plain else "B=1 / plain: (no B=1 row)"
     return "\n".join(
         [
-            f"cosyq-worker bench batch: {result.model} on {result.device}, {result.dtype}, "
+            f"cosyq-worker bench batch: {result.model} ({result.family}) on {result.device}, "
+            f"{result.dtype}, "
             f"{result.tokens or 'unforced'} tokens per piece, batch flow {result.flow}",
             *_rows(lines),
             f"plain engine.run (what `cosyq-worker bench` times): {result.plain_wall_s:.2f} s "

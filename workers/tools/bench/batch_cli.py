@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from workers.tools.bench.cli import set_omp_wait_policy
+from workers.tools.bench.cli import add_family_argument, set_omp_wait_policy
 
 DEFAULT_BATCH_SIZES = "1,2,4,8,16"
 
@@ -20,6 +20,7 @@ def register_bench(commands: Any) -> None:
         "latency, seconds per stage per job and peak RSS, plus a plain engine.run beside them.",
     )
     batch.add_argument("--config", choices=["tiny", "full-random"], default="tiny")
+    add_family_argument(batch)
     batch.add_argument("--model-dir", type=Path, help="bench this model directory instead")
     batch.add_argument(
         "--batch-sizes",

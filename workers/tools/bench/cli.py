@@ -62,6 +62,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default="tiny",
         help="tiny model, or the FULL architecture with random weights (default tiny)",
     )
+    add_family_argument(parser)
     parser.add_argument("--model-dir", type=Path, help="bench this model directory instead")
     parser.add_argument("--runs", type=int, default=5, help="timed runs after the first")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -91,6 +92,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default="inherit",
         help="OpenMP threads sleep (passive: best when other work shares the cores) or spin "
         "(active) between parallel regions; inherit (default): as the environment has it",
+    )
+
+
+def add_family_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--family",
+        choices=["cosyvoice2", "cosyvoice3"],
+        default="cosyvoice2",
+        help="the architecture --config writes: CosyVoice2-0.5B or Fun-CosyVoice3-0.5B "
+        "(default cosyvoice2; full-random caches one model per family)",
     )
 
 

@@ -47,6 +47,7 @@ QUALITY_SHARE_TARGET = 0.01  # issue 25: the quality measures add under 1% to a 
 @dataclass(frozen=True)
 class BenchOptions:
     config: str = "tiny"  # "tiny" | "full-random"
+    family: str = "cosyvoice2"  # "cosyvoice2" | "cosyvoice3": which architecture `config` writes
     model_dir: Path | None = None  # a model directory instead of `config`
     device: str = "cpu"
     dtype: str = "fp32"
@@ -72,6 +73,7 @@ class BenchOptions:
 
 SHARED_ARGUMENTS = (
     "config",
+    "family",
     "model_dir",
     "device",
     "dtype",
@@ -184,14 +186,27 @@ def peak_rss_gb() -> float:
     return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
+FULL_RANDOM_DIRS = {"cosyvoice2": "model", "cosyvoice3": "model-cosyvoice3"}  # in cache_dir
+
+
 def model_directory(options: BenchOptions, workdir: Path) -> Path:
+    """`model_dir`, or `config` of `family`: tiny in `workdir`, full-random in the cache (one
+    folder per family, so neither overwrites the other)."""
     if options.model_dir is not None:
         return options.model_dir
     if options.config == "full-random":
+        root = options.cache_dir / FULL_RANDOM_DIRS[options.family]
+        if options.family == "cosyvoice3":
+            from workers.tools.fixtures.full_random3 import ensure_random_model3  # noqa: PLC0415
+
+            return ensure_random_model3(root, hash_cache_dir=options.hash_cache_dir)
         from workers.tools.fixtures.full_random import ensure_random_model  # noqa: PLC0415
 
-        root = options.cache_dir / "model"
         return ensure_random_model(root, hash_cache_dir=options.hash_cache_dir)
+    if options.family == "cosyvoice3":
+        from workers.tools.fixtures.tiny3 import write_tiny3_model  # noqa: PLC0415
+
+        return write_tiny3_model(workdir / "tiny3").root
     from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415
 
     return write_tiny_model(workdir / "tiny").root

@@ -42,14 +42,17 @@ def _rows(rows: Sequence[tuple[str, ...]], *, text_last: bool = False) -> list[s
     return ["  ".join(cell(i, v) for i, v in enumerate(row)).rstrip() for row in rows]
 
 
+FULL_ARCHITECTURES = {"cosyvoice2": "CosyVoice2-0.5B", "cosyvoice3": "Fun-CosyVoice3-0.5B"}
+
+
 def headline(result: BenchResult) -> list[str]:
     o = result.options
     if o.model_dir is not None:
         source = f"{o.model_dir} ({result.model})"
     elif o.config == "full-random":
-        source = "full-random (CosyVoice2-0.5B architecture, random weights)"
+        source = f"full-random ({FULL_ARCHITECTURES[o.family]} architecture, random weights)"
     else:
-        source = "tiny (random weights)"
+        source = f"tiny {o.family} (random weights)"
     forced = result.runs[0].speech_tokens if o.tokens or o.config == "full-random" else None
     tokens = f"{forced} speech tokens forced" if forced else "natural length"
     return [
@@ -215,8 +218,9 @@ def target_table(result: BenchResult) -> list[str]:
 def format_report(result: BenchResult) -> str:
     parts = [*headline(result), "", *summary_table(result), "", *stage_table(result)]
     parts += floor_lines(result)
-    if result.options.config == "full-random" and result.options.model_dir is None:
-        parts += ["", *target_table(result)]
+    o = result.options
+    if o.config == "full-random" and o.model_dir is None and o.family == "cosyvoice2":
+        parts += ["", *target_table(result)]  # the targets are CosyVoice 2's
     if result.precision is not None:
         parts += ["", *result.precision.lines()]
     return "\n".join(parts)

@@ -49,6 +49,7 @@ def format_json(result: BenchResult) -> str:
         "dtype": o.dtype,
         "threads": o.threads,
         "config": o.config,
+        "family": o.family,
         "load_average": list(result.load_average),
         "omp_wait_policy": result.omp_wait_policy,
         "cpu": result.host.as_json(),
