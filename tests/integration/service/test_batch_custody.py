@@ -157,7 +157,7 @@ def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
     retry_worker = {**BATCHING, "COSYQ_BATCH_SIZE": "1", "TESTENGINE_STEP_S": "0.001"}
     cluster.start("run", log_name="w2.log", **retry_worker)
     wait_for(lambda: statuses(connection, companions) == ["finished"] * 2, 60, "companions")
-    wait_for(lambda: slow.get_status() == "finished", 30, "the retry")
+    wait_for(lambda: slow.get_status() == "finished", 120, "the retry")  # loaded hosts
     time.sleep(1.0)  # the stale row (10 s on the model) ended before the companions (15 s)
     stored = result(slow)
     assert stored["attempt"] == 2

@@ -33,6 +33,18 @@ LONG = "The first sentence is here. A second one follows it. And then a third, l
 # The flow solves in 2 Euler steps (the model's 10 are the same arithmetic repeated): what is
 # compared, a batched row against its alone run, does not depend on the count.
 FLOW_STEPS = 2
+SMALL_PIECES = SplitConfig(max_piece_tokens=12, min_tail_tokens=0)
+
+
+def tiny_engine(
+    model_dir: Path, *, dtype: str = "fp32", hash_cache_dir: Path | None = None, **options: Any
+) -> SynthesisPipeline:
+    """The tiny model on the CPU, its flow in FLOW_STEPS steps, with these EngineOptions."""
+    chosen = EngineOptions(flow_steps=FLOW_STEPS, **options)
+    return build_engine(
+        model_dir, device="cpu", dtype=dtype, options=chosen, hash_cache_dir=hash_cache_dir
+    )
+
 
 Tokens = dict[tuple[str, int | None, str], list[list[int]]]
 
@@ -50,15 +62,8 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> SynthesisPipeline:
     """Small pieces (one sentence each) so long texts are multi-piece requests."""
-    options = EngineOptions(
-        split=SplitConfig(max_piece_tokens=12, min_tail_tokens=0), flow_steps=FLOW_STEPS
-    )
-    return build_engine(
-        tiny_model_dir,
-        device="cpu",
-        options=options,
-        hash_cache_dir=tmp_path_factory.mktemp("hashes"),
-    )
+    hashes = tmp_path_factory.mktemp("hashes")
+    return tiny_engine(tiny_model_dir, hash_cache_dir=hashes, split=SMALL_PIECES)
 
 
 @pytest.fixture(scope="module")
@@ -285,11 +290,7 @@ def test_a_request_too_long_for_a_row_does_not_stall_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While the long request runs alone (held there), the others decode and finish."""
-    small = build_engine(
-        tiny_model_dir,
-        device="cpu",
-        options=EngineOptions(batch_max_positions=200, flow_steps=FLOW_STEPS),
-    )
+    small = tiny_engine(tiny_model_dir, batch_max_positions=200)
     a, b = voices
     requests = [  # zero_shot (its prompt's speech tokens) needs > 200 positions; these fit
         mixed_requests(voices)[0],
@@ -347,11 +348,7 @@ def test_a_rerun_after_a_failed_step_does_not_stall_newcomers(
 def test_a_piece_longer_than_a_row_runs_alone(
     tiny_model_dir: Path, voices: tuple[VoicePrompt, VoicePrompt], tokens: Tokens
 ) -> None:
-    small = build_engine(
-        tiny_model_dir,
-        device="cpu",
-        options=EngineOptions(batch_max_positions=200, flow_steps=FLOW_STEPS),
-    )
+    small = tiny_engine(tiny_model_dir, batch_max_positions=200)
     requests = mixed_requests(voices)[:3]  # zero_shot rows need > 200 positions
     outputs = run_all(small.open_batch_session(4), requests)
     assert outputs[0].batch_size == 1
@@ -385,12 +382,7 @@ def test_a_cancelled_future_is_skipped_and_close_drains(
 @pytest.fixture(scope="module")
 def forced_engine(tiny_model_dir: Path) -> SynthesisPipeline:
     """Every piece exactly 30 tokens: rows finish together and share one padded flow call."""
-    options = EngineOptions(
-        split=SplitConfig(max_piece_tokens=12, min_tail_tokens=0),
-        forced_speech_tokens=30,
-        flow_steps=FLOW_STEPS,
-    )
-    return build_engine(tiny_model_dir, device="cpu", options=options)
+    return tiny_engine(tiny_model_dir, split=SMALL_PIECES, forced_speech_tokens=30)
 
 
 def count_flow_batches(flow: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -461,9 +453,7 @@ def test_in_bf16_a_batched_request_is_bit_for_bit_its_alone_run(
 ) -> None:
     """Same request + seed, same audio, whichever jobs shared its batch: in bf16 the padded
     flow would move samples by a rounding step, so each row's flow runs alone there."""
-    half = build_engine(
-        tiny_model_dir, device="cpu", dtype="bf16", options=EngineOptions(flow_steps=FLOW_STEPS)
-    )
+    half = tiny_engine(tiny_model_dir, dtype="bf16")
     assert not getattr(half.flow, "batches", True)  # per-row flow calls in bf16
     requests = mixed_requests(voices)[:4]
     outputs = run_all(half.open_batch_session(len(requests)), requests)
@@ -489,13 +479,8 @@ def test_in_bf16_the_joined_flow_batches_pieces_and_keeps_each_requests_speech(
 ) -> None:
     """COSYQ_BATCH_FLOW=joined: one flow call for pieces finishing together, in bf16 too; each
     request keeps its alone run's speech tokens and length, its samples within rounding."""
-    options = EngineOptions(
-        split=SplitConfig(max_piece_tokens=12, min_tail_tokens=0),
-        forced_speech_tokens=30,
-        join_reduced_precision_flow=True,
-        flow_steps=FLOW_STEPS,
-    )
-    half = build_engine(tiny_model_dir, device="cpu", dtype="bf16", options=options)
+    options = {"forced_speech_tokens": 30, "join_reduced_precision_flow": True}
+    half = tiny_engine(tiny_model_dir, dtype="bf16", split=SMALL_PIECES, **options)
     flow = half.flow
     assert getattr(flow, "batches", False)
     batches = count_flow_batches(flow, monkeypatch)
