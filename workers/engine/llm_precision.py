@@ -110,6 +110,15 @@ def host_class(host: HostCPU) -> str:
     return "other"
 
 
+def _int8_blocked(family: str, device: torch.device, backend: str) -> str | None:
+    """Why the int8 step cannot serve this engine (None: it can)."""
+    if family != "cosyvoice2":
+        return f"serves CosyVoice 2 only so far (this model directory is {family})"
+    if device.type != "cpu" or backend != "torch":
+        return f"runs on the CPU with the torch backend only, not {backend} on {device.type}"
+    return None
+
+
 def choose_llm_precision(
     setting: str,
     *,
@@ -123,25 +132,17 @@ def choose_llm_precision(
 
     An explicit int8 where it cannot run is a configuration error (ModelLoadError); the int8
     step is CosyVoice 2's only so far, so `auto` keeps CosyVoice 3 native."""
-    runs_int8 = device.type == "cpu" and backend == "torch"
     if setting == "native":
         return LLMPrecisionChoice("native", "COSYQ_LLM_PRECISION=native (set explicitly)")
-    if family != "cosyvoice2":
+    blocked = _int8_blocked(family, device, backend)
+    if blocked is not None:
         if setting == "int8":
             raise ModelLoadError(
-                "COSYQ_LLM_PRECISION=int8 serves CosyVoice 2 only so far (this model directory "
-                "is CosyVoice 3): set COSYQ_LLM_PRECISION=native or auto"
+                f"COSYQ_LLM_PRECISION=int8 {blocked}: set COSYQ_LLM_PRECISION=native or auto"
             )
-        return LLMPrecisionChoice("native", "auto: the int8 step is CosyVoice 2's only so far")
+        return LLMPrecisionChoice("native", f"auto: int8 {blocked}")
     if setting == "int8":
-        if not runs_int8:
-            raise ModelLoadError(
-                f"COSYQ_LLM_PRECISION=int8 runs on the CPU with the torch backend only, not "
-                f"{backend} on {device.type}: set COSYQ_LLM_PRECISION=native or auto"
-            )
         return LLMPrecisionChoice("int8", "COSYQ_LLM_PRECISION=int8 (set explicitly)")
-    if not runs_int8:
-        return LLMPrecisionChoice("native", f"auto: int8 is CPU-only ({backend} on {device.type})")
     host = host or host_cpu()
     kind = host_class(host)
     measurement = measured.get(kind)

@@ -188,6 +188,7 @@ def test_auto_keeps_cosyvoice3_native_and_int8_is_refused_by_name() -> None:
 
     cpu = torch.device("cpu")
     choice = choose_llm_precision("auto", device=cpu, family="cosyvoice3")
-    assert choice.name == "native" and "CosyVoice 2's only" in choice.reason
+    assert choice.name == "native" and "int8 serves CosyVoice 2 only" in choice.reason
+    assert "cosyvoice3" in choice.reason  # names what the directory is
     with pytest.raises(ModelLoadError, match="int8 serves CosyVoice 2 only so far"):
         choose_llm_precision("int8", device=cpu, family="cosyvoice3")

@@ -4,14 +4,13 @@ full-random cache kept apart per family (the FULL model itself is never written 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from workers.cli import main
 from workers.tools.bench.engine_bench import BenchOptions, model_directory
-from workers.tools.fixtures import full_random, full_random3
+from workers.tools.fixtures import full_random
 
 ARGS = ["--config", "tiny", "--family", "cosyvoice3", "--tokens", "5", "--threads", "1"]
 
@@ -45,15 +44,11 @@ def test_full_random_caches_one_directory_per_family(
 ) -> None:
     written: dict[str, Path] = {}
 
-    def recorder(family: str) -> Callable[..., Path]:
-        def ensure(root: Path, **_: object) -> Path:
-            written[family] = root
-            return root
+    def ensure(root: Path, *, family: str, **_: object) -> Path:
+        written[family] = root
+        return root
 
-        return ensure
-
-    monkeypatch.setattr(full_random, "ensure_random_model", recorder("cosyvoice2"))
-    monkeypatch.setattr(full_random3, "ensure_random_model3", recorder("cosyvoice3"))
+    monkeypatch.setattr(full_random, "ensure_random_model", ensure)
     for family in ("cosyvoice2", "cosyvoice3"):
         options = BenchOptions(config="full-random", family=family, cache_dir=tmp_path)
         assert model_directory(options, tmp_path / "work") == written[family]

@@ -9,14 +9,14 @@ from pathlib import Path
 from workers.model.directory import FAMILY_YAML, QWEN_DIR, ModelDirectory
 from workers.model.dit.config import DiTFlowConfig
 from workers.model.loader import CosyVoice3Configs, load_cosyvoice3
-from workers.tools.fixtures.full_random3 import FULL_SPEC3, is_written, write_random_model3
+from workers.tools.fixtures.full_random import FULL_SPEC3, is_written, write_random_model
 from workers.tools.fixtures.tiny3 import TinySpec3, _qwen_spec, render_yaml3
 from workers.tools.fixtures.tiny_config import qwen2_config
 
 
 def test_writer_at_tiny_sizes_loads_strictly_and_is_reused(tmp_path: Path) -> None:
     root, spec = tmp_path / "model", TinySpec3()
-    directory = write_random_model3(root, spec=spec, seed=3, hash_cache_dir=tmp_path / "h")
+    directory = write_random_model(root, spec=spec, seed=3, hash_cache_dir=tmp_path / "h")
     assert ModelDirectory(root).family == "cosyvoice3"
     assert is_written(root, spec, 3) and not is_written(root, spec, 4)
     assert not is_written(root, FULL_SPEC3, 3)

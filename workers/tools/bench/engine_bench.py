@@ -196,13 +196,11 @@ def model_directory(options: BenchOptions, workdir: Path) -> Path:
         return options.model_dir
     if options.config == "full-random":
         root = options.cache_dir / FULL_RANDOM_DIRS[options.family]
-        if options.family == "cosyvoice3":
-            from workers.tools.fixtures.full_random3 import ensure_random_model3  # noqa: PLC0415
-
-            return ensure_random_model3(root, hash_cache_dir=options.hash_cache_dir)
         from workers.tools.fixtures.full_random import ensure_random_model  # noqa: PLC0415
 
-        return ensure_random_model(root, hash_cache_dir=options.hash_cache_dir)
+        return ensure_random_model(
+            root, family=options.family, hash_cache_dir=options.hash_cache_dir
+        )
     if options.family == "cosyvoice3":
         from workers.tools.fixtures.tiny3 import write_tiny3_model  # noqa: PLC0415
 
