@@ -1,6 +1,7 @@
 """A worker on a CosyVoice 3 directory, through the real queue: real Redis, one real worker
 process on the tiny CosyVoice 3 (`init-tiny --family cosyvoice3`), the demo's seven jobs plus a
-streamed one, a voice added through the queue, and a voice of the other family refused.
+streamed one, a voice added through the queue, a voice of the other family refused, and a
+document of a few segments assembled into one file that is exactly its segments and pauses.
 
 One worker serves every job (its model loads once), alone or batching: the family is read from
 the directory, no setting names it. Pieces are forced to a fixed number of speech tokens and the
@@ -20,6 +21,7 @@ import pytest
 import soundfile as sf
 
 from producer import CosyqClient
+from shared.document_state import done_segments, load_plan
 from shared.errors import JobFailedError
 from shared.settings import Settings
 from shared.voices import VoiceRegistry
@@ -31,6 +33,11 @@ from workers.voices.profiles import profile_from_prompt
 FORCED = 30  # speech tokens per piece: 30 x 2 mel frames x 480 samples = 1.2 s of audio
 PIECE_S = FORCED * 2 * 480 / 24000
 FORMATS = {"wav": "WAV", "flac": "FLAC", "ogg": "OGG"}
+THINGS = ("lake", "hill", "road", "sky")
+DOCUMENT = "\n\n".join(  # three paragraphs of about 130 characters: one segment each
+    " ".join(f"The {colour} {thing} is calm and plain." for thing in THINGS)
+    for colour in ("red", "blue", "green")
+)
 
 
 def path_of(uri: str) -> Path:
@@ -51,6 +58,8 @@ def cluster(
         "COSYQ_BATCH_SIZE": str(worker_batch_size),
         "COSYQ_HASH_CACHE_DIR": str(tmp_path / "hashes"),
         "COSYQ_MAX_RETRIES": "0",
+        "COSYQ_DOCUMENT_SEGMENT_CHARS": "200",  # the document below: three segments or more
+        "COSYQ_DOCUMENT_KEEP_SEGMENTS": "true",
     }
     cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
     cluster.start("run", log_name="worker.log")
@@ -90,6 +99,7 @@ def test_the_demo_jobs_run_end_to_end_on_cosyvoice3(
         streamed = client.submit({"text": "Hello there.", "stream": True, "seed": 8})
         recording = (tiny3_model_dir / "prompt.wav").read_bytes()
         added = client.add_voice("cv3voice", recording, "A prompt of the tiny model.")
+        document_id = client.submit_document({"text": DOCUMENT, "seed": 4})
         with pytest.raises(JobFailedError) as failed:
             client.result(refused, timeout=600)
         assert failed.value.kind == "invalid_request"
@@ -100,6 +110,9 @@ def test_the_demo_jobs_run_end_to_end_on_cosyvoice3(
         chunks = list(client.stream(streamed, timeout=30))
         summary = client.wait_for_voice(added, timeout=600)
         with_voice = client.result(client.submit({"text": "Hi.", "voice": "cv3voice"}), 600)
+        document = client.document_result(document_id, timeout=600)
+        plan = load_plan(client.connection, document_id)
+        segments = done_segments(client.connection, document_id)
     assert not (path_of(results[0].uri).parent.parent / "no.wav").exists()  # nothing written
     for request, result in zip(DEMO_REQUESTS, results, strict=True):
         assert result.model.family == "cosyvoice3"
@@ -115,6 +128,7 @@ def test_the_demo_jobs_run_end_to_end_on_cosyvoice3(
         assert abs(result.duration_s - speech - gaps) < 0.02 * pieces, request["output_key"]
         samples, _ = sf.read(io.BytesIO(data), dtype="float32")
         assert np.isfinite(samples).all() and np.abs(samples).max() > 0
+        assert result.quality is not None  # the quality check measured CosyVoice 3's audio
     numbers = " ".join(piece.text for piece in results[5].pieces)
     assert "42" not in numbers and "forty" in numbers  # zero-shot text is normalised
     assert [p.text for p in results[3].pieces] == [DEMO_REQUESTS[3]["text"]]  # xl: as written
@@ -126,6 +140,13 @@ def test_the_demo_jobs_run_end_to_end_on_cosyvoice3(
     assert np.abs(streamed_pcm - stored).max() <= 1
     # a voice added through the queue records the family it was extracted for
     assert summary.family == "cosyvoice3" and with_voice.model.family == "cosyvoice3"
+    # a document: its segments through the same worker, one file of segments and pauses
+    assert document.segments == len(plan.segments) == len(segments) >= 3
+    assert sf.info(str(path_of(document.uri))).frames / 24000 == pytest.approx(document.duration_s)
+    segments_s = sum(sf.info(str(path_of(done.uri))).duration for done in segments.values())
+    pauses_s = sum(segment.pause_before_s for segment in plan.segments[1:])
+    assert abs(segments_s + pauses_s - document.duration_s) < 480 / 24000
+    assert all(done.verdict is not None for done in segments.values())  # quality checked
     events = cluster.events("worker.log")
     ready = [e for e in events if e.get("event") == "worker_ready"]
     assert len(ready) == 1  # one worker served every job: the refusal did not stop it
