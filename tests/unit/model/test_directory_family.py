@@ -24,25 +24,11 @@ from workers.model.loader import (
     load_model,
 )
 from workers.model.yaml_plain import load_plain_yaml
-from workers.tools.fixtures.tiny3 import TinySpec3, render_yaml3
+from workers.tools.fixtures.full_random import FULL_SPEC3
+from workers.tools.fixtures.tiny3 import render_yaml3
 from workers.tools.reference.configs import (
     causal_hift_config_from_reference,
     dit_flow_config_from_reference,
-)
-
-PUBLISHED3 = TinySpec3(
-    llm_hidden=896,
-    llm_layers=24,
-    llm_heads=14,
-    llm_kv_heads=2,
-    llm_intermediate=4864,
-    lookahead_channels=1024,
-    dit_dim=1024,
-    dit_depth=22,
-    dit_heads=16,
-    dit_head_dim=64,
-    hift_base_channels=512,
-    hift_cond_channels=512,
 )
 
 
@@ -99,7 +85,7 @@ def test_published_yaml_form_reads_as_the_reference_full_config(
     reference3_dir: Path, tmp_path: Path
 ) -> None:
     config = json.loads((reference3_dir / "config.json").read_text())
-    (tmp_path / "cosyvoice3.yaml").write_text(render_yaml3(PUBLISHED3))
+    (tmp_path / "cosyvoice3.yaml").write_text(render_yaml3(FULL_SPEC3))  # the full-size writer's
     doc = load_plain_yaml(tmp_path / "cosyvoice3.yaml")
     assert DiTFlowConfig.from_model_yaml(doc) == dit_flow_config_from_reference(config, "full")
     hift = CausalHiFTConfig.from_model_yaml(doc)
