@@ -10,9 +10,10 @@ the same read makes B tokens. Rows join and leave between steps:
   reached their bound, then runs one forward for the rest: per-row RoPE positions, each row's
   new key/value written at its own length, attention masked to its own positions.
 Active rows are kept in slots 0..n-1 (a leaving row's slot takes the last row's cache), so
-every step reads contiguous slices. `RowBatch` holds that bookkeeping; `BatchDecoder` is its
-torch step over `BatchKVCache`, `ort_batch.OrtBatchDecoder` the int8 ONNX Runtime step's. Sampling matches the alone path draw for draw; the logits
-differ from alone only by matmul rounding (batched GEMMs), which the tests bound.
+every step reads contiguous slices. Sampling matches the alone path draw for draw; the logits
+differ from alone only by matmul rounding (batched GEMMs), which the tests bound. `RowBatch`
+holds that bookkeeping; `BatchDecoder` is its torch step over `BatchKVCache`,
+`ort_batch.OrtBatchDecoder` the int8 ONNX Runtime step's.
 """
 
 from __future__ import annotations
