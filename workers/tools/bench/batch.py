@@ -169,6 +169,8 @@ def run(options: BenchOptions, batch_sizes: Sequence[int], *, flow: str = "exact
                 forced_speech_tokens=tokens,
                 max_batch=max(*batch_sizes, 1),
                 join_reduced_precision_flow=flow == "joined",
+                llm_precision=options.llm_precision,
+                ort_cache_dir=options.cache_dir / "onnx",
             ),
             hash_cache_dir=Path(workdir) / "hashes" if temporary else options.hash_cache_dir,
         )
