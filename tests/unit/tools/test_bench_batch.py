@@ -78,6 +78,8 @@ def test_int8_batches_and_its_decode_is_timed_beside_native(
     ]
     assert all(float(row[2]) > 0 for row in rows) and rows[1][5] == "1.00x |"
     assert [p.suffix for p in (tmp_path / "onnx").iterdir()] == [".onnx"]  # one graph, cached
+    with pytest.raises(SystemExit, match="--decode-only prints its table only"):
+        main([*int8, "--decode-only", "--json"])
 
 
 def test_batch_sizes_must_be_positive_integers() -> None:

@@ -86,6 +86,11 @@ def run_batch_bench(args: argparse.Namespace) -> int:
 
     sizes = parse_batch_sizes(args.batch_sizes)
     options = BenchOptions.from_args(args, omp_wait_policy=policy)
+    if args.decode_only and (args.json or args.flow != "exact"):
+        raise SystemExit(
+            "cosyq-worker bench batch: --decode-only prints its table only and runs "
+            "no flow (no --json, no --flow)"
+        )
     if args.decode_only:
         from workers.tools.bench import batch_decode  # noqa: PLC0415
 
