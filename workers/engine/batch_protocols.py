@@ -1,7 +1,8 @@
 """What a `PipelineBatchSession` needs of its pipeline and of its LLM's row decoder.
 
 Protocols only, so the session and the tests' scripted doubles (tests/doubles/stepped.py) meet
-on one definition; `SynthesisPipeline` and `BatchDecoder` are the production sides.
+on one definition; `SynthesisPipeline` and `BatchDecoder` / `OrtBatchDecoder` (both a
+`RowBatch`) are the production sides.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The PyTorch pipeline's `BatchSession`: continuous batching on one model thread.
 
 Each admitted request is planned (front end) and its first piece joins the LLM's row
-decoder (`BatchDecoder`, handed in as a `RowDecoder`: the tests drive this very session with a
-scripted one); every loop turn is one batched decode step for all rows, after which the rows
-that finished go through flow and HiFT and their request either joins again with its next
-piece (pieces stay in order, one row per request, so the request's generator is drawn in
-exactly the order of the alone path) or completes its future. Newcomers are admitted at every
-step boundary, up to `max_batch` requests in flight.
+decoder (`BatchDecoder`, or the int8 ONNX Runtime step's `OrtBatchDecoder`, handed in as a
+`RowDecoder`: the tests drive this very session with a scripted one); every loop turn is one
+batched decode step for all rows, after which the rows that finished go through flow and HiFT
+and their request either joins again with its next piece (pieces stay in order, one row per
+request, so the request's generator is drawn in exactly the order of the alone path) or
+completes its future. Newcomers are admitted at every step boundary, up to `max_batch`
+requests in flight.
 
 Rows that finish in the same step share one padded flow call (`ModuleFlow.mels`: each row its
 own prompt and noise slice, CFG doubling it to 2B rows); HiFT runs per piece on the request's
@@ -81,7 +82,7 @@ class Job:
 
 class PipelineBatchSession:
     """A BatchSession over a `SynthesisPipeline` and the row decoder of its LLM (a torch
-    `Qwen2LM`'s `BatchDecoder` with `max_batch` rows)."""
+    `Qwen2LM`'s `BatchDecoder` or the int8 step's `OrtBatchDecoder`, `max_batch` rows)."""
 
     def __init__(self, pipeline: PlannedPipeline, decoder: RowDecoder, max_batch: int) -> None:
         self.pipeline = pipeline

@@ -144,7 +144,7 @@ def one_at_a_time(engine: SynthesisEngine, max_batch: int, *, llm: str) -> Seque
             "batch_session_sequential",
             max_batch=max_batch,
             llm=llm,
-            reason="continuous batching needs the torch LLM; this LLM runs one request at a "
-            "time (COSYQ_LLM_PRECISION=native batches)",
+            reason="this LLM has no batched decoder (the torch LLM and the int8 ONNX Runtime "
+            "step have one; a Core ML LLM keeps its own batch-1 state): one request at a time",
         )
     return SequentialSession(engine, max_batch)

@@ -57,8 +57,8 @@ from workers.model.causal_hift.config import CausalHiFTConfig
 from workers.model.directory import FAMILY_SPEECH_TOKENIZER, QWEN_DIR, ModelDirectory
 from workers.model.dit.model import CausalMaskedDiffWithDiT
 from workers.model.heap import HeapPolicy, building_model
-from workers.model.llm.decoder_choice import DecodeChoice, open_decoder
-from workers.model.llm.model import DecodeOutcome, Qwen2LM
+from workers.model.llm.decoder_choice import DecodeChoice, open_row_decoder
+from workers.model.llm.model import DecodeOutcome
 from workers.model.loader import load_model
 from workers.model.prompt_features import MAX_TOKENIZER_SECONDS
 
@@ -355,18 +355,19 @@ class SynthesisPipeline:
         return self.options.forced_speech_tokens
 
     def open_batch_session(self, max_batch: int) -> BatchSession:
-        """Continuous batching when the LLM is our torch Qwen2LM, else one request at a time
-        (a Core ML LLM keeps its own batch-1 state; the int8 ONNX Runtime step has no
-        continuous-batching decoder yet)."""
+        """Continuous batching when the LLM has a batched decoder (our torch Qwen2LM, the int8
+        ONNX Runtime step), else one request at a time (a Core ML LLM's batch-1 state)."""
         if max_batch > self.options.max_batch:
             raise ValueError(
                 f"a batch of {max_batch} exceeds the engine's max_batch {self.options.max_batch}"
             )
         model = getattr(self.llm, "model", None)
-        if max_batch <= 1 or not isinstance(model, Qwen2LM):
-            return one_at_a_time(self, max_batch, llm=type(model).__name__)
         positions = self.options.batch_max_positions
-        decoder = open_decoder(model, max_batch, positions, choice=self.options.decode)
+        decoder = None
+        if max_batch > 1:
+            decoder = open_row_decoder(model, max_batch, positions, choice=self.options.decode)
+        if decoder is None:
+            return one_at_a_time(self, max_batch, llm=type(model).__name__)
         return PipelineBatchSession(self, decoder, max_batch)
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:

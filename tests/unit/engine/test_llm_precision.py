@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from shared.errors import ModelLoadError, SettingsError
 from shared.settings import Settings, load_settings
 from workers.engine.api import SynthesisInput
-from workers.engine.batching import SequentialSession
+from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.cpu_features import HostCPU
 from workers.engine.llm_precision import (
     MEASURED,
@@ -125,9 +125,8 @@ def test_an_int8_engine_synthesizes_and_a_native_one_keeps_torch(
     with capture_logs() as logs:
         session = engine.open_batch_session(4)
     session.close()
-    assert isinstance(session, SequentialSession)  # no continuous batching with int8 yet
-    (warned,) = [e for e in logs if e["event"] == "batch_session_sequential"]
-    assert warned["llm"] == "OrtSpeechLM" and "COSYQ_LLM_PRECISION=native" in warned["reason"]
+    assert isinstance(session, PipelineBatchSession)  # int8 rows batch (test_batch_session_int8)
+    assert not [e for e in logs if e["event"] == "batch_session_sequential"]
     native = build_engine(tiny_model_dir, device="cpu", hash_cache_dir=tmp_path / "h")
     assert isinstance(native.llm, ModuleSpeechTokens)
     assert isinstance(native.llm.model, Qwen2LM)

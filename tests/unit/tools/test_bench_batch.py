@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,35 @@ def test_the_table_has_every_column_and_the_plain_run(capsys: pytest.CaptureFixt
 def test_the_joined_flow_is_named_in_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*ARGS, "--dtype", "bf16", "--flow", "joined", "--batch-sizes", "2"]) == 0
     out = capsys.readouterr().out
-    assert "bf16, 5 tokens per piece, batch flow joined" in out
+    assert "bf16, 5 tokens per piece, batch flow joined, LLM native" in out
+
+
+def test_int8_batches_and_its_decode_is_timed_beside_native(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    int8 = [*ARGS, "--llm-precision", "int8", "--cache-dir", str(tmp_path), "--batch-sizes", "2"]
+    assert main([*int8, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.splitlines()[-1])  # after the graph's log lines
+    assert doc["llm_precision"] == "int8" and doc["rows"][0]["batch_size"] == 2
+    assert main([*int8, "--decode-only", "--batch-sizes", "2,3"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU: " in out and "; ISA: " in out
+    assert "5 forced tokens each" in out and "load average" in out
+    rows = [
+        line.split(" | ")
+        for line in out.splitlines()
+        if line.startswith("| 2 ") or line.startswith("| 3 ")
+    ]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("| 2", "int8 (ORT)"),
+        ("| 2", "float32"),
+        ("| 3", "int8 (ORT)"),
+        ("| 3", "float32"),
+    ]
+    assert all(float(row[2]) > 0 for row in rows) and rows[1][5] == "1.00x |"
+    assert [p.suffix for p in (tmp_path / "onnx").iterdir()] == [".onnx"]  # one graph, cached
+    with pytest.raises(SystemExit, match="--decode-only prints its table only"):
+        main([*int8, "--decode-only", "--json"])
 
 
 def test_batch_sizes_must_be_positive_integers() -> None:

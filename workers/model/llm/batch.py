@@ -11,7 +11,9 @@ the same read makes B tokens. Rows join and leave between steps:
   new key/value written at its own length, attention masked to its own positions.
 Active rows are kept in slots 0..n-1 (a leaving row's slot takes the last row's cache), so
 every step reads contiguous slices. Sampling matches the alone path draw for draw; the logits
-differ from alone only by matmul rounding (batched GEMMs), which the tests bound.
+differ from alone only by matmul rounding (batched GEMMs), which the tests bound. `RowBatch`
+holds that bookkeeping; `BatchDecoder` is its torch step over `BatchKVCache`,
+`ort_batch.OrtBatchDecoder` the int8 ONNX Runtime step's.
 """
 
 from __future__ import annotations
@@ -19,13 +21,20 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.llm.model import DecodePlan, Qwen2LM, StopKind, plan_decode, stop_kind
+from workers.model.llm.model import (
+    DecodePlan,
+    Qwen2LM,
+    SpeechLM,
+    StopKind,
+    plan_decode,
+    stop_kind,
+)
 from workers.model.llm.qwen2 import (
     KVCache,
     Qwen2Attention,
@@ -109,39 +118,35 @@ class FinishedRow:
     stop: StopKind = "unknown"  # how decoding ended (a sampled stop id, the length bound)
 
 
-class BatchDecoder:
-    """Rows in, finished token lists out; one batched forward per `step`."""
+class RowCache(Protocol):
+    """Where a batch keeps its rows' keys and values: `BatchKVCache` here, the int8 step's
+    buffers in ONNX Runtime's memory (`ort_batch.OrtRowCache`)."""
 
-    def __init__(
-        self,
-        model: Qwen2LM,
-        rows: int,
-        positions: int,
-        *,
-        sampling: SamplingConfig | None = None,
-        static: bool = False,
-        graphs: bool = False,
-        step_fn: DecodeStep | None = None,
-    ) -> None:
-        """`static`: decode through `static_decode` (the kernel policy's choice on CUDA), with
-        one CUDA graph per batch bucket where `graphs`; `step_fn` replaces its step function
-        (a `torch.compile`d one)."""
+    rows: int
+    positions: int
+    lengths: list[int]  # filled positions per slot
+
+    def row(self, slot: int) -> KVCache:
+        """Slot `slot` as a batch-1 cache: the alone prefill writes into it."""
+        ...
+
+    def move(self, source: int, target: int) -> None:
+        """Copy row `source`'s filled positions into row `target` (compaction)."""
+        ...
+
+
+class RowBatch:
+    """Rows in, finished token lists out; one batched forward per `step`.
+
+    The bookkeeping every batched decoder shares (validation, the alone prefill into a free
+    slot, sampling, retiring, compaction); a subclass supplies the cache and `_forward`."""
+
+    def __init__(self, model: SpeechLM, cache: RowCache, sampling: SamplingConfig | None) -> None:
         self.model = model
         self.sampling = sampling or model.config.sampling
-        self.cache = BatchKVCache(
-            model.config.backbone,
-            rows,
-            positions,
-            device=model.device,
-            dtype=model.llm_decoder.weight.dtype,
-        )
+        self.cache = cache
         self.rows: list[DecodeRow] = []  # row i lives in cache slot i
         self._finished: list[FinishedRow] = []
-        self.static: StaticDecoder | None = None
-        if static or graphs:
-            self.static = StaticDecoder(
-                model, self.cache.keys, self.cache.values, graphs=graphs, step_fn=step_fn
-            )
 
     @property
     def free(self) -> int:
@@ -235,6 +240,53 @@ class BatchDecoder:
         self.rows.pop()
 
     def _forward(self) -> None:
+        """One new position for every row (its last token), then `_took_step`."""
+        raise NotImplementedError
+
+    def _took_step(self, logp: torch.Tensor) -> None:
+        """Each row's next log-probs (rows, V) in, its length one longer."""
+        n = len(self.rows)
+        for slot, row in enumerate(self.rows):
+            self.cache.lengths[slot] += 1
+            row.logp = logp[slot]
+            row.steps_shared = max(row.steps_shared, n)
+
+
+class BatchDecoder(RowBatch):
+    """The torch batched decoder: `BatchKVCache`, one batched forward of `Qwen2LM` per step."""
+
+    model: Qwen2LM
+    cache: BatchKVCache
+
+    def __init__(
+        self,
+        model: Qwen2LM,
+        rows: int,
+        positions: int,
+        *,
+        sampling: SamplingConfig | None = None,
+        static: bool = False,
+        graphs: bool = False,
+        step_fn: DecodeStep | None = None,
+    ) -> None:
+        """`static`: decode through `static_decode` (the kernel policy's choice on CUDA), with
+        one CUDA graph per batch bucket where `graphs`; `step_fn` replaces its step function
+        (a `torch.compile`d one)."""
+        cache = BatchKVCache(
+            model.config.backbone,
+            rows,
+            positions,
+            device=model.device,
+            dtype=model.llm_decoder.weight.dtype,
+        )
+        super().__init__(model, cache, sampling)
+        self.static: StaticDecoder | None = None
+        if static or graphs:
+            self.static = StaticDecoder(
+                model, self.cache.keys, self.cache.values, graphs=graphs, step_fn=step_fn
+            )
+
+    def _forward(self) -> None:
         n = len(self.rows)
         if self.static is not None:
             tokens = [row.tokens[-1] for row in self.rows]
@@ -261,14 +313,6 @@ class BatchDecoder:
             )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self._took_step(model.llm_decoder(backbone.norm(x)[:, -1]).float().log_softmax(dim=-1))
-
-    def _took_step(self, logp: torch.Tensor) -> None:
-        """Each row's next log-probs (rows, V) in, its length one longer."""
-        n = len(self.rows)
-        for slot, row in enumerate(self.rows):
-            self.cache.lengths[slot] += 1
-            row.logp = logp[slot]
-            row.steps_shared = max(row.steps_shared, n)
 
 
 def _batched_attention(  # noqa: PLR0917 - one call site, the layer loop's values

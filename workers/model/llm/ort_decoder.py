@@ -179,21 +179,29 @@ class OrtSpeechLM:
 
     def new_kv(self, batch: int, capacity: int) -> OrtKV:
         """Zeroed buffers for `batch` rows of `capacity` positions, bound past = present."""
-        import onnxruntime as ort  # noqa: PLC0415
-
         backbone = self.config.backbone
         shape = (batch, backbone.num_kv_heads, capacity, backbone.head_dim)
+        layers = range(backbone.num_layers)
+        keys = [np.zeros(shape, dtype=np.float32) for _ in layers]
+        values = [np.zeros(shape, dtype=np.float32) for _ in layers]
+        return self.bind_kv(keys, values)
+
+    def bind_kv(self, keys: list[np.ndarray], values: list[np.ndarray]) -> OrtKV:
+        """A binding over existing C-contiguous float32 buffers (B, kv_heads, capacity,
+        head_dim), one per layer, e.g. the first rows of a batch's (`ort_batch`): ORT reads
+        and writes that memory itself, no copy."""
+        import onnxruntime as ort  # noqa: PLC0415 (only when this precision is chosen)
+
         binding = self.session.io_binding()
         binding.bind_output("logp", "cpu")  # first: `get_outputs()[0]`
-        keys: list[np.ndarray] = []
-        values: list[np.ndarray] = []
-        for (pk, pv), (ok, ov) in zip(self.names.past(), self.names.present(), strict=True):
-            for past, present, store in ((pk, ok, keys), (pv, ov, values)):
-                buffer = np.zeros(shape, dtype=np.float32)
-                value = ort.OrtValue.ortvalue_from_numpy(buffer)
-                binding.bind_ortvalue_input(past, value)
-                binding.bind_ortvalue_output(present, value)
-                store.append(buffer)
+        pasts, presents = self.names.past(), self.names.present()
+        for (pk, pv), (ok, ov), key, value in zip(pasts, presents, keys, values, strict=True):
+            for past, present, buffer in ((pk, ok, key), (pv, ov, value)):
+                if not buffer.flags.c_contiguous or buffer.dtype != np.float32:
+                    raise ValueError("KV buffers must be C-contiguous float32")
+                bound = ort.OrtValue.ortvalue_from_numpy(buffer)
+                binding.bind_ortvalue_input(past, bound)
+                binding.bind_ortvalue_output(present, bound)
         return OrtKV(keys=keys, values=values, binding=binding)
 
     def run_rows(self, kv: OrtKV, embeds: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -86,6 +86,7 @@ class BatchBench:
     omp_wait_policy: str = "(unset)"
     flow: str = "exact"  # COSYQ_BATCH_FLOW's choice the rows ran with
     family: str = "cosyvoice2"  # the benched directory's, from its yaml
+    llm_precision: str = "native"  # COSYQ_LLM_PRECISION's choice the rows ran with
 
     @property
     def plain_throughput(self) -> float:
@@ -169,6 +170,8 @@ def run(options: BenchOptions, batch_sizes: Sequence[int], *, flow: str = "exact
                 forced_speech_tokens=tokens,
                 max_batch=max(*batch_sizes, 1),
                 join_reduced_precision_flow=flow == "joined",
+                llm_precision=options.llm_precision,
+                ort_cache_dir=options.cache_dir / "onnx",
             ),
             hash_cache_dir=Path(workdir) / "hashes" if temporary else options.hash_cache_dir,
         )
@@ -194,6 +197,7 @@ def run(options: BenchOptions, batch_sizes: Sequence[int], *, flow: str = "exact
         omp_wait_policy=options.omp_wait_policy,
         flow=flow,
         family=engine.family,
+        llm_precision=options.llm_precision,
     )
 
 
@@ -209,6 +213,7 @@ def format_json(result: BatchBench) -> str:
             "device": result.device,
             "dtype": result.dtype,
             "flow": result.flow,
+            "llm_precision": result.llm_precision,
             "tokens": result.tokens,
             "plain_wall_s": round(result.plain_wall_s, 4),
             "plain_audio_s": round(result.plain_audio_s, 4),
@@ -258,7 +263,8 @@ def format_table(result: BatchBench) -> str:
         [
             f"cosyq-worker bench batch: {result.model} ({result.family}) on {result.device}, "
             f"{result.dtype}, "
-            f"{result.tokens or 'unforced'} tokens per piece, batch flow {result.flow}",
+            f"{result.tokens or 'unforced'} tokens per piece, batch flow {result.flow}, "
+            f"LLM {result.llm_precision}",
             *_rows(lines),
             f"plain engine.run (what `cosyq-worker bench` times): {result.plain_wall_s:.2f} s "
             f"for {result.plain_audio_s:.2f} s of audio = {plain:.3f} audio s/s; {lone}",

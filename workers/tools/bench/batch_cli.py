@@ -50,6 +50,19 @@ def register_bench(commands: Any) -> None:
         help="as COSYQ_BATCH_FLOW: exact (default; below fp32 each piece's flow runs alone, "
         "bit for bit its alone run) or joined (one flow call per batch in every precision)",
     )
+    batch.add_argument(
+        "--llm-precision",
+        choices=["native", "int8"],
+        default="native",
+        help="int8: the LLM step in ONNX Runtime with 8-bit weights, batched rows too "
+        "(COSYQ_LLM_PRECISION; its graph is cached in --cache-dir/onnx)",
+    )
+    batch.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="time the LLM's batched decode alone: ms per token per row for each batch size "
+        "(with --llm-precision int8, the int8 rows beside the native ones in the same run)",
+    )
     batch.add_argument("--json", action="store_true", help="print only the rows as JSON")
     batch.set_defaults(handler=run_batch_bench)
 
@@ -73,6 +86,16 @@ def run_batch_bench(args: argparse.Namespace) -> int:
 
     sizes = parse_batch_sizes(args.batch_sizes)
     options = BenchOptions.from_args(args, omp_wait_policy=policy)
+    if args.decode_only and (args.json or args.flow != "exact"):
+        raise SystemExit(
+            "cosyq-worker bench batch: --decode-only prints its table only and runs "
+            "no flow (no --json, no --flow)"
+        )
+    if args.decode_only:
+        from workers.tools.bench import batch_decode  # noqa: PLC0415
+
+        print(batch_decode.format_table(batch_decode.run(options, sizes)))
+        return 0
     result = batch.run(options, sizes, flow=args.flow)
     print(batch.format_json(result) if args.json else batch.format_table(result))
     return 0
