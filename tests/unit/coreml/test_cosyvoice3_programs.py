@@ -16,20 +16,25 @@ import pytest
 import torch
 
 from shared.errors import ModelLoadError
+from tests.doubles.coreml_predictors import TorchStatefulPredictor
 from tests.doubles.mil_interpreter import MILPredictor
 from tests.unit.coreml.micro import FLOW_STEPS, Converted, flow_row
 from tests.unit.coreml.test_doctor_rows import settings_for
 from workers.coreml.causal_runtime import CoreMLCausalHiFT
 from workers.coreml.convert.build import load_stages
+from workers.coreml.convert.llm_graph import StatefulLLMGraph
 from workers.coreml.engine import CoreMLPlacement, coreml_engine
+from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.loader import CoreMLStages, runtime_stages
 from workers.coreml.runtime import CoreMLFlow
-from workers.coreml.stages import ALL_STAGES
+from workers.coreml.stages import ALL_STAGES, LLM_DECODE, LLM_PREFILL, llm_specs
 from workers.engine.api import SynthesisInput, VoicePrompt
 from workers.engine.pipeline import EngineOptions, build_engine
 from workers.model.causal_hift.model import CausalHiFTGenerator
+from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
 from workers.model.dit.model import CausalMaskedDiffWithDiT
+from workers.model.loader import load_model
 from workers.tools.bench.coreml_quality import snr_db
 from workers.tools.doctor.model_checks import packages_row
 from workers.tools.doctor.rows import Status
@@ -140,10 +145,22 @@ def test_the_engine_on_cosyvoice3_core_ml_stages_synthesizes_like_the_torch_engi
     converted3: Converted, runtime3: tuple[CoreMLFlow, CoreMLCausalHiFT]
 ) -> None:
     """The refusal is lifted: the real pipeline on a CosyVoice 3 directory with the converted
-    flow and vocoder (interpreted here), the LLM on PyTorch; a stream request gets each piece
-    whole (Core ML graphs are the non-streaming path)."""
+    flow and vocoder (interpreted here, warmed up as a Mac's loader does) and the Core ML LLM
+    (its traced graph standing in); a streamed request gets its one piece whole (the Core ML
+    graphs are the non-streaming path)."""
     flow, hift = runtime3
-    stages = CoreMLStages(flow, hift, converted3.manifest, "CPU_ONLY")
+    llm = load_model(converted3.model_dir).llm
+    specs = llm_specs(llm.config.backbone.hidden_size, llm.config.decoder_size)
+    graph = StatefulLLMGraph(llm, 512)
+    coreml_llm = CoreMLQwen2LM(
+        llm.config,
+        embeddings_only(llm.config, read_state_dict(converted3.model_dir / "llm.pt")),
+        TorchStatefulPredictor(graph, specs[LLM_PREFILL]),
+        TorchStatefulPredictor(graph, specs[LLM_DECODE]),
+        capacity=512,
+    )
+    stages = CoreMLStages(flow, hift, converted3.manifest, "CPU_ONLY", coreml_llm)
+    stages.warm_up()
     placement = CoreMLPlacement("cpu", "cpu", "CPU_ONLY", converted3.out_dir)
     options = EngineOptions(flow_steps=FLOW_STEPS)
     engine = coreml_engine(converted3.model_dir, placement, stages, options=options)
@@ -160,3 +177,7 @@ def test_the_engine_on_cosyvoice3_core_ml_stages_synthesizes_like_the_torch_engi
     assert ours.speech_tokens == theirs.speech_tokens > 0
     assert ours.samples.shape == theirs.samples.shape
     assert snr_db(torch.from_numpy(theirs.samples), torch.from_numpy(ours.samples)) > 20.0
+    chunks: list[np.ndarray] = []
+    streamed = engine.synthesize_streaming(request, chunks.append)
+    assert [len(c) for c in chunks] == [len(ours.samples)]  # the piece whole, once
+    np.testing.assert_array_equal(streamed.samples, ours.samples)
