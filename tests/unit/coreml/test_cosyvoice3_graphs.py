@@ -17,7 +17,7 @@ import torch
 from tests.doubles.coreml_predictors import TorchPredictor
 from workers.coreml.causal_runtime import CoreMLCausalHiFT
 from workers.coreml.convert.cosyvoice3_graphs import BatchedDiTEncoderGraph
-from workers.coreml.convert.graphs import flow_graphs, hift_graphs
+from workers.coreml.convert.graphs import flow_graphs, hift_graphs, pack_cfm_frames
 from workers.coreml.convert.stages_convert import trace
 from workers.coreml.runtime import CoreMLFlow
 from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE, stage_specs
@@ -106,3 +106,17 @@ def test_traced_causal_hift_graphs_match_the_reference(ref: ReferenceSet) -> Non
         torch.testing.assert_close(out.wav, a["wav"], atol=WAV_ATOL, rtol=0)
         wav_fixed = vocoder.decode(mel, s_fixed)
         torch.testing.assert_close(wav_fixed, a["wav_fixed"], atol=WAV_ATOL, rtol=0)
+
+
+def test_padding_the_dit_cfm_to_a_bucket_keeps_the_real_frames(ref: ReferenceSet) -> None:
+    """What `--flow-buckets` relies on: frames padded with mask 0 (the runtime's bucket
+    padding) leave the DiT's real frames unchanged (causal position convs, masked keys)."""
+    flow = load_reference_dit_flow(ref)
+    a = arrays(ref, "flow_reference.npz")
+    mask = torch.ones(1, 1, a["mu"].size(-1))
+    frames = pack_cfm_frames(a["noise_z"], a["mu"], a["est_cond"][:1], mask)
+    padded = torch.nn.functional.pad(frames, (0, 128 - frames.size(-1)))  # mask 0 past the end
+    cfm = flow_graphs(flow).cfm
+    with torch.no_grad():
+        alone, bucketed = cfm(frames, a["spk_proj"]), cfm(padded, a["spk_proj"])
+    torch.testing.assert_close(bucketed[:, :, : frames.size(-1)], alone, atol=1e-5, rtol=0)
