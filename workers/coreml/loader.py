@@ -189,13 +189,12 @@ def runtime_stages(
         buckets=packages[FLOW_CFM].buckets,
         batch_sizes=packages[FLOW_CFM].batch_sizes,
     )
-    vocoder = CoreMLCausalHiFT if isinstance(configs, CosyVoice3Configs) else CoreMLHiFT
-    hift = vocoder(
-        configs.hift,  # type: ignore[arg-type]  # each family's vocoder takes its own config
-        models[HIFT_SOURCE],
-        models[HIFT_DECODE],
-        batch_sizes=packages[HIFT_DECODE].batch_sizes,
-    )
+    source, decode, sizes = models[HIFT_SOURCE], models[HIFT_DECODE], packages[HIFT_DECODE]
+    hift: CoreMLHiFT | CoreMLCausalHiFT
+    if isinstance(configs, CosyVoice3Configs):  # the causal HiFT: the fixed buffer as noise
+        hift = CoreMLCausalHiFT(configs.hift, source, decode, batch_sizes=sizes.batch_sizes)
+    else:
+        hift = CoreMLHiFT(configs.hift, source, decode, batch_sizes=sizes.batch_sizes)
     return flow, hift
 
 
