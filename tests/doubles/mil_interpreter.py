@@ -277,6 +277,18 @@ def _slices(a: Args, shape: torch.Size) -> list[slice]:
     ]
 
 
+@op("split")
+def _split(a: Args, _: Any) -> tuple[Tensor, ...]:
+    """Several outputs (a tuple): `split_sizes` along `axis`, or `num_splits` equal parts."""
+    x, axis = a["x"], int(a["axis"])
+    if a.get("split_sizes") is not None:
+        sizes = _ints(a["split_sizes"])
+    else:
+        parts = int(a["num_splits"])
+        sizes = [x.shape[axis] // parts] * parts
+    return tuple(torch.split(x, sizes, dim=axis))
+
+
 @op("slice_by_index")
 def _slice_by_index(a: Args, _: Any) -> Tensor:
     x = a["x"]
@@ -360,11 +372,11 @@ class MILPredictor:
                     state[node.inputs["state"].name] = args["value"]
             if node.op_type == "read_state":
                 result = env[node.inputs["input"].name]
-            out = node.outputs[0]
-            fp16 = self.fp16_rounding and out.dtype == self.types.fp16
-            if fp16 and isinstance(result, Tensor) and result.is_floating_point():
-                result = result.half().float()
-            env[out.name] = result
+            results = result if len(node.outputs) > 1 else (result,)  # split: a tuple
+            for out, value in zip(node.outputs, results, strict=True):
+                fp16 = self.fp16_rounding and out.dtype == self.types.fp16
+                rounded = fp16 and isinstance(value, Tensor) and value.is_floating_point()
+                env[out.name] = value.half().float() if rounded else value
         return {var.name: env[var.name].numpy() for var in self.function.outputs}
 
 

@@ -3,9 +3,11 @@
 `workers.engine.pipeline.build_engine` takes replacement flow, vocoder and LLM stages; this
 module loads the Core ML stand-ins (`CoreMLFlow`, `CoreMLHiFT` run by the pipeline's own
 `ModuleFlow` and `ModuleVocoder`, and `CoreMLQwen2LM` behind `ModuleSpeechTokens` when the
-conversion has the stateful LLM) and hands them over. The torch parts left (front end, prompt
-models, the LLM without a conversion) run on `torch_device`. Plain values in: the service
-layer reads the settings.
+conversion has the stateful LLM) and hands them over. A CosyVoice 3 conversion's vocoder is
+`CoreMLCausalHiFT` run by `CausalVocoder`. Both families run non-streaming on Core ML: a
+streamed request gets its audio piece by piece (each piece whole), as on CosyVoice 2. The
+torch parts left (front end, prompt models, the LLM without a conversion) run on
+`torch_device`. Plain values in: the service layer reads the settings.
 
 A worker that runs several jobs together (`batch_size` > 1, COSYQ_BATCH_SIZE) keeps the LLM on
 PyTorch even when the conversion has one: the Core ML LLM's KV cache is one fixed-shape state
@@ -21,7 +23,9 @@ from pathlib import Path
 
 import torch
 
+from workers.coreml.causal_runtime import CoreMLCausalHiFT
 from workers.coreml.loader import CoreMLStages, load_coreml_stages
+from workers.engine.causal_stages import CausalVocoder
 from workers.engine.pipeline import EngineOptions, SynthesisPipeline, build_engine
 from workers.engine.stages import ModuleFlow, ModuleSpeechTokens, ModuleVocoder
 
@@ -54,6 +58,11 @@ def coreml_engine(
     decoding) whether or not `stages` has a Core ML LLM.
     """
     coreml_llm = stages.llm if batch_size <= 1 else None
+    vocoder: ModuleVocoder | CausalVocoder
+    if isinstance(stages.hift, CoreMLCausalHiFT):  # CosyVoice 3: deterministic, one piece a call
+        vocoder = CausalVocoder(stages.hift, name="coreml", device=CPU)
+    else:
+        vocoder = ModuleVocoder(stages.hift, name="coreml", device=CPU)
     return build_engine(
         model_dir,
         device=placement.torch_device,
@@ -61,7 +70,7 @@ def coreml_engine(
         options=options,
         hash_cache_dir=hash_cache_dir,
         flow=ModuleFlow(stages.flow, name="coreml", device=CPU),
-        vocoder=ModuleVocoder(stages.hift, name="coreml", device=CPU),
+        vocoder=vocoder,
         llm=ModuleSpeechTokens(coreml_llm) if coreml_llm is not None else None,
         backend="coreml",
         reported_device=placement.reported_device,

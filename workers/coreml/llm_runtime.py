@@ -40,10 +40,13 @@ class StatefulPredictor(Protocol):
 
 
 def embeddings_only(config: LLMConfig, state: Mapping[str, Tensor]) -> Qwen2LM:
-    """A Qwen2LM on the meta device whose three embedding tables are real (from `state`)."""
+    """A Qwen2LM on the meta device whose embedding tables are real (from `state`): three, or
+    two for CosyVoice 3 (SOS and TASK_ID are rows of its `speech_embedding`)."""
     with torch.device("meta"):
         shell = Qwen2LM(config)
     for key, path in EMBEDDING_KEYS.items():
+        if path == "llm_embedding" and config.sos_task_rows is not None:
+            continue  # CosyVoice 3 has no llm_embedding
         parent_path, _, name = path.rpartition(".")
         parent = shell.get_submodule(parent_path) if parent_path else shell
         setattr(parent, name, nn.Embedding.from_pretrained(state[key].float(), freeze=True))

@@ -1,7 +1,8 @@
 """Load a conversion on macOS: manifest checks, compiled-model cache, compute units, warm-up.
 
-`load_coreml_stages` refuses a stale conversion (checkpoint hashes differ from the manifest's),
-a modified package (content hash), and a conversion missing a stage; then it compiles each
+`load_coreml_stages` refuses a conversion of the other family (CosyVoice 2 vs 3), a stale
+conversion (checkpoint hashes differ from the manifest's), a modified package (content hash),
+and a conversion missing a stage; then it compiles each
 package once per hash (`cache`) and opens the compiled model with the chosen compute units.
 The LLM is loaded when the conversion has one (macOS 15 target) and the worker runs one job at
 a time (`llm=True`); else it stays on PyTorch, which batches it (see docs/coreml.md).
@@ -19,10 +20,12 @@ import torch
 
 from shared.errors import ModelLoadError
 from workers.coreml.cache import COMPILE_LOCK_TIMEOUT_S, compiled_model_path
+from workers.coreml.causal_runtime import CoreMLCausalHiFT
 from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.llm_runtime import CoreMLQwen2LM, embeddings_only
 from workers.coreml.manifest import (
     Manifest,
+    check_family,
     check_flow_steps,
     check_packages,
     check_sources,
@@ -43,10 +46,8 @@ from workers.coreml.stages import (
 )
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory
-from workers.model.flow.config import FlowConfig
-from workers.model.hift.config import HiFTConfig
-from workers.model.llm.model import LLMConfig
 from workers.model.llm.qwen2 import KVCache
+from workers.model.loader import CosyVoice3Configs, family_configs
 
 WARM_UP_TOKENS = 50  # prompt + target tokens of the warm-up synthesis (100 mel frames, 2 s)
 WARM_UP_LLM_POSITIONS = 8  # prefill length of the LLM warm-up (then two decode steps)
@@ -70,7 +71,7 @@ class CoreMLStages:
     """The loaded stages of one conversion: flow, HiFT, and the LLM when it was converted."""
 
     flow: CoreMLFlow
-    hift: CoreMLHiFT
+    hift: CoreMLHiFT | CoreMLCausalHiFT  # CosyVoice 3: the causal HiFT (fixed noise buffer)
     manifest: Manifest
     compute_units: str
     llm: CoreMLQwen2LM | None = None  # None: the conversion has no LLM; it stays on PyTorch
@@ -85,6 +86,8 @@ class CoreMLStages:
         for size in self.flow.batch_sizes.sizes[1:]:
             zeros = torch.zeros(size, mel.size(1), mel.size(-1))
             self.flow.solve(zeros, zeros, torch.ones(size, 1, mel.size(-1)), zeros[:, :, 0], zeros)
+        if isinstance(self.hift, CoreMLCausalHiFT):
+            return  # one piece per vocoder call (`CausalVocoder`): batch 1 only
         for size in self.hift.batch_sizes.sizes[1:]:
             mels = mel.expand(size, -1, -1)
             self.hift.decode(mels, source.expand(size, -1, -1))
@@ -138,8 +141,9 @@ def load_coreml_stages(
     manifest = read_manifest(coreml_dir)
     hashes = cache_dir / "hashes"
     check_sources(manifest, model_dir, hashes)
-    yaml = ModelDirectory(model_dir).yaml
-    check_flow_steps(manifest, FlowConfig.from_model_yaml(yaml).cfm.n_timesteps, flow_steps)
+    directory = ModelDirectory(model_dir)
+    check_family(manifest, directory.family)
+    check_flow_steps(manifest, family_configs(directory).flow.cfm.n_timesteps, flow_steps)
     missing = [stage for stage in ALL_STAGES if stage not in manifest.packages]
     if missing:
         raise ModelLoadError(f"{coreml_dir}: conversion lacks {', '.join(missing)}; convert again")
@@ -149,7 +153,7 @@ def load_coreml_stages(
         raise ModelLoadError(f"compute units {units!r}: choose one of {list(COMPUTE_UNITS_DEVICE)}")
     opener = _Opener(manifest, coreml_dir, cache_dir, compile_timeout_s)
     models = {stage: opener.open(stage, units) for stage in ALL_STAGES}
-    flow, hift = runtime_stages(manifest, yaml, models, flow_steps=flow_steps)
+    flow, hift = runtime_stages(manifest, directory, models, flow_steps=flow_steps)
     coreml_llm = None
     if llm and LLM in manifest.packages:
         coreml_llm = _open_llm(opener, model_dir, LLM_COMPUTE_UNITS[units])
@@ -158,17 +162,18 @@ def load_coreml_stages(
 
 def runtime_stages(
     manifest: Manifest,
-    yaml: dict[str, Any],
+    directory: ModelDirectory,
     models: dict[str, Any],
     *,
     flow_steps: int | None = None,
-) -> tuple[CoreMLFlow, CoreMLHiFT]:
+) -> tuple[CoreMLFlow, CoreMLHiFT | CoreMLCausalHiFT]:
     """The flow and HiFT runtime stages over opened `models` (by stage), shaped as the
-    manifest says: the CFM's buckets and Euler steps (those the engine asks for, `flow_steps`,
-    None: the model's own, else refused) and each stage's batch sizes (the same for both of a
-    stage's packages, else the manifest is refused)."""
-    flow_config = FlowConfig.from_model_yaml(yaml)
-    steps = check_flow_steps(manifest, flow_config.cfm.n_timesteps, flow_steps)
+    manifest says: its family (the directory's, else refused), the CFM's buckets and Euler
+    steps (those the engine asks for, `flow_steps`, None: the model's own, else refused) and
+    each stage's batch sizes (the same for both of a stage's packages, else refused)."""
+    check_family(manifest, directory.family)
+    configs = family_configs(directory)
+    steps = check_flow_steps(manifest, configs.flow.cfm.n_timesteps, flow_steps)
     packages = manifest.packages
     for first, second in ((FLOW_ENCODER, FLOW_CFM), (HIFT_SOURCE, HIFT_DECODE)):
         if packages[first].batch_sizes != packages[second].batch_sizes:
@@ -178,24 +183,24 @@ def runtime_stages(
                 "convert again"
             )
     flow = CoreMLFlow(
-        flow_config.with_steps(steps),
+        configs.with_flow_steps(steps).flow,
         models[FLOW_ENCODER],
         models[FLOW_CFM],
         buckets=packages[FLOW_CFM].buckets,
         batch_sizes=packages[FLOW_CFM].batch_sizes,
     )
-    hift = CoreMLHiFT(
-        HiFTConfig.from_model_yaml(yaml),
-        models[HIFT_SOURCE],
-        models[HIFT_DECODE],
-        batch_sizes=packages[HIFT_DECODE].batch_sizes,
-    )
+    source, decode, sizes = models[HIFT_SOURCE], models[HIFT_DECODE], packages[HIFT_DECODE]
+    hift: CoreMLHiFT | CoreMLCausalHiFT
+    if isinstance(configs, CosyVoice3Configs):  # the causal HiFT: the fixed buffer as noise
+        hift = CoreMLCausalHiFT(configs.hift, source, decode, batch_sizes=sizes.batch_sizes)
+    else:
+        hift = CoreMLHiFT(configs.hift, source, decode, batch_sizes=sizes.batch_sizes)
     return flow, hift
 
 
 def _open_llm(opener: _Opener, model_dir: Path, units: str) -> CoreMLQwen2LM:
     directory = ModelDirectory(model_dir)
-    config = LLMConfig.from_model_yaml(directory.yaml, directory.qwen_config)
+    config = family_configs(directory).llm  # CosyVoice 3: its own head and stop ids
     embeddings = embeddings_only(config, read_state_dict(directory.path(LLM_CHECKPOINT)))
     prefill = opener.open(LLM, units, function=LLM_PREFILL)
     decode = opener.open(LLM, units, function=LLM_DECODE)

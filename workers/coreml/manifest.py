@@ -1,7 +1,8 @@
 """`manifest.json`: what a conversion produced, from which checkpoints, with which tools.
 
 Written by `cosyq-worker convert` next to the packages and read by the runtime and by backend
-selection (no coremltools needed to read it). It records the source checkpoints' SHA-256 (a
+selection (no coremltools needed to read it). It records the model family (cosyvoice2 or
+cosyvoice3; a worker refuses the other family's conversion), the source checkpoints' SHA-256 (a
 worker refuses a conversion made from other weights), tool versions, precision, compression,
 flexible dimensions or shape buckets, every input/output name, dtype and shape, and each
 package's content hash (the compiled-model cache key).
@@ -88,6 +89,9 @@ class Manifest:
     # Euler steps unrolled into flow_cfm; None: a manifest from before they were recorded,
     # whose conversion unrolled the model's own (10)
     flow_steps: int | None = None
+    # the model directory's family; a manifest from before it was recorded is CosyVoice 2's,
+    # the only family converted then
+    family: str = "cosyvoice2"
     created_utc: str = ""
     format: int = MANIFEST_FORMAT
 
@@ -189,6 +193,17 @@ def check_sources(manifest: Manifest, model_dir: Path, hash_cache: Path | None =
                 f"(sha256 {current[:12]}, converted from {recorded[:12]}); run "
                 f"`cosyq-worker convert {model_dir} <out>` again or use COSYQ_BACKEND=torch"
             )
+
+
+def check_family(manifest: Manifest, family: str) -> None:
+    """Refuse a conversion of the other family (the packages of CosyVoice 2's U-Net flow and
+    HiFT cannot serve CosyVoice 3's DiT and causal HiFT, nor the reverse): ModelLoadError
+    names both and how to convert again."""
+    if manifest.family != family:
+        raise ModelLoadError(
+            f"Core ML conversion is of a {manifest.family} model, the model directory is "
+            f"{family}; run `cosyq-worker convert MODEL_DIR OUT_DIR` on this directory again"
+        )
 
 
 def check_flow_steps(manifest: Manifest, model_steps: int, asked: int | None) -> int:

@@ -6,9 +6,10 @@ Both drive "predictors": anything with `predict(dict[str, ndarray]) -> dict[str,
 which on a Mac is a `coremltools.models.CompiledMLModel` (see `loader`). Tensors cross the
 package boundary as float32/int32 numpy arrays on the CPU.
 
-Input validation, the prompt condition and the fixed CFM noise come from a flow module built on
-the meta device (no weights), so requests are checked by the very code the torch path uses.
-Only the non-streaming path (streaming=False, finalize=True) is converted.
+Input validation and the fixed CFM noise come from a flow module built on the meta device (no
+weights; CosyVoice 2's or, for a `DiTFlowConfig`, CosyVoice 3's), so requests are checked by
+the very code the torch path uses. Only the non-streaming path (streaming=False, finalize=True)
+is converted. CosyVoice 3's vocoder is `causal_runtime.CoreMLCausalHiFT`.
 
 Batched packages (`--batch-sizes`) also take several rows per call: `batched_inference` of each
 stage (what the engine's batch session calls) splits the rows into calls of the package's sizes
@@ -33,6 +34,8 @@ from shared.errors import InvalidRequestError
 from workers.coreml.batch_sizes import BatchSizes
 from workers.coreml.convert.graphs import pack_cfm_frames
 from workers.coreml.stages import UNBATCHED
+from workers.model.dit.config import DiTFlowConfig
+from workers.model.dit.model import CausalMaskedDiffWithDiT
 from workers.model.flow.batch import FlowRow
 from workers.model.flow.config import FlowConfig
 from workers.model.flow.model import CausalMaskedDiffWithXvec
@@ -74,7 +77,7 @@ class CoreMLFlow:
 
     def __init__(
         self,
-        config: FlowConfig,
+        config: FlowConfig | DiTFlowConfig,
         encoder: Predictor,
         cfm: Predictor,
         *,
@@ -86,8 +89,23 @@ class CoreMLFlow:
         self.cfm = cfm
         self.buckets = buckets  # enumerated CFM frame counts; empty = flexible package
         self.batch_sizes = BatchSizes(batch_sizes)  # rows per call of both packages
-        with torch.device("meta"):
-            self._shell = CausalMaskedDiffWithXvec(config)  # checks, prompt condition, noise
+        self._shell: CausalMaskedDiffWithXvec | CausalMaskedDiffWithDiT
+        with torch.device("meta"):  # the request checks and the noise of the family's flow
+            if isinstance(config, DiTFlowConfig):
+                self._shell = CausalMaskedDiffWithDiT(config)
+            else:
+                self._shell = CausalMaskedDiffWithXvec(config)
+
+    def _check(
+        self, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor
+    ) -> None:
+        """The torch flow's own request checks (shapes, token ids, length), finalize=True."""
+        shell = self._shell
+        if isinstance(shell, CausalMaskedDiffWithDiT):
+            shell._check_inputs(token, prompt_token, prompt_feat, embedding, True)
+            return
+        shell._check_inputs(token, prompt_token, prompt_feat, embedding)
+        shell._check_length(token.size(1) + prompt_token.size(1), token.size(1), True)
 
     @property
     def batched(self) -> bool:
@@ -148,13 +166,14 @@ class CoreMLFlow:
         if streaming or not finalize:
             raise ValueError("the Core ML flow converts the non-streaming path only")
         shell, mark = self._shell, stage_done or (lambda _stage: None)
-        shell._check_inputs(token, prompt_token, prompt_feat, embedding)
-        shell._check_length(token.size(1) + prompt_token.size(1), token.size(1), finalize)
+        self._check(token, prompt_token, prompt_feat, embedding)
         tokens = torch.cat([prompt_token.to(torch.int32), token.to(torch.int32)], dim=1)
         mu, spks = self.encode(tokens, embedding)
         mark("encoder")
         num_frames = mu.size(-1)
-        cond = shell.prompt_condition(prompt_feat.to("cpu", torch.float32), num_frames)
+        cond = torch.zeros(1, num_frames, self.config.mel_bins)
+        cond[:, : prompt_feat.size(1)] = prompt_feat.to("cpu", torch.float32)
+        cond = cond.transpose(1, 2)  # (1, 80, T): the prompt mel, zeros after
         mask = torch.ones(1, 1, num_frames)
         mel = self.solve(shell.decoder.noise(num_frames), mu, mask, spks, cond)
         mark("cfm")
@@ -163,12 +182,8 @@ class CoreMLFlow:
     def batched_inference(self, rows: Sequence[FlowRow]) -> list[Tensor]:
         """Mel (80, 2N_i) per row, prompt frames excluded, as `flow_batch.batched_inference`
         gives for the torch flow: every row checked as alone, then calls of the batch sizes."""
-        shell = self._shell
         for row in rows:
-            shell._check_inputs(row.token, row.prompt_token, row.prompt_feat, row.embedding)
-            shell._check_length(
-                row.token.size(1) + row.prompt_token.size(1), row.token.size(1), True
-            )
+            self._check(row.token, row.prompt_token, row.prompt_feat, row.embedding)
         mels: list[Tensor] = []
         for group in self.batch_sizes.groups(len(rows)):
             chosen = range(group.start, group.start + group.rows)

@@ -17,6 +17,7 @@ Both hold only the loaded model; a stream's state is one piece's.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,6 +29,13 @@ from workers.model.causal_hift.model import CausalHiFTGenerator
 from workers.model.causal_stream import CausalTokenStream
 from workers.model.causal_stream import StreamSchedule as CausalSchedule
 from workers.model.dit.model import CausalMaskedDiffWithDiT
+from workers.model.hift.model import HiFTOutput
+
+
+class CausalVocoderModel(Protocol):
+    """What `CausalVocoder` calls: the torch `CausalHiFTGenerator` or its Core ML stand-in."""
+
+    def inference(self, mel: torch.Tensor, *, finalize: bool = True) -> HiFTOutput: ...
 
 
 class CausalVocoder:
@@ -35,10 +43,16 @@ class CausalVocoder:
 
     batches = False  # one piece per call (as CosyVoice 2's torch vocoder)
 
-    def __init__(self, model: CausalHiFTGenerator, *, name: str = "torch") -> None:
+    def __init__(
+        self,
+        model: CausalHiFTGenerator | CausalVocoderModel,
+        *,
+        name: str = "torch",
+        device: torch.device | None = None,
+    ) -> None:
         self.model = model
         self.name = name
-        self.device = module_device(model)
+        self.device = device or module_device(model)
 
     @torch.inference_mode()
     def waveform(self, mel: np.ndarray, generator: torch.Generator) -> np.ndarray:

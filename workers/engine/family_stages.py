@@ -3,7 +3,9 @@
 CosyVoice 2 and 3 share the LLM stage (`ModuleSpeechTokens` over one `Qwen2LM` class) and the
 flow stage's whole-piece call (`ModuleFlow`); they part at the text tokenizer (CosyVoice 3's 280
 special tokens), the vocoder (`ModuleVocoder` on HiFT with its random source, `CausalVocoder`
-on the deterministic causal HiFT) and the int8 LLM step (CosyVoice 2 only so far).
+on the deterministic causal HiFT) and the int8 LLM step (CosyVoice 2 only so far). Another
+runtime's stages (Core ML) serve either family: a conversion records its family and the loader
+refuses the other's (`workers.coreml.manifest.check_family`).
 """
 
 from __future__ import annotations
@@ -60,14 +62,3 @@ def vocoder_stage(loaded: LoadedModel) -> VocoderStage:
     if isinstance(loaded.hift, CausalHiFTGenerator):
         return CausalVocoder(loaded.hift)
     return ModuleVocoder(loaded.hift)
-
-
-def check_replaced_stages(
-    model_dir: Path, family: str, backend: str, replaced: tuple[object, ...]
-) -> None:
-    """Another runtime's stages (Core ML) are CosyVoice 2's only so far: refuse CosyVoice 3."""
-    if family != "cosyvoice2" and any(stage is not None for stage in replaced):
-        raise ModelLoadError(
-            f"{model_dir}: a CosyVoice 3 directory; the {backend} backend's stages serve "
-            "CosyVoice 2 only so far: run it on the torch backend (COSYQ_BACKEND=torch)"
-        )

@@ -37,7 +37,7 @@ from workers.engine.api import (
 from workers.engine.assembly import JoinConfig, change_speed, join_pieces, piece_spans
 from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, one_at_a_time
-from workers.engine.causal_stages import CausalPieceStream, CausalVocoder
+from workers.engine.causal_stages import CausalPieceStream
 from workers.engine.devices import resolve_device, resolve_dtype
 from workers.engine.modes import llm_prompt, raw_text, with_text_prefix
 from workers.engine.prompt_models import PromptModels
@@ -54,6 +54,7 @@ from workers.engine.text_frontend import TextFrontend, TextPiece
 from workers.engine.text_split import SplitConfig
 from workers.engine.voice_extraction import VoiceExtractor
 from workers.model.causal_hift.config import CausalHiFTConfig
+from workers.model.causal_hift.model import CausalHiFTGenerator
 from workers.model.directory import FAMILY_SPEECH_TOKENIZER, QWEN_DIR, ModelDirectory
 from workers.model.dit.model import CausalMaskedDiffWithDiT
 from workers.model.heap import HeapPolicy, building_model
@@ -234,13 +235,14 @@ class SynthesisPipeline:
         yield stream.finish()
 
     def _piece_stream(self, plan: RequestPlan) -> PieceStream | CausalPieceStream | None:
-        """One piece's stream for this family's stages; None when a stage cannot stream."""
+        """One piece's stream for this family's stages; None when one cannot (Core ML's)."""
         flow, vocoder, state = self.flow, self.vocoder, plan.state
         model = getattr(flow, "model", None)
-        if isinstance(model, CausalMaskedDiffWithDiT) and isinstance(vocoder, CausalVocoder):
+        hift = getattr(vocoder, "model", None)
+        if isinstance(model, CausalMaskedDiffWithDiT) and isinstance(hift, CausalHiFTGenerator):
             return CausalPieceStream(
                 model,
-                vocoder.model,
+                hift,
                 plan.request.prompt,
                 schedule=self.options.stream,
                 timed=state.clock.timed,
@@ -446,7 +448,6 @@ def build_engine(
     torch_device = resolve_device(device)
     replaced = {"flow": flow, "hift": vocoder}
     family = ModelDirectory(Path(model_dir)).family  # from the directory's yaml, never a setting
-    family_stages.check_replaced_stages(model_dir, family, backend, replaced=(flow, vocoder, llm))
     with building_model(options.heap):  # process-wide; the request policy from its end on
         loaded = load_model(
             model_dir,

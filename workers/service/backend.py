@@ -1,8 +1,9 @@
 """Which backend and device a worker runs on (`COSYQ_BACKEND`, `COSYQ_DEVICE`).
 
 - `coreml`: macOS only (elsewhere one line: "Core ML runs only on macOS; use
-  COSYQ_BACKEND=torch"), and only with a valid conversion: a readable manifest, every stage,
-  and checkpoints that hash as they did at conversion time. Anything else is a ModelLoadError.
+  COSYQ_BACKEND=torch"), and only with a valid conversion: a readable manifest of the model
+  directory's family, every stage, and checkpoints that hash as they did at conversion time.
+  Anything else is a ModelLoadError.
 - `torch`: the device from `COSYQ_DEVICE`; `auto` picks MPS, else CUDA, else CPU.
 - `auto`: Core ML on macOS when a valid conversion is present, else torch as above; `reason`
   says why, including what was wrong with the conversion that was passed over.
@@ -21,10 +22,11 @@ from pathlib import Path
 
 from shared.errors import ModelLoadError
 from shared.settings import Settings
-from workers.coreml.manifest import check_sources, read_manifest
+from workers.coreml.manifest import check_family, check_sources, read_manifest
 from workers.coreml.platform import COMPUTE_UNITS_DEVICE, COREML_SUBDIR, MACOS_ONLY
 from workers.coreml.stages import ALL_STAGES
 from workers.engine.devices import available_devices, resolve_device
+from workers.model.directory import ModelDirectory
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def coreml_problem(settings: Settings, model_dir: Path) -> str | None:
         missing = [stage for stage in ALL_STAGES if stage not in manifest.packages]
         if missing:
             return f"{folder}: conversion lacks {', '.join(missing)}"
+        check_family(manifest, ModelDirectory(model_dir).family)
         check_sources(manifest, model_dir, settings.coreml_cache_dir / "hashes")
     except ModelLoadError as e:
         return str(e)

@@ -1,4 +1,5 @@
-"""Fixtures: one torch thread, a micro model directory and its conversion (once per session).
+"""Fixtures: one torch thread, micro model directories (CosyVoice 2 and 3) and their
+conversions (once per session each).
 
 Conversion is the slow part of these tests, so one session-scoped fixture converts the micro
 model once (fp16, flexible lengths, FLOW_STEPS Euler steps) through the `cosyq-worker convert`
@@ -13,13 +14,18 @@ import contextlib
 import fcntl
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.unit.coreml.micro import FLOW_STEPS, Converted, write_micro_model_dir
+from tests.unit.coreml.micro import (
+    FLOW_STEPS,
+    Converted,
+    write_micro3_model_dir,
+    write_micro_model_dir,
+)
 from workers.cli import main as worker_cli
 from workers.coreml.manifest import read_manifest
 
@@ -63,15 +69,28 @@ def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterat
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@pytest.fixture(scope="session")
-def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    with shared_folder(tmp_path_factory, "micro-model") as folder:
+def write_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, write: Callable[[Path], Path]
+) -> Path:
+    """A model folder `write` fills once per run, shared by the test processes."""
+    with shared_folder(tmp_path_factory, name) as folder:
         written = folder / MODEL_WRITTEN
         if not written.exists():
             folder.mkdir(exist_ok=True)
-            write_micro_model_dir(folder)
+            write(folder)
             written.touch()  # last: never write again, another process may have it mapped
         return folder
+
+
+@pytest.fixture(scope="session")
+def micro_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_once(tmp_path_factory, "micro-model", write_micro_model_dir)
+
+
+@pytest.fixture(scope="session")
+def micro3_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CosyVoice 3 micro model (DiT flow, causal HiFT)."""
+    return write_once(tmp_path_factory, "micro3-model", write_micro3_model_dir)
 
 
 def convert_once(
@@ -96,4 +115,13 @@ def converted(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     the CFM in FLOW_STEPS Euler steps (compare it with a torch flow of as many steps)."""
     return convert_once(
         micro_model_dir, tmp_path_factory, "micro-coreml", "--flow-steps", str(FLOW_STEPS)
+    )
+
+
+@pytest.fixture(scope="session")
+def converted3(micro3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Converted:
+    """The CosyVoice 3 micro model converted once per run, with the options of `converted`
+    (the default batch sizes: the batched DiT encoder is what the runtime calls)."""
+    return convert_once(
+        micro3_model_dir, tmp_path_factory, "micro3-coreml", "--flow-steps", str(FLOW_STEPS)
     )

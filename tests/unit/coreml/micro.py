@@ -1,4 +1,5 @@
-"""The micro model: CosyVoice 2's architecture with very small widths, random weights."""
+"""The micro models: CosyVoice 2's and 3's architectures with very small widths, random
+weights."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from workers.coreml.manifest import Manifest
 from workers.model.flow.batch import FlowRow
 from workers.model.flow.config import CfmConfig, EstimatorConfig, FlowConfig, FlowEncoderConfig
 from workers.tools.fixtures.tiny import write_tiny_model
+from workers.tools.fixtures.tiny3 import TinySpec3, write_tiny3_model
 from workers.tools.fixtures.tiny_config import TinySpec
 
 MICRO = TinySpec(
@@ -39,9 +41,27 @@ MICRO_FLOW = FlowConfig(
 )
 
 
+# CosyVoice 3 at micro size: one DiT block, half the tiny widths (the conversion's time is
+# mostly per op, so depth is what counts; HiFT's op count is fixed by its structure).
+MICRO3 = TinySpec3(
+    lookahead_channels=32,
+    dit_dim=32,
+    dit_depth=1,
+    dit_heads=2,
+    dit_head_dim=16,
+    hift_base_channels=16,
+    hift_cond_channels=16,
+)
+
+
 def write_micro_model_dir(root: Path, seed: int = 0) -> Path:
     """A complete model directory (`init-tiny`'s writer) with the micro sizes."""
     return write_tiny_model(root, seed=seed, spec=MICRO).root
+
+
+def write_micro3_model_dir(root: Path, seed: int = 0) -> Path:
+    """A complete CosyVoice 3 model directory (`init-tiny --family cosyvoice3`), micro sizes."""
+    return write_tiny3_model(root, seed=seed, spec=MICRO3).root
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,19 @@ def test_a_stale_conversion_is_passed_over_by_auto_and_refused_by_coreml(
         select_backend(forced, model_dir, platform="darwin", torch_devices=devices("mps"))
 
 
+def test_the_other_familys_conversion_is_passed_over_by_auto_and_refused_by_coreml(
+    converted3: Converted, micro_model_dir: Path, tmp_path: Path
+) -> None:
+    """A CosyVoice 3 conversion beside a CosyVoice 2 directory: never loaded for it."""
+    auto = settings(tmp_path, coreml_dir=converted3.out_dir)
+    choice = select_backend(auto, micro_model_dir, platform="darwin", torch_devices=devices())
+    assert choice.backend == "torch"
+    assert "conversion is of a cosyvoice3 model, the model directory is cosyvoice2" in choice.reason
+    forced = settings(tmp_path, backend="coreml", coreml_dir=converted3.out_dir)
+    with pytest.raises(ModelLoadError, match="COSYQ_BACKEND=coreml: Core ML conversion is of a"):
+        select_backend(forced, micro_model_dir, platform="darwin", torch_devices=devices())
+
+
 def test_without_a_conversion_macos_runs_torch_on_mps(tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     model_dir.mkdir()

@@ -151,7 +151,7 @@ def test_a_stage_whose_packages_disagree_on_batch_sizes_is_refused(
     packages = dict(batched.manifest.packages)
     packages[FLOW_CFM] = dataclasses.replace(packages[FLOW_CFM], batch_sizes=(1, 2))
     manifest = dataclasses.replace(batched.manifest, packages=packages)
-    yaml = ModelDirectory(micro_model_dir).yaml
+    directory = ModelDirectory(micro_model_dir)
     models = {stage: object() for stage in ALL_STAGES}  # never called: refused before
     with pytest.raises(ModelLoadError, match="flow_encoder and flow_cfm have different batch"):
-        runtime_stages(manifest, yaml, models, flow_steps=MICRO_FLOW.cfm.n_timesteps)
+        runtime_stages(manifest, directory, models, flow_steps=MICRO_FLOW.cfm.n_timesteps)

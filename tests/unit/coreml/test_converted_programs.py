@@ -48,8 +48,8 @@ def package(converted: Converted, stage: str) -> MILPredictor:
 def runtime(converted: Converted) -> tuple[CoreMLFlow, CoreMLHiFT]:
     """The runtime stages over the interpreted packages, shaped by the manifest (batched)."""
     models = {stage: package(converted, stage) for stage in ALL_STAGES}
-    yaml = ModelDirectory(converted.model_dir).yaml
-    return runtime_stages(converted.manifest, yaml, models, flow_steps=FLOW_STEPS)
+    directory = ModelDirectory(converted.model_dir)
+    return runtime_stages(converted.manifest, directory, models, flow_steps=FLOW_STEPS)
 
 
 @torch.inference_mode()
@@ -100,23 +100,23 @@ def test_a_conversion_made_with_other_flow_steps_is_refused(converted: Converted
     """The manifest records the Euler steps unrolled into flow_cfm; the runtime takes the
     conversion only for an engine asking for as many (None: the model's own 10)."""
     assert converted.manifest.flow_steps == FLOW_STEPS
-    yaml = ModelDirectory(converted.model_dir).yaml
+    directory = ModelDirectory(converted.model_dir)
     models: dict[str, Any] = {stage: object() for stage in ALL_STAGES}  # never called
     asks_for_10 = (
         r"flow_cfm solves in 2 Euler steps, the engine asks for 10; "
         r"run `cosyq-worker convert --flow-steps 10` again"
     )
     with pytest.raises(ModelLoadError, match=asks_for_10):
-        runtime_stages(converted.manifest, yaml, models)
+        runtime_stages(converted.manifest, directory, models)
     with pytest.raises(ModelLoadError, match="solves in 2 Euler steps, the engine asks for 3"):
-        runtime_stages(converted.manifest, yaml, models, flow_steps=3)
-    flow, _ = runtime_stages(converted.manifest, yaml, models, flow_steps=FLOW_STEPS)
+        runtime_stages(converted.manifest, directory, models, flow_steps=3)
+    flow, _ = runtime_stages(converted.manifest, directory, models, flow_steps=FLOW_STEPS)
     assert flow.config.cfm.n_timesteps == FLOW_STEPS
     before = dataclasses.replace(converted.manifest, flow_steps=None)  # steps not recorded:
-    flow, _ = runtime_stages(before, yaml, models)  # such conversions unrolled the model's 10
+    flow, _ = runtime_stages(before, directory, models)  # such conversions unrolled the model's 10
     assert flow.config.cfm.n_timesteps == 10
     with pytest.raises(ModelLoadError, match="solves in 10 Euler steps, the engine asks for 2"):
-        runtime_stages(before, yaml, models, flow_steps=2)
+        runtime_stages(before, directory, models, flow_steps=2)
 
 
 def test_the_core_ml_engine_asks_for_its_options_flow_steps(

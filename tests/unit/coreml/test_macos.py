@@ -17,10 +17,11 @@ import torch
 
 from shared.settings import Settings
 from tests.unit.coreml.conftest import convert_once
-from tests.unit.coreml.micro import MICRO_FLOW, Converted
+from tests.unit.coreml.micro import FLOW_STEPS, MICRO_FLOW, Converted, flow_row
 from workers.coreml.convert.build import (
     convert_model_dir,
     load_flow_and_hift,
+    load_stages,
 )
 from workers.coreml.convert.compat import load_coremltools
 from workers.coreml.convert.graphs import pack_cfm_frames
@@ -237,3 +238,27 @@ def test_doctor_runs_every_compute_unit_against_torch_cpu(
         )
     else:
         assert plan.status is Status.SKIP
+
+
+@torch.inference_mode()
+def test_cosyvoice3_packages_predict_what_pytorch_computes(
+    converted3: Converted, tmp_path: Path
+) -> None:
+    """The session's CosyVoice 3 conversion (2 Euler steps) on real Core ML: the loader takes
+    it for the engine asking for 2 steps, warms it up, and flow and causal HiFT predict what
+    our PyTorch CosyVoice 3 computes."""
+    stages = load_coreml_stages(
+        converted3.model_dir,
+        coreml_dir=converted3.out_dir,
+        cache_dir=tmp_path / "cache",
+        flow_steps=FLOW_STEPS,
+    )
+    stages.warm_up()
+    flow, hift = load_stages(converted3.model_dir, FLOW_STEPS)
+    row = flow_row(tokens=30, prompt=12, seed=0)
+    mel_ref, _ = flow.inference(row.token, row.prompt_token, row.prompt_feat, row.embedding)
+    mel, _ = stages.flow.inference(row.token, row.prompt_token, row.prompt_feat, row.embedding)
+    assert torch.isfinite(mel).all() and float((mel - mel_ref).abs().mean()) < 0.05
+    wav = stages.hift.inference(mel_ref).wav
+    assert torch.isfinite(wav).all()
+    assert snr_db(hift.inference(mel_ref).wav, wav) > FP16_MIN_SNR_DB

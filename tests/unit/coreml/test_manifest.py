@@ -17,6 +17,7 @@ from workers.coreml.manifest import (
     DimRange,
     Manifest,
     PackageEntry,
+    check_family,
     check_packages,
     check_sources,
     ignore_transient_package_files,
@@ -121,7 +122,7 @@ def test_the_json_names_every_documented_field(converted: Converted) -> None:
     raw = json.loads((converted.out_dir / MANIFEST_FILE).read_text())
     assert {"source_checkpoints", "tools", "precision", "weights", "target", "compute_units",
             "packages", "format", "model_name", "created_utc",
-            "flow_steps"} <= set(raw)  # fmt: skip
+            "flow_steps", "family"} <= set(raw)  # fmt: skip
     for entry in raw["packages"].values():
         assert {"path", "sha256", "size_bytes", "weights_bytes", "precision", "compression",
                 "inputs", "outputs", "dims", "buckets"} <= set(entry)  # fmt: skip
@@ -150,6 +151,19 @@ def test_batch_sizes_round_trip_and_their_absence_means_batch_1(tmp_path: Path) 
     (tmp_path / MANIFEST_FILE).write_text(json.dumps(old))
     entry = read_manifest(tmp_path).packages["flow_cfm"]
     assert entry.batch_sizes == (1,) and not entry.batches.batched
+
+
+def test_the_family_round_trips_and_its_absence_means_cosyvoice2(tmp_path: Path) -> None:
+    manifest = dataclasses.replace(small_manifest(), family="cosyvoice3")
+    manifest.write(tmp_path)
+    assert read_manifest(tmp_path).family == "cosyvoice3"
+    check_family(manifest, "cosyvoice3")
+    with pytest.raises(ModelLoadError, match="is of a cosyvoice3 model, the model directory is"):
+        check_family(manifest, "cosyvoice2")
+    old = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    del old["family"]  # written before CosyVoice 3 converted
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(old))
+    assert read_manifest(tmp_path).family == "cosyvoice2"
 
 
 @pytest.mark.parametrize(

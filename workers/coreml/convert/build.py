@@ -1,9 +1,10 @@
 """A model directory in, a folder of Core ML packages plus `manifest.json` out.
 
-`convert_model_dir` loads flow.pt and hift.pt (and llm.pt for a macOS 15 target) through the
-production loaders, converts each stage (`convert`, `llm_convert`), compresses the weights
-(`compress`), saves every package and writes the manifest LAST, after removing any old one
-first: a folder whose conversion was interrupted has no manifest, so no worker will load it.
+`convert_model_dir` loads flow.pt and hift.pt (and llm.pt for a macOS 15 target) of either
+family (CosyVoice 2 or 3, as the directory's yaml says) through the production loaders,
+converts each stage (`convert`, `llm_convert`), compresses the weights (`compress`), saves
+every package and writes the manifest LAST, after removing any old one first: a folder whose
+conversion was interrupted has no manifest, so no worker will load it.
 """
 
 from __future__ import annotations
@@ -28,47 +29,62 @@ from workers.coreml.convert.compress import compress_model
 from workers.coreml.convert.llm_convert import convert_llm
 from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.convert.stages_convert import (
+    AnyFlow,
+    AnyHiFT,
     ConvertedStage,
     convert_flow,
     convert_hift,
 )
 from workers.coreml.manifest import MANIFEST_FILE, Manifest, PackageEntry, package_sha256
 from workers.coreml.stages import LLM, LLM_CHECKPOINT, LLM_PREFILL, llm_specs
+from workers.model.causal_hift.model import build_causal_hift
 from workers.model.checkpoint import read_state_dict
 from workers.model.directory import ModelDirectory, file_sha256
-from workers.model.flow.config import FlowConfig
+from workers.model.dit.model import build_dit_flow
 from workers.model.flow.model import CausalMaskedDiffWithXvec, build_flow
-from workers.model.hift.config import HiFTConfig
 from workers.model.hift.model import HiFTGenerator, build_hift
-from workers.model.llm.model import LLMConfig, build_llm
+from workers.model.llm.model import build_llm
+from workers.model.loader import CosyVoice3Configs, family_configs
 
 SOURCE_CHECKPOINTS = ("flow.pt", "hift.pt")
 WEIGHTS_FILE = Path("Data/com.apple.CoreML/weights/weight.bin")
 Progress = Callable[[str, float], None]  # (stage, seconds it took)
 
 
-def load_flow_and_hift(
-    model_dir: Path, flow_steps: int | None = None
-) -> tuple[CausalMaskedDiffWithXvec, HiFTGenerator]:
-    """flow.pt and hift.pt built from the directory's cosyvoice2.yaml, float32 on CPU; the
-    flow solves in `flow_steps` Euler steps (None: the model's own)."""
+def load_stages(model_dir: Path, flow_steps: int | None = None) -> tuple[AnyFlow, AnyHiFT]:
+    """flow.pt and hift.pt built from the directory's yaml (cosyvoice2.yaml: the U-Net flow and
+    HiFT; cosyvoice3.yaml: the DiT flow and causal HiFT), float32 on CPU; the flow solves in
+    `flow_steps` Euler steps (None: the model's own)."""
     directory = ModelDirectory(model_dir)
     if not directory.root.is_dir():
         raise ModelLoadError(f"{model_dir}: model directory not found")
     flow_path, hift_path = directory.checkpoint("flow"), directory.checkpoint("hift")
-    flow_config = FlowConfig.from_model_yaml(directory.yaml)
+    configs = family_configs(directory)
     if flow_steps is not None:
-        flow_config = flow_config.with_steps(flow_steps)
-    flow = build_flow(flow_config, read_state_dict(flow_path), source=flow_path)
-    hift = build_hift(
-        HiFTConfig.from_model_yaml(directory.yaml), read_state_dict(hift_path), source=hift_path
-    )
+        configs = configs.with_flow_steps(flow_steps)
+    flow_state, hift_state = read_state_dict(flow_path), read_state_dict(hift_path, mmap=False)
+    if isinstance(configs, CosyVoice3Configs):
+        return (
+            build_dit_flow(configs.flow, flow_state, source=flow_path),
+            build_causal_hift(configs.hift, hift_state, source=hift_path),
+        )
+    flow = build_flow(configs.flow, flow_state, source=flow_path)
+    return flow, build_hift(configs.hift, hift_state, source=hift_path)
+
+
+def load_flow_and_hift(
+    model_dir: Path, flow_steps: int | None = None
+) -> tuple[CausalMaskedDiffWithXvec, HiFTGenerator]:
+    """`load_stages` of a CosyVoice 2 directory (ModelLoadError for another family)."""
+    flow, hift = load_stages(model_dir, flow_steps)
+    if not isinstance(flow, CausalMaskedDiffWithXvec) or not isinstance(hift, HiFTGenerator):
+        raise ModelLoadError(f"{model_dir}: not a CosyVoice 2 directory (use load_stages)")
     return flow, hift
 
 
 def convert_modules(
-    flow: CausalMaskedDiffWithXvec,
-    hift: HiFTGenerator,
+    flow: AnyFlow,
+    hift: AnyHiFT,
     options: ConvertOptions,
     progress: Progress | None = None,
 ) -> dict[str, ConvertedStage]:
@@ -102,11 +118,14 @@ def write_manifest(
     sources: dict[str, str],
     model_name: str,
     flow_steps: int | None,
+    family: str = "cosyvoice2",
 ) -> Manifest:
     """Write the manifest describing the packages already saved in `out_dir`; `flow_steps`:
-    the Euler steps the CFM package was traced with (None: no flow package)."""
+    the Euler steps the CFM package was traced with (None: no flow package); `family`: the
+    model directory's (cosyvoice2 or cosyvoice3)."""
     manifest = Manifest(
         model_name=model_name,
+        family=family,
         source_checkpoints=sources,
         tools=tool_versions(),
         precision=options.precision,
@@ -164,10 +183,11 @@ def convert_model_dir(
 ) -> Manifest:
     """Convert `model_dir` into `out_dir`; returns the manifest written.
 
-    Flow and HiFT always; the LLM too when `options.converts_llm` (target macOS 15).
+    Flow and HiFT always; the LLM too when `options.converts_llm` (target macOS 15). Either
+    family: the directory's yaml decides, and the manifest records which.
     """
     directory = ModelDirectory(model_dir)
-    flow, hift = load_flow_and_hift(model_dir, options.flow_steps)
+    flow, hift = load_stages(model_dir, options.flow_steps)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MANIFEST_FILE).unlink(missing_ok=True)  # no manifest until every package is in
     sources = {name: file_sha256(directory.path(name)) for name in SOURCE_CHECKPOINTS}
@@ -185,6 +205,7 @@ def convert_model_dir(
         sources=sources,
         model_name=directory.name,
         flow_steps=flow.config.cfm.n_timesteps,
+        family=directory.family,
     )
 
 
@@ -193,7 +214,7 @@ def convert_llm_package(
 ) -> PackageEntry:
     """llm.pt -> `llm.mlpackage` (prefill + decode, stateful), saved into `out_dir`."""
     path = directory.path(LLM_CHECKPOINT)
-    config = LLMConfig.from_model_yaml(directory.yaml, directory.qwen_config)
+    config = family_configs(directory).llm  # CosyVoice 3: its 6761-row head, no bias
     llm = build_llm(config, read_state_dict(path), source=path, kernel="torch")
     final = out_dir / f"{LLM}.mlpackage"
     partial = out_dir / f".partial-{LLM}.mlpackage"

@@ -46,6 +46,7 @@ def register(subparsers: Any) -> None:
             "Convert the flow (encoder; CFM with the 10-step CFG Euler loop inside) and HiFT "
             "(source; decoder) to Core ML ML-program packages plus manifest.json; with "
             "--target macOS15 also the LLM (stateful KV cache, prefill + decode functions). "
+            "CosyVoice 2 or 3, as the directory's yaml says (the manifest records which). "
             "Works on any OS; running the packages needs macOS."
         ),
     )
@@ -157,7 +158,8 @@ def _summary(manifest: Any) -> str:
         rows.append((entry.path, size, entry.precision, entry.compression, lengths))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    lines.append(f"  manifest.json: sources {', '.join(manifest.source_checkpoints)}, "
+    lines.append(f"  manifest.json: {manifest.family}, "
+                 f"sources {', '.join(manifest.source_checkpoints)}, "
                  f"target {manifest.target}, compute units {manifest.compute_units}, "
                  f"flow steps {manifest.flow_steps}")  # fmt: skip
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""The four traceable graphs we convert, built from our own flow and HiFT modules.
+"""The four traceable graphs we convert, built from our own flow and HiFT modules
+(CosyVoice 3's encoder and HiFT graphs are in `cosyvoice3_graphs`).
 
 Each wrapper holds the production module under one attribute (`flow`, `cfm` or `hift`), so the
 Core ML constant names are that attribute path with dots as underscores; `compress` maps them
@@ -27,7 +28,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from workers.model.flow.model import CausalMaskedDiffWithXvec, ConditionalFlowMatching
+from workers.coreml.convert.cosyvoice3_graphs import (
+    BatchedDiTEncoderGraph,
+    CausalHiFTDecodeGraph,
+    CausalHiFTSourceGraph,
+    DiTEncoderGraph,
+)
+from workers.model.causal_hift.model import CausalHiFTGenerator
+from workers.model.dit.model import CausalMaskedDiffWithDiT
+from workers.model.flow.model import CausalMaskedDiffWithXvec, FlowMatchingSolver
 from workers.model.hift.model import HiFTGenerator
 
 # Channel layout of the CFM's packed `frames` input: (name, channels) in order.
@@ -68,9 +77,10 @@ class BatchedFlowEncoderGraph(nn.Module):
 
 
 class CfmGraph(nn.Module):
-    """`ConditionalFlowMatching.forward` with its frame inputs packed into one tensor."""
+    """The CFM solver's `forward` (CosyVoice 2's U-Net or 3's DiT) with its frame inputs packed
+    into one tensor."""
 
-    def __init__(self, cfm: ConditionalFlowMatching, mel_bins: int) -> None:
+    def __init__(self, cfm: FlowMatchingSolver, mel_bins: int) -> None:
         super().__init__()
         self.cfm = cfm
         self.mel_bins = mel_bins
@@ -110,25 +120,34 @@ class HiFTDecodeGraph(nn.Module):
 
 @dataclass(frozen=True)
 class FlowGraphs:
-    encoder: FlowEncoderGraph | BatchedFlowEncoderGraph
+    encoder: nn.Module  # (Batched)FlowEncoderGraph, or CosyVoice 3's (Batched)DiTEncoderGraph
     cfm: CfmGraph
 
 
 @dataclass(frozen=True)
 class HiFTGraphs:
-    source: HiFTSourceGraph
-    decode: HiFTDecodeGraph
+    source: nn.Module  # HiFTSourceGraph, or CosyVoice 3's CausalHiFTSourceGraph
+    decode: nn.Module  # HiFTDecodeGraph, or CausalHiFTDecodeGraph
 
 
-def flow_graphs(flow: CausalMaskedDiffWithXvec, *, batched: bool = False) -> FlowGraphs:
+def flow_graphs(
+    flow: CausalMaskedDiffWithXvec | CausalMaskedDiffWithDiT, *, batched: bool = False
+) -> FlowGraphs:
     """The flow's two graphs, sharing `flow`'s parameters (eval mode, no grad); `batched`: the
-    encoder that takes padded rows and their lengths."""
+    encoder that takes padded rows and their lengths. A CosyVoice 3 flow gets its DiT graphs."""
     flow.eval().requires_grad_(False)
-    encoder = BatchedFlowEncoderGraph(flow) if batched else FlowEncoderGraph(flow)
+    encoder: nn.Module
+    if isinstance(flow, CausalMaskedDiffWithDiT):
+        encoder = BatchedDiTEncoderGraph(flow) if batched else DiTEncoderGraph(flow)
+    else:
+        encoder = BatchedFlowEncoderGraph(flow) if batched else FlowEncoderGraph(flow)
     return FlowGraphs(encoder, CfmGraph(flow.decoder, flow.config.mel_bins))
 
 
-def hift_graphs(hift: HiFTGenerator) -> HiFTGraphs:
-    """HiFT's two graphs, sharing `hift`'s parameters (weight norm must already be folded)."""
+def hift_graphs(hift: HiFTGenerator | CausalHiFTGenerator) -> HiFTGraphs:
+    """HiFT's two graphs, sharing `hift`'s parameters (weight norm must already be folded);
+    CosyVoice 3's causal HiFT gets its own (float32 F0, the fixed buffer as `noise`)."""
     hift.eval().requires_grad_(False)
+    if isinstance(hift, CausalHiFTGenerator):
+        return HiFTGraphs(CausalHiFTSourceGraph(hift), CausalHiFTDecodeGraph(hift))
     return HiFTGraphs(HiFTSourceGraph(hift), HiFTDecodeGraph(hift))

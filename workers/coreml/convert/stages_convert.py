@@ -1,5 +1,8 @@
 """Convert our flow and HiFT modules to Core ML packages (`cosyq-worker convert`).
 
+CosyVoice 2's and 3's stages convert alike: `graphs` picks each family's graphs, and the
+packages have the same names, inputs and outputs.
+
 Each graph of `graphs` is traced with `torch.jit.trace` at one length and checked at a second
 length (a trace that baked a length in fails here, not on a Mac), then converted to an ML
 program. Lengths are flexible (`RangeDim`) by default; with `flow_buckets` the CFM package takes
@@ -47,9 +50,14 @@ from workers.coreml.stages import (
     StageSpec,
     stage_specs,
 )
+from workers.model.causal_hift.model import CausalHiFTGenerator
+from workers.model.dit.model import CausalMaskedDiffWithDiT
 from workers.model.flow.config import NOISE_FRAMES
 from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.model.hift.model import HiFTGenerator
+
+AnyFlow = CausalMaskedDiffWithXvec | CausalMaskedDiffWithDiT  # CosyVoice 2's or 3's
+AnyHiFT = HiFTGenerator | CausalHiFTGenerator
 
 TRACE_TOKENS = 20  # example length the graphs are traced at ...
 CHECK_TOKENS = 27  # ... and a second length the trace must reproduce (catches baked-in sizes)
@@ -76,14 +84,12 @@ def _rows(options: ConvertOptions) -> tuple[dict[str, int], dict[str, int], dict
     return {BATCH: TRACE_ROWS}, {BATCH: 1}, {BATCH: DimRange(1, options.batch_sizes[-1])}
 
 
-def convert_flow(
-    flow: CausalMaskedDiffWithXvec, options: ConvertOptions
-) -> dict[str, ConvertedStage]:
+def convert_flow(flow: AnyFlow, options: ConvertOptions) -> dict[str, ConvertedStage]:
     """The flow encoder and CFM packages (flexible N and T, or enumerated T buckets)."""
     return {FLOW_ENCODER: convert_encoder(flow, options), FLOW_CFM: convert_cfm(flow, options)}
 
 
-def convert_encoder(flow: CausalMaskedDiffWithXvec, options: ConvertOptions) -> ConvertedStage:
+def convert_encoder(flow: AnyFlow, options: ConvertOptions) -> ConvertedStage:
     """Tokens (1, N) + speaker embedding -> mu, speaker vector; N from 1 to noise_frames / 2."""
     cfg = flow.config
     batched = options.batched
@@ -99,7 +105,7 @@ def convert_encoder(flow: CausalMaskedDiffWithXvec, options: ConvertOptions) -> 
     )
 
 
-def convert_cfm(flow: CausalMaskedDiffWithXvec, options: ConvertOptions) -> ConvertedStage:
+def convert_cfm(flow: AnyFlow, options: ConvertOptions) -> ConvertedStage:
     """The Euler/CFG loop; T flexible up to the noise buffer, or `options.flow_buckets`."""
     cfg = flow.config
     spec = stage_specs(cfg.mel_bins, cfg.spk_embed_dim, harmonics=1, batched=options.batched)
@@ -124,13 +130,13 @@ def convert_cfm(flow: CausalMaskedDiffWithXvec, options: ConvertOptions) -> Conv
 
 
 def convert_hift(
-    hift: HiFTGenerator, options: ConvertOptions, *, max_frames: int = NOISE_FRAMES
+    hift: AnyHiFT, options: ConvertOptions, *, max_frames: int = NOISE_FRAMES
 ) -> dict[str, ConvertedStage]:
     """HiFT's source (float32) and decode packages, flexible in T and L = 480·T.
 
     `max_frames` bounds T: the flow's noise buffer bounds an utterance (300 s of 50 Hz frames).
     """
-    cfg = hift.config
+    cfg = hift.config.base if isinstance(hift, CausalHiFTGenerator) else hift.config
     batched = options.batched
     specs = stage_specs(cfg.in_channels, 1, harmonics=hift.m_source.harmonics, batched=batched)
     graphs = hift_graphs(hift)

@@ -17,6 +17,7 @@ from shared.settings import Settings
 from workers.coreml.cache import HASH_PREFIX, is_complete
 from workers.coreml.manifest import (
     MANIFEST_FILE,
+    check_family,
     check_packages,
     check_sources,
     read_manifest,
@@ -113,6 +114,7 @@ def packages_row(settings: Settings, root: Path, folder: Path) -> Row:
         missing = [stage for stage in ALL_STAGES if stage not in manifest.packages]
         if missing:
             raise CosyqError(f"{folder}: conversion lacks {', '.join(missing)}")
+        check_family(manifest, ModelDirectory(root).family)
         check_sources(manifest, root, hashes)
         check_packages(manifest, folder, hashes)
     except CosyqError as e:
@@ -127,7 +129,8 @@ def packages_row(settings: Settings, root: Path, folder: Path) -> Row:
     return ok(
         GROUP,
         PACKAGES,
-        f"{folder}: {stages}; target {manifest.target}, "
+        f"{folder}: {FAMILY_NAMES.get(manifest.family, manifest.family)} conversion, "
+        f"{stages}; target {manifest.target}, "
         f"{manifest.precision}, weights {manifest.weights}, coremltools "
         f"{manifest.tools.get('coremltools', '?')}",
     )
@@ -153,7 +156,8 @@ def cache_row(settings: Settings, folder: Path, *, system: str = sys.platform) -
     return ok(
         GROUP,
         CACHE,
-        f"{compiled}: {', '.join(states)}, {size / 1e6:.1f} MB{note}",
+        f"{compiled}: {FAMILY_NAMES.get(manifest.family, manifest.family)} conversion, "
+        f"{', '.join(states)}, {size / 1e6:.1f} MB{note}",
         misses=misses,
         size_bytes=size,
     )
