@@ -237,8 +237,7 @@ class SynthesisPipeline:
     def _piece_stream(self, plan: RequestPlan) -> PieceStream | CausalPieceStream | None:
         """One piece's stream for this family's stages; None when one cannot (Core ML's)."""
         flow, vocoder, state = self.flow, self.vocoder, plan.state
-        model = getattr(flow, "model", None)
-        hift = getattr(vocoder, "model", None)
+        model, hift = getattr(flow, "model", None), getattr(vocoder, "model", None)
         if isinstance(model, CausalMaskedDiffWithDiT) and isinstance(hift, CausalHiFTGenerator):
             return CausalPieceStream(
                 model,
