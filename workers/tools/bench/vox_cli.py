@@ -47,11 +47,19 @@ def register_bench(commands: Any) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vox-precisions", default="q8,bf16", help="default q8,bf16")
+    parser.add_argument(
+        "--omp-wait-policy",
+        choices=["passive", "active", "inherit"],
+        default="inherit",
+        help="cosyq's OpenMP threads sleep (passive) or spin (active) between parallel "
+        "regions; inherit (default): as the environment has it",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (no table)")
     parser.set_defaults(handler=run_bench_vox)
 
 
 def run_bench_vox(args: argparse.Namespace) -> int:
+    from workers.tools.bench.cli import set_omp_wait_policy  # noqa: PLC0415 (cli imports us)
     from workers.tools.bench.vox_models import VoxMissingError, import_vox  # noqa: PLC0415
 
     try:
@@ -60,7 +68,8 @@ def run_bench_vox(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-vox-") as workdir:
-        options = side_options(args, Path(workdir))
+        policy = set_omp_wait_policy(args.omp_wait_policy)  # before torch is imported
+        options = side_options(args, Path(workdir), policy)
         from workers.tools.bench.vox_side import run_side_by_side  # noqa: PLC0415
 
         result = run_side_by_side(options, on_run=lambda line: print(line, file=sys.stderr))
@@ -68,7 +77,7 @@ def run_bench_vox(args: argparse.Namespace) -> int:
     return 0
 
 
-def side_options(args: argparse.Namespace, workdir: Path) -> SideBySideOptions:
+def side_options(args: argparse.Namespace, workdir: Path, policy: str) -> SideBySideOptions:
     from workers.tools.bench.engine_bench import DEFAULT_CACHE  # noqa: PLC0415
     from workers.tools.bench.vox_models import VOX_PRECISIONS  # noqa: PLC0415
     from workers.tools.bench.vox_side import DEFAULT_TEXT, SideBySideOptions  # noqa: PLC0415
@@ -99,6 +108,7 @@ def side_options(args: argparse.Namespace, workdir: Path) -> SideBySideOptions:
             runs=args.runs,
             seed=args.seed,
             vox_precisions=precisions,
+            omp_wait_policy=policy,
         )
     except ValueError as e:
         raise SystemExit(f"cosyq-worker bench vox: {e}") from e
@@ -109,7 +119,8 @@ def format_table(result: SideBySide) -> str:
 
     o = result.options
     lines = [
-        f"vox side-by-side: {o.model_dir} | vox {result.vox_version} | {o.threads} threads each",
+        f"vox side-by-side: {o.model_dir} | vox {result.vox_version} | {o.threads} threads each"
+        f" | cosyq's OMP_WAIT_POLICY {o.omp_wait_policy}",
         f"text {o.text!r} ({result.text_tokens} text tokens); seed {o.seed}; "
         f"{result.forced_tokens} speech tokens (vox q8's first run; cosyq forced to it)",
         f"measure: {MEASURE}",
@@ -152,6 +163,7 @@ def as_json(result: SideBySide) -> dict[str, Any]:
         "threads": o.threads,
         "runs": o.runs,
         "seed": o.seed,
+        "omp_wait_policy": o.omp_wait_policy,
         "measure": MEASURE,
         "cosyq_native_dtype": result.native_dtype,
         "engines": [

@@ -59,6 +59,7 @@ class SideBySideOptions:
     seed: int = 0
     vox_precisions: tuple[str, ...] = ("q8", "bf16")
     ours: tuple[str, ...] = ("native", "int8")  # cosyq's LLM precisions
+    omp_wait_policy: str = "(unset)"  # as in force for this process (reported)
 
     def __post_init__(self) -> None:
         if self.runs < 1 or self.threads < 1:
