@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 
 
 def register_bench(commands: Any) -> None:
-    from workers.tools.bench.engine_bench import DEFAULT_CACHE, DEFAULT_HASH_CACHE  # noqa: PLC0415
-
     parser = commands.add_parser(
         "vox",
         help="LLM ms per speech token: cosyq (native, int8) against vox q8 / bf16",
@@ -38,10 +36,12 @@ def register_bench(commands: Any) -> None:
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        help=f"vox's converted models (vox/), cosyq's int8 graphs (onnx/) and full-random's "
-        f"model (default {DEFAULT_CACHE}; tiny: its temporary folder)",
+        help="vox's converted models (vox/), cosyq's int8 graphs (onnx/) and full-random's "
+        "model (default ~/.cache/cosyq/full-random; tiny: its temporary folder)",
     )
-    parser.add_argument("--hash-cache-dir", type=Path, default=DEFAULT_HASH_CACHE)
+    parser.add_argument(
+        "--hash-cache-dir", type=Path, help="checkpoint hashes (default ~/.cache/cosyq/hashes)"
+    )
     parser.add_argument("--text", help="what both engines say (default 'Hello there.')")
     parser.add_argument("--runs", type=int, default=3, help="timed rounds (default 3)")
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine")
@@ -67,6 +67,10 @@ def run_bench_vox(args: argparse.Namespace) -> int:
     except VoxMissingError as e:
         print(e, file=sys.stderr)
         return 2
+    import structlog  # noqa: PLC0415
+
+    # the engines' log lines go to stderr: stdout holds only the table or the JSON
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     with tempfile.TemporaryDirectory(prefix="cosyq-bench-vox-") as workdir:
         policy = set_omp_wait_policy(args.omp_wait_policy)  # before torch is imported
         options = side_options(args, Path(workdir), policy)
@@ -78,7 +82,7 @@ def run_bench_vox(args: argparse.Namespace) -> int:
 
 
 def side_options(args: argparse.Namespace, workdir: Path, policy: str) -> SideBySideOptions:
-    from workers.tools.bench.engine_bench import DEFAULT_CACHE  # noqa: PLC0415
+    from workers.tools.bench.engine_bench import DEFAULT_CACHE, DEFAULT_HASH_CACHE  # noqa: PLC0415
     from workers.tools.bench.vox_models import VOX_PRECISIONS  # noqa: PLC0415
     from workers.tools.bench.vox_side import DEFAULT_TEXT, SideBySideOptions  # noqa: PLC0415
 
@@ -87,12 +91,13 @@ def side_options(args: argparse.Namespace, workdir: Path, policy: str) -> SideBy
     if unknown:
         raise SystemExit(f"cosyq-worker bench vox: --vox-precisions: unknown {sorted(unknown)}")
     cache_dir = args.cache_dir or DEFAULT_CACHE
+    hash_cache_dir = args.hash_cache_dir or DEFAULT_HASH_CACHE
     if args.model_dir is not None:
         model_dir = args.model_dir
     elif args.config == "full-random":
         from workers.tools.fixtures.full_random import ensure_random_model  # noqa: PLC0415
 
-        model_dir = ensure_random_model(cache_dir / "model", hash_cache_dir=args.hash_cache_dir)
+        model_dir = ensure_random_model(cache_dir / "model", hash_cache_dir=hash_cache_dir)
     else:
         from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415
 
@@ -102,7 +107,7 @@ def side_options(args: argparse.Namespace, workdir: Path, policy: str) -> SideBy
         return SideBySideOptions(
             model_dir=model_dir,
             cache_dir=cache_dir,
-            hash_cache_dir=args.hash_cache_dir,
+            hash_cache_dir=hash_cache_dir,
             text=args.text or DEFAULT_TEXT,
             threads=args.threads,
             runs=args.runs,
