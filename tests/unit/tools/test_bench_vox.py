@@ -101,6 +101,24 @@ def test_a_second_conversion_comes_from_the_cache(side_by_side: SideBySide, tiny
     assert first.path.parent.name == cache_key(tiny, side_by_side.vox_version)
 
 
+@needs_vox
+@pytest.mark.slow
+def test_the_command_prints_json_alone_on_stdout() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "bench", "vox", "--runs", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)  # the engines' log lines went to stderr
+    assert doc["runs"] == 1 and len(doc["engines"]) == 4
+    assert all(e["best_ms_per_token"] > 0 for e in doc["engines"])
+    assert "vox q8 made" in done.stderr
+
+
 def test_without_vox_the_command_exits_non_zero_with_the_install_line() -> None:
     code = (
         "import sys; sys.modules['vox'] = None\n"  # what `import vox` meets when not installed
