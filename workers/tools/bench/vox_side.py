@@ -200,19 +200,21 @@ def run_side_by_side(
     engines = cosyq_engines(options, native)
     first = next(iter(engines.values()))
     request = prompt_request(first, options)
-    voice = write_vox_voice(
+    voice = write_vox_voice(  # beside the models: their cache folder is this model's own
         models[0].path,
         request.prompt,
         first.frontend.prompt_text_ids(request.prompt.transcript),
-        options.cache_dir / "vox" / "prompt.tvoice",
+        models[0].path.parent / "prompt.tvoice",
     )
     vox_runners = [VoxRunner(vox, m, voice, options.text, options.threads) for m in models]
-    forced, _ = vox_runners[0].run(options.seed)  # untimed warm-up; fixes cosyq's token count
+    q8 = next(r for r in vox_runners if r.label == "vox q8")  # options keep q8
+    forced, _ = q8.run(options.seed)  # untimed warm-up; fixes cosyq's token count
     on_run(f"vox q8 made {forced} speech tokens: cosyq is forced to {forced}")
     ours = [CosyqRunner(label, e, request, forced) for label, e in engines.items()]
     runners: list[LLMRunner] = [*vox_runners, *ours]
-    for runner in runners[1:]:
-        runner.run(options.seed)  # warm-up (kernel choice, page faults)
+    for runner in runners:
+        if runner is not q8:
+            runner.run(options.seed)  # warm-up (kernel choice, page faults)
     load_before = os.getloadavg()[0]
     timings = interleave(runners, options.runs, options.seed, on_run)
     return SideBySide(
