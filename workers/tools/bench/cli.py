@@ -29,6 +29,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "workers.tools.bench.cancel_cli",
     "workers.tools.bench.tenants_cli",
     "workers.tools.bench.stage_cli",  # llm, flow, hift
+    "workers.tools.bench.vox_cli",  # vox side-by-side (issue 50)
 )
 
 
