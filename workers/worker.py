@@ -165,7 +165,12 @@ class CosyqWorker(StopSafeWorker):
                 using="rq.serializers.JSONSerializer",
             )
         try:
-            self.lifecycle.start(duties=[self.lifetime_duty])
+            # a stop signal is handled from the moment the worker says it is ready (RQ would
+            # install its handlers only in work(), after the batch session and registration:
+            # a SIGTERM in between killed a worker that metrics and the pool called idle)
+            self.lifecycle.start(
+                duties=[self.lifetime_duty], before_ready=self._install_signal_handlers
+            )
             if self._batch is not None:
                 # before the first job: a session that cannot open fails here
                 self._batch.start_session()

@@ -82,8 +82,13 @@ class WorkerLifecycle:
         self._orphan_noted = False
         self._storage: Storage | None = None  # probed at start, probed again after a failure
 
-    def start(self, duties: Sequence[Callable[[], None]] = ()) -> None:
-        """Load and announce; `duties` run on every housekeeping tick from then on."""
+    def start(
+        self,
+        duties: Sequence[Callable[[], None]] = (),
+        before_ready: Callable[[], None] | None = None,
+    ) -> None:
+        """Load and announce; `duties` run on every housekeeping tick from then on;
+        `before_ready` runs once loaded, before the worker says it is ready (its stop signals)."""
         configure_logging(self.settings)  # again is harmless; `rq worker -w` never did it
         translated = host.is_translated()
         facts = host.host_facts(translated)
@@ -115,6 +120,8 @@ class WorkerLifecycle:
         host.limit_threads_after_load(self.threads)
         self._install(loaded, storage)
         wait_for_redis(self.connection)
+        if before_ready is not None:
+            before_ready()
         self._announce_ready(loaded, facts)
 
     def stop(self) -> None:

@@ -144,6 +144,7 @@ def test_redis_away_during_a_window_fails_no_job_and_the_worker_stays(
         connection.close()
 
 
+@pytest.mark.timeout(300)  # above its waits (30 + 60 + 120 s), so a wait names what it waited for
 def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
     cluster: Cluster, connection: redis.Redis, tmp_path: Path
 ) -> None:
@@ -152,7 +153,10 @@ def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
         "workers.tasks.synthesize", request={"text": "seconds:16 slow"}, job_timeout=2
     )
     record_submitted(connection, [slow.id])
-    cluster.start("run", log_name="w1.log", **BATCHING, TESTENGINE_STEP_S="0.1")
+    # w1 takes these three jobs and no more (its job budget), so the retry is w2's: on w1's slow
+    # steps the retry would time out again, a third attempt where this test checks the second.
+    w1_budget = {"COSYQ_MAX_JOBS": "3", "COSYQ_MAX_JOBS_JITTER": "0"}
+    cluster.start("run", log_name="w1.log", **BATCHING, **w1_budget, TESTENGINE_STEP_S="0.1")
     wait_for(lambda: statuses(connection, [*companions, slow]) == ["started"] * 3, 30, "window")
     retry_worker = {**BATCHING, "COSYQ_BATCH_SIZE": "1", "TESTENGINE_STEP_S": "0.001"}
     cluster.start("run", log_name="w2.log", **retry_worker)
