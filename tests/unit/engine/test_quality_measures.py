@@ -85,7 +85,9 @@ def test_the_oversampling_is_scipys_resample_poly(size: int, factor: int) -> Non
 
     audio = np.random.default_rng(size).standard_normal(size)
     expected = resample_poly(audio, factor, 1)
-    assert oversampled(audio, factor) == pytest.approx(expected, abs=1e-12)
+    got = oversampled(audio, factor)
+    assert got.shape == expected.shape
+    assert float(np.max(np.abs(got - expected))) < 1e-12
 
 
 @pytest.mark.parametrize("target", [-16.0, -23.0])
