@@ -189,6 +189,14 @@ class CosyqWorker(StopSafeWorker):
             sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
         )
 
+    def unsubscribe(self) -> None:
+        """RQ's, with the listener told to stop before the channel is left: the unsubscribe
+        reply then ends its last read. Told after, it has already gone round to wait
+        PUBSUB_POLL_S once more with no channel, and every exit took that much longer."""
+        if self.pubsub_thread is not None:
+            self.pubsub_thread.stop()
+        super().unsubscribe()
+
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
         """RQ's scheduler forks: never started here (retries are promoted by housekeeping)."""
         log.warning("scheduler_not_started", why="RQ's scheduler forks; retries are promoted")

@@ -35,7 +35,9 @@ def start_worker_process(redis_url: str, *, burst: bool) -> subprocess.Popen[byt
     """`cosyq-worker run` in a fresh interpreter; its other settings come from the environment
     (COSYQ_ENGINE names a test engine)."""
     args = [sys.executable, "-m", "workers.cli", "run", *(["--burst"] if burst else [])]
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), COSYQ_REDIS_URL=redis_url)
+    # a warm stop reaches an idle worker within one blocking pop: 0.2 s unless a test says
+    env = {"COSYQ_DEQUEUE_POLL_S": "0.2", **os.environ}
+    env.update(PYTHONPATH=str(REPO_ROOT), COSYQ_REDIS_URL=redis_url)
     return subprocess.Popen(
         args,
         cwd=REPO_ROOT,

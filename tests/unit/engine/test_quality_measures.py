@@ -7,7 +7,7 @@ import pyloudnorm
 import pytest
 
 from workers.engine.loudness import normalise_loudness, trim_bounds
-from workers.engine.quality import CLIP_LEVEL, measure_audio, true_peak
+from workers.engine.quality import CLIP_LEVEL, measure_audio, oversampled, true_peak
 
 RATE = 24000
 
@@ -76,6 +76,18 @@ def test_true_peak_sees_an_inter_sample_peak() -> None:
     audio = np.sin(np.pi / 2 * n + np.pi / 4).astype(np.float32)
     assert np.max(np.abs(audio)) == pytest.approx(0.7071, abs=1e-3)
     assert true_peak(audio, RATE) == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 41, 4800, 24001])
+@pytest.mark.parametrize("factor", [2, 4, 8])
+def test_the_oversampling_is_scipys_resample_poly(size: int, factor: int) -> None:
+    from scipy.signal import resample_poly  # noqa: PLC0415 (the reference, tests only)
+
+    audio = np.random.default_rng(size).standard_normal(size)
+    expected = resample_poly(audio, factor, 1)
+    got = oversampled(audio, factor)
+    assert got.shape == expected.shape
+    assert float(np.max(np.abs(got - expected))) < 1e-12
 
 
 @pytest.mark.parametrize("target", [-16.0, -23.0])
