@@ -3,31 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.llm.batch import BatchDecoder, BatchKVCache, FinishedRow, RowTooLong
-from workers.model.llm.model import LLMConfig, Qwen2LM, iter_speech_tokens
-from workers.model.llm.qwen2 import Qwen2Config
-from workers.model.llm.sampling import SamplingConfig
-from workers.tools.fixtures.random_weights import build_random_llm
-
-QWEN = {
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 48,
-    "vocab_size": 100,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "hidden_act": "silu",
-}
-SPEECH = 40
+from tests.unit.model.llm_rows import PIECES, SPEECH, add, alone, drain, random_llm
+from workers.model.llm.batch import BatchDecoder, BatchKVCache, RowTooLong
+from workers.model.llm.model import Qwen2LM
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,74 +25,7 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def model() -> Qwen2LM:
-    config = LLMConfig(
-        backbone=Qwen2Config.from_hf_config(QWEN, source="test"),
-        speech_token_size=SPEECH,
-        sampling=SamplingConfig(),
-    )
-    lm = build_random_llm(config, seed=5)
-    with torch.no_grad():  # EOS likely enough that unforced rows end at different steps
-        lm.llm_decoder.bias[SPEECH] = 0.0
-        lm.llm_decoder.bias[SPEECH + 1 :] = -4.0
-    return lm
-
-
-@dataclass(frozen=True)
-class Piece:
-    text: list[int]
-    prompt_text: list[int]
-    prompt_speech: list[int]
-    seed: int
-    forced: int | None = None
-
-
-PIECES = [
-    Piece([5, 6, 7], [1, 2], [3, 4, 5, 6], seed=1),
-    Piece([9] * 11, [], [], seed=2),
-    Piece([11, 12], [40, 41, 42, 43, 44], [7] * 20, seed=3),
-    Piece([13, 14, 15, 16, 17, 18], [8], [], seed=4, forced=17),
-    Piece([20], [], [1, 2, 3], seed=5),
-    Piece([30, 31, 32, 33], [50, 51], [9, 10], seed=6, forced=0),
-]
-
-
-def alone(model: Qwen2LM, piece: Piece) -> list[int]:
-    return list(
-        iter_speech_tokens(
-            model,
-            piece.text,
-            prompt_text=piece.prompt_text,
-            prompt_speech=piece.prompt_speech,
-            generator=torch.Generator().manual_seed(piece.seed),
-            forced_length=piece.forced,
-        )
-    )
-
-
-def add(decoder: BatchDecoder, key: int, piece: Piece) -> None:
-    decoder.add(
-        key,
-        piece.text,
-        prompt_text=piece.prompt_text,
-        prompt_speech=piece.prompt_speech,
-        generator=torch.Generator().manual_seed(piece.seed),
-        forced_length=piece.forced,
-    )
-
-
-def drain(decoder: BatchDecoder, joins: list[tuple[int, int]]) -> dict[int, FinishedRow]:
-    """Step until every piece finished; `joins` are (earliest step, PIECES index) in order,
-    each added at the first step boundary from then on with a free row."""
-    done: dict[int, FinishedRow] = {}
-    pending = list(joins)
-    step = 0
-    while decoder.rows or pending:
-        while pending and pending[0][0] <= step and decoder.free:
-            add(decoder, pending[0][1], PIECES[pending[0][1]])
-            pending.pop(0)
-        done.update({int(row.key): row for row in decoder.step()})  # type: ignore[call-overload]
-        step += 1
-    return done
+    return random_llm(hidden=32, intermediate=48)
 
 
 def test_a_batch_gives_every_piece_its_alone_tokens(model: Qwen2LM) -> None:

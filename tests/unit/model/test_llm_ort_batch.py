@@ -11,7 +11,6 @@ to 1e-4 nats and the sampled tokens (the same seed) to equality.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,27 +18,12 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
-from workers.model.llm.batch import FinishedRow, RowTooLong
-from workers.model.llm.model import LLMConfig, Qwen2LM, iter_speech_tokens
+from tests.unit.model.llm_rows import PIECES, SPEECH, Piece, add, alone, drain, random_llm
+from workers.model.llm.batch import RowTooLong
 from workers.model.llm.ort_batch import OrtBatchDecoder, OrtRowCache
 from workers.model.llm.ort_decoder import OrtSpeechLM, load_ort_llm
-from workers.model.llm.qwen2 import KVCache, Qwen2Config
-from workers.model.llm.sampling import SamplingConfig
-from workers.tools.fixtures.random_weights import build_random_llm
+from workers.model.llm.qwen2 import KVCache
 
-QWEN = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 96,
-    "vocab_size": 100,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 512,
-    "hidden_act": "silu",
-}
-SPEECH = 40
 LOGP_ATOL = 1e-4  # nats: n-row against one-row MatMulNBits (0.0 measured on this model)
 
 
@@ -47,76 +31,10 @@ LOGP_ATOL = 1e-4  # nats: n-row against one-row MatMulNBits (0.0 measured on thi
 def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OrtSpeechLM]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    config = LLMConfig(
-        backbone=Qwen2Config.from_hf_config(QWEN, source="test"),
-        speech_token_size=SPEECH,
-        sampling=SamplingConfig(),
-    )
-    model: Qwen2LM = build_random_llm(config, seed=5)
-    with torch.no_grad():  # EOS likely enough that unforced rows end at different steps
-        model.llm_decoder.bias[SPEECH] = 0.0
-        model.llm_decoder.bias[SPEECH + 1 :] = -4.0
+    model = random_llm(hidden=64, intermediate=96)
     cache_dir = tmp_path_factory.mktemp("onnx")
     yield load_ort_llm(model, cache_dir=cache_dir, checkpoint_hash="ab" * 32, threads=1)
     torch.set_num_threads(threads)
-
-
-@dataclass(frozen=True)
-class Piece:
-    text: list[int]
-    prompt_text: list[int]
-    prompt_speech: list[int]
-    seed: int
-    forced: int | None = None
-
-
-PIECES = [
-    Piece([5, 6, 7], [1, 2], [3, 4, 5, 6], seed=1),
-    Piece([9] * 11, [], [], seed=2),
-    Piece([11, 12], [40, 41, 42, 43, 44], [7] * 20, seed=3),
-    Piece([13, 14, 15, 16, 17, 18], [8], [], seed=4, forced=17),
-    Piece([20], [], [1, 2, 3], seed=5),
-    Piece([30, 31, 32, 33], [50, 51], [9, 10], seed=6, forced=0),
-]
-
-
-def alone(lm: OrtSpeechLM, piece: Piece) -> list[int]:
-    return list(
-        iter_speech_tokens(
-            lm,
-            piece.text,
-            prompt_text=piece.prompt_text,
-            prompt_speech=piece.prompt_speech,
-            generator=torch.Generator().manual_seed(piece.seed),
-            forced_length=piece.forced,
-        )
-    )
-
-
-def add(decoder: OrtBatchDecoder, key: int, piece: Piece) -> None:
-    decoder.add(
-        key,
-        piece.text,
-        prompt_text=piece.prompt_text,
-        prompt_speech=piece.prompt_speech,
-        generator=torch.Generator().manual_seed(piece.seed),
-        forced_length=piece.forced,
-    )
-
-
-def drain(decoder: OrtBatchDecoder, joins: list[tuple[int, int]]) -> dict[int, FinishedRow]:
-    """Step until every piece finished; `joins` are (earliest step, PIECES index) in order,
-    each added at the first step boundary from then on with a free row."""
-    done: dict[int, FinishedRow] = {}
-    pending = list(joins)
-    step = 0
-    while decoder.rows or pending:
-        while pending and pending[0][0] <= step and decoder.free:
-            add(decoder, pending[0][1], PIECES[pending[0][1]])
-            pending.pop(0)
-        done.update({int(row.key): row for row in decoder.step()})  # type: ignore[call-overload]
-        step += 1
-    return done
 
 
 def test_a_batch_gives_every_piece_its_alone_int8_tokens(lm: OrtSpeechLM) -> None:
