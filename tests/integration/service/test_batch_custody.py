@@ -158,9 +158,13 @@ def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
     w1_budget = {"COSYQ_MAX_JOBS": "3", "COSYQ_MAX_JOBS_JITTER": "0"}
     cluster.start("run", log_name="w1.log", **BATCHING, **w1_budget, TESTENGINE_STEP_S="0.1")
     wait_for(lambda: statuses(connection, [*companions, slow]) == ["started"] * 3, 30, "window")
+    # w2's first job pays its first-use imports (loudness, quality): that is a warm-up job on
+    # the high queue, taken first, so the retry's own 2 s hold only its synthesis (w2's first
+    # job timing out at 2 s left the retry queued with no worker, a failure seen in CI)
+    warm = enqueue(connection, "seconds:1 warm", queue="cosyq-high", seed=9)
     retry_worker = {**BATCHING, "COSYQ_BATCH_SIZE": "1", "TESTENGINE_STEP_S": "0.001"}
     cluster.start("run", log_name="w2.log", **retry_worker)
-    wait_for(lambda: statuses(connection, companions) == ["finished"] * 2, 60, "companions")
+    wait_for(lambda: statuses(connection, [*companions, warm]) == ["finished"] * 3, 60, "all")
     wait_for(lambda: slow.get_status() == "finished", 120, "the retry")  # loaded hosts
     time.sleep(1.0)  # the stale row (10 s on the model) ended before the companions (15 s)
     stored = result(slow)

@@ -7,13 +7,10 @@ import pytest
 import torch
 
 from workers.model.llm.batch import BatchDecoder
-from workers.model.llm.model import LLMConfig, Qwen2LM
-from workers.model.llm.qwen2 import Qwen2Config
-from workers.model.llm.sampling import SamplingConfig
+from workers.model.llm.model import Qwen2LM
 from workers.model.llm.static_decode import buckets_for
-from workers.tools.fixtures.random_weights import build_random_llm
 
-from .test_llm_batch import PIECES, QWEN, SPEECH, add, drain
+from .llm_rows import PIECES, add, drain, random_llm
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (run by scripts/gpu-check)"
@@ -22,16 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def model() -> Qwen2LM:
-    config = LLMConfig(
-        backbone=Qwen2Config.from_hf_config(QWEN, source="test"),
-        speech_token_size=SPEECH,
-        sampling=SamplingConfig(),
-    )
-    lm = build_random_llm(config, seed=5)
-    with torch.no_grad():
-        lm.llm_decoder.bias[SPEECH] = 0.0
-        lm.llm_decoder.bias[SPEECH + 1 :] = -4.0
-    return lm.to("cuda")
+    return random_llm(hidden=32, intermediate=48).to("cuda")
 
 
 def _tokens(decoder: BatchDecoder) -> list[list[int]]:

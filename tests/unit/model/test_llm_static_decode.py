@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from workers.model.llm.batch import BatchDecoder
-from workers.model.llm.model import LLMConfig, Qwen2LM
-from workers.model.llm.qwen2 import Qwen2Config
+from workers.model.llm.model import Qwen2LM
 from workers.model.llm.sampling import SamplingConfig
 from workers.model.llm.static_decode import (
     BATCH_BUCKETS,
@@ -19,9 +18,8 @@ from workers.model.llm.static_decode import (
     bucket_for,
     buckets_for,
 )
-from workers.tools.fixtures.random_weights import build_random_llm
 
-from .test_llm_batch import PIECES, QWEN, SPEECH, add, alone, drain
+from .llm_rows import PIECES, add, alone, drain, random_llm
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,16 +33,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def model() -> Qwen2LM:
     """test_llm_batch's model: rows end at different steps."""
-    config = LLMConfig(
-        backbone=Qwen2Config.from_hf_config(QWEN, source="test"),
-        speech_token_size=SPEECH,
-        sampling=SamplingConfig(),
-    )
-    lm = build_random_llm(config, seed=5)
-    with torch.no_grad():
-        lm.llm_decoder.bias[SPEECH] = 0.0
-        lm.llm_decoder.bias[SPEECH + 1 :] = -4.0
-    return lm
+    return random_llm(hidden=32, intermediate=48)
 
 
 def test_buckets_round_up_and_end_at_the_cache_rows() -> None:
