@@ -88,14 +88,18 @@ def test_padded_rows_of_the_batched_programs_come_out_as_alone(
     runtime3: tuple[CoreMLFlow, CoreMLCausalHiFT],
 ) -> None:
     """The batched DiT encoder masks each row's padding: two rows of different lengths in one
-    call give what each gives alone (measured equal)."""
+    call give what each gives alone, to fp16 rounding."""
     flow = runtime3[0]
     rows = [flow_row(tokens=30, prompt=10, seed=2), flow_row(tokens=18, prompt=6, seed=3)]
     together = flow.batched_inference(rows)
     for row, mel in zip(rows, together, strict=True):
         alone, _ = flow.inference(row.token, row.prompt_token, row.prompt_feat, row.embedding)
         assert mel.shape == alone[0].shape
-        assert float((mel - alone[0]).abs().max()) < 1e-3  # measured: 0 (same fp16 ops per row)
+        # fp16 rounding, not padding: a row's products are summed in another order at another
+        # batch shape on some CPUs (0 on Zen 3; one fp16 step, 2e-3 at |mel| in [2, 4), on Zen 4),
+        # while a leak of padding moves whole frames by far more.
+        difference = (mel - alone[0]).abs()
+        assert float(difference.max()) < 8e-3 and float(difference.mean()) < 1e-4
 
 
 @torch.inference_mode()
