@@ -38,4 +38,7 @@ class QualitySettings(BaseModel):
         0.9, gt=0, le=1, description="share of a piece's last 2 s of tokens in a loop (<= 1 s)"
     )
     quality_silence_dbfs: float = Field(-50.0, lt=0, description="silent 20 ms frame: RMS under")
+    quality_import_at_start: bool = Field(
+        True, description="import the loudness measure's scipy before ready, not in a first job"
+    )
     quality_trim_margin_ms: int = Field(150, ge=0, description="silence trim_silence keeps")

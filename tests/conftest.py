@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,31 @@ SLOW_UNITS_FIRST = (
     "tests/integration/tools/test_bench_queue.py",
     "tests/integration/service/test_text_jobs.py",
 )
+
+
+def _torch_threads_per_process() -> int | None:
+    """Cores ÷ test processes under xdist (scripts/test: 2 on 2 cores), else None (torch's own)."""
+    processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    return max(1, (os.cpu_count() or 1) // processes) if processes > 1 else None
+
+
+# Each test process's torch gets its share of the cores: two processes of two OpenMP threads on
+# two cores spin against each other (test_pipeline's two seeded tests: 47 s at 2 threads, 9.9 s
+# at 1, load 5). Set before any test module imports torch; a worker process started by a test
+# still sets its own budget (COSYQ_THREADS) once its model has loaded.
+TORCH_THREADS = _torch_threads_per_process()
+if TORCH_THREADS is not None:
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, str(TORCH_THREADS))
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_stay_shared() -> Iterator[None]:
+    """A worker run in this process sets torch's threads to its budget: back to the share."""
+    yield
+    torch = sys.modules.get("torch")
+    if TORCH_THREADS is not None and torch is not None and torch.get_num_threads() != TORCH_THREADS:
+        torch.set_num_threads(TORCH_THREADS)
 
 
 class FilesAndConversionScheduling(LoadFileScheduling):

@@ -75,6 +75,9 @@ class Cluster:
             # an idle worker sees a stop or a retirement grant within one blocking pop: 0.2 s
             # here, not the default 1 s, so that each warm stop does not cost half a second
             COSYQ_DEQUEUE_POLL_S="0.2",
+            # the loudness measure's imports (0.5-1 s) on first use, not at each of the
+            # suite's hundreds of starts: most test jobs are shorter than one gating block
+            COSYQ_QUALITY_IMPORT_AT_START="false",
             PYTHONUNBUFFERED="1",
         )
         env.update(self.overrides)

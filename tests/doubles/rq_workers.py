@@ -36,7 +36,8 @@ def start_worker_process(redis_url: str, *, burst: bool) -> subprocess.Popen[byt
     (COSYQ_ENGINE names a test engine)."""
     args = [sys.executable, "-m", "workers.cli", "run", *(["--burst"] if burst else [])]
     # a warm stop reaches an idle worker within one blocking pop: 0.2 s unless a test says
-    env = {"COSYQ_DEQUEUE_POLL_S": "0.2", **os.environ}
+    # (and the loudness measure's imports on first use, not at start: harness.py says why)
+    env = {"COSYQ_DEQUEUE_POLL_S": "0.2", "COSYQ_QUALITY_IMPORT_AT_START": "false", **os.environ}
     env.update(PYTHONPATH=str(REPO_ROOT), COSYQ_REDIS_URL=redis_url)
     return subprocess.Popen(
         args,

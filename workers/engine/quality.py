@@ -9,11 +9,12 @@ Silence is judged on 20 ms frames (a syllable is ~200 ms, so a frame never hides
 RMS is under a threshold in dBFS. Only the pieces' own samples are measured: the pauses the
 join inserts on purpose between pieces and for `<break>`s are cut out first.
 
-pyloudnorm (and with it scipy.signal) is imported on first use, never at a worker's start:
-together they are half a second of every start (seconds on a loaded host), and a job shorter
-than one gating block never needs them. The true peak's oversampling is scipy's
-`resample_poly` filter written out in numpy (`oversampled`), so that every worker's first job
-does not import scipy.signal for it.
+pyloudnorm (and with it scipy.signal) is imported on first use, not when this module is: together
+they are half a second (seconds on a loaded host). A worker imports them before it says ready
+(`import_measures`, COSYQ_QUALITY_IMPORT_AT_START), so that no job's timeout pays them; the
+tests' workers, started hundreds of times for jobs shorter than one gating block, turn it off.
+The true peak's oversampling is scipy's `resample_poly` filter written out in numpy
+(`oversampled`), so that a job under one gating block does not import scipy.signal for it.
 """
 
 from __future__ import annotations
@@ -113,6 +114,15 @@ def integrated_loudness(samples: np.ndarray, sample_rate: int) -> float | None:
 
     value = float(pyloudnorm.Meter(sample_rate).integrated_loudness(samples.astype(np.float64)))
     return value if math.isfinite(value) else None
+
+
+def import_measures() -> None:
+    """Import now what `integrated_loudness` and the loudness limiter import on first use
+    (pyloudnorm, scipy.signal, scipy.ndimage): a worker calls this before it says ready, so
+    that its first job's timeout does not pay 0.5-1 s of imports (2 s and more when loaded)."""
+    import pyloudnorm  # noqa: F401, PLC0415
+    import scipy.ndimage  # noqa: PLC0415
+    import scipy.signal  # noqa: F401, PLC0415
 
 
 def true_peak(samples: np.ndarray, sample_rate: int) -> float:

@@ -264,6 +264,7 @@ class WorkerLifecycle:
             slot=self.identity.slot,
             load_s=round(loaded.load_s, 3),
             warm_up_s=round(loaded.warm_up_s, 3),
+            imports_s=round(loaded.imports_s, 3),
             platform=facts.platform,
             arch=facts.arch,
             translated=facts.translated,

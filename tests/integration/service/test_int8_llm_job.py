@@ -20,6 +20,7 @@ def settings(
     monkeypatch.setenv("COSYQ_STORAGE_URL", (tmp_path / "storage").as_uri())
     monkeypatch.setenv("COSYQ_MODEL_DIR", str(tiny_model_dir))
     monkeypatch.setenv("COSYQ_DEVICE", "cpu")
+    monkeypatch.setenv("COSYQ_THREADS", "1")  # the worker runs in this process: its share
     monkeypatch.setenv("COSYQ_HASH_CACHE_DIR", str(tmp_path / "hashes"))
     monkeypatch.setenv("COSYQ_LLM_PRECISION", "int8")
     monkeypatch.setenv("COSYQ_ORT_CACHE_DIR", str(tmp_path / "graphs"))

@@ -31,6 +31,7 @@ def settings(
     monkeypatch.setenv("COSYQ_MODEL_DIR", str(tiny_model_dir))
     monkeypatch.setenv("COSYQ_ENGINE", "tests.doubles.engines:runaway_tiny")
     monkeypatch.setenv("COSYQ_DEVICE", "cpu")
+    monkeypatch.setenv("COSYQ_THREADS", "1")  # the worker runs in this process: its share
     monkeypatch.setenv("COSYQ_HASH_CACHE_DIR", str(tmp_path / "hashes"))
     monkeypatch.setenv("COSYQ_QUALITY_RETRIES", "1")
     monkeypatch.setenv("COSYQ_RETRY_BACKOFF_S", "0")

@@ -34,11 +34,12 @@ def test_worker_ready_reports_load_and_host_facts(cluster: Cluster) -> None:
         TESTENGINE_LOAD_S="0.3",
         COSYQ_ENGINE="tests.doubles.engines:slow_load",
         COSYQ_THREADS="1",
+        COSYQ_QUALITY_IMPORT_AT_START="true",  # the product's default; the suite's is off
     )
     assert worker.wait(timeout=60) == 0
     events = cluster.events("w.log")
     ready = named(events, "worker_ready")[0]
-    assert ready["load_s"] >= 0.3 and ready["warm_up_s"] >= 0.1
+    assert ready["load_s"] >= 0.3 and ready["warm_up_s"] >= 0.1 and ready["imports_s"] > 0
     assert {"platform", "arch", "backend", "device", "threads", "model"} <= ready.keys()
     assert ready["threads"] == 1 and ready["translated"] is False
     loading = named(events, "worker_loading")[0]

@@ -28,6 +28,7 @@ def settings(
     # the real engine, its flow in 2 Euler steps: the text rules are checked before the flow
     monkeypatch.setenv("COSYQ_ENGINE", "tests.doubles.engines:tiny")
     monkeypatch.setenv("COSYQ_DEVICE", "cpu")
+    monkeypatch.setenv("COSYQ_THREADS", "1")  # the worker runs in this process: its share
     monkeypatch.setenv("COSYQ_HASH_CACHE_DIR", str(tmp_path / "hashes"))
     monkeypatch.setenv("COSYQ_RETRY_BACKOFF_S", "0")
     monkeypatch.chdir(tmp_path)

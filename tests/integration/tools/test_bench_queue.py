@@ -20,6 +20,9 @@ def test_bench_queue_runs_on_the_tiny_model_by_default(
     for name in [n for n in os.environ if n.startswith("COSYQ_")]:
         monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)  # no stray .env
+    # one thread: two spinning OpenMP threads beside the other test process ran the warm-ups
+    # 10x slower (8.8 s against 0.8 s at load 4); the engine and the model stay the defaults
+    monkeypatch.setenv("COSYQ_THREADS", "1")
     assert main(["bench", "queue", "--jobs", "1", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "queue benchmark: 1 jobs per run" in out

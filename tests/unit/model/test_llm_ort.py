@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
+from workers.model.cpu_linear import PACKED_ROWS_HINT, bf16_packing_available
 from workers.model.llm.model import Qwen2LM
 from workers.model.llm.ort_decoder import OrtSpeechLM, load_ort_llm, ort_cache_path
-from workers.model.llm.ort_graph import QuantScheme, quantized_blocks
+from workers.model.llm.ort_graph import QuantScheme, build_step_graph, quantized_blocks
 from workers.model.llm.qwen2 import KVCache
 from workers.model.loader import LoadedModel, load_model
 from workers.tools.bench.llm_agreement import compare_llm, free_running
@@ -179,3 +181,23 @@ def test_free_running_of_a_model_against_itself_agrees_everywhere(
     assert (itself.agreed, itself.first_divergence) == (30, None)
     int8 = free_running(loaded.llm, ort_llm, prefix_of(loaded.llm), steps=30, seed=7)
     assert int8.steps == 30 and int8.agreed <= 30
+
+
+def test_a_bf16_model_packed_for_onednn_gives_the_same_graph(loaded: LoadedModel) -> None:
+    """Where `auto` picks bf16 (AVX512-BF16, AMX), the engine packs its Linear weights for oneDNN
+    before an int8 step graph may be built from the same model: it reads them back plain."""
+    if not bf16_packing_available():
+        pytest.skip("no oneDNN bf16 packing on this CPU (needs AVX512-BF16 or AMX)")
+    llm = copy.deepcopy(loaded.llm).bfloat16()
+    plain = build_step_graph(llm)
+    packed = 0
+    for sub in llm.modules():
+        if isinstance(sub, torch.nn.Linear) and sub.weight.dim() == 2:
+            blocked = torch.ops.mkldnn._reorder_linear_weight(sub.weight.detach(), PACKED_ROWS_HINT)
+            sub.weight = torch.nn.Parameter(blocked, requires_grad=False)
+            packed += 1
+    assert packed > 0
+    graph = build_step_graph(llm)
+    assert [t.raw_data for t in graph.graph.initializer] == [
+        t.raw_data for t in plain.graph.initializer
+    ]

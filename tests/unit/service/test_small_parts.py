@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import redis
 from rq.timeouts import JobTimeoutException
@@ -19,6 +24,8 @@ from workers.service import control
 from workers.service.engine_loading import import_engine_factory, load_engine
 from workers.service.failures import classify
 from workers.service.pool import PoolConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_control_lines_round_trip_and_survive_partial_reads() -> None:
@@ -99,3 +106,36 @@ def test_an_internal_reason_is_its_type_and_first_line_only() -> None:
     assert classify(error).message == "ValueError: Parameter validation failed:"
     long = classify(RuntimeError("y" * 1000)).message
     assert len(long) == 200 and long.endswith("...")
+
+
+FIRST_USE = ("pyloudnorm", "scipy.signal", "scipy.ndimage")
+LOAD_AND_LIST = (
+    "import sys\n"
+    "from shared.settings import load_settings\n"
+    "from workers.service.engine_loading import load_engine\n"
+    "settings = load_settings(env_file=None, engine='tests.doubles.engines:fast',"
+    " quality_import_at_start=sys.argv[1] == 'on')\n"
+    f"before = [name in sys.modules for name in {FIRST_USE!r}]\n"
+    "loaded = load_engine(settings)\n"
+    f"print(before, [name in sys.modules for name in {FIRST_USE!r}], loaded.imports_s > 0)\n"
+)
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_a_worker_imports_the_loudness_measures_before_ready_unless_told_not(
+    setting: str,
+) -> None:
+    """A fresh interpreter (this one may have them already): COSYQ_QUALITY_IMPORT_AT_START on,
+    the engine's load brings in what a first job's loudness measure would import."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_LIST, setting],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    on = setting == "on"
+    assert done.stdout.split("\n")[-2] == f"{[False] * 3} {[on] * 3} {on}"

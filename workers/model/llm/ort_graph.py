@@ -122,7 +122,7 @@ class _Graph:
         n, k = weight.shape
         scheme = self.scheme
         packed, scales, zeros = quantized_blocks(
-            weight.detach().float().numpy(), block=scheme.block, symmetric=scheme.symmetric
+            _float(weight).numpy(), block=scheme.block, symmetric=scheme.symmetric
         )
         inputs = [x, self.weight(f"{name}.q8", packed), self.weight(f"{name}.scales", scales)]
         if zeros is not None:
@@ -142,7 +142,7 @@ class _Graph:
 
     def dense(self, name: str, x: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
         """x @ weight.T (+ bias) with the float32 weight (a plain MatMul)."""
-        w = self.weight(f"{name}.weight_t", weight.detach().float().numpy().T)
+        w = self.weight(f"{name}.weight_t", _float(weight).numpy().T)
         (out,) = self.node("MatMul", [x, w], [f"{name}.matmul"])
         return self._bias(name, out, bias)
 
@@ -184,8 +184,15 @@ def quantized_blocks(
     )
 
 
+def _float(weight: torch.Tensor) -> torch.Tensor:
+    """A weight as plain float32; a bf16 weight packed for oneDNN (`pack_linear_weights`, on
+    AVX512-BF16 and AMX hosts where `auto` chose bf16) is read back through `to_dense()`."""
+    weight = weight.detach()
+    return (weight.to_dense() if weight.is_mkldnn else weight).float()
+
+
 def _cat(*tensors: torch.Tensor) -> torch.Tensor:
-    return torch.cat([t.detach().float() for t in tensors])
+    return torch.cat([_float(t) for t in tensors])
 
 
 def _rotary_tables(config: Qwen2Config) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +209,7 @@ def _attention(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int,
     attn = layer.self_attn
     qkv_weight = _cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
     if attn.qkv_proj is not None:  # already fused (bf16 CPU models)
-        qkv_weight = attn.qkv_proj.weight.detach().float()
+        qkv_weight = _float(attn.qkv_proj.weight)
     qkv_bias = _cat(attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)
     if attn.qkv_proj is not None and attn.qkv_proj.bias is not None:
         qkv_bias = attn.qkv_proj.bias.detach().float()
@@ -225,7 +232,7 @@ def _attention(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int,
 def _mlp(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int, x: str) -> str:
     mlp = layer.mlp
     if mlp.gate_up_proj is not None:
-        weight = mlp.gate_up_proj.weight.detach().float()
+        weight = _float(mlp.gate_up_proj.weight)
     else:
         weight = _cat(mlp.gate_proj.weight, mlp.up_proj.weight)
     gate_up = g.linear(f"l{i}.gate_up", x, weight, None)

@@ -86,6 +86,7 @@ class RecycleStats:
     start_to_ready_s: list[float]
     load_s: list[float]
     warm_up_s: list[float]
+    imports_s: list[float]  # the quality measures' imports before ready (0 when turned off)
 
 
 def tiny_model_dir(folder: Path) -> Path:
@@ -173,7 +174,7 @@ def _sum(timings: dict[str, float], *names: str) -> float:
 
 def recycle_cost(env: dict[str, str], workdir: Path, repeats: int) -> RecycleStats:
     """Start an idle burst worker `repeats` times: process start -> worker_ready."""
-    totals, loads, warms = [], [], []
+    totals, loads, warms, imports = [], [], [], []
     for attempt in range(repeats):
         log_path = workdir / f"recycle-{attempt}.log"
         started = time.time()
@@ -183,7 +184,8 @@ def recycle_cost(env: dict[str, str], workdir: Path, repeats: int) -> RecycleSta
         totals.append(datetime.fromisoformat(str(ready["timestamp"])).timestamp() - started)
         loads.append(float(ready["load_s"]))
         warms.append(float(ready["warm_up_s"]))
-    return RecycleStats(totals, loads, warms)
+        imports.append(float(ready.get("imports_s", 0.0)))
+    return RecycleStats(totals, loads, warms, imports)
 
 
 def _first_event(log_path: Path, name: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ class StartStats:
     start_to_ready_s: list[float]
     load_s: list[float]
     warm_up_s: list[float]
+    imports_s: list[float]
 
     def summary(self) -> dict[str, float]:
         ready = self.start_to_ready_s
@@ -37,6 +38,7 @@ class StartStats:
             "max_s": max(ready),
             "load_median_s": median(self.load_s),
             "warm_up_median_s": median(self.warm_up_s),
+            "imports_median_s": median(self.imports_s),
             "target_s": TARGET_S,
         }
 
@@ -53,7 +55,9 @@ def run(engine: str, model_dir: Path | None, repeats: int) -> StartStats:
                 model_dir = tiny_model_dir(workdir / "model")
             env = worker_env(server.url, engine, model_dir, workdir / "out", jobs=0)
             samples = recycle_cost(env, workdir, repeats)
-    return StartStats(engine, samples.start_to_ready_s, samples.load_s, samples.warm_up_s)
+    return StartStats(
+        engine, samples.start_to_ready_s, samples.load_s, samples.warm_up_s, samples.imports_s
+    )
 
 
 def format_table(stats: StartStats) -> str:
@@ -66,6 +70,7 @@ def format_table(stats: StartStats) -> str:
             f"process start -> worker_ready: min {s['min_s']:.2f} s, median {s['median_s']:.2f} s,"
             f" max {s['max_s']:.2f} s (target <= {TARGET_S:.2f} s on a quiet host)",
             f"  of which model load {s['load_median_s']:.2f} s, warm-up "
-            f"{s['warm_up_median_s']:.2f} s (medians); every start: {runs}",
+            f"{s['warm_up_median_s']:.2f} s, first-use imports {s['imports_median_s']:.2f} s "
+            f"(medians); every start: {runs}",
         ]
     )
