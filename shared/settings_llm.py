@@ -1,5 +1,4 @@
-"""The LLM runtime's settings (`COSYQ_LLM_PRECISION`, `COSYQ_ORT_CACHE_DIR`) and the flow's
-int8 products (`COSYQ_FLOW_PRECISION`), a block of
+"""The LLM runtime's settings (`COSYQ_LLM_PRECISION`, `COSYQ_ORT_CACHE_DIR`), a block of
 `Settings` fields kept apart so settings.py stays small; `Settings` inherits them.
 
 README, "Settings", and docs/benchmarks.md ("The LLM step in ONNX Runtime, int8") say when
@@ -25,11 +24,6 @@ class LLMSettings(BaseModel):
         "auto",
         description="LLM on CPU: native (PyTorch at COSYQ_DTYPE), int8 (ONNX Runtime, 8-bit "
         "weights), or auto (int8 only on hosts measured to gain with the accuracy held)",
-    )
-    flow_precision: Literal["native", "int8"] = Field(
-        "native",
-        description="the flow estimator's transformer products on CPU: native (PyTorch at "
-        "COSYQ_DTYPE) or int8 (ONNX Runtime, 8-bit; hosts with VNNI only, CosyVoice 2)",
     )
     ort_cache_dir: Path = Field(
         default_factory=_default_ort_cache_dir,

@@ -22,7 +22,6 @@ ISA_FLAGS = (
     "avx512f",
     "avx512bw",
     "avx512_vnni",
-    "avx_vnni",
     "avx512_bf16",
     "avx512_fp16",
     "amx_bf16",

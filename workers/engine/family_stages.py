@@ -11,21 +11,13 @@ refuses the other's (`workers.coreml.manifest.check_family`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from shared.errors import ModelLoadError
 from workers.engine.causal_stages import CausalVocoder
-from workers.engine.flow_precision import int8_flow_blocked
 from workers.engine.llm_precision import int8_speech_tokens
-from workers.engine.stages import (
-    ModuleFlow,
-    ModuleSpeechTokens,
-    ModuleVocoder,
-    SpeechTokenStage,
-    VocoderStage,
-)
+from workers.engine.stages import ModuleSpeechTokens, ModuleVocoder, SpeechTokenStage, VocoderStage
 from workers.engine.streaming import StreamSchedule
 from workers.engine.voice_prefixes import VoicePrefixes
 from workers.model.causal_hift.model import CausalHiFTGenerator
@@ -54,37 +46,6 @@ def llm_stage(
         )
     cache_dir = ort_cache_dir or Path.home() / ".cache" / "cosyq" / "onnx"
     return int8_speech_tokens(loaded, cache_dir=cache_dir, threads=torch.get_num_threads())
-
-
-class FlowOptions(Protocol):
-    """The engine options the flow stage reads (`EngineOptions` has them)."""
-
-    @property
-    def stream(self) -> StreamSchedule: ...
-    @property
-    def flow_precision(self) -> str: ...
-    @property
-    def join_reduced_precision_flow(self) -> bool: ...
-
-
-def flow_stage(loaded: LoadedModel, options: FlowOptions) -> ModuleFlow:
-    """The torch flow stage; with `flow_precision` "int8" its estimator's transformer products
-    go through ONNX Runtime in 8 bits first (`workers.model.flow.int8_products`)."""
-    if loaded.flow is None:
-        raise ModelLoadError(f"{loaded.directory.root}: the flow was not loaded in PyTorch")
-    if options.flow_precision == "int8":
-        device = next(loaded.flow.parameters()).device
-        blocked = int8_flow_blocked(family=loaded.family, device=device, backend="torch")
-        if blocked is not None:
-            raise ModelLoadError(f"COSYQ_FLOW_PRECISION=int8 {blocked}: set it to native")
-        from workers.model.flow.int8_products import quantize_products  # noqa: PLC0415 (onnx)
-
-        quantize_products(loaded.flow.decoder.estimator, threads=torch.get_num_threads())
-    return ModuleFlow(
-        loaded.flow,
-        voice_prefixes=voice_prefixes(options.stream),
-        join_reduced_precision=options.join_reduced_precision_flow,
-    )
 
 
 def family_tokenizer(folder: Path, family: str) -> TextTokenizer:

@@ -44,6 +44,7 @@ from workers.engine.prompt_models import PromptModels
 from workers.engine.requests import RequestPlan, RequestState
 from workers.engine.stages import (
     FlowStage,
+    ModuleFlow,
     SpeechTokenStage,
     VocoderStage,
 )
@@ -87,7 +88,6 @@ class EngineOptions:
     decode: DecodeChoice = field(default_factory=DecodeChoice)  # CUDA: graphs, compiled step
     llm_precision: str = "native"  # "int8": the LLM step in ONNX Runtime (`llm_precision.py`)
     ort_cache_dir: Path | None = None  # int8's built graphs (None: ~/.cache/cosyq/onnx)
-    flow_precision: str = "native"  # "int8": the flow's products in ORT (`flow_precision.py`)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.batch_max_positions < 1:
@@ -485,7 +485,12 @@ def build_engine(
         frontend=frontend,
         voices=voices,
         llm=llm or family_stages.llm_stage(loaded, options.llm_precision, options.ort_cache_dir),
-        flow=flow or family_stages.flow_stage(loaded, options),
+        flow=flow
+        or ModuleFlow(
+            loaded.flow,
+            voice_prefixes=family_stages.voice_prefixes(options.stream),
+            join_reduced_precision=options.join_reduced_precision_flow,
+        ),
         vocoder=vocoder or family_stages.vocoder_stage(loaded),
         identity=identity,
         sample_rate=hift_config.sampling_rate,

@@ -53,32 +53,10 @@ def llm_precision_for(settings: Settings, device: str, backend: str) -> str:
     return choice.name
 
 
-def flow_precision_for(settings: Settings, device: str, backend: str) -> str:
-    """`COSYQ_FLOW_PRECISION`, refused (one line) where int8 cannot run; logged."""
-    from workers.engine.devices import resolve_device  # noqa: PLC0415
-    from workers.engine.flow_precision import choose_flow_precision  # noqa: PLC0415
-
-    root = settings.model_dir
-    family = "cosyvoice2" if root is None else ModelDirectory(root).family
-    choice = choose_flow_precision(
-        settings.flow_precision, device=resolve_device(device), backend=backend, family=family
-    )
-    log.info(
-        "flow_precision_chosen",
-        setting=settings.flow_precision,
-        precision=choice.name,
-        reason=choice.reason,
-    )
-    return choice.name
-
-
-def engine_options(
-    settings: Settings, *, llm_precision: str = "native", flow_precision: str = "native"
-) -> EngineOptions:
+def engine_options(settings: Settings, *, llm_precision: str = "native") -> EngineOptions:
     """The engine's per-engine choices, from the worker's settings."""
     return EngineOptions(
         llm_precision=llm_precision,
-        flow_precision=flow_precision,
         ort_cache_dir=settings.ort_cache_dir,
         normalize_text=settings.normalize_text,
         split=SplitConfig(max_piece_tokens=settings.max_piece_tokens),
@@ -121,7 +99,6 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
         from workers.coreml.engine import CoreMLPlacement, load_coreml_engine  # noqa: PLC0415
 
         llm_precision_for(settings, choice.torch_device, "coreml")  # int8 refused, auto logged
-        flow_precision_for(settings, choice.torch_device, "coreml")  # int8 refused
         if choice.coreml_dir is None or choice.compute_units is None:
             raise ModelLoadError(f"Core ML was chosen without a conversion: {choice.reason}")
         placement = CoreMLPlacement(
@@ -141,11 +118,10 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
             hash_cache_dir=settings.hash_cache_dir,
         )
     precision = llm_precision_for(settings, choice.device, choice.backend)
-    flow_precision = flow_precision_for(settings, choice.device, choice.backend)
     return build_engine(
         settings.model_dir,
         device=choice.device,
         dtype=dtype_for(settings, choice.device),
-        options=engine_options(settings, llm_precision=precision, flow_precision=flow_precision),
+        options=engine_options(settings, llm_precision=precision),
         hash_cache_dir=settings.hash_cache_dir,
     )

@@ -1,4 +1,4 @@
-"""The flow estimator's large products in 8 bits through ONNX Runtime (`COSYQ_FLOW_PRECISION`).
+"""The flow estimator's large products in 8 bits through ONNX Runtime: measured, not an option.
 
 Each transformer block of CosyVoice 2's U-Net estimator does four large products per call on
 2 x frames rows: q|k|v (256 -> 1536), the attention's output (512 -> 256) and the feed-forward
@@ -10,10 +10,16 @@ block: q|k|v is one session, the output projection one, the feed-forward one (DQ
 Attention, norms, convolutions and the rest stay in PyTorch at the flow's dtype; the rows go to
 float32 for ORT and back.
 
-Built in memory at load from the loaded weights (no disk cache: ~2 s for the full estimator),
-the plain weights then emptied. Non-streaming and streamed calls both reach the products through
-`SelfAttention.project` / `to_out` / `ff`. Only CosyVoice 2's U-Net (`CausalConditionalDecoder`):
-CosyVoice 3's DiT is not covered (not measured).
+Built in memory from the loaded weights (~2 s for the full estimator), the plain weights then
+emptied. Whole-piece and streamed calls both reach the products through `SelfAttention.project`,
+`to_out` and `ff`. CosyVoice 2's U-Net only (`CausalConditionalDecoder`), not CosyVoice 3's DiT.
+
+Issue 50 asked for this where it pays on VNNI/AMX hosts. On a Zen 4 (AVX512-VNNI/BF16) it did
+not: `cosyq-worker bench flow --flow-precision int8` put the FULL flow at 0.83-1.27x bf16's time
+round by round (median ~1.0x; each product alone ran 0.6-0.85x bf16's, but they are 44% of the
+estimator and the rows' conversions and ORT calls take the rest back), mel 37.9 dB against fp32
+(bf16 39.6). So no worker setting uses it; the bench keeps it to re-measure on an AMX host
+(docs/benchmarks.md, "The flow's products in int8").
 """
 
 from __future__ import annotations

@@ -88,13 +88,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="int8: the LLM step in ONNX Runtime with 8-bit weights (COSYQ_LLM_PRECISION)",
     )
     parser.add_argument(
-        "--flow-precision",
-        choices=["native", "int8"],
-        default="native",
-        help="int8: the flow estimator's transformer products in ONNX Runtime, 8-bit "
-        "(COSYQ_FLOW_PRECISION; CPUs with VNNI)",
-    )
-    parser.add_argument(
         "--omp-wait-policy",
         choices=["passive", "active", "inherit"],
         default="inherit",

@@ -62,7 +62,6 @@ class BenchOptions:
     floors: bool = True  # measure the machine's rates and each stage's floor (CPU only)
     omp_wait_policy: str = "(unset)"  # as in force for this process (reported)
     llm_precision: str = "native"  # "int8": the LLM step in ONNX Runtime (COSYQ_LLM_PRECISION)
-    flow_precision: str = "native"  # "int8": the flow's products in ORT (COSYQ_FLOW_PRECISION)
 
     @classmethod
     def from_args(cls, args: Any, **extra: Any) -> BenchOptions:
@@ -84,7 +83,6 @@ SHARED_ARGUMENTS = (
     "seed",
     "cache_dir",
     "llm_precision",
-    "flow_precision",
 )
 
 
@@ -294,8 +292,7 @@ def run_bench(options: BenchOptions) -> BenchResult:
         precisions = stage_precisions(engine)
         floors = _floors(options, engine, voice, first, precisions)
         precision = None
-        reduced = options.llm_precision == "int8" or options.flow_precision == "int8"
-        if options.compare_fp32 and (options.dtype != "fp32" or reduced):
+        if options.compare_fp32 and (options.dtype != "fp32" or options.llm_precision == "int8"):
             precision = _compare(options, root, engine, request, Path(workdir))
     return BenchResult(
         options=options,
@@ -321,7 +318,6 @@ def engine_options(options: BenchOptions) -> EngineOptions:
     return EngineOptions(
         forced_speech_tokens=forced_tokens(options),
         llm_precision=options.llm_precision,
-        flow_precision=options.flow_precision,
         ort_cache_dir=options.cache_dir / "onnx",
     )
 
@@ -349,12 +345,10 @@ def _compare(
 ) -> PrecisionReport:
     reference = build_engine(root, device=options.device, dtype="fp32", hash_cache_dir=workdir)
     int8 = options.llm_precision == "int8"
-    label = options.dtype + (", LLM int8" if int8 else "")
-    label += ", flow products int8" if options.flow_precision == "int8" else ""
     report = compare_precision(
         reference,
         engine,
-        dtype=label,
+        dtype=f"{options.dtype}, LLM int8" if int8 else options.dtype,
         text=request.text,
         voice=request.prompt,
         tokens=forced_tokens(options) or COMPARE_TOKENS,

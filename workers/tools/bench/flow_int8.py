@@ -1,6 +1,7 @@
 """`cosyq-worker bench flow --flow-precision int8`: the FULL flow (CosyVoice 2, random weights)
-in fp32, bf16, and each with its transformer products in int8 (`COSYQ_FLOW_PRECISION=int8`),
-timed in interleaved rounds in one process, each mel's SNR against fp32's.
+in fp32, bf16, and each with its transformer products in int8 through ONNX Runtime
+(`workers.model.flow.int8_products`), timed in interleaved rounds in one process, each mel's
+SNR against fp32's.
 
 One call is `flow.inference` on `tokens` after `prompt_tokens` (the speaker projection, the
 encoder and the 10-step CFM solve), as `bench flow` times it; each flow's best and median round

@@ -62,9 +62,7 @@ def headline(result: BenchResult) -> list[str]:
         f"OMP_WAIT_POLICY={result.omp_wait_policy}; load average {result.load_average[0]:.2f} "
         f"before, {result.load_average[1]:.2f} after, on {os.cpu_count()} CPUs",
         result.host.line(),
-        "precision per stage: "
-        + ", ".join(f"{k} {v}" for k, v in result.precisions.items())
-        + ("; flow's transformer products int8 (ORT)" if o.flow_precision == "int8" else ""),
+        "precision per stage: " + ", ".join(f"{k} {v}" for k, v in result.precisions.items()),
     ]
 
 

@@ -64,7 +64,7 @@ def register_bench(commands: Any) -> None:
         choices=["native", "int8"],
         default="native",
         help="int8: fp32 and bf16, each also with its transformer products in int8 "
-        "(COSYQ_FLOW_PRECISION), in interleaved rounds, mel SNR against fp32",
+        "(workers.model.flow.int8_products), in interleaved rounds, mel SNR against fp32",
     )
     flow.set_defaults(handler=run_flow, runs=3)
     hift = _stage(commands, "hift", "the FULL HiFT vocoder on a run of mel frames")

@@ -68,7 +68,6 @@ def precision_row(settings: Settings) -> Row:
     from workers.engine.auto_dtype import resolve_dtype_setting  # noqa: PLC0415 (torch)
     from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
     from workers.engine.devices import resolve_device  # noqa: PLC0415
-    from workers.engine.flow_precision import choose_flow_precision  # noqa: PLC0415
     from workers.engine.llm_precision import choose_llm_precision  # noqa: PLC0415
 
     host = host_cpu()
@@ -84,21 +83,14 @@ def precision_row(settings: Settings) -> Row:
         )
     except ModelLoadError as e:
         return fail(GROUP, PRECISION_ROW, str(e), "set COSYQ_LLM_PRECISION=native or auto")
-    try:
-        flow = choose_flow_precision(
-            settings.flow_precision, device=device, backend=backend, host=host
-        )
-    except ModelLoadError as e:
-        return fail(GROUP, PRECISION_ROW, str(e), "set COSYQ_FLOW_PRECISION=native")
     return ok(
         GROUP,
         PRECISION_ROW,
         f"{choice.name} on {device.type}: {choice.reason}; LLM {llm.name}: {llm.reason}; "
-        f"flow products {flow.name}: {flow.reason}; {host.line()}",
+        f"{host.line()}",
         dtype=choice.name,
         setting=settings.dtype,
         llm_precision=llm.name,
-        flow_precision=flow.name,
         flags=list(host.flags),
     )
 
