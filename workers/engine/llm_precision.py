@@ -73,12 +73,15 @@ class Int8Measurement:
 
 # Host class -> its measurement; a class not listed stays native (no measurement, no int8).
 MEASURED: dict[str, Int8Measurement] = {
+    # Re-measured in a quiet run (issue 50, fifth session): 19.0 ms/token against bf16's 52.7,
+    # 409 MB at 29.6 GB/s = 13.8 ms floor; the load-11-13 run had 0.45x and 1.84x. Speed and
+    # floor now meet their bars; agreement (bf16 itself 53%) is the one bar missed.
     "avx512_bf16": Int8Measurement(
-        host="a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX), load 11-13",
-        ratio=0.45,
+        host="a 2-core AMD EPYC Zen 4 (AVX512-BF16/VNNI, no AMX), load 2.3-5.0",
+        ratio=0.36,
         baseline="bf16",
-        floor_ratio=1.84,
-        logp_db=49.9,
+        floor_ratio=1.37,
+        logp_db=50.1,
         agreement=0.33,
     ),
     "avx2": Int8Measurement(

@@ -201,3 +201,19 @@ def test_a_bf16_model_packed_for_onednn_gives_the_same_graph(loaded: LoadedModel
     assert [t.raw_data for t in graph.graph.initializer] == [
         t.raw_data for t in plain.graph.initializer
     ]
+
+
+@torch.inference_mode()
+def test_a_bf16_model_builds_the_graph_from_its_packed_weights(
+    tiny_model_dir: Path, loaded: LoadedModel, ort_llm: OrtSpeechLM, tmp_path: Path
+) -> None:
+    """A bf16 worker's LLM (fused, and packed in oneDNN's layout where the CPU has bf16 dot
+    products) builds the same step: its log-probs track the fp32-built graph's."""
+    bf16 = load_model(tiny_model_dir, dtype=torch.bfloat16, hash_cache_dir=tmp_path / "h").llm
+    digest = loaded.checkpoint_hash
+    built = load_ort_llm(bf16, cache_dir=tmp_path, checkpoint_hash=digest, threads=1)
+    prefix = prefix_of(loaded.llm)
+    backbone = loaded.llm.config.backbone
+    expected = ort_llm.step_logp(prefix, KVCache(backbone, 128))
+    got = built.step_logp(prefix, KVCache(backbone, 128))
+    assert snr_db(expected, got) >= MIN_SNR_DB

@@ -121,6 +121,14 @@ class SelfAttention(nn.Module):
         self.to_k = Linear(dim, inner, bias=False)
         self.to_v = Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([Linear(inner, dim)])
+        self.qkv: nn.Module | None = None  # q|k|v as one product (`int8_products`)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, dim) -> q, k, v, each (B, T, heads * head_dim)."""
+        if self.qkv is None:
+            return self.to_q(x), self.to_k(x), self.to_v(x)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return q, k, v
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """x (B, T, dim), mask bool broadcastable to (B, H, T, T) -> (B, T, dim)."""
@@ -129,7 +137,7 @@ class SelfAttention(nn.Module):
         def split(h: Tensor) -> Tensor:
             return h.view(batch, -1, self.heads, h.size(-1) // self.heads).transpose(1, 2)
 
-        q, k, v = split(self.to_q(x)), split(self.to_k(x)), split(self.to_v(x))
+        q, k, v = (split(h) for h in self.project(x))
         out = attention(  # (B, H, T, hd)
             q, k, v, mask, score_block_bytes=self.score_block_bytes, blocked=self.blocked_attention
         )

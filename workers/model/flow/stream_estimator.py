@@ -104,7 +104,7 @@ class EstimatorStream:
         def split(h: Tensor) -> Tensor:  # (B, n, H*hd) -> (B, H, n, hd)
             return h.view(batch, -1, layer.heads, h.size(-1) // layer.heads).transpose(1, 2)
 
-        q, k, v = split(layer.to_q(x)), split(layer.to_k(x)), split(layer.to_v(x))
+        q, k, v = (split(h) for h in layer.project(x))
         segments = self.cache.key_value_segments(layer, k, v, self.span.keep)
         out = attention_over(  # (B, H, n, hd)
             q,

@@ -122,7 +122,7 @@ class _Graph:
         n, k = weight.shape
         scheme = self.scheme
         packed, scales, zeros = quantized_blocks(
-            _float(weight).numpy(), block=scheme.block, symmetric=scheme.symmetric
+            _plain(weight).numpy(), block=scheme.block, symmetric=scheme.symmetric
         )
         inputs = [x, self.weight(f"{name}.q8", packed), self.weight(f"{name}.scales", scales)]
         if zeros is not None:
@@ -142,14 +142,14 @@ class _Graph:
 
     def dense(self, name: str, x: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
         """x @ weight.T (+ bias) with the float32 weight (a plain MatMul)."""
-        w = self.weight(f"{name}.weight_t", _float(weight).numpy().T)
+        w = self.weight(f"{name}.weight_t", _plain(weight).numpy().T)
         (out,) = self.node("MatMul", [x, w], [f"{name}.matmul"])
         return self._bias(name, out, bias)
 
     def _bias(self, name: str, out: str, bias: torch.Tensor | None) -> str:
         if bias is None:
             return out
-        b = self.weight(f"{name}.bias", bias.detach().float().numpy())
+        b = self.weight(f"{name}.bias", _plain(bias).numpy())
         return self.node("Add", [out, b], [f"{name}.out"])[0]
 
 
@@ -184,15 +184,13 @@ def quantized_blocks(
     )
 
 
-def _float(weight: torch.Tensor) -> torch.Tensor:
-    """A weight as plain float32; a bf16 weight packed for oneDNN (`pack_linear_weights`, on
-    AVX512-BF16 and AMX hosts where `auto` chose bf16) is read back through `to_dense()`."""
-    weight = weight.detach()
-    return (weight.to_dense() if weight.is_mkldnn else weight).float()
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A weight as a plain float32 tensor (a bf16 LLM's packed, mkldnn-layout weights too)."""
+    return (tensor.to_dense() if tensor.is_mkldnn else tensor).detach().float()
 
 
 def _cat(*tensors: torch.Tensor) -> torch.Tensor:
-    return torch.cat([_float(t) for t in tensors])
+    return torch.cat([_plain(t) for t in tensors])
 
 
 def _rotary_tables(config: Qwen2Config) -> tuple[np.ndarray, np.ndarray]:
@@ -209,10 +207,10 @@ def _attention(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int,
     attn = layer.self_attn
     qkv_weight = _cat(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
     if attn.qkv_proj is not None:  # already fused (bf16 CPU models)
-        qkv_weight = _float(attn.qkv_proj.weight)
+        qkv_weight = _plain(attn.qkv_proj.weight)
     qkv_bias = _cat(attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias)
     if attn.qkv_proj is not None and attn.qkv_proj.bias is not None:
-        qkv_bias = attn.qkv_proj.bias.detach().float()
+        qkv_bias = _plain(attn.qkv_proj.bias)
     qkv = g.linear(f"l{i}.qkv", x, qkv_weight, qkv_bias)
     past_k, past_v = f"past_key_{i}", f"past_value_{i}"
     out, _, _ = g.node(
@@ -232,7 +230,7 @@ def _attention(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int,
 def _mlp(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int, x: str) -> str:
     mlp = layer.mlp
     if mlp.gate_up_proj is not None:
-        weight = _float(mlp.gate_up_proj.weight)
+        weight = _plain(mlp.gate_up_proj.weight)
     else:
         weight = _cat(mlp.gate_proj.weight, mlp.up_proj.weight)
     gate_up = g.linear(f"l{i}.gate_up", x, weight, None)
@@ -246,7 +244,7 @@ def _mlp(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int, x: st
 
 def _skip_norm(g: _Graph, name: str, inputs: tuple[str, str], weight: torch.Tensor, eps: float):
     """RMSNorm(x + skip) and x + skip, in one op; `inputs` = (x, skip)."""
-    gamma = g.weight(f"{name}.weight", weight.detach().float().numpy())
+    gamma = g.weight(f"{name}.weight", _plain(weight).numpy())
     normed, _, _, summed = g.node(
         "SkipSimplifiedLayerNormalization",
         [*inputs, gamma],
@@ -262,9 +260,7 @@ def _layer(g: _Graph, config: Qwen2Config, layer: Qwen2DecoderLayer, i: int, x: 
     -> (the MLP's output, the residual it adds to), the next layer's x."""
     eps = config.rms_norm_eps
     if i == 0:  # x = (embeds, ""): nothing to add yet
-        gamma = g.weight(
-            "l0.input_norm.weight", layer.input_layernorm.weight.detach().float().numpy()
-        )
+        gamma = g.weight("l0.input_norm.weight", _plain(layer.input_layernorm.weight).numpy())
         (normed,) = g.node(
             "SimplifiedLayerNormalization", [x[0], gamma], ["l0.input_norm"], axis=-1, epsilon=eps
         )
@@ -292,7 +288,7 @@ def _body(g: _Graph, model: Qwen2LM) -> str:
         for name, value in (("last_start", -1), ("last_end", 2**62), ("time_axis", 1))
     ]
     (last,) = g.node("Slice", [summed, *bounds], ["last_position"])
-    gamma = g.weight("final_norm.weight", model.backbone.norm.weight.detach().float().numpy())
+    gamma = g.weight("final_norm.weight", _plain(model.backbone.norm.weight).numpy())
     (normed,) = g.node(
         "SimplifiedLayerNormalization",
         [last, gamma],

@@ -226,7 +226,7 @@ def bench_engine_and_request(
         root,
         device=options.device,
         dtype=options.dtype,
-        options=EngineOptions(forced_speech_tokens=forced_tokens(options)),
+        options=engine_options(options),  # forced tokens, and the LLM precision asked for
         hash_cache_dir=workdir / "hashes",
     )
     samples, rate = soundfile.read(root / "prompt.wav", dtype="float32")

@@ -59,6 +59,13 @@ def register_bench(commands: Any) -> None:
         help="cosyvoice3: the DiT flow, with its FLOPs floor (default cosyvoice2)",
     )
     flow.add_argument("--json", action="store_true", help="cosyvoice3: print JSON")
+    flow.add_argument(
+        "--flow-precision",
+        choices=["native", "int8"],
+        default="native",
+        help="int8: fp32 and bf16, each also with its transformer products in int8 "
+        "(workers.model.flow.int8_products), in interleaved rounds, mel SNR against fp32",
+    )
     flow.set_defaults(handler=run_flow, runs=3)
     hift = _stage(commands, "hift", "the FULL HiFT vocoder on a run of mel frames")
     hift.add_argument("--frames", type=int, default=200, help="mel frames (default 200)")
@@ -155,6 +162,22 @@ def run_flow(args: argparse.Namespace) -> int:
     set_omp_wait_policy(args.omp_wait_policy)
     if args.family == "cosyvoice3":
         return _run_dit_flow(args)
+    if args.flow_precision == "int8":
+        from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
+        from workers.tools.bench.flow_int8 import (  # noqa: PLC0415
+            compare_flow_precisions,
+            format_rows,
+        )
+
+        rows = compare_flow_precisions(
+            tokens=args.tokens,
+            prompt_tokens=args.prompt_tokens,
+            threads=args.threads,
+            rounds=args.runs,
+        )
+        print(host_cpu().line())
+        print("\n".join(format_rows(rows)))
+        return 0
     from workers.tools.bench.flow_stage import format_flow_table, time_flow  # noqa: PLC0415
     from workers.tools.fixtures.random_weights import random_flow  # noqa: PLC0415
 
