@@ -12,11 +12,21 @@ Attention is full, or limited to static chunks of `static_chunk_size` frames whe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model.cpu_linear import Linear
+from workers.model.cpu_attention import AttentionLayer
+from workers.model.cpu_linear import (
+    Linear,
+    concatenated_linear,
+    cpu_inference,
+    fusable,
+    linear_gelu,
+)
 from workers.model.dit.config import DiTConfig
 from workers.model.flow.encoder import chunk_mask
 from workers.model.flow.estimator import timestep_embedding
@@ -90,38 +100,72 @@ def rotary_inv_freq(config: DiTConfig) -> Tensor:
 
 def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
     """Rotate the first angles.size(-1) channels of x (B, T, C) in interleaved pairs."""
-    width = angles.size(-1)
+    return rotate(x, angles.cos(), angles.sin())
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """`apply_rotary` with the angles' cosines and sines given (made once per estimator call)."""
+    width = cos.size(-1)
     head, rest = x[..., :width], x[..., width:]
     pairs = head.unflatten(-1, (-1, 2))
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    head = head * angles.cos() + rotated * angles.sin()
+    head = head * cos + rotated * sin
     return torch.cat((head, rest), dim=-1)
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention with biased projections and rotary positions on head 0."""
+@dataclass(frozen=True)
+class Frames:
+    """One estimator call's attention inputs, shared by its blocks."""
+
+    mask: Tensor | None  # (B, 1, T, T) bool, True = may attend; None: everywhere
+    keep: Tensor | None  # (B, T, 1): frames the last query sees (1) or not (0); None: all
+    cos: Tensor  # (T, dim_head) rotary angles' cosines and sines
+    sin: Tensor
+
+
+class Attention(AttentionLayer):
+    """Multi-head self-attention with biased projections and rotary positions on head 0.
+
+    `qkv_proj` is set by `fuse_dit_projections` (CPU bf16): q/k/v as one product, the three
+    layers left empty. Attention runs through `cpu_attention` (blocked bf16 on CPU)."""
 
     def __init__(self, config: DiTConfig) -> None:
-        super().__init__()
+        super().__init__(config.attention_score_block_mb)
         self.heads = config.heads
         self.to_q = Linear(config.dim, config.inner_dim)
         self.to_k = Linear(config.dim, config.inner_dim)
         self.to_v = Linear(config.dim, config.inner_dim)
         self.to_out = nn.ModuleList([Linear(config.inner_dim, config.dim)])
+        self.qkv_proj: Linear | None = None
 
-    def forward(self, x: Tensor, attn_mask: Tensor, angles: Tensor) -> Tensor:
-        """x (B, T, D); attn_mask (B, 1, T, T) bool, True = may attend; angles (T, dim_head)."""
-        q = apply_rotary(self.to_q(x), angles)
-        k = apply_rotary(self.to_k(x), angles)
-        v = self.to_v(x)
+    def forward(self, x: Tensor, frames: Frames) -> Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        else:
+            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        q, k = rotate(q, frames.cos, frames.sin), rotate(k, frames.cos, frames.sin)
 
         def split(h: Tensor) -> Tensor:  # (B, T, H*d) -> (B, H, T, d)
             return h.unflatten(-1, (self.heads, -1)).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=attn_mask)
+        out = self.attend(split(q), split(k), split(v), frames.mask)
         out = self.to_out[0](out.transpose(1, 2).flatten(2))
         # Upstream zeroes the frames the last query may not see (padding; never in inference).
-        return out * attn_mask[:, 0, -1].unsqueeze(-1).to(out.dtype)
+        return out if frames.keep is None else out * frames.keep
+
+
+def fuse_dit_projections(module: nn.Module) -> int:
+    """Give every DiT attention under `module` one q/k/v product where `cpu_linear.fusable`
+    (CPU bf16 weights, to be packed); the count fused."""
+    fused = 0
+    for sub in module.modules():
+        if isinstance(sub, Attention) and sub.qkv_proj is None:
+            parts = [sub.to_q, sub.to_k, sub.to_v]
+            if fusable(parts):
+                sub.qkv_proj = concatenated_linear(parts)
+                fused += 1
+    return fused
 
 
 class AdaLayerNorm(nn.Module):
@@ -133,12 +177,13 @@ class AdaLayerNorm(nn.Module):
         self.parts = parts
         self.linear = Linear(config.dim, config.dim * parts)
 
-    def modulation(self, time: Tensor) -> tuple[Tensor, ...]:
-        """(B, dim) time -> `parts` tensors (B, 1, dim), broadcast over frames."""
-        return self.linear(F.silu(time)).unsqueeze(1).chunk(self.parts, dim=-1)
+    def modulation(self, time_act: Tensor) -> tuple[Tensor, ...]:
+        """SiLU(time) (B, dim) -> `parts` tensors (B, 1, dim), broadcast over frames."""
+        return self.linear(time_act).unsqueeze(1).chunk(self.parts, dim=-1)
 
     def norm(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale) + shift
+        """LayerNorm(x) * (1 + scale) + shift, the product and sum as one `addcmul`."""
+        return torch.addcmul(shift, F.layer_norm(x, x.shape[-1:], eps=self.eps), 1 + scale)
 
 
 class FeedForward(nn.Module):
@@ -151,7 +196,9 @@ class FeedForward(nn.Module):
         self.ff = nn.Sequential(project_in, nn.Identity(), Linear(inner, config.dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.ff(x)
+        """The GELU is the first product's post-op on packed weights (`linear_gelu`)."""
+        project_in = cast(nn.Sequential, self.ff[0])
+        return self.ff[2](linear_gelu(cast(Linear, project_in[0]), x, approximate="tanh"))
 
 
 class DiTBlock(nn.Module):
@@ -163,13 +210,13 @@ class DiTBlock(nn.Module):
         self.attn = Attention(config)
         self.ff = FeedForward(config)
 
-    def forward(self, x: Tensor, time: Tensor, attn_mask: Tensor, angles: Tensor) -> Tensor:
-        """x (B, T, D), time (B, D) -> (B, T, D)."""
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.attn_norm.modulation(time)
+    def forward(self, x: Tensor, time_act: Tensor, frames: Frames) -> Tensor:
+        """x (B, T, D), time_act SiLU(time) (B, D) -> (B, T, D); each residual `addcmul`."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.attn_norm.modulation(time_act)
         h = self.attn_norm.norm(x, shift_a, scale_a)
-        x = x + gate_a * self.attn(h, attn_mask, angles)
+        x = torch.addcmul(x, gate_a, self.attn(h, frames))
         h = self.attn_norm.norm(x, shift_f, scale_f)
-        return x + gate_f * self.ff(h)
+        return torch.addcmul(x, gate_f, self.ff(h))
 
 
 class FinalNorm(AdaLayerNorm):
@@ -178,8 +225,8 @@ class FinalNorm(AdaLayerNorm):
     def __init__(self, config: DiTConfig) -> None:
         super().__init__(config, parts=2)
 
-    def forward(self, x: Tensor, time: Tensor) -> Tensor:
-        scale, shift = self.modulation(time)
+    def forward(self, x: Tensor, time_act: Tensor) -> Tensor:
+        scale, shift = self.modulation(time_act)
         return self.norm(x, shift, scale)
 
 
@@ -215,10 +262,19 @@ class DiT(nn.Module):
         streaming: bool = False,
     ) -> Tensor:
         """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80) -> velocity (B, 80, T)."""
-        time = self.time_embed(t)
+        time_act = F.silu(self.time_embed(t))  # every modulation's input
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
+        frames = self.frames(mask, streaming, h)
+        for block in self.transformer_blocks:
+            h = block(h, time_act, frames)
+        return self.proj_out(self.norm_out(h, time_act)).transpose(1, 2)
+
+    def frames(self, mask: Tensor, streaming: bool, h: Tensor) -> Frames:
+        """What every block's attention reads, made once per call. On CPU outside tracing a
+        mask that hides nothing (a lone request's pass) is dropped: no fill, no product."""
         angles = self.rotary_embed(h.size(1)).to(h.dtype)
         attn_mask = self.attention_mask(mask, streaming)
-        for block in self.transformer_blocks:
-            h = block(h, time, attn_mask, angles)
-        return self.proj_out(self.norm_out(h, time)).transpose(1, 2)
+        if cpu_inference(h, h) and bool(attn_mask.all()):
+            return Frames(None, None, angles.cos(), angles.sin())
+        keep = attn_mask[:, 0, -1].unsqueeze(-1).to(h.dtype)
+        return Frames(attn_mask, keep, angles.cos(), angles.sin())

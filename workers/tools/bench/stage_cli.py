@@ -49,7 +49,12 @@ def register_bench(commands: Any) -> None:
         "--steps", type=int, default=200, help="with --variants: agreement steps (default 200)"
     )
     llm.set_defaults(handler=run_llm, runs=3)
-    flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
+    flow = _stage(
+        commands,
+        "flow",
+        "speaker projection, encoder and CFM solve of the FULL flow",
+        ("fp32", "bf16"),
+    )
     flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
     flow.add_argument("--prompt-tokens", type=int, default=50, help="prompt tokens (default 50)")
     flow.add_argument(
@@ -59,6 +64,10 @@ def register_bench(commands: Any) -> None:
         help="cosyvoice3: the DiT flow, with its FLOPs floor (default cosyvoice2)",
     )
     flow.add_argument("--json", action="store_true", help="cosyvoice3: print JSON")
+    flow.epilog = (
+        "--dtype bf16 (cosyvoice3): fp32, bf16 on plain PyTorch ops and bf16 with the CPU "
+        "kernels in one run, each beside its floor, with the mel SNR against fp32"
+    )
     flow.set_defaults(handler=run_flow, runs=3)
     hift = _stage(commands, "hift", "the FULL HiFT vocoder on a run of mel frames")
     hift.add_argument("--frames", type=int, default=200, help="mel frames (default 200)")
@@ -155,6 +164,9 @@ def run_flow(args: argparse.Namespace) -> int:
     set_omp_wait_policy(args.omp_wait_policy)
     if args.family == "cosyvoice3":
         return _run_dit_flow(args)
+    if args.dtype != "fp32":
+        raise SystemExit("bench flow: --dtype bf16 is for --family cosyvoice3 (CosyVoice 2: "
+                         "`cosyq-worker bench --dtype bf16` times its flow)")  # fmt: skip
     from workers.tools.bench.flow_stage import format_flow_table, time_flow  # noqa: PLC0415
     from workers.tools.fixtures.random_weights import random_flow  # noqa: PLC0415
 
@@ -171,6 +183,8 @@ def run_flow(args: argparse.Namespace) -> int:
 
 
 def _run_dit_flow(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
     from workers.tools.bench.dit_flow_stage import (  # noqa: PLC0415
         bench_dit_flow,
         dit_json,
@@ -189,6 +203,7 @@ def _run_dit_flow(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         threads=args.threads,
         runs=args.runs,
+        dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
     )
     print(dit_json(result) if args.json else format_dit_table(result))
     return 0
