@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.model.cpu_attention import AttentionLayer
+from workers.model.cpu_conv import Conv1d
 from workers.model.cpu_linear import (
     Linear,
     concatenated_linear,
@@ -47,14 +48,15 @@ class TimestepEmbedding(nn.Module):
 
 
 class CausalConvPositionEmbedding(nn.Module):
-    """(B, T, D) -> (B, T, D): two grouped convs, each left-padded (causal) and Mish-activated."""
+    """(B, T, D) -> (B, T, D): two grouped convs, each left-padded (causal) and Mish-activated
+    (`cpu_conv.Conv1d`: packed where the kernel policy packs the flow's bf16 convs)."""
 
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
         dim, kernel, groups = config.dim, config.conv_pos_kernel, config.conv_pos_groups
         self.pad = kernel - 1
-        self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
-        self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
+        self.conv1 = nn.Sequential(Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
+        self.conv2 = nn.Sequential(Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.conv1(F.pad(x.transpose(1, 2), (self.pad, 0)))
@@ -106,11 +108,14 @@ def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """`apply_rotary` with the angles' cosines and sines given (made once per estimator call)."""
     width = cos.size(-1)
-    head, rest = x[..., :width], x[..., width:]
+    return torch.cat((rotated_head(x[..., :width], cos, sin), x[..., width:]), dim=-1)
+
+
+def rotated_head(head: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The rotary channels (B, T, width) turned: pairs (a, b) -> (a cos - b sin, b cos + a sin)."""
     pairs = head.unflatten(-1, (-1, 2))
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    head = head * cos + rotated * sin
-    return torch.cat((head, rest), dim=-1)
+    return head * cos + rotated * sin
 
 
 @dataclass(frozen=True)
@@ -140,19 +145,28 @@ class Attention(AttentionLayer):
 
     def forward(self, x: Tensor, frames: Frames) -> Tensor:
         """x (B, T, D) -> (B, T, D)."""
-        if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        if self.qkv_proj is not None and cpu_inference(x, x):
+            q, k, v = self._fused_heads(x, frames)
         else:
             q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
-        q, k = rotate(q, frames.cos, frames.sin), rotate(k, frames.cos, frames.sin)
-
-        def split(h: Tensor) -> Tensor:  # (B, T, H*d) -> (B, H, T, d)
-            return h.unflatten(-1, (self.heads, -1)).transpose(1, 2)
-
-        out = self.attend(split(q), split(k), split(v), frames.mask)
+            q, k = rotate(q, frames.cos, frames.sin), rotate(k, frames.cos, frames.sin)
+            q, k, v = (h.unflatten(-1, (self.heads, -1)).transpose(1, 2) for h in (q, k, v))
+        out = self.attend(q, k, v, frames.mask)
         out = self.to_out[0](out.transpose(1, 2).flatten(2))
         # Upstream zeroes the frames the last query may not see (padding; never in inference).
         return out if frames.keep is None else out * frames.keep
+
+    def _fused_heads(self, x: Tensor, frames: Frames) -> tuple[Tensor, ...]:
+        """q, k, v (B, H, T, d), each contiguous, from one product: the rotary channels turned
+        in place (no copy of q and k around them), then one copy into head-major order (the
+        blocked attention reads each as (B*H, T, d) without copying it again)."""
+        qkv = self.qkv_proj(x)  # type: ignore[misc]
+        width, inner = frames.cos.size(-1), qkv.size(-1) // 3
+        for start in (0, inner):  # q's and k's first channels (head 0)
+            head = qkv[..., start : start + width]
+            head.copy_(rotated_head(head, frames.cos, frames.sin))
+        heads = qkv.unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4).contiguous()
+        return heads.unbind(0)
 
 
 def fuse_dit_projections(module: nn.Module) -> int:
