@@ -12,6 +12,7 @@ Attention is full, or limited to static chunks of `static_chunk_size` frames whe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,6 +30,7 @@ from workers.model.cpu_linear import (
     linear_gelu,
 )
 from workers.model.dit.config import DiTConfig
+from workers.model.dit.modulation import ModulationMemo
 from workers.model.flow.encoder import chunk_mask
 from workers.model.flow.estimator import timestep_embedding
 
@@ -182,6 +184,14 @@ def fuse_dit_projections(module: nn.Module) -> int:
     return fused
 
 
+def addcmul(base: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """base + a * b: one op (one rounding in bf16) in CPU inference; the two ops elsewhere
+    (tracing: Core ML's converter has no addcmul)."""
+    if cpu_inference(a, a):
+        return torch.addcmul(base, a, b)
+    return base + a * b
+
+
 class AdaLayerNorm(nn.Module):
     """LayerNorm without weights, modulated by `parts` vectors from Linear(SiLU(time))."""
 
@@ -191,13 +201,9 @@ class AdaLayerNorm(nn.Module):
         self.parts = parts
         self.linear = Linear(config.dim, config.dim * parts)
 
-    def modulation(self, time_act: Tensor) -> tuple[Tensor, ...]:
-        """SiLU(time) (B, dim) -> `parts` tensors (B, 1, dim), broadcast over frames."""
-        return self.linear(time_act).unsqueeze(1).chunk(self.parts, dim=-1)
-
     def norm(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
         """LayerNorm(x) * (1 + scale) + shift, the product and sum as one `addcmul`."""
-        return torch.addcmul(shift, F.layer_norm(x, x.shape[-1:], eps=self.eps), 1 + scale)
+        return addcmul(shift, F.layer_norm(x, x.shape[-1:], eps=self.eps), 1 + scale)
 
 
 class FeedForward(nn.Module):
@@ -224,13 +230,14 @@ class DiTBlock(nn.Module):
         self.attn = Attention(config)
         self.ff = FeedForward(config)
 
-    def forward(self, x: Tensor, time_act: Tensor, frames: Frames) -> Tensor:
-        """x (B, T, D), time_act SiLU(time) (B, D) -> (B, T, D); each residual `addcmul`."""
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.attn_norm.modulation(time_act)
+    def forward(self, x: Tensor, modulation: Tensor, frames: Frames) -> Tensor:
+        """x (B, T, D), modulation (B, 6 D) (`attn_norm.linear(SiLU(time))`) -> (B, T, D);
+        each residual one `addcmul`."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = modulation.unsqueeze(1).chunk(6, -1)
         h = self.attn_norm.norm(x, shift_a, scale_a)
-        x = torch.addcmul(x, gate_a, self.attn(h, frames))
+        x = addcmul(x, gate_a, self.attn(h, frames))
         h = self.attn_norm.norm(x, shift_f, scale_f)
-        return torch.addcmul(x, gate_f, self.ff(h))
+        return addcmul(x, gate_f, self.ff(h))
 
 
 class FinalNorm(AdaLayerNorm):
@@ -239,8 +246,9 @@ class FinalNorm(AdaLayerNorm):
     def __init__(self, config: DiTConfig) -> None:
         super().__init__(config, parts=2)
 
-    def forward(self, x: Tensor, time_act: Tensor) -> Tensor:
-        scale, shift = self.modulation(time_act)
+    def forward(self, x: Tensor, modulation: Tensor) -> Tensor:
+        """x (B, T, D), modulation (B, 2 D) (`linear(SiLU(time))`) -> (B, T, D)."""
+        scale, shift = modulation.unsqueeze(1).chunk(2, dim=-1)
         return self.norm(x, shift, scale)
 
 
@@ -256,6 +264,27 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.depth))
         self.norm_out = FinalNorm(config)
         self.proj_out = Linear(config.dim, config.mel_dim)
+        self.modulation_memo = ModulationMemo(config.time_cache_values)
+        self.register_load_state_dict_pre_hook(lambda *_: self.modulation_memo.clear())
+
+    def _apply(self, fn: Callable[..., Tensor], recurse: bool = True) -> DiT:
+        self.modulation_memo.clear()  # .to(), .float(), ...: the kept vectors are stale
+        return super()._apply(fn, recurse)
+
+    def modulations(self, t: Tensor) -> list[Tensor]:
+        """t (B,) -> every block's (B, 6 D) modulation, then the output norm's (B, 2 D): kept
+        per distinct t on CPU (`ModulationMemo`), computed as upstream elsewhere."""
+        norms = [cast(DiTBlock, block).attn_norm.linear for block in self.transformer_blocks]
+        norms.append(self.norm_out.linear)
+
+        def compute(times: Tensor) -> list[Tensor]:
+            time_act = F.silu(self.time_embed(times))
+            return [norm(time_act) for norm in norms]
+
+        if not cpu_inference(t, t):
+            return compute(t)
+        params = [*self.time_embed.parameters(), *(p for n in norms for p in n.parameters())]
+        return self.modulation_memo.lookup(t, params, compute)
 
     def attention_mask(self, mask: Tensor, streaming: bool) -> Tensor:
         """(B, 1, T) frame mask -> (B, 1, T, T) bool: valid keys, within the chunk if streaming."""
@@ -276,12 +305,12 @@ class DiT(nn.Module):
         streaming: bool = False,
     ) -> Tensor:
         """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80) -> velocity (B, 80, T)."""
-        time_act = F.silu(self.time_embed(t))  # every modulation's input
+        *modulations, final = self.modulations(t)
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
         frames = self.frames(mask, streaming, h)
-        for block in self.transformer_blocks:
-            h = block(h, time_act, frames)
-        return self.proj_out(self.norm_out(h, time_act)).transpose(1, 2)
+        for block, modulation in zip(self.transformer_blocks, modulations, strict=True):
+            h = block(h, modulation, frames)
+        return self.proj_out(self.norm_out(h, final)).transpose(1, 2)
 
     def frames(self, mask: Tensor, streaming: bool, h: Tensor) -> Frames:
         """What every block's attention reads, made once per call. On CPU outside tracing a
