@@ -94,3 +94,25 @@ def test_the_estimator_gives_the_same_velocity_from_the_memo() -> None:
         assert len(kept.modulation_memo) == 1
         kept.load_state_dict(plain.bfloat16().state_dict())
         assert len(kept.modulation_memo) == 0
+
+
+def test_rows_of_one_t_share_one_modulation_row_and_match_upstreams_ops() -> None:
+    """On CPU inference, rows of one t get one (1, ...) modulation row (LayerNorm's own
+    affine); the upstream ops (autograd on: no CPU shortcut) agree within fp32 rounding, and
+    rows of different t still give each row what it gives alone."""
+    torch.manual_seed(0)
+    estimator = DiT(SMALL).eval()
+    with torch.no_grad():
+        for param in estimator.parameters():
+            param.normal_(0.0, 0.1)
+    x, mask, mu, t, spks, cond = _inputs()
+    upstream = estimator(x, mask, mu, t, spks, cond).detach()  # grad on: the plain ops
+    estimator.requires_grad_(False)
+    with torch.inference_mode():
+        assert all(m.size(0) == 1 for m in estimator.modulations(t))
+        torch.testing.assert_close(estimator(x, mask, mu, t, spks, cond), upstream)
+        two_t = torch.tensor([0.3, 0.7])
+        assert all(m.size(0) == 2 for m in estimator.modulations(two_t))
+        both = estimator(x, mask, mu, two_t, spks, cond)
+        second = estimator(x[1:], mask[1:], mu[1:], two_t[1:], spks[1:], cond[1:])
+    torch.testing.assert_close(both[1:], second)

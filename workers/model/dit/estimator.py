@@ -202,7 +202,12 @@ class AdaLayerNorm(nn.Module):
         self.linear = Linear(config.dim, config.dim * parts)
 
     def norm(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-        """LayerNorm(x) * (1 + scale) + shift, the product and sum as one `addcmul`."""
+        """LayerNorm(x) * (1 + scale) + shift. One modulation for every row (B = 1 in shift
+        and scale, CPU inference): LayerNorm's own affine, one pass over x; else one `addcmul`
+        after the norm."""
+        if shift.size(0) == 1 and cpu_inference(x, x):
+            weight, bias = (1 + scale).reshape(-1), shift.reshape(-1)
+            return F.layer_norm(x, x.shape[-1:], weight, bias, eps=self.eps)
         return addcmul(shift, F.layer_norm(x, x.shape[-1:], eps=self.eps), 1 + scale)
 
 
@@ -273,7 +278,8 @@ class DiT(nn.Module):
 
     def modulations(self, t: Tensor) -> list[Tensor]:
         """t (B,) -> every block's (B, 6 D) modulation, then the output norm's (B, 2 D): kept
-        per distinct t on CPU (`ModulationMemo`), computed as upstream elsewhere."""
+        per distinct t on CPU (`ModulationMemo`), computed as upstream elsewhere. On CPU,
+        when every row has the same t, one row (1, ...) that the blocks broadcast."""
         norms = [cast(DiTBlock, block).attn_norm.linear for block in self.transformer_blocks]
         norms.append(self.norm_out.linear)
 
@@ -284,7 +290,10 @@ class DiT(nn.Module):
         if not cpu_inference(t, t):
             return compute(t)
         params = [*self.time_embed.parameters(), *(p for n in norms for p in n.parameters())]
-        return self.modulation_memo.lookup(t, params, compute)
+        found = self.modulation_memo.lookup(t, params, compute)
+        if bool((t == t[0]).all()):  # one t for every row (CFG's two): one row, broadcast
+            return [rows[:1] for rows in found]
+        return found
 
     def attention_mask(self, mask: Tensor, streaming: bool) -> Tensor:
         """(B, 1, T) frame mask -> (B, 1, T, T) bool: valid keys, within the chunk if streaming."""
