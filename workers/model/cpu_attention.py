@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from workers.model.cpu_isa import has_amx_tiles
 from workers.model.cpu_linear import cpu_inference
@@ -71,6 +71,26 @@ class KeyLimits:
 
 
 Mask = Tensor | KeyLimits | None
+
+
+class AttentionLayer(nn.Module):
+    """Base of the flows' self-attention layers (CosyVoice 2's U-Net, CosyVoice 3's DiT).
+
+    `blocked_attention`: whether the blocked bf16 kernel may run (the kernel policy turns it
+    off off the CPU: `F.scaled_dot_product_attention` alone); `score_block_bytes`: the most
+    one block of scores may hold (from the estimator config's `attention_score_block_mb`)."""
+
+    blocked_attention: bool = True
+
+    def __init__(self, score_block_mb: int) -> None:
+        super().__init__()
+        self.score_block_bytes = score_block_mb * 1024 * 1024
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Mask) -> Tensor:
+        """`attention` under this layer's settings."""
+        return attention(
+            q, k, v, mask, score_block_bytes=self.score_block_bytes, blocked=self.blocked_attention
+        )
 
 
 @functools.cache

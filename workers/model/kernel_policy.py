@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from workers.model.cpu_attention import AttentionLayer
 from workers.model.cpu_conv import Conv1d, pack_conv_weights
 from workers.model.cpu_linear import (
     Linear,
@@ -26,7 +27,7 @@ from workers.model.cpu_linear import (
     pack_linear_weights,
     set_linear_kernel,
 )
-from workers.model.flow.estimator import SelfAttention
+from workers.model.dit.estimator import fuse_dit_projections
 from workers.model.llm.fused_projections import fuse_projections
 
 
@@ -78,11 +79,14 @@ def apply_llm_policy(llm: nn.Module, policy: KernelPolicy) -> None:
 
 
 def apply_stage_policy(stage: nn.Module, policy: KernelPolicy, *, rows_alone: bool) -> None:
-    """Set a flow or HiFT stage's products and attention; (CPU bf16 only) pack its weights."""
+    """Set a flow or HiFT stage's products and attention; (CPU bf16 only) fuse the DiT's
+    q/k/v and pack its weights."""
     set_linear_kernel(stage, policy.flow_linear)
     for sub in stage.modules():
-        if isinstance(sub, SelfAttention):
+        if isinstance(sub, AttentionLayer):
             sub.blocked_attention = policy.cpu_kernels
+    if policy.fuse_projections:
+        fuse_dit_projections(stage)
     if policy.pack_weights:
         pack_linear_weights(stage)
         pack_conv_weights(stage, rows_alone=rows_alone)
@@ -95,7 +99,7 @@ def cpu_kernels_in(modules: Iterable[nn.Module]) -> list[str]:
     found = []
     for root in modules:
         for name, sub in root.named_modules():
-            if isinstance(sub, SelfAttention) and sub.blocked_attention:
+            if isinstance(sub, AttentionLayer) and sub.blocked_attention:
                 found.append(f"{name}: blocked attention")
             if isinstance(sub, Linear) and sub.kernel != "torch":
                 found.append(f"{name}: linear kernel {sub.kernel}")

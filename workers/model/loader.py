@@ -183,7 +183,8 @@ def load_model(
     model's Euler steps (its 10) in the torch flow: fewer is faster and coarser. `policy`: the
     kernels (default `kernel_policy(device, dtype)`; a test loads a CUDA policy on the CPU).
     A CosyVoice 3 directory loads its DiT flow and causal HiFT (the LLM is the same class
-    with CosyVoice 3's config); their CPU kernel packing is CosyVoice 2's only so far.
+    with CosyVoice 3's config); its DiT flow gets the same CPU kernels as CosyVoice 2's flow
+    (packed bf16 weights, fused q/k/v, blocked attention), its causal HiFT none so far.
     """
     directory = ModelDirectory(Path(root))
     directory.check_layout()
@@ -212,6 +213,8 @@ def load_model(
     hift: HiFTGenerator | CausalHiFTGenerator | None = None
     if isinstance(configs, CosyVoice3Configs):
         flow, hift = _cosyvoice3_stages(configs, directory, torch_stages, device, dtype)
+        if flow is not None:  # as CosyVoice 2's flow: each piece's flow runs alone in bf16
+            apply_stage_policy(flow, policy, rows_alone=True)
     if isinstance(configs, ModelConfigs) and "flow" in torch_stages:
         flow_state = read_state_dict(flow_path, dtype=convert)
         flow2 = build_flow(configs.flow, flow_state, device=device, dtype=dtype, source=flow_path)

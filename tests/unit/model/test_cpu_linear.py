@@ -205,3 +205,22 @@ def test_one_fp32_row_goes_through_mv_only_on_amx_hosts(
             torch.testing.assert_close(ours(x), reference(x), rtol=1e-5, atol=1e-5)
     wanted = cpu_linear.onednn_available() and amx
     assert calls == ([48, 48, 48] if wanted else [])
+
+
+@needs_bf16_packing
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_as_the_packed_products_post_op(approximate: str) -> None:
+    """One oneDNN product with the GELU on its accumulator: within a bf16 rounding of the two
+    ops, and no further from fp64; a plain weight runs exactly the two ops."""
+    layer, plain = _bf16_pair()
+    x = torch.randn(130, 48).bfloat16()
+    with torch.inference_mode():
+        two_ops = torch.nn.functional.gelu(layer(x), approximate=approximate)
+        assert torch.equal(cpu_linear.linear_gelu(layer, x, approximate), two_ops)
+        cpu_linear.pack_linear_weights(layer)
+        fused = cpu_linear.linear_gelu(layer, x, approximate)
+    exact = torch.nn.functional.gelu(
+        x.double() @ plain.double().T + layer.bias.double(), approximate=approximate
+    )
+    torch.testing.assert_close(fused.float(), two_ops.float(), rtol=1.6e-2, atol=1e-2)
+    assert (fused.double() - exact).abs().mean() <= (two_ops.double() - exact).abs().mean()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from workers.cli import main
 from workers.model.dit.config import DiTConfig, DiTFlowConfig
@@ -18,11 +19,40 @@ SMALL = DiTFlowConfig(
 
 def test_small_dit_flow_bench_reports_time_floor_and_cpu() -> None:
     result = bench_dit_flow(random_dit_flow(SMALL), tokens=10, prompt_tokens=5, threads=1, runs=1)
-    assert result.mel_frames == 30 and len(result.total_s) == 1
-    assert result.gflop > 0 and result.gemm_gflops > 0 and result.floor_s > 0
+    assert result.mel_frames == 30 and [row.label for row in result.rows] == ["fp32"]
+    (row,) = result.rows
+    assert len(row.total_s) == 1 and row.snr_db is None
+    assert row.gflop > 0 and row.gemm_gflops > 0 and row.floor_s > 0
     table = format_dit_table(result)
-    assert table.startswith("CPU: ") and "floor: FLOPs / measured GEMM rate" in table
-    assert json.loads(dit_json(result))["floor_s"] == pytest.approx(result.floor_s)
+    assert table.startswith("CPU: ") and "floor = FLOPs / measured GEMM rate" in table
+    doc = json.loads(dit_json(result))
+    assert doc["rows"][0]["floor_s"] == pytest.approx(row.floor_s)
+    assert doc["rows"][0]["x_floor"] == pytest.approx(min(row.total_s) / row.floor_s)
+
+
+def test_bf16_rows_plain_and_with_cpu_kernels_beside_fp32_in_one_run() -> None:
+    """fp32, then the same weights in bf16 on plain ops and on the CPU kernels, each with its
+    mel SNR against fp32 and its floor in bf16; the kernels' row with its op groups."""
+    result = bench_dit_flow(
+        random_dit_flow(SMALL), tokens=10, prompt_tokens=5, threads=1, runs=1,
+        dtype=torch.bfloat16,
+    )  # fmt: skip
+    labels = [row.label for row in result.rows]
+    assert labels == ["fp32", "bf16, plain ops", "bf16, CPU kernels"]
+    fp32, plain, kernels = result.rows
+    assert plain.snr_db is not None and kernels.snr_db is not None
+    assert kernels.snr_db >= 30.0 and plain.snr_db >= 30.0
+    assert fp32.gflop == pytest.approx(kernels.gflop, rel=0.01)
+    assert kernels.ops is not None and plain.ops is None
+    shares = (kernels.ops.matmul, kernels.ops.attention, kernels.ops.other_ops)
+    assert all(0 <= share <= 1 for share in shares) and kernels.ops.matmul > 0
+    table = format_dit_table(result)
+    assert "bf16, CPU kernels, one profiled pass" in table and "mel SNR dB" in table
+
+
+def test_bf16_is_for_the_dit_flow_only() -> None:
+    with pytest.raises(SystemExit, match="--family cosyvoice3"):
+        main(["bench", "flow", "--dtype", "bf16"])
 
 
 def test_the_family_flag_is_offered_by_bench_flow(capsys: pytest.CaptureFixture[str]) -> None:

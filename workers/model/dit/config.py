@@ -37,6 +37,12 @@ class DiTConfig:
     conv_pos_groups: int = 16
     rotary_base: float = 10000.0
     layer_norm_eps: float = 1e-6
+    # CPU bf16 attention (`cpu_attention`): the most one block of scores may hold, as
+    # CosyVoice 2's `EstimatorConfig.attention_score_block_mb`
+    attention_score_block_mb: int = 64
+    # distinct t values whose adaLN modulations the CPU keeps (`dit/modulation.py`): 274 KB
+    # each at full size in bf16; 0 computes them every call
+    time_cache_values: int = 32
 
     def __post_init__(self) -> None:
         if self.dim % self.conv_pos_groups:

@@ -12,12 +12,25 @@ Attention is full, or limited to static chunks of `static_chunk_size` frames whe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model.cpu_linear import Linear
+from workers.model.cpu_attention import AttentionLayer
+from workers.model.cpu_conv import Conv1d
+from workers.model.cpu_linear import (
+    Linear,
+    concatenated_linear,
+    cpu_inference,
+    fusable,
+    linear_gelu,
+)
 from workers.model.dit.config import DiTConfig
+from workers.model.dit.modulation import ModulationMemo
 from workers.model.flow.encoder import chunk_mask
 from workers.model.flow.estimator import timestep_embedding
 
@@ -37,14 +50,15 @@ class TimestepEmbedding(nn.Module):
 
 
 class CausalConvPositionEmbedding(nn.Module):
-    """(B, T, D) -> (B, T, D): two grouped convs, each left-padded (causal) and Mish-activated."""
+    """(B, T, D) -> (B, T, D): two grouped convs, each left-padded (causal) and Mish-activated
+    (`cpu_conv.Conv1d`: packed where the kernel policy packs the flow's bf16 convs)."""
 
     def __init__(self, config: DiTConfig) -> None:
         super().__init__()
         dim, kernel, groups = config.dim, config.conv_pos_kernel, config.conv_pos_groups
         self.pad = kernel - 1
-        self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
-        self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
+        self.conv1 = nn.Sequential(Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
+        self.conv2 = nn.Sequential(Conv1d(dim, dim, kernel, groups=groups), nn.Mish())
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.conv1(F.pad(x.transpose(1, 2), (self.pad, 0)))
@@ -90,38 +104,92 @@ def rotary_inv_freq(config: DiTConfig) -> Tensor:
 
 def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
     """Rotate the first angles.size(-1) channels of x (B, T, C) in interleaved pairs."""
-    width = angles.size(-1)
-    head, rest = x[..., :width], x[..., width:]
+    return rotate(x, angles.cos(), angles.sin())
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """`apply_rotary` with the angles' cosines and sines given (made once per estimator call)."""
+    width = cos.size(-1)
+    return torch.cat((rotated_head(x[..., :width], cos, sin), x[..., width:]), dim=-1)
+
+
+def rotated_head(head: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The rotary channels (B, T, width) turned: pairs (a, b) -> (a cos - b sin, b cos + a sin)."""
     pairs = head.unflatten(-1, (-1, 2))
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    head = head * angles.cos() + rotated * angles.sin()
-    return torch.cat((head, rest), dim=-1)
+    return head * cos + rotated * sin
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention with biased projections and rotary positions on head 0."""
+@dataclass(frozen=True)
+class Frames:
+    """One estimator call's attention inputs, shared by its blocks."""
+
+    mask: Tensor | None  # (B, 1, T, T) bool, True = may attend; None: everywhere
+    keep: Tensor | None  # (B, T, 1): frames the last query sees (1) or not (0); None: all
+    cos: Tensor  # (T, dim_head) rotary angles' cosines and sines
+    sin: Tensor
+
+
+class Attention(AttentionLayer):
+    """Multi-head self-attention with biased projections and rotary positions on head 0.
+
+    `qkv_proj` is set by `fuse_dit_projections` (CPU bf16): q/k/v as one product, the three
+    layers left empty. Attention runs through `cpu_attention` (blocked bf16 on CPU)."""
 
     def __init__(self, config: DiTConfig) -> None:
-        super().__init__()
+        super().__init__(config.attention_score_block_mb)
         self.heads = config.heads
         self.to_q = Linear(config.dim, config.inner_dim)
         self.to_k = Linear(config.dim, config.inner_dim)
         self.to_v = Linear(config.dim, config.inner_dim)
         self.to_out = nn.ModuleList([Linear(config.inner_dim, config.dim)])
+        self.qkv_proj: Linear | None = None
 
-    def forward(self, x: Tensor, attn_mask: Tensor, angles: Tensor) -> Tensor:
-        """x (B, T, D); attn_mask (B, 1, T, T) bool, True = may attend; angles (T, dim_head)."""
-        q = apply_rotary(self.to_q(x), angles)
-        k = apply_rotary(self.to_k(x), angles)
-        v = self.to_v(x)
-
-        def split(h: Tensor) -> Tensor:  # (B, T, H*d) -> (B, H, T, d)
-            return h.unflatten(-1, (self.heads, -1)).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=attn_mask)
+    def forward(self, x: Tensor, frames: Frames) -> Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        if self.qkv_proj is not None and cpu_inference(x, x):
+            q, k, v = self._fused_heads(x, frames)
+        else:
+            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+            q, k = rotate(q, frames.cos, frames.sin), rotate(k, frames.cos, frames.sin)
+            q, k, v = (h.unflatten(-1, (self.heads, -1)).transpose(1, 2) for h in (q, k, v))
+        out = self.attend(q, k, v, frames.mask)
         out = self.to_out[0](out.transpose(1, 2).flatten(2))
         # Upstream zeroes the frames the last query may not see (padding; never in inference).
-        return out * attn_mask[:, 0, -1].unsqueeze(-1).to(out.dtype)
+        return out if frames.keep is None else out * frames.keep
+
+    def _fused_heads(self, x: Tensor, frames: Frames) -> tuple[Tensor, ...]:
+        """q, k, v (B, H, T, d), each contiguous, from one product: the rotary channels turned
+        in place (no copy of q and k around them), then one copy into head-major order (the
+        blocked attention reads each as (B*H, T, d) without copying it again)."""
+        qkv = self.qkv_proj(x)  # type: ignore[misc]
+        width, inner = frames.cos.size(-1), qkv.size(-1) // 3
+        for start in (0, inner):  # q's and k's first channels (head 0)
+            head = qkv[..., start : start + width]
+            head.copy_(rotated_head(head, frames.cos, frames.sin))
+        heads = qkv.unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4).contiguous()
+        return heads.unbind(0)
+
+
+def fuse_dit_projections(module: nn.Module) -> int:
+    """Give every DiT attention under `module` one q/k/v product where `cpu_linear.fusable`
+    (CPU bf16 weights, to be packed); the count fused."""
+    fused = 0
+    for sub in module.modules():
+        if isinstance(sub, Attention) and sub.qkv_proj is None:
+            parts = [sub.to_q, sub.to_k, sub.to_v]
+            if fusable(parts):
+                sub.qkv_proj = concatenated_linear(parts)
+                fused += 1
+    return fused
+
+
+def addcmul(base: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """base + a * b: one op (one rounding in bf16) in CPU inference; the two ops elsewhere
+    (tracing: Core ML's converter has no addcmul)."""
+    if cpu_inference(a, a):
+        return torch.addcmul(base, a, b)
+    return base + a * b
 
 
 class AdaLayerNorm(nn.Module):
@@ -133,12 +201,14 @@ class AdaLayerNorm(nn.Module):
         self.parts = parts
         self.linear = Linear(config.dim, config.dim * parts)
 
-    def modulation(self, time: Tensor) -> tuple[Tensor, ...]:
-        """(B, dim) time -> `parts` tensors (B, 1, dim), broadcast over frames."""
-        return self.linear(F.silu(time)).unsqueeze(1).chunk(self.parts, dim=-1)
-
     def norm(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-        return F.layer_norm(x, x.shape[-1:], eps=self.eps) * (1 + scale) + shift
+        """LayerNorm(x) * (1 + scale) + shift. One modulation for every row (B = 1 in shift
+        and scale, CPU inference): LayerNorm's own affine, one pass over x; else one `addcmul`
+        after the norm."""
+        if shift.size(0) == 1 and cpu_inference(x, x):
+            weight, bias = (1 + scale).reshape(-1), shift.reshape(-1)
+            return F.layer_norm(x, x.shape[-1:], weight, bias, eps=self.eps)
+        return addcmul(shift, F.layer_norm(x, x.shape[-1:], eps=self.eps), 1 + scale)
 
 
 class FeedForward(nn.Module):
@@ -151,7 +221,9 @@ class FeedForward(nn.Module):
         self.ff = nn.Sequential(project_in, nn.Identity(), Linear(inner, config.dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.ff(x)
+        """The GELU is the first product's post-op on packed weights (`linear_gelu`)."""
+        project_in = cast(nn.Sequential, self.ff[0])
+        return self.ff[2](linear_gelu(cast(Linear, project_in[0]), x, approximate="tanh"))
 
 
 class DiTBlock(nn.Module):
@@ -163,13 +235,14 @@ class DiTBlock(nn.Module):
         self.attn = Attention(config)
         self.ff = FeedForward(config)
 
-    def forward(self, x: Tensor, time: Tensor, attn_mask: Tensor, angles: Tensor) -> Tensor:
-        """x (B, T, D), time (B, D) -> (B, T, D)."""
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = self.attn_norm.modulation(time)
+    def forward(self, x: Tensor, modulation: Tensor, frames: Frames) -> Tensor:
+        """x (B, T, D), modulation (B, 6 D) (`attn_norm.linear(SiLU(time))`) -> (B, T, D);
+        each residual one `addcmul`."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = modulation.unsqueeze(1).chunk(6, -1)
         h = self.attn_norm.norm(x, shift_a, scale_a)
-        x = x + gate_a * self.attn(h, attn_mask, angles)
+        x = addcmul(x, gate_a, self.attn(h, frames))
         h = self.attn_norm.norm(x, shift_f, scale_f)
-        return x + gate_f * self.ff(h)
+        return addcmul(x, gate_f, self.ff(h))
 
 
 class FinalNorm(AdaLayerNorm):
@@ -178,8 +251,9 @@ class FinalNorm(AdaLayerNorm):
     def __init__(self, config: DiTConfig) -> None:
         super().__init__(config, parts=2)
 
-    def forward(self, x: Tensor, time: Tensor) -> Tensor:
-        scale, shift = self.modulation(time)
+    def forward(self, x: Tensor, modulation: Tensor) -> Tensor:
+        """x (B, T, D), modulation (B, 2 D) (`linear(SiLU(time))`) -> (B, T, D)."""
+        scale, shift = modulation.unsqueeze(1).chunk(2, dim=-1)
         return self.norm(x, shift, scale)
 
 
@@ -195,6 +269,31 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList(DiTBlock(config) for _ in range(config.depth))
         self.norm_out = FinalNorm(config)
         self.proj_out = Linear(config.dim, config.mel_dim)
+        self.modulation_memo = ModulationMemo(config.time_cache_values)
+        self.register_load_state_dict_pre_hook(lambda *_: self.modulation_memo.clear())
+
+    def _apply(self, fn: Callable[..., Tensor], recurse: bool = True) -> DiT:
+        self.modulation_memo.clear()  # .to(), .float(), ...: the kept vectors are stale
+        return super()._apply(fn, recurse)
+
+    def modulations(self, t: Tensor) -> list[Tensor]:
+        """t (B,) -> every block's (B, 6 D) modulation, then the output norm's (B, 2 D): kept
+        per distinct t on CPU (`ModulationMemo`), computed as upstream elsewhere. On CPU,
+        when every row has the same t, one row (1, ...) that the blocks broadcast."""
+        norms = [cast(DiTBlock, block).attn_norm.linear for block in self.transformer_blocks]
+        norms.append(self.norm_out.linear)
+
+        def compute(times: Tensor) -> list[Tensor]:
+            time_act = F.silu(self.time_embed(times))
+            return [norm(time_act) for norm in norms]
+
+        if not cpu_inference(t, t):
+            return compute(t)
+        params = [*self.time_embed.parameters(), *(p for n in norms for p in n.parameters())]
+        found = self.modulation_memo.lookup(t, params, compute)
+        if bool((t == t[0]).all()):  # one t for every row (CFG's two): one row, broadcast
+            return [rows[:1] for rows in found]
+        return found
 
     def attention_mask(self, mask: Tensor, streaming: bool) -> Tensor:
         """(B, 1, T) frame mask -> (B, 1, T, T) bool: valid keys, within the chunk if streaming."""
@@ -215,10 +314,19 @@ class DiT(nn.Module):
         streaming: bool = False,
     ) -> Tensor:
         """x, mu, cond (B, 80, T); mask (B, 1, T); t (B,); spks (B, 80) -> velocity (B, 80, T)."""
-        time = self.time_embed(t)
+        *modulations, final = self.modulations(t)
         h = self.input_embed(x.transpose(1, 2), cond.transpose(1, 2), mu.transpose(1, 2), spks)
+        frames = self.frames(mask, streaming, h)
+        for block, modulation in zip(self.transformer_blocks, modulations, strict=True):
+            h = block(h, modulation, frames)
+        return self.proj_out(self.norm_out(h, final)).transpose(1, 2)
+
+    def frames(self, mask: Tensor, streaming: bool, h: Tensor) -> Frames:
+        """What every block's attention reads, made once per call. On CPU outside tracing a
+        mask that hides nothing (a lone request's pass) is dropped: no fill, no product."""
         angles = self.rotary_embed(h.size(1)).to(h.dtype)
         attn_mask = self.attention_mask(mask, streaming)
-        for block in self.transformer_blocks:
-            h = block(h, time, attn_mask, angles)
-        return self.proj_out(self.norm_out(h, time)).transpose(1, 2)
+        if cpu_inference(h, h) and bool(attn_mask.all()):
+            return Frames(None, None, angles.cos(), angles.sin())
+        keep = attn_mask[:, 0, -1].unsqueeze(-1).to(h.dtype)
+        return Frames(attn_mask, keep, angles.cos(), angles.sin())

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.model.cpu_attention import attention
+from workers.model.cpu_attention import AttentionLayer
 from workers.model.cpu_conv import Conv1d
 from workers.model.cpu_linear import Linear
 from workers.model.flow.config import EstimatorConfig
@@ -104,19 +104,13 @@ class CausalResnetBlock1D(nn.Module):
         return self.block2(h, mask) + self.res_conv(x * mask)
 
 
-class SelfAttention(nn.Module):
-    """diffusers-style attention: bias-free q/k/v, `to_out.0` projection with bias.
-
-    `blocked_attention`: whether `cpu_attention`'s blocked bf16 kernel may run (the kernel
-    policy turns it off off the CPU: `F.scaled_dot_product_attention` alone)."""
-
-    blocked_attention: bool = True
+class SelfAttention(AttentionLayer):
+    """diffusers-style attention: bias-free q/k/v, `to_out.0` projection with bias."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, score_block_mb: int = 64) -> None:
-        super().__init__()
+        super().__init__(score_block_mb)
         inner = heads * head_dim
         self.heads = heads
-        self.score_block_bytes = score_block_mb * 1024 * 1024
         self.to_q = Linear(dim, inner, bias=False)
         self.to_k = Linear(dim, inner, bias=False)
         self.to_v = Linear(dim, inner, bias=False)
@@ -138,9 +132,7 @@ class SelfAttention(nn.Module):
             return h.view(batch, -1, self.heads, h.size(-1) // self.heads).transpose(1, 2)
 
         q, k, v = (split(h) for h in self.project(x))
-        out = attention(  # (B, H, T, hd)
-            q, k, v, mask, score_block_bytes=self.score_block_bytes, blocked=self.blocked_attention
-        )
+        out = self.attend(q, k, v, mask)  # (B, H, T, hd)
         return self.to_out[0](out.transpose(1, 2).flatten(2))
 
 

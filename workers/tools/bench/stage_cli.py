@@ -49,7 +49,12 @@ def register_bench(commands: Any) -> None:
         "--steps", type=int, default=200, help="with --variants: agreement steps (default 200)"
     )
     llm.set_defaults(handler=run_llm, runs=3)
-    flow = _stage(commands, "flow", "speaker projection, encoder and CFM solve of the FULL flow")
+    flow = _stage(
+        commands,
+        "flow",
+        "speaker projection, encoder and CFM solve of the FULL flow",
+        ("fp32", "bf16"),
+    )
     flow.add_argument("--tokens", type=int, default=100, help="generated tokens (default 100)")
     flow.add_argument("--prompt-tokens", type=int, default=50, help="prompt tokens (default 50)")
     flow.add_argument(
@@ -65,6 +70,10 @@ def register_bench(commands: Any) -> None:
         default="native",
         help="int8: fp32 and bf16, each also with its transformer products in int8 "
         "(workers.model.flow.int8_products), in interleaved rounds, mel SNR against fp32",
+    )
+    flow.epilog = (
+        "--dtype bf16 (cosyvoice3): fp32, bf16 on plain PyTorch ops and bf16 with the CPU "
+        "kernels in one run, each beside its floor, with the mel SNR against fp32"
     )
     flow.set_defaults(handler=run_flow, runs=3)
     hift = _stage(commands, "hift", "the FULL HiFT vocoder on a run of mel frames")
@@ -162,6 +171,9 @@ def run_flow(args: argparse.Namespace) -> int:
     set_omp_wait_policy(args.omp_wait_policy)
     if args.family == "cosyvoice3":
         return _run_dit_flow(args)
+    if args.dtype != "fp32":
+        raise SystemExit("bench flow: --dtype bf16 is for --family cosyvoice3 (CosyVoice 2: "
+                         "`cosyq-worker bench --dtype bf16` times its flow)")  # fmt: skip
     if args.flow_precision == "int8":
         from workers.engine.cpu_features import host_cpu  # noqa: PLC0415
         from workers.tools.bench.flow_int8 import (  # noqa: PLC0415
@@ -194,6 +206,8 @@ def run_flow(args: argparse.Namespace) -> int:
 
 
 def _run_dit_flow(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
     from workers.tools.bench.dit_flow_stage import (  # noqa: PLC0415
         bench_dit_flow,
         dit_json,
@@ -212,6 +226,7 @@ def _run_dit_flow(args: argparse.Namespace) -> int:
         prompt_tokens=args.prompt_tokens,
         threads=args.threads,
         runs=args.runs,
+        dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
     )
     print(dit_json(result) if args.json else format_dit_table(result))
     return 0
