@@ -15,12 +15,17 @@ from workers.tools.fixtures import full_random
 ARGS = ["--config", "tiny", "--family", "cosyvoice3", "--tokens", "5", "--threads", "1"]
 
 
-def test_engine_bench_runs_the_tiny_cosyvoice3(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_engine_bench_runs_the_tiny_cosyvoice3(
+    dtype: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The LLM's precision is its body's: CosyVoice 3's float32 text table comes first among
+    its parameters and once made a bf16 LLM read as fp32."""
     argv = ["bench", *ARGS, "--runs", "1", "--text", "Hello.", "--no-floors", "--json"]
-    assert main([*argv, "--omp-wait-policy", "inherit"]) == 0
+    assert main([*argv, "--dtype", dtype, "--omp-wait-policy", "inherit"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["family"] == "cosyvoice3" and doc["config"] == "tiny"
-    assert doc["precisions"]["llm"] == "fp32"
+    assert doc["precisions"]["llm"] == dtype
 
 
 def test_engine_bench_table_names_the_family(capsys: pytest.CaptureFixture[str]) -> None:

@@ -236,13 +236,24 @@ def _dtype_of(module: Any) -> str:
     return _NAMES.get(param.dtype, str(param.dtype)) if param is not None else "n/a"
 
 
+def _llm_dtype(llm: Any) -> str:
+    """The LLM's compute dtype, read from its body: its text table may stay a float32 mapping
+    of the checkpoint (CosyVoice 3's comes first among its parameters)."""
+    if llm is None:
+        return "n/a"
+    for name, param in llm.named_parameters():
+        if not any(table in name for table in EMBEDDING_TABLES):
+            return _NAMES.get(param.dtype, str(param.dtype))
+    return _dtype_of(llm)
+
+
 def stage_precisions(engine: Any) -> dict[str, str]:
     """The dtype each stage really computes in, read from its weights (HiFT's F0 predictor
     and its source/STFT parts may differ from its convolutions)."""
     hift = getattr(engine.vocoder, "model", None)
     llm = getattr(engine.llm, "model", None)
     return {
-        "llm": getattr(llm, "precision", None) or _dtype_of(llm),
+        "llm": getattr(llm, "precision", None) or _llm_dtype(llm),
         "flow": _dtype_of(getattr(engine.flow, "model", None)),
         "hift": _dtype_of(getattr(hift, "conv_pre", None)),
         "hift_f0_predictor": _dtype_of(getattr(hift, "f0_predictor", None)),
