@@ -205,7 +205,7 @@ class AdaLayerNorm(nn.Module):
         """LayerNorm(x) * (1 + scale) + shift. One modulation for every row (B = 1 in shift
         and scale, CPU inference): LayerNorm's own affine, one pass over x; else one `addcmul`
         after the norm."""
-        if shift.size(0) == 1 and cpu_inference(x, x):
+        if cpu_inference(x, x) and shift.size(0) == 1:  # (a traced size is a tensor)
             weight, bias = (1 + scale).reshape(-1), shift.reshape(-1)
             return F.layer_norm(x, x.shape[-1:], weight, bias, eps=self.eps)
         return addcmul(shift, F.layer_norm(x, x.shape[-1:], eps=self.eps), 1 + scale)
