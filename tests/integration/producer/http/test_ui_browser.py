@@ -191,6 +191,8 @@ def test_a_suspect_job_is_played_accepted_and_regenerated(front: Front, browser:
 
     browser.get(_local(front) + f"/ui/jobs/{jobs[1]}")  # type: ignore[attr-defined]
     browser.find_element(By.ID, "judge-regenerated").click()  # type: ignore[attr-defined]
+    # The click posts a form: the page with the new job's link loads after it returns.
+    wait_for(lambda: browser.find_elements(By.ID, "new-job"), 20, "the new job's link")  # type: ignore[attr-defined]
     new_id = browser.find_element(By.ID, "new-job").get_attribute("href").rsplit("/", 1)[1]  # type: ignore[attr-defined]
     record = judgement(front, jobs[1])
     assert record["action"] == "regenerated" and record["new_job"] == new_id
