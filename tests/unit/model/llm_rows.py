@@ -62,28 +62,23 @@ PIECES = [
 ]
 
 
+def request(piece: Piece) -> dict[str, object]:
+    """The keywords a piece gives both `iter_speech_tokens` and `RowBatch.add` (a fresh
+    generator at the piece's seed each time)."""
+    return {
+        "prompt_text": piece.prompt_text,
+        "prompt_speech": piece.prompt_speech,
+        "generator": torch.Generator().manual_seed(piece.seed),
+        "forced_length": piece.forced,
+    }
+
+
 def alone(model: SpeechLM, piece: Piece) -> list[int]:
-    return list(
-        iter_speech_tokens(
-            model,
-            piece.text,
-            prompt_text=piece.prompt_text,
-            prompt_speech=piece.prompt_speech,
-            generator=torch.Generator().manual_seed(piece.seed),
-            forced_length=piece.forced,
-        )
-    )
+    return list(iter_speech_tokens(model, piece.text, **request(piece)))  # type: ignore[arg-type]
 
 
 def add(decoder: RowBatch, key: int, piece: Piece) -> None:
-    decoder.add(
-        key,
-        piece.text,
-        prompt_text=piece.prompt_text,
-        prompt_speech=piece.prompt_speech,
-        generator=torch.Generator().manual_seed(piece.seed),
-        forced_length=piece.forced,
-    )
+    decoder.add(key, piece.text, **request(piece))  # type: ignore[arg-type]
 
 
 def drain(decoder: RowBatch, joins: list[tuple[int, int]]) -> dict[int, FinishedRow]:
