@@ -139,6 +139,22 @@ def test_bf16_against_fp32_on_the_tiny_model(capsys: pytest.CaptureFixture[str])
     assert len(values) == 5 and all(0.0 < v < 100.0 for v in values)  # close, not identical
 
 
+def test_cosyvoice3_bf16_against_fp32_with_its_system_prompt(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """CosyVoice 3's LLM needs <|endofprompt|> in its prompt: the check prefills the prompt a
+    job's mode gives (it once prefilled none and failed). Its causal HiFT draws no noise, so
+    the decoder-alone row is n/a."""
+    argv = ["bench", "--family", "cosyvoice3", "--runs", "1", "--threads", "1", "--dtype", "bf16"]
+    assert main([*argv, "--compare-fp32", "--text", "Hello.", "--no-floors"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if "(same" in line or "(centred)" in line]
+    decoder = next(line for line in lines if line.startswith("HiFT decoder"))
+    assert decoder.split()[-1] == "n/a"
+    values = [float(line.split()[-1]) for line in lines if line is not decoder]
+    assert len(values) == 4 and all(0.0 < v < 100.0 for v in values)  # close, not identical
+
+
 def test_int8_llm_against_fp32_on_the_tiny_model(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

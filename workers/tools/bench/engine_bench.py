@@ -349,8 +349,7 @@ def _compare(
         reference,
         engine,
         dtype=f"{options.dtype}, LLM int8" if int8 else options.dtype,
-        text=request.text,
-        voice=request.prompt,
+        request=request,
         tokens=forced_tokens(options) or COMPARE_TOKENS,
         seed=options.seed,
     )

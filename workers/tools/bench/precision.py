@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.engine.api import VoicePrompt
+from workers.engine.api import SynthesisInput, VoicePrompt
+from workers.engine.causal_stages import CausalVocoder
 from workers.engine.pipeline import SynthesisPipeline
 from workers.engine.stages import ModuleFlow, ModuleSpeechTokens, ModuleVocoder, source_noise
 from workers.model.llm.qwen2 import KVCache
@@ -41,7 +42,7 @@ class PrecisionReport:
     llm_logp_db: float
     flow_mel_db: float
     hift_wav_db: float
-    hift_decoder_db: float
+    hift_decoder_db: float | None  # None: a causal HiFT (its excitation is a fixed buffer)
     chain_wav_db: float
     llm_agreement: LLMAgreement | None = None  # int8 LLM: 200 teacher-forced steps
 
@@ -55,18 +56,29 @@ class PrecisionReport:
         ]
         width = max(len(name) for name, _ in rows)
         head = f"{self.dtype} vs fp32, SNR dB (identical inputs per stage)"
-        lines = [head, *(f"{name:<{width}}  {value:8.1f}" for name, value in rows)]
+        lines = [head, *(f"{name:<{width}}  {_db(value)}" for name, value in rows)]
         return lines + (self.llm_agreement.lines() if self.llm_agreement else [])
 
 
+def _db(value: float | None) -> str:
+    return f"{value:8.1f}" if value is not None else "     n/a"
+
+
 @torch.inference_mode()
-def first_step_logp(engine: SynthesisPipeline, text: list[int], prompt: VoicePrompt) -> np.ndarray:
-    """The LLM's centred log-probs after prefilling `text` on `prompt`'s speech tokens."""
+def first_step_logp(
+    engine: SynthesisPipeline,
+    text: list[int],
+    prompt: VoicePrompt,
+    prompt_text: list[int] | None = None,
+) -> np.ndarray:
+    """The LLM's centred log-probs after prefilling `prompt_text` (none by default) and `text`
+    on `prompt`'s speech tokens."""
     llm = engine.llm
     if not isinstance(llm, ModuleSpeechTokens):
         raise TypeError("the precision check needs the torch LLM stage")
     model = llm.model
-    ids = [torch.as_tensor(x, dtype=torch.long, device=model.device) for x in (text, [])]
+    texts = (text, prompt_text or [])
+    ids = [torch.as_tensor(x, dtype=torch.long, device=model.device) for x in texts]
     speech = torch.from_numpy(prompt.speech_tokens.astype(np.int64)).to(model.device)
     prefix = model.prefix_embeddings(ids[0], ids[1], speech)
     cache = KVCache(
@@ -91,9 +103,11 @@ def llm_agreement(
     ref, low = reference.llm, other.llm
     if not (isinstance(ref, ModuleSpeechTokens) and isinstance(low, ModuleSpeechTokens)):
         raise TypeError("the LLM agreement check needs module LLM stages")
-    ids = torch.as_tensor(list(reference.frontend.pieces(request.text)[0].ids))
-    speech = torch.from_numpy(request.prompt.speech_tokens.astype(np.int64))
-    prefix = ref.model.prefix_embeddings(ids, ids[:0], speech)
+    plan = reference.begin(request)  # the family's own prompt (CosyVoice 3: its system text)
+    ids = torch.as_tensor(list(plan.pieces[0].ids))
+    prompt_text = torch.as_tensor(plan.prompt.text_ids, dtype=torch.long)
+    speech = torch.from_numpy(plan.prompt.speech_tokens.astype(np.int64))
+    prefix = ref.model.prefix_embeddings(ids, prompt_text, speech)
     forced = compare_llm(ref.model, low.model, prefix, steps=steps, seed=seed)
     free = free_running(ref.model, low.model, prefix, steps=steps, seed=seed)
     return dataclasses.replace(forced, free=free)
@@ -120,17 +134,18 @@ def compare_precision(
     low: SynthesisPipeline,
     *,
     dtype: str,
-    text: str,
-    voice: VoicePrompt,
+    request: SynthesisInput,
     tokens: int,
     seed: int = 0,
 ) -> PrecisionReport:
-    """SNR of `low` against the fp32 `reference` engine on identical inputs per stage."""
-    ids = list(reference.frontend.pieces(text)[0].ids)
+    """SNR of `low` against the fp32 `reference` engine on identical inputs per stage: the
+    request's first piece with the LLM prompt its mode and family give (as a job runs it)."""
+    plan = reference.begin(request)
+    ids, prompt_text, voice = list(plan.pieces[0].ids), plan.prompt.text_ids, request.prompt
     speech = reference.llm.generate(
         ids,
-        prompt_text=[],
-        prompt_speech=voice.speech_tokens,
+        prompt_text=prompt_text,
+        prompt_speech=plan.prompt.speech_tokens,
         generator=torch.Generator().manual_seed(seed),
         forced_length=tokens,
     ).ids
@@ -140,11 +155,12 @@ def compare_precision(
         reference.vocoder,
         low.vocoder,
     )
+    vocoders = (ModuleVocoder, CausalVocoder)
     if not (
         isinstance(ref_flow, ModuleFlow)
         and isinstance(low_flow, ModuleFlow)
-        and isinstance(ref_vocoder, ModuleVocoder)
-        and isinstance(low_vocoder, ModuleVocoder)
+        and isinstance(ref_vocoder, vocoders)
+        and isinstance(low_vocoder, vocoders)
     ):
         raise TypeError("the precision check compares the torch flow and vocoder stages")
     mel_ref = ref_flow.mel(speech, voice)
@@ -157,10 +173,15 @@ def compare_precision(
     return PrecisionReport(
         dtype=dtype,
         llm_logp_db=snr_db(
-            first_step_logp(reference, ids, voice), first_step_logp(low, ids, voice)
+            first_step_logp(reference, ids, voice, prompt_text),
+            first_step_logp(low, ids, voice, prompt_text),
         ),
         flow_mel_db=snr_db(mel_ref, mel_low),
         hift_wav_db=snr_db(wav_ref, wav(low, mel_ref)),
-        hift_decoder_db=_decoder_snr(ref_vocoder, low_vocoder, mel_ref),
+        hift_decoder_db=(
+            _decoder_snr(ref_vocoder, low_vocoder, mel_ref)
+            if isinstance(ref_vocoder, ModuleVocoder) and isinstance(low_vocoder, ModuleVocoder)
+            else None
+        ),
         chain_wav_db=snr_db(wav_ref, wav(low, mel_low)),
     )
