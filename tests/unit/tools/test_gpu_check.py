@@ -44,8 +44,16 @@ def test_a_full_run_plans_every_measurement_of_the_issue(tmp_path: Path) -> None
         "pool",
         "recycle",
         "bench_fp16",
+        "cv3_bench",
+        "cv3_batch",
     ]
     assert "llm,hift,features" in steps["check_reference"].argv  # no flow.pt carried
+    cv3 = steps["cv3_batch"].argv
+    assert (
+        cv3[cv3.index("--family") + 1] == "cosyvoice3"
+        and "--compare-fp32" in steps["cv3_bench"].argv
+    )
+    assert cv3[cv3.index("--batch-sizes") + 1] == "1,8,32,64"
     assert steps["check_reference"].argv[-2:] == ("--device", "cuda")
     batch = steps["batch"].argv
     assert batch[batch.index("--batch-sizes") + 1] == "1,8,32,64,128"
@@ -82,6 +90,16 @@ def test_the_json_carries_the_issue_fields_and_verdicts() -> None:
     assert summary["vs_upstream_tts"] == 30.0
     assert summary["stream_first_chunk_s"] == 0.12
     assert summary["recycle_ready_s"] is None
+    assert summary["cosyvoice3"] is None  # its steps did not run: no block, never zeros
+    cv3 = {"summary": {"rtf": 0.05}, "precision_vs_fp32": {"flow_mel_db": 38.0, "x_db": None}}
+    steps["cv3_bench"] = _step("cv3_bench", cv3)
+    steps["cv3_batch"] = _step("cv3_batch", None, rc=1)  # failed: its figure is null
+    assert summarize(steps, {}, None)["cosyvoice3"] == {
+        "rtf": 0.05,
+        "snr_db": {"flow_mel_db": 38.0},
+        "batch_audio_s_per_wall_s": None,
+        "best_batch_size": None,
+    }
     steps["pool"] = _step("pool", {"audio_s_per_wall_s": 70, "recycle_ready_s": [31.0, 6.5]})
     assert summarize(steps, {}, None)["recycle_ready_s"] == 6.5  # the start from the cache
     targets = summary["targets"]
@@ -107,7 +125,7 @@ def test_a_short_real_run_writes_its_json(
         if name != "flow.pt":
             shutil.copy(reference_dir / name, carried / name)
     out = tmp_path / "out"
-    heavy = "bench_bf16,batch,stream,pool,recycle"
+    heavy = "bench_bf16,batch,stream,pool,recycle,cv3_bench,cv3_batch"
     args = ["--device", "cpu", "--quick", "--work", str(tmp_path / "work"), "--out", str(out)]
     rc = main([*args, "--reference", str(carried), "--dtypes", "bf16", "--skip", heavy])
     assert rc == 0

@@ -83,6 +83,19 @@ def bench_steps(options: CheckOptions) -> list[Step]:
     return steps
 
 
+def cosyvoice3_steps(options: CheckOptions) -> list[Step]:
+    """CosyVoice 3 (the DiT flow, the causal HiFT) on the same card: the engine bench against
+    fp32 (SNR per stage) and `bench batch`; last in the run, so they use what time is left."""
+    family = ("--family", "cosyvoice3", "--device", options.device, "--dtype", options.dtypes[0])
+    bench = (*WORKER, "bench", *family, "--compare-fp32", "--runs", "1")
+    sizes = ",".join(str(b) for b in ((1, 2) if options.quick else options.batch_sizes[:4]))
+    batch = (*WORKER, "bench", "batch", *family, "--batch-sizes", sizes)
+    return [
+        Step("cv3_bench", (*bench, *_model_args(options), "--json"), 240),
+        Step("cv3_batch", (*batch, *_model_args(options), "--json"), 240),
+    ]
+
+
 def service_steps(options: CheckOptions) -> list[Step]:
     """A pool fed from Redis (and 8 streamed jobs at once), then recycled workers' starts."""
     best = options.dtypes[0]
@@ -177,6 +190,8 @@ ORDER = (
     "pool",
     "recycle",
     "bench_fp16",
+    "cv3_bench",
+    "cv3_batch",
 )
 
 
@@ -191,6 +206,7 @@ def plan(options: CheckOptions) -> list[Step]:
         *bench_steps(options),
         *service_steps(options),
         *upstream_steps(options),
+        *cosyvoice3_steps(options),
     ]
     rank = {name: index for index, name in enumerate(ORDER)}
     steps.sort(key=lambda step: rank.get(step.name, len(ORDER)))

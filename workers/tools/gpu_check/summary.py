@@ -49,9 +49,11 @@ def _data(steps: dict[str, StepResult], name: str) -> Any:
     return step.data if step is not None and step.ok else None
 
 
-def batch_figures(steps: dict[str, StepResult]) -> tuple[float | None, int | None]:
-    """The best audio s per wall s of `bench batch` and the B that gave it."""
-    data = _data(steps, "batch")
+def batch_figures(
+    steps: dict[str, StepResult], name: str = "batch"
+) -> tuple[float | None, int | None]:
+    """The best audio s per wall s of `bench batch` (the step `name`) and the B that gave it."""
+    data = _data(steps, name)
     rows = data.get("rows", []) if isinstance(data, dict) else []
     if not rows:
         return None, None
@@ -72,17 +74,38 @@ def stream_first_chunk(steps: dict[str, StepResult]) -> float | None:
     return float(statistics.median(firsts)) if firsts else None
 
 
+def stage_snr(data: Any) -> dict[str, float]:
+    """stage -> SNR (dB) against fp32 from one `bench --compare-fp32` (n/a stages left out)."""
+    precision = (data.get("precision_vs_fp32") if isinstance(data, dict) else None) or {}
+    return {
+        stage: float(value)
+        for stage, value in precision.items()
+        if stage != "dtype" and isinstance(value, int | float)
+    }
+
+
 def snr_table(steps: dict[str, StepResult]) -> dict[str, dict[str, float]]:
-    """dtype -> stage -> SNR (dB) against fp32, from each `bench --compare-fp32`."""
+    """dtype -> stage -> SNR (dB) against fp32, from each CosyVoice 2 `bench --compare-fp32`."""
     table = {}
     for name, step in steps.items():
         data = step.data if step.ok else None
         if name.startswith("bench_") and isinstance(data, dict):
-            precision = data.get("precision_vs_fp32") or {}
-            table[name.removeprefix("bench_")] = {
-                stage: float(value) for stage, value in precision.items() if stage != "dtype"
-            }
+            table[name.removeprefix("bench_")] = stage_snr(data)
     return table
+
+
+def cosyvoice3_figures(steps: dict[str, StepResult]) -> dict[str, Any] | None:
+    """CosyVoice 3's own figures (None when neither of its steps ran)."""
+    if "cv3_bench" not in steps and "cv3_batch" not in steps:
+        return None
+    bench = _data(steps, "cv3_bench")
+    batch, best_b = batch_figures(steps, "cv3_batch")
+    return {
+        "rtf": (bench.get("summary") or {}).get("rtf") if isinstance(bench, dict) else None,
+        "snr_db": stage_snr(bench),
+        "batch_audio_s_per_wall_s": batch,
+        "best_batch_size": best_b,
+    }
 
 
 def upstream_best(upstream: Any) -> float | None:
@@ -149,6 +172,7 @@ def summarize(
         "pool": pool or None,
         "upstream_best_audio_s_per_wall_s": upstream_figure,
         "upstream": upstream,
+        "cosyvoice3": cosyvoice3_figures(steps),
         "targets": target_verdicts(figures),
         "steps": {name: step.as_json() for name, step in steps.items()},
     }
