@@ -4,6 +4,7 @@ import cycles, at most six modules directly in workers/, no file over 500 lines.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -80,8 +81,13 @@ def _imports(module: str, path: Path, *, type_checking: bool = False) -> set[str
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text(), filename=str(path)))
+    visit(_parsed(path))
     return found
+
+
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
 
 
 def _within(name: str, prefix: str) -> bool:
@@ -90,10 +96,16 @@ def _within(name: str, prefix: str) -> bool:
 
 SOURCES = _sources()
 SOURCE_NAMES = frozenset(SOURCES)
-IMPORTS = {module: _imports(module, path) for module, path in SOURCES.items()}
-ALL_IMPORTS = {
-    module: _imports(module, path, type_checking=True) for module, path in SOURCES.items()
-}
+
+
+@functools.cache
+def project_imports(*, type_checking: bool) -> dict[str, set[str]]:
+    """{module: what it imports} over the project, parsed when a test first asks (~2 s): not at
+    collection, which every test process pays, only in the process that runs these tests."""
+    return {
+        module: _imports(module, path, type_checking=type_checking)
+        for module, path in SOURCES.items()
+    }
 
 
 @pytest.mark.parametrize(("folder", "forbidden"), FORBIDDEN, ids=[f for f, _ in FORBIDDEN])
@@ -101,7 +113,7 @@ def test_layers_import_only_what_they_may(folder: str, forbidden: tuple[str, ...
     prefix = folder.replace("/", ".")
     broken = sorted(
         f"{module} imports {name}"
-        for module, names in IMPORTS.items()
+        for module, names in project_imports(type_checking=False).items()
         if _within(module, prefix)
         for name in names
         if any(_within(name, banned) for banned in forbidden)
@@ -112,7 +124,7 @@ def test_layers_import_only_what_they_may(folder: str, forbidden: tuple[str, ...
 def test_no_import_cycles_among_project_modules() -> None:
     graph = {
         module: {name for name in names if name in SOURCES and name != module}
-        for module, names in ALL_IMPORTS.items()
+        for module, names in project_imports(type_checking=True).items()
     }
     # `from package import name` also counts as importing the package's __init__, which is fine
     # as long as __init__ itself imports nothing that leads back; Tarjan finds every cycle.

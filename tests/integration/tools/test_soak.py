@@ -20,18 +20,19 @@ def test_a_short_soak_loses_nothing_and_fails_only_the_bad_jobs(tmp_path: Path) 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env.update(PYTHONPATH=str(REPO_ROOT), TMPDIR=str(scratch))
-    # One slot, so each retirement is granted at once: 24 jobs on a budget of 8 recycle twice.
-    command = [sys.executable, "-m", "workers.cli", "bench", "soak", "--jobs", "24",
-               "--pool", "1", "--max-jobs", "8", "--bad-every", "6", "--json"]  # fmt: skip
+    # One slot, so each retirement is granted at once: 16 jobs on a budget of 6 recycle twice
+    # (12 good ones alone fill two budgets); every 4th is bad, so each of the 4 bad kinds once.
+    command = [sys.executable, "-m", "workers.cli", "bench", "soak", "--jobs", "16",
+               "--pool", "1", "--max-jobs", "6", "--bad-every", "4", "--json"]  # fmt: skip
     done = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=580
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     summary = json.loads(done.stdout)
     assert list(summary) == KEYS
-    assert summary["jobs"] == 24 and summary["bad"] == 4  # one of each bad kind
+    assert summary["jobs"] == 16 and summary["bad"] == 4  # one of each bad kind
     assert summary["failed"] == summary["bad"]
-    assert summary["finished"] == 20 and summary["lost"] == 0
+    assert summary["finished"] == 12 and summary["lost"] == 0
     assert summary["recycles"] >= 2
     assert 50 < summary["max_rss_mb"] < 8192
     assert summary["wall_s"] > 0

@@ -17,14 +17,13 @@ import pytest
 import torch
 
 from shared.errors import InvalidRequestError
+from tests.unit.model.flows import STREAM_TEST_STEPS, one_torch_thread, reference_flow
 from workers.engine.api import VoicePrompt
 from workers.engine.flow_chunks import BoundedFlowChunks, CachedFlowChunks
 from workers.engine.stages import ModuleFlow
 from workers.engine.streaming import StreamSchedule
 from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.model.flow.stream import FlowStreamCache, keep_period
-from workers.tools.reference.flow import load_reference_flow
-from workers.tools.reference.parity import ReferenceSet
 from workers.tools.reference.streaming import chunked_mels
 
 TOLERANCE = 1e-5  # max abs, float32
@@ -32,10 +31,16 @@ TOLERANCE = 1e-5  # max abs, float32
 
 @pytest.fixture(scope="module")
 def flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # two OpenMP threads on a crowded 2-core machine: ~15x slower
-    yield load_reference_flow(ReferenceSet(reference_dir))
-    torch.set_num_threads(before)
+    """In STREAM_TEST_STEPS Euler steps (tests/unit/model/flows.py says why that suffices)."""
+    with one_torch_thread():
+        yield reference_flow(reference_dir, STREAM_TEST_STEPS)
+
+
+@pytest.fixture(scope="module")
+def reference_steps_flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
+    """In the reference's own steps, for the bf16 bounds."""
+    with one_torch_thread():
+        yield reference_flow(reference_dir)
 
 
 def piece(prompt_tokens: int, tokens: int, seed: int) -> dict[str, np.ndarray]:
@@ -186,12 +191,13 @@ def _snr_db(mine: np.ndarray, reference: np.ndarray) -> float:
 
 
 def test_a_bf16_stream_matches_its_recompute(
-    flow: CausalMaskedDiffWithXvec, bf16_attention_kernel: str
+    reference_steps_flow: CausalMaskedDiffWithXvec, bf16_attention_kernel: str
 ) -> None:
     """bf16 runs the host's CPU attention (blocked: the streamed passes' chunk mask as key
     limits; fused: the same limits as a dense mask): the hops' mel is as close to fp32's as
     the whole-prefix recompute's is, and close to that recompute (a chunk's queries seeing
     the wrong keys falls far below either)."""
+    flow = reference_steps_flow
     arrays = piece(13, 130, seed=13)
     low = copy.deepcopy(flow).to(torch.bfloat16)
     with torch.inference_mode():

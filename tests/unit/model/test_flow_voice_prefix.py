@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.model.flows import STREAM_TEST_STEPS, one_torch_thread, reference_flow
 from workers.engine.api import VoicePrompt
 from workers.engine.flow_chunks import BoundedFlowChunks, CachedFlowChunks
 from workers.engine.stages import ModuleFlow
 from workers.engine.voice_prefixes import VoicePrefixes, voice_key
 from workers.model.flow.model import CausalMaskedDiffWithXvec
 from workers.model.flow.stream import FlowStreamCache
-from workers.tools.reference.flow import load_reference_flow
-from workers.tools.reference.parity import ReferenceSet
 
 TOLERANCE = 1e-5  # max abs, float32
 CUTS = [22, 47, 97]  # hop ends (tokens) before the final call
@@ -32,10 +31,16 @@ CUTS = [22, 47, 97]  # hop ends (tokens) before the final call
 
 @pytest.fixture(scope="module")
 def flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # two OpenMP threads on a crowded 2-core machine: ~15x slower
-    yield load_reference_flow(ReferenceSet(reference_dir))
-    torch.set_num_threads(before)
+    """In STREAM_TEST_STEPS Euler steps (tests/unit/model/flows.py says why that suffices)."""
+    with one_torch_thread():
+        yield reference_flow(reference_dir, STREAM_TEST_STEPS)
+
+
+@pytest.fixture(scope="module")
+def reference_steps_flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
+    """In the reference's own steps, for the bf16 bounds."""
+    with one_torch_thread():
+        yield reference_flow(reference_dir)
 
 
 def voice(prompt_tokens: int, seed: int) -> VoicePrompt:
@@ -172,11 +177,12 @@ def test_a_fork_over_its_piece_limit_hands_the_piece_to_the_recompute(
 
 
 def test_a_bf16_fork_reads_the_prefix_in_place_and_holds_only_its_own_positions(
-    flow: CausalMaskedDiffWithXvec, bf16_attention_kernel: str
+    reference_steps_flow: CausalMaskedDiffWithXvec, bf16_attention_kernel: str
 ) -> None:
     """bf16 reads a primed voice's keys/values where they are (blocked attention: per
     segment; fused: joined per call): a fork's cache holds only what it adds, and its mel is
     the one an unprimed bf16 stream gives, to bf16 rounding."""
+    flow = reference_steps_flow
     low = copy.deepcopy(flow).to(torch.bfloat16)
     prompt = voice(60, seed=7)
     arrays = [torch.from_numpy(a)[None] for a in (prompt.speech_tokens, prompt.mel)]

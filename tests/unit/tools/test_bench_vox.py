@@ -103,9 +103,14 @@ def test_a_second_conversion_comes_from_the_cache(side_by_side: SideBySide, tiny
 
 @needs_vox
 @pytest.mark.slow
-def test_the_command_prints_json_alone_on_stdout() -> None:
+def test_the_command_prints_json_alone_on_stdout(side_by_side: SideBySide) -> None:
+    # on the module's tiny model and caches: vox's conversions and cosyq's int8 graphs are
+    # made once in this file (a second conversion from the cache is checked above)
+    options = side_by_side.options
+    folders = ["--model-dir", str(options.model_dir), "--cache-dir", str(options.cache_dir)]
+    folders += ["--hash-cache-dir", str(options.hash_cache_dir)]
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "bench", "vox", "--runs", "1", "--json"],
+        [sys.executable, "-m", "workers.cli", "bench", "vox", "--runs", "1", "--json", *folders],
         capture_output=True,
         text=True,
         timeout=600,
