@@ -129,7 +129,7 @@ def test_pool_releases_a_killed_workers_job_at_once_and_restarts_the_slot(
 ) -> None:
     cluster.overrides["COSYQ_HEARTBEAT_TTL_S"] = "20"  # so only the pool can be this fast
     pool = cluster.start("pool", "-n", "1", log_name="pool.log")
-    job = enqueue(connection, "sleep:3 long")
+    job = enqueue(connection, "sleep:2 long")  # killed within a poll of its start
     wait_for(lambda: job.get_status() == "started", 60, "the job to start")
     pid = int(connection.hget(next(iter(connection.keys("cosyq:worker-stats:*"))), "pid"))
     killed_at = time.monotonic()
