@@ -48,6 +48,7 @@ from workers.service.webhook_events import WebhookPolicy
 log = get_logger(__name__)
 
 READ_CHUNK = 4096
+MIN_WAIT_S = 0.01  # the shortest wait for events: a slot due now never spins the loop
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,10 @@ class Pool:
         log.info("pool_started", size=self.config.size, pid=os.getpid())
         try:
             self._start_metrics()
-            while not (self.stopping and not self._live_slots()):
+            while True:
                 self._collect_exits()
+                if self.stopping and not self._live_slots():
+                    break  # at once, not one more wait for events that will not come
                 if not self.stopping:
                     self._start_next_slot()
                     self._grant_retirement()
@@ -206,7 +209,7 @@ class Pool:
 
     def _wait_for_events(self) -> None:
         watched = {s.control_fd: s for s in self.slots if s.control_fd is not None}
-        timeout = self.config.poll_s
+        timeout = self._wait_s()
         try:
             readable, _, _ = select.select([self._wake_r, *watched], [], [], timeout)
         except InterruptedError:
@@ -216,6 +219,15 @@ class Pool:
                 os.read(self._wake_r, READ_CHUNK)
                 continue
             self._read_control(watched[fd])
+
+    def _wait_s(self) -> float:
+        """At most `poll_s`; less when a backing-off slot may start sooner, so that it starts
+        when its backoff ends rather than up to `poll_s` later."""
+        if self.stopping or any(slot.state is SlotState.LOADING for slot in self.slots):
+            return self.config.poll_s
+        now = time.monotonic()
+        ends = [s.not_before - now for s in self.slots if s.state is SlotState.WAITING]
+        return max(MIN_WAIT_S, min([self.config.poll_s, *ends]))
 
     def _read_control(self, slot: Slot) -> None:
         assert slot.control_fd is not None

@@ -2,7 +2,7 @@
 
 Workers load `tests.doubles.engines:batching`. A job that cannot join a batch (`add_voice`)
 popped during a window goes straight back to the head of its queue, so the orphan sweep (at
-3 s here) never finds it nowhere and a second copy never runs; a streamed job popped during a
+1.5 s here) never finds it nowhere and a second copy never runs; a streamed job popped during a
 window runs in it, ahead of the rows, once; a row past its deadline stores nothing; a cold stop
 leaves every job finished or in its queue.
 """
@@ -29,8 +29,11 @@ from workers.tools.local_redis import LocalRedis
 BATCHING = {
     "COSYQ_ENGINE": "tests.doubles.engines:batching",
     "COSYQ_BATCH_SIZE": "8",
-    "COSYQ_ORPHAN_AFTER_S": "3",
+    # the sweep's bound: a job found nowhere twice this far apart is put back. The windows
+    # below park a job for 2.5 bounds or more, and each "no second copy" wait is 4/3 of one.
+    "COSYQ_ORPHAN_AFTER_S": "1.5",
 }
+ORPHANED_COPY_S = 2.0  # a second, orphaned copy would have run by now (4/3 of the bound)
 QUEUE_KEY = "rq:queue:cosyq-default"
 
 
@@ -71,7 +74,8 @@ def all_events(cluster: Cluster, logs: list[str], name: str) -> list[dict]:
 def test_a_job_that_cannot_join_the_window_runs_exactly_once(
     cluster: Cluster, connection: redis.Redis, workers: int
 ) -> None:
-    long = [enqueue(connection, f"seconds:40 long {i}", seed=i) for i in range(2)]
+    # 150 steps of 0.05 s (7.5 s): five bounds of the sweep with the job parked
+    long = [enqueue(connection, f"seconds:24 long {i}", seed=i) for i in range(2)]
     cluster.start("run", log_name="w1.log", **BATCHING, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: statuses(connection, long) == ["started"] * 2, 30, "the window")
     voice = enqueue_voice(cluster, connection, "parked")
@@ -81,7 +85,7 @@ def test_a_job_that_cannot_join_the_window_runs_exactly_once(
         cluster.start("run", log_name="w2.log", **BATCHING, TESTENGINE_STEP_S="0.001")
         logs.append("w2.log")
     wait_for(lambda: statuses(connection, [*long, voice]) == ["finished"] * 3, 60, "all")
-    time.sleep(4.0)  # a second, orphaned copy would have run by now (sweep at 3 s)
+    time.sleep(ORPHANED_COPY_S)
     assert len(all_events(cluster, logs, "voice_added")) == 1
     assert len(voice.results()) == 1
     assert all_events(cluster, logs, "job_orphan_requeued") == []
@@ -90,18 +94,19 @@ def test_a_job_that_cannot_join_the_window_runs_exactly_once(
 def test_a_streamed_job_sent_to_a_full_window_runs_ahead_of_the_rows_once(
     cluster: Cluster, connection: redis.Redis
 ) -> None:
-    long = [enqueue(connection, f"seconds:80 long {i}", seed=i) for i in range(2)]
+    long = [enqueue(connection, f"seconds:48 long {i}", seed=i) for i in range(2)]
     full = {**BATCHING, "COSYQ_BATCH_SIZE": "2"}  # no room left: it is taken from the head
     cluster.start("run", log_name="w.log", **full, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: statuses(connection, long) == ["started"] * 2, 30, "the window")
     streamed = enqueue(connection, "seconds:1 streamed", stream=True, seed=7)
-    # the rows need 500 steps of 0.05 s (25 s); the streamed job 6, ahead of them
-    wait_for(lambda: streamed.get_status() == "finished", 20, "the streamed job")
+    # the rows need 300 steps of 0.05 s (15 s); the streamed job 6, ahead of them (a wait
+    # shorter than the rows, so a slow streamed job times out here rather than below)
+    wait_for(lambda: streamed.get_status() == "finished", 12, "the streamed job")
     assert statuses(connection, long) == ["started"] * 2
     stored = result(streamed)
     assert stored["attempt"] == 1 and stored["timings"]["first_chunk_s"] < 10
     wait_for(lambda: statuses(connection, long) == ["finished"] * 2, 90, "the rows")
-    time.sleep(4.0)  # a second, orphaned copy would have run by now (sweep at 3 s)
+    time.sleep(ORPHANED_COPY_S)
     assert len(finished_lines(cluster, ["w.log"], streamed)) == 1
     assert all_events(cluster, ["w.log"], "job_orphan_requeued") == []
 
@@ -109,7 +114,8 @@ def test_a_streamed_job_sent_to_a_full_window_runs_ahead_of_the_rows_once(
 def test_a_job_cancelled_after_the_window_popped_it_does_not_run(
     cluster: Cluster, connection: redis.Redis
 ) -> None:
-    long = enqueue(connection, "seconds:20 long", seed=1)
+    # 87 steps of 0.05 s (4.4 s): the window is still open when the cancel comes, 1 s in
+    long = enqueue(connection, "seconds:14 long", seed=1)
     cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: long.get_status() == "started", 30, "the window")
     voice = enqueue_voice(cluster, connection, "canceled")
@@ -148,7 +154,9 @@ def test_redis_away_during_a_window_fails_no_job_and_the_worker_stays(
 def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
     cluster: Cluster, connection: redis.Redis, tmp_path: Path
 ) -> None:
-    companions = [enqueue(connection, f"seconds:24 keep {i}", seed=i) for i in range(2)]
+    # rows step together: the companions' 112 steps end after the slow row's 100, whatever
+    # the load, so the window outlasts the stale row (and the retry, written meanwhile)
+    companions = [enqueue(connection, f"seconds:18 keep {i}", seed=i) for i in range(2)]
     slow = json_queue(connection).enqueue(
         "workers.tasks.synthesize", request={"text": "seconds:16 slow"}, job_timeout=2
     )
@@ -166,7 +174,7 @@ def test_a_timed_out_row_leaves_the_retry_s_file_as_the_retry_wrote_it(
     cluster.start("run", log_name="w2.log", **retry_worker)
     wait_for(lambda: statuses(connection, [*companions, warm]) == ["finished"] * 3, 60, "all")
     wait_for(lambda: slow.get_status() == "finished", 120, "the retry")  # loaded hosts
-    time.sleep(1.0)  # the stale row (10 s on the model) ended before the companions (15 s)
+    time.sleep(1.0)  # the stale row (10 s on the model) ended before the companions (11.2 s)
     stored = result(slow)
     assert stored["attempt"] == 2
     path = Path(unquote(urlparse(stored["uri"]).path))

@@ -64,9 +64,10 @@ def test_24_seeded_jobs_batch_and_match_the_same_jobs_run_one_at_a_time(
     assert sorted(finished.get_job_ids()) == sorted(job.id for job in batched)
 
     alone = seeded_jobs(connection, 24)
-    worker = cluster.start(
-        "run", "--burst", log_name="b1.log", **{**BATCHING, "COSYQ_BATCH_SIZE": "1"}
-    )
+    # alone, each job decodes its 12 steps one after another: the samples do not depend on
+    # the step's length (tests/doubles/stepped.py), so these take 2 ms, not the default 20
+    one_at_a_time = {**BATCHING, "COSYQ_BATCH_SIZE": "1", "TESTENGINE_STEP_S": "0.002"}
+    worker = cluster.start("run", "--burst", log_name="b1.log", **one_at_a_time)
     assert worker.wait(timeout=120) == 0
     assert statuses(connection, alone) == ["finished"] * 24
     for together, single in zip(batched, alone, strict=True):
@@ -122,7 +123,7 @@ def test_jobs_queued_while_a_batch_decodes_join_it(
 ) -> None:
     worker = cluster.start("run", log_name="w.log", **BATCHING, TESTENGINE_STEP_S="0.05")
     wait_for(lambda: named(cluster.events("w.log"), "worker_ready"), 30, "ready")
-    first = enqueue(connection, "seconds:24 first", seed=1)  # 7.5 s on the model: time to join
+    first = enqueue(connection, "seconds:16 first", seed=1)  # 5 s on the model: time to join
     wait_for(lambda: first.get_status() == "started", 30, "the first job to start")
     time.sleep(0.3)  # the first job is decoding
     late = [enqueue(connection, f"seconds:2 late {i}", seed=i) for i in range(3)]

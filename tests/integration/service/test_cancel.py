@@ -1,7 +1,9 @@
 """Canceling jobs against real worker processes (one at a time and batched, `cluster` runs both).
 
-Workers load `tests.doubles.engines:batching`, which decodes in steps of TESTENGINE_STEP_S and
-asks the request's `should_stop` before each step, as the real engine's LLM loop does. The tests
+Workers that cancel a running job load `tests.doubles.engines:batching`, which decodes in steps
+of TESTENGINE_STEP_S and asks the request's `should_stop` before each step, as the real engine's
+LLM loop does (the others, whose jobs are canceled before or after they run, the instant
+engine). The tests
 assert what holds whatever the timing: a canceled job ends `canceled` (never failed, never
 retried), stores nothing, and the worker stays up and takes its next job.
 """
@@ -23,6 +25,9 @@ from shared.settings import load_settings
 from tests.doubles.harness import Cluster, enqueue, json_queue, named, statuses, wait_for
 
 ENGINE = {"COSYQ_ENGINE": "tests.doubles.engines:batching", "TESTENGINE_STEP_S": "0.05"}
+# where no job is canceled mid-run, the queue side is all a test needs: the instant engine
+# (tests/doubles/engines.py:fast), whose worker does not load torch as the batching one does
+QUEUE_SIDE = {"COSYQ_ENGINE": "tests.doubles.engines:fast"}
 LONG = "seconds:20 long"  # 125 steps of 0.05 s: about 6 s alone
 
 
@@ -62,7 +67,7 @@ def test_a_queued_job_canceled_never_runs(
     outcome = client.cancel(doomed.id)
     assert (outcome.verdict, outcome.state) == ("canceled", "queued")
     assert client.cancel(doomed.id).verdict == "already_canceled"
-    worker = cluster.start("run", "--burst", log_name="w.log", **ENGINE)
+    worker = cluster.start("run", "--burst", log_name="w.log", **QUEUE_SIDE)
     assert worker.wait(timeout=60) == 0
     assert statuses(connection, [kept]) == ["finished"]
     assert_canceled(connection, cluster, doomed)
@@ -94,7 +99,7 @@ def test_a_finished_job_is_left_as_it_is(
     cluster: Cluster, connection: redis.Redis, client: CosyqClient
 ) -> None:
     done = enqueue(connection, "seconds:1 done")
-    worker = cluster.start("run", "--burst", log_name="w.log", **ENGINE)
+    worker = cluster.start("run", "--burst", log_name="w.log", **QUEUE_SIDE)
     assert worker.wait(timeout=60) == 0
     before = client.result(done.id, timeout=0)
     outcome = client.cancel(done.id)

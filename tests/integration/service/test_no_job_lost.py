@@ -34,7 +34,7 @@ def test_sigkill_mid_job_is_finished_by_another_worker(
         workers[process.pid] = (process, log_name)
     for _, log_name in workers.values():
         wait_for(lambda n=log_name: named(cluster.events(n), "worker_ready"), 60, log_name)
-    job = enqueue(connection, "sleep:3 long sentence")
+    job = enqueue(connection, "sleep:2 long sentence")  # killed within a poll of its start
     wait_for(lambda: job.get_status() == "started", 30, "a worker to start the job")
     job.refresh()
     taker = int((job.worker_name or "").split(".")[-2])

@@ -115,6 +115,13 @@ def test_crash_loop_backs_off_exponentially_with_the_reason_logged(cluster: Clus
     assert [e["backoff_s"] for e in crashes[:4]] == [0.2, 0.4, 0.8, 0.8]
     assert all("no model files in /nonexistent" in e["reason"] for e in crashes)
     assert all(e["how"] == "exit code 2" for e in crashes)
+    # each restart waits out its backoff (the pool wakes for it, not on its next poll)
+    starts = named(cluster.events("pool.log"), "slot_started")[1:]
+    for crash, start in zip(crashes[:3], starts, strict=False):
+        waited = datetime.fromisoformat(start["timestamp"]) - datetime.fromisoformat(
+            crash["timestamp"]
+        )
+        assert waited.total_seconds() >= crash["backoff_s"] - 0.01
 
 
 def test_pool_releases_a_killed_workers_job_at_once_and_restarts_the_slot(
@@ -122,7 +129,7 @@ def test_pool_releases_a_killed_workers_job_at_once_and_restarts_the_slot(
 ) -> None:
     cluster.overrides["COSYQ_HEARTBEAT_TTL_S"] = "20"  # so only the pool can be this fast
     pool = cluster.start("pool", "-n", "1", log_name="pool.log")
-    job = enqueue(connection, "sleep:3 long")
+    job = enqueue(connection, "sleep:2 long")  # killed within a poll of its start
     wait_for(lambda: job.get_status() == "started", 60, "the job to start")
     pid = int(connection.hget(next(iter(connection.keys("cosyq:worker-stats:*"))), "pid"))
     killed_at = time.monotonic()

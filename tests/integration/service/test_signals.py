@@ -15,7 +15,7 @@ from tests.doubles.harness import Cluster, enqueue, named, wait_for
 def test_first_signal_finishes_the_job_then_exits_zero(
     cluster: Cluster, connection: redis.Redis, signum: signal.Signals
 ) -> None:
-    job = enqueue(connection, "sleep:2 finish me")
+    job = enqueue(connection, "sleep:1.5 finish me")  # signaled within a poll of its start
     waiting = enqueue(connection, "not taken")
     worker = cluster.start("run", log_name="w.log")
     wait_for(lambda: job.get_status() == "started", 30, "the job to start")
