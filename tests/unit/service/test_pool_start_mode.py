@@ -31,6 +31,7 @@ def test_the_template_imports_the_worker_its_engine_and_the_measures_it_would_im
     engine = "workers.service.default_engine:engine_from_settings"
     with_measures = preload_modules(engine, quality_imports=True)
     assert "workers.service.default_engine" in with_measures
+    assert "wetext" in with_measures  # the default engine's normaliser, imported by its warm-up
     assert "workers.worker" in with_measures
     assert set(QUALITY_MODULES) <= set(with_measures)
     light = preload_modules("tests.doubles.engines:fast", quality_imports=False)
