@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from shared.errors import SettingsError
 from shared.settings import Settings, load_settings
-from workers.service.template import EXEC, QUALITY_MODULES, TEMPLATE, preload_modules, start_mode
+from workers.service.template import (
+    EXEC,
+    QUALITY_MODULES,
+    TEMPLATE,
+    WORKER_MODULES,
+    preload_modules,
+    start_mode,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_exec_is_the_default_everywhere() -> None:
@@ -37,3 +51,21 @@ def test_the_template_imports_the_worker_its_engine_and_the_measures_it_would_im
     light = preload_modules("tests.doubles.engines:fast", quality_imports=False)
     assert "tests.doubles.engines" in light
     assert not set(QUALITY_MODULES) & set(light)  # as an exec start would: on first use
+
+
+def test_the_templates_imports_start_nothing_a_fork_would_inherit() -> None:
+    """No CUDA state, no Python thread, no socket (Redis) in the template after importing our
+    modules (the third-party ones it adds, wetext and scipy, are left out: 1-2 s of the suite)."""
+    modules = [*WORKER_MODULES, "workers.service.default_engine"]
+    code = (
+        "import importlib, json, os, threading, torch\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "links = [f'/proc/self/fd/{fd}' for fd in os.listdir('/proc/self/fd')]\n"
+        "fds = [os.readlink(link) for link in links if os.path.lexists(link)]\n"
+        "print(json.dumps([torch.cuda.is_initialized(), threading.active_count(),\n"
+        "                  [fd for fd in fds if fd.startswith('socket:')]]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == [False, 1, []]
