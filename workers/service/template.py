@@ -83,7 +83,11 @@ class ForkedWorker:
 
 
 class WorkerTemplate:
-    """The template process: `start()` once (its one-off cost), then `fork()` per worker."""
+    """The template process: `start()` once (its one-off cost), then `fork()` per worker.
+
+    The stdlib keeps one forkserver per process: a second template in the same process (a test
+    running the benchmark twice) reuses the first one's, imports and environment included.
+    """
 
     def __init__(self, modules: Sequence[str], env: Mapping[str, str]) -> None:
         import multiprocessing  # noqa: PLC0415 (only in this mode: not at each exec start)
