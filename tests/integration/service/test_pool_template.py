@@ -110,3 +110,25 @@ def test_a_killed_fork_has_its_job_released_at_once_and_a_recycled_one_is_replac
     assert (recycled["reason"], stopped["reason"]) == ("max_jobs", "stop")
     (granted,) = named(events, "slot_retire_granted")
     assert granted["timestamp"] <= recycled["timestamp"]
+
+
+def test_a_fork_that_fails_to_load_backs_off_with_its_reason(cluster: Cluster) -> None:
+    pool = cluster.start(
+        "pool",
+        "-n",
+        "1",
+        "--backoff-initial",
+        "0.2",
+        "--backoff-max",
+        "0.4",
+        log_name="pool.log",
+        COSYQ_POOL_START="template",
+        COSYQ_ENGINE="tests.doubles.engines:failing",
+    )
+    wait_for(lambda: len(named(cluster.events("pool.log"), "slot_crashed")) >= 3, 60, "crashes")
+    pool.send_signal(signal.SIGTERM)
+    assert pool.wait(timeout=30) == 0
+    crashes = named(cluster.events("pool.log"), "slot_crashed")
+    assert [e["backoff_s"] for e in crashes[:3]] == [0.2, 0.4, 0.4]
+    assert all("no model files in /nonexistent" in e["reason"] for e in crashes)
+    assert all(e["how"] == "exit code 2" for e in crashes)
