@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import soundfile as sf
-import soxr
 
 from shared.errors import AudioDecodeError
 from shared.results import AudioFormat, SampleFormat
@@ -60,6 +59,8 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     """Mono float32 samples (N,) at from_rate -> (M,) at to_rate, M = round(N * to / from)."""
     if from_rate == to_rate:
         return samples
+    import soxr  # noqa: PLC0415 (only when a rate differs: not at each worker's start)
+
     resampled = soxr.resample(samples, from_rate, to_rate, quality=RESAMPLE_QUALITY)
     return np.asarray(resampled, dtype=np.float32)
 

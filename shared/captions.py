@@ -12,9 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-import srt
-import webvtt
-
 from shared.results import PieceTiming
 
 CaptionFormat = Literal["srt", "vtt"]
@@ -32,6 +29,8 @@ class Cue:
 
 
 def to_srt(cues: Iterable[Cue]) -> str:
+    import srt  # noqa: PLC0415 (only when captions are asked for: not at each worker's start)
+
     subtitles = [
         srt.Subtitle(
             index=number,
@@ -45,6 +44,8 @@ def to_srt(cues: Iterable[Cue]) -> str:
 
 
 def to_vtt(cues: Iterable[Cue]) -> str:
+    import webvtt  # noqa: PLC0415 (only when captions are asked for)
+
     vtt = webvtt.WebVTT()
     for cue in cues:
         vtt.captions.append(webvtt.Caption(_vtt_time(cue.start_s), _vtt_time(cue.end_s), cue.text))
@@ -67,4 +68,6 @@ def cues_from_pieces(pieces: Iterable[PieceTiming], offset_s: float = 0.0) -> li
 
 def _vtt_time(seconds: float) -> str:
     """HH:MM:SS.mmm (SRT's timestamp with WebVTT's decimal point), the form Caption parses."""
+    import srt  # noqa: PLC0415
+
     return str(srt.timedelta_to_srt_timestamp(dt.timedelta(seconds=seconds))).replace(",", ".")

@@ -310,6 +310,11 @@ class Settings(
         None, gt=0, description="intra-op threads per worker (unset: cores // pool_size)"
     )
     pool_size: int = Field(1, gt=0, description="worker processes of `cosyq-worker pool`")
+    pool_start: Literal["exec", "template"] = Field(
+        "exec",
+        description="exec (a fresh interpreter per worker) or template (Linux: forked from one "
+        "process that imported the worker's modules; macOS execs: fork is unsafe after Core ML)",
+    )
     orphan_after_s: float = Field(
         30.0, gt=0, description="a queued job in no queue or registry this long is put back"
     )

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from shared.errors import ModelLoadError
-from workers.model.yaml_plain import load_plain_yaml
 
 YAML_FILE = "cosyvoice2.yaml"
 QWEN_DIR = "CosyVoice-BlankEN"
@@ -104,6 +103,9 @@ class ModelDirectory:
 
     @cached_property
     def yaml(self) -> dict[str, Any]:
+        # PyYAML only when a config is read: the job side imports this module for file names
+        from workers.model.yaml_plain import load_plain_yaml  # noqa: PLC0415
+
         return load_plain_yaml(self.root / FAMILY_YAML[self.family])
 
     @cached_property

@@ -9,11 +9,10 @@ from exactly those, so it equals the streamed audio. A retried attempt starts th
 from __future__ import annotations
 
 import time
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import redis
-import soxr
 
 from shared.audio import RESAMPLE_QUALITY
 from shared.audio_stream import chunk_fields, error_fields, final_fields, to_pcm16
@@ -89,9 +88,7 @@ class AudioStreamWriter:
         self.first_chunk_at: float | None = None
         self._tail = np.zeros(0, dtype=np.float32)
         self._resampler = (
-            None
-            if source_rate == target_rate
-            else soxr.ResampleStream(source_rate, target_rate, 1, "float32", RESAMPLE_QUALITY)
+            None if source_rate == target_rate else _resample_stream(source_rate, target_rate)
         )
         connection.delete(key)  # an earlier attempt's chunks are not this attempt's audio
 
@@ -150,3 +147,10 @@ class AudioStreamWriter:
         if self._resampler is None:
             return samples
         return np.asarray(self._resampler.resample_chunk(samples, last=last), dtype=np.float32)
+
+
+def _resample_stream(source_rate: int, target_rate: int) -> Any:
+    """One stateful soxr stream; soxr is imported here, when a stream's rate differs."""
+    import soxr  # noqa: PLC0415 (not at each worker's start)
+
+    return soxr.ResampleStream(source_rate, target_rate, 1, "float32", RESAMPLE_QUALITY)

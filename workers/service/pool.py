@@ -3,7 +3,9 @@
 Why not `rq worker-pool`: it forks (unsafe after Core ML/Metal) and has no max-jobs. Why not
 honcho alone: it stops everything when one process exits, and workers exit on purpose. So the
 pool is the Procfile's long-lived process, and it:
-- starts each worker with `python -m workers.cli run` (exec, never a fork of a torch process);
+- starts each worker with `python -m workers.cli run` (exec, never a fork of a torch process),
+  or with COSYQ_POOL_START=template on Linux forks it from a template that only imported the
+  worker's modules (workers/service/template.py);
 - lets one slot load at a time (a slot loads until its worker says `ready` on its control
   channel, a socket pair);
 - grants recycling one slot at a time: a worker that reached a soft limit says `retiring` and
@@ -43,6 +45,8 @@ from shared.settings import Settings
 from shared.start_failures import record_backoff
 from workers.service import control, metrics
 from workers.service.reaper import Reaper, forget_worker
+from workers.service.template import TEMPLATE, ForkedWorker, WorkerTemplate, preload_modules
+from workers.service.template import start_mode as worker_start_mode
 from workers.service.webhook_events import WebhookPolicy
 
 log = get_logger(__name__)
@@ -78,7 +82,7 @@ class Slot:
     """One place for a worker; holds at most one process at a time."""
 
     index: int
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | ForkedWorker | None = None
     control_fd: int | None = None
     reader: control.LineReader = field(default_factory=control.LineReader)
     state: SlotState = SlotState.WAITING
@@ -116,6 +120,8 @@ class Pool:
         self._metrics_dir: str | None = None  # the children's PROMETHEUS_MULTIPROC_DIR
         self._metrics_lock = threading.Lock()
         self._metrics_server: metrics.MetricsServer | None = None
+        self._start_mode = worker_start_mode(settings)
+        self._template: WorkerTemplate | None = None
 
     # -- main loop ---------------------------------------------------------------------------
 
@@ -124,6 +130,7 @@ class Pool:
         log.info("pool_started", size=self.config.size, pid=os.getpid())
         try:
             self._start_metrics()
+            self._start_template()
             while True:
                 self._collect_exits()
                 if self.stopping and not self._live_slots():
@@ -172,6 +179,27 @@ class Pool:
 
     # -- starting ----------------------------------------------------------------------------
 
+    def _worker_env(self) -> dict[str, str]:
+        env = dict(os.environ, COSYQ_POOL_SIZE=str(self.config.size))
+        if self._metrics_dir is not None:
+            env[metrics.MULTIPROC_ENV] = self._metrics_dir
+        return env
+
+    def _start_template(self) -> None:
+        """Template mode: the one process the workers fork from, importing before the first."""
+        if self._start_mode != TEMPLATE:
+            return
+        modules = preload_modules(
+            self.settings.engine, quality_imports=self.settings.quality_import_at_start
+        )
+        env = self._worker_env()
+        if self._metrics_dir is not None:  # its own samples (zeros) apart: each fork's are new
+            env[metrics.MULTIPROC_ENV] = os.path.join(self._metrics_dir, "template")
+            os.mkdir(env[metrics.MULTIPROC_ENV])
+        self._template = WorkerTemplate(modules, env)
+        seconds = self._template.start()
+        log.info("pool_template_ready", modules=modules, start_s=round(seconds, 3))
+
     def _start_next_slot(self) -> None:
         """Start one waiting slot, unless another is loading (one load at a time)."""
         if any(slot.state is SlotState.LOADING for slot in self.slots):
@@ -185,16 +213,28 @@ class Pool:
         ours, theirs = socket.socketpair()  # both ways: events up, the retirement grant down
         read_fd, write_fd = ours.detach(), theirs.detach()
         os.set_blocking(read_fd, False)
-        command = [sys.executable, "-m", "workers.cli", "run", *self.config.queues]
-        command += ["--slot", str(slot.index), "--control-fd", str(write_fd)]
-        env = dict(os.environ, COSYQ_POOL_SIZE=str(self.config.size))
-        if self._metrics_dir is not None:
-            env[metrics.MULTIPROC_ENV] = self._metrics_dir
+        arguments = ["run", *self.config.queues, "--slot", str(slot.index)]
         try:
-            # A new session: a terminal's Ctrl+C reaches the pool only, which forwards it once.
-            slot.process = subprocess.Popen(
-                command, env=env, pass_fds=(write_fd,), start_new_session=True
-            )
+            if self._template is not None:
+                with socket.socket(fileno=os.dup(write_fd)) as theirs_copy:
+                    slot.process = self._template.fork(
+                        arguments, self._worker_env(), control=theirs_copy
+                    )
+            else:
+                # A new session: a terminal's Ctrl+C reaches the pool only, which forwards it.
+                slot.process = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "workers.cli",
+                        *arguments,
+                        "--control-fd",
+                        str(write_fd),
+                    ],
+                    env=self._worker_env(),
+                    pass_fds=(write_fd,),
+                    start_new_session=True,
+                )
         finally:
             os.close(write_fd)
         slot.control_fd, slot.reader = read_fd, control.LineReader()
@@ -209,16 +249,17 @@ class Pool:
 
     def _wait_for_events(self) -> None:
         watched = {s.control_fd: s for s in self.slots if s.control_fd is not None}
+        ended = [s.process.sentinel for s in self.slots if isinstance(s.process, ForkedWorker)]
         timeout = self._wait_s()
         try:
-            readable, _, _ = select.select([self._wake_r, *watched], [], [], timeout)
+            readable, _, _ = select.select([self._wake_r, *watched, *ended], [], [], timeout)
         except InterruptedError:
             return
         for fd in readable:
             if fd == self._wake_r:
                 os.read(self._wake_r, READ_CHUNK)
-                continue
-            self._read_control(watched[fd])
+            elif fd in watched:
+                self._read_control(watched[fd])
 
     def _wait_s(self) -> float:
         """At most `poll_s`; less when a backing-off slot may start sooner, so that it starts
@@ -292,9 +333,8 @@ class Pool:
 
     def _collect_exits(self) -> None:
         for slot in self.slots:
-            if slot.process is None or slot.process.poll() is None:
+            if slot.process is None or (code := slot.process.poll()) is None:
                 continue
-            code = slot.process.returncode
             was_loading = slot.state is SlotState.LOADING
             expected = self.stopping or (slot.state is SlotState.STOPPING and code == 0)
             if slot.control_fd is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,16 @@ def test_bench_start_prints_min_and_median_of_real_starts(
     assert len(figures["start_to_ready_s"]) == 2 and figures["target_s"] == 0.8
     assert 0 < figures["min_s"] <= figures["median_s"] <= figures["max_s"] < 120
     assert figures["engine"] == "tests.doubles.engines:fast"
+    linux = sys.platform == "linux"  # the template mode too, as the pool forks (Linux only)
+    assert len(figures["fork_to_ready_s"]) == (2 if linux else 0)
+    if linux:
+        assert 0 < figures["fork_min_s"] <= figures["fork_median_s"] <= figures["fork_max_s"]
+        assert figures["template_start_s"] > 0
     assert main([*argv, "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "worker start benchmark: engine tests.doubles.engines:fast" in out
     assert "process start -> worker_ready: min" in out
+    assert ("fork request -> worker_ready: min" in out) == linux
 
 
 def test_bench_start_refuses_no_starts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -180,7 +180,7 @@ def recycle_cost(env: dict[str, str], workdir: Path, repeats: int) -> RecycleSta
         started = time.time()
         command = [sys.executable, "-m", "workers.cli", "run", "--burst", BENCH_QUEUE]
         run_burst(command, env, log_path)
-        ready = _first_event(log_path, "worker_ready")
+        ready = first_event(log_path, "worker_ready")
         totals.append(datetime.fromisoformat(str(ready["timestamp"])).timestamp() - started)
         loads.append(float(ready["load_s"]))
         warms.append(float(ready["warm_up_s"]))
@@ -188,7 +188,7 @@ def recycle_cost(env: dict[str, str], workdir: Path, repeats: int) -> RecycleSta
     return RecycleStats(totals, loads, warms, imports)
 
 
-def _first_event(log_path: Path, name: str) -> dict[str, Any]:
+def first_event(log_path: Path, name: str) -> dict[str, Any]:
     for event in _events(log_path, name):
         return event
     raise RuntimeError(f"no {name} in {log_path}")

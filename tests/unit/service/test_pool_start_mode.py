@@ -1,0 +1,71 @@
+"""COSYQ_POOL_START: which way the pool starts a worker, and what its template imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.errors import SettingsError
+from shared.settings import Settings, load_settings
+from workers.service.template import (
+    EXEC,
+    QUALITY_MODULES,
+    TEMPLATE,
+    WORKER_MODULES,
+    preload_modules,
+    start_mode,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_exec_is_the_default_everywhere() -> None:
+    assert Settings().pool_start == EXEC
+    assert start_mode(Settings(), platform="linux") == EXEC
+    assert start_mode(Settings(), platform="darwin") == EXEC
+
+
+def test_the_template_is_linux_only_and_macos_keeps_exec() -> None:
+    chosen = Settings(pool_start="template")
+    assert start_mode(chosen, platform="linux") == TEMPLATE
+    assert start_mode(chosen, platform="darwin") == EXEC  # fork is unsafe after Core ML/Metal
+
+
+def test_an_unknown_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSYQ_POOL_START", "fork")
+    with pytest.raises(SettingsError):
+        load_settings()
+
+
+def test_the_template_imports_the_worker_its_engine_and_the_measures_it_would_import() -> None:
+    engine = "workers.service.default_engine:engine_from_settings"
+    with_measures = preload_modules(engine, quality_imports=True)
+    assert "workers.service.default_engine" in with_measures
+    assert "wetext" in with_measures  # the default engine's normaliser, imported by its warm-up
+    assert "workers.worker" in with_measures
+    assert set(QUALITY_MODULES) <= set(with_measures)
+    light = preload_modules("tests.doubles.engines:fast", quality_imports=False)
+    assert "tests.doubles.engines" in light
+    assert not set(QUALITY_MODULES) & set(light)  # as an exec start would: on first use
+
+
+def test_the_templates_imports_start_nothing_a_fork_would_inherit() -> None:
+    """No CUDA state, no Python thread, no socket (Redis) in the template after importing our
+    modules (the third-party ones it adds, wetext and scipy, are left out: 1-2 s of the suite)."""
+    modules = [*WORKER_MODULES, "workers.service.default_engine"]
+    code = (
+        "import importlib, json, os, threading, torch\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "links = [f'/proc/self/fd/{fd}' for fd in os.listdir('/proc/self/fd')]\n"
+        "fds = [os.readlink(link) for link in links if os.path.lexists(link)]\n"
+        "print(json.dumps([torch.cuda.is_initialized(), threading.active_count(),\n"
+        "                  [fd for fd in fds if fd.startswith('socket:')]]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == [False, 1, []]
