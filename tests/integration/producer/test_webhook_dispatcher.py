@@ -46,6 +46,8 @@ def settings(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
         "COSYQ_WEBHOOK_BACKOFF_S": "0.2",
         "COSYQ_WEBHOOK_TIMEOUT_S": "2",
         "COSYQ_WEBHOOK_CLAIM_IDLE_S": "3",
+        # a retry due after the 0.2 s backoff, and a stop, seen within 0.1 s, not 0.5 s
+        "COSYQ_WEBHOOK_POLL_S": "0.1",
     }.items():
         monkeypatch.setenv(name, value)
     return load_settings(env_file=None)

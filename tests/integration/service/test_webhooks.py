@@ -32,7 +32,11 @@ SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzISE="
 def deliver_all(connection: redis.Redis, redis_url: str, receiver: Receiver, count: int) -> None:
     """Run a real dispatcher until the outbox is empty and `receiver` has `count` calls."""
     settings = load_settings(
-        env_file=None, redis_url=redis_url, webhook_secret=SECRET, webhook_allow_private=True
+        env_file=None,
+        redis_url=redis_url,
+        webhook_secret=SECRET,
+        webhook_allow_private=True,
+        webhook_poll_s=0.1,  # its stop seen within 0.1 s, not the default 0.5 s
     )
     stop = threading.Event()
     thread = threading.Thread(target=WebhookDispatcher(connection, settings).run, args=(stop,))
