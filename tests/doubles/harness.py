@@ -135,6 +135,19 @@ def pool_of_two(redis_url: str, root: Path, overrides: dict[str, str]) -> Iterat
             cluster.stop_all()
 
 
+@contextlib.contextmanager
+def clean_database(url: str) -> Iterator[str]:
+    """`url`'s database flushed before and after (a server we started), as the `redis_url`
+    fixture gives one test: for a module-scoped pool whose tests share its database."""
+    connection = redis.Redis.from_url(url)
+    connection.flushdb()
+    try:
+        yield url
+    finally:
+        connection.flushdb()
+        connection.close()
+
+
 def client_settings(cluster: Cluster, monkeypatch: Any) -> Any:
     """The cluster's COSYQ_ settings, set for this test's process too (producer side)."""
     from shared.settings import load_settings  # noqa: PLC0415

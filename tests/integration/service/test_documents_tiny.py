@@ -11,7 +11,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-import redis
 import soundfile as sf
 import srt
 
@@ -19,7 +18,13 @@ from producer import CosyqClient
 from shared.document_state import DocumentFailedError, done_segments, load_plan
 from shared.settings import Settings
 from tests.conftest import RedisServer
-from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
+from tests.doubles.harness import (
+    Cluster,
+    clean_database,
+    client_settings,
+    pool_of_two,
+    wait_for,
+)
 
 
 def settled(client: CosyqClient, document_id: str) -> bool:
@@ -67,8 +72,6 @@ def cluster(
     """One pool for the file: the tests share no document, marker or seed, and each starts
     from loaded workers (two staggered model loads, ~6 s on a busy machine: once, not twice)."""
     root = tmp_path_factory.mktemp("documents")
-    connection = redis.Redis.from_url(redis_server.url)
-    connection.flushdb()  # a clean database on our own server, as `redis_url` gives
     overrides = {
         "COSYQ_ENGINE": "tests.doubles.engines:tiny_directed",
         "COSYQ_MODEL_DIR": str(tiny_model_dir),
@@ -87,12 +90,8 @@ def cluster(
         "TESTENGINE_FORCED_TOKENS": "8",
         "TESTENGINE_FLOW_STEPS": "1",  # the time line is checked here, not the audio
     }
-    try:
-        with pool_of_two(redis_server.url, root, overrides) as cluster:
-            yield cluster
-    finally:
-        connection.flushdb()
-        connection.close()
+    with clean_database(redis_server.url) as url, pool_of_two(url, root, overrides) as cluster:
+        yield cluster
 
 
 @pytest.fixture
