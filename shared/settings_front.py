@@ -99,6 +99,12 @@ class FrontSettings(BaseModel):
     webhook_claim_idle_s: float = Field(
         60.0, gt=0, description="a delivery read by a dispatcher that died is taken over after"
     )
+    webhook_poll_s: float = Field(
+        0.5,
+        gt=0,
+        description="longest one read of the outbox waits: how soon a dispatcher notices a "
+        "stop or a retry come due",
+    )
     webhook_dispatch_in_serve: bool = Field(
         False, description="`cosyq serve` also runs a webhook dispatcher"
     )

@@ -38,7 +38,6 @@ from shared.webhooks import WebhookEvent
 
 log = get_logger(__name__)
 
-READ_BLOCK_MS = 500  # longest one read of the outbox waits: how fast a stop is noticed
 OUTAGE_PAUSE_MAX_S = 10.0
 
 BodyOf = Callable[[WebhookEvent], str | None]  # the JSON body, None while it is not done
@@ -71,6 +70,8 @@ class WebhookDispatcher:
         tracker = JobTracker(connection, settings)
         self.body_of = body_of or (lambda event: job_body(tracker, event))
         self.consumer = consumer_name()
+        # longest one read of the outbox waits: how soon a stop or a due retry is noticed
+        self.read_block_ms = max(1, round(settings.webhook_poll_s * 1000))
         self.in_flight: dict[Future[None], tuple[str, str]] = {}  # -> (entry id, receiver)
 
     def run(self, stop: threading.Event) -> None:
@@ -82,7 +83,7 @@ class WebhookDispatcher:
                 self.in_flight = {f: v for f, v in self.in_flight.items() if not f.done()}
                 free = slots - len(self.in_flight)
                 if free == 0:
-                    wait(self.in_flight, READ_BLOCK_MS / 1000, return_when=FIRST_COMPLETED)
+                    wait(self.in_flight, self.read_block_ms / 1000, return_when=FIRST_COMPLETED)
                     continue
                 try:
                     for entry in self._next(free):
@@ -124,7 +125,7 @@ class WebhookDispatcher:
             for entry in self.store.claim_stale(self.consumer, idle_ms, count)
             if entry[0] not in mine  # in flight here: never taken back from itself
         ]
-        return entries or self.store.read_new(self.consumer, count, READ_BLOCK_MS)
+        return entries or self.store.read_new(self.consumer, count, self.read_block_ms)
 
     def handle(self, entry: Entry) -> None:
         """One try of one outbox entry, and its move to delivered, retry or dead."""

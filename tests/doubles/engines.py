@@ -11,6 +11,8 @@ short sine, so one worker can be made slow, leaky, transiently failing or dead p
     invalid          InvalidRequestError               boom            RuntimeError (a bug)
     seconds:<s>      length of the returned audio (default 0.25 s)
     fail:<reason>    RuntimeError(<reason>), the reason being the rest of the text (spaces kept)
+    once:<path>      the directives after it only while <path> does not exist (then creates
+                     it): a job slow on its first attempt, quick when run again
 
 Factories: `fast` (loads instantly), `per_char` (audio length follows the text:
 SECONDS_PER_CHAR per character, at least MIN_PER_CHAR_SECONDS, as speech does), `slow_load`
@@ -80,6 +82,11 @@ class ScriptedEngine:
         directives, failing, reason = request.text.partition(FAIL_DIRECTIVE)
         for word in directives.split():
             name, _, value = word.partition(":")
+            if name == "once" and value:
+                if Path(value).exists():
+                    break
+                Path(value).touch()
+                continue
             seconds = _obey(name, value, seconds)
         if failing:
             raise RuntimeError(reason.strip())

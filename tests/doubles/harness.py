@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import redis
 import soundfile as sf
 from rq import Queue
@@ -44,6 +45,12 @@ def write_model_dir(folder: Path) -> Path:
     sf.write(folder / "prompt.wav", 0.3 * np.sin(2 * np.pi * 200 * t), 24000)
     (folder / "prompt.txt").write_text("a test prompt", encoding="utf-8")
     return folder
+
+
+# For a worker test whose worker exits in its start-up (storage probe, Redis login, model
+# load), before a batch runner opens its session: COSYQ_BATCH_SIZE is read by nothing it runs,
+# so it runs at one batch size, not at both (tests/integration/service/conftest.py).
+BEFORE_ANY_BATCH = pytest.mark.parametrize("worker_batch_size", [1], ids=["batch1"])
 
 
 @dataclass
@@ -126,6 +133,19 @@ def pool_of_two(redis_url: str, root: Path, overrides: dict[str, str]) -> Iterat
             pool.wait(timeout=60)
         finally:
             cluster.stop_all()
+
+
+@contextlib.contextmanager
+def clean_database(url: str) -> Iterator[str]:
+    """`url`'s database flushed before and after (a server we started), as the `redis_url`
+    fixture gives one test: for a module-scoped pool whose tests share its database."""
+    connection = redis.Redis.from_url(url)
+    connection.flushdb()
+    try:
+        yield url
+    finally:
+        connection.flushdb()
+        connection.close()
 
 
 def client_settings(cluster: Cluster, monkeypatch: Any) -> Any:

@@ -46,30 +46,38 @@ def register(subparsers: Any) -> None:
 
 
 def _init_tiny(args: argparse.Namespace) -> int:
-    from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415 (torch only when run)
-    from workers.tools.fixtures.tiny3 import write_tiny3_model  # noqa: PLC0415
-
     if args.directory.exists() and not args.directory.is_dir():
         print(
             f"cosyq-worker model init-tiny: {args.directory} is a file, not a folder",
             file=sys.stderr,
         )
         return 2
+    try:  # the folder first: one that cannot be made is refused before torch's import (~2 s)
+        args.directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return _cannot_write(args.directory, e)
+
+    from workers.tools.fixtures.tiny import write_tiny_model  # noqa: PLC0415 (torch only when run)
+    from workers.tools.fixtures.tiny3 import write_tiny3_model  # noqa: PLC0415
+
     try:
         writer = write_tiny3_model if args.family == "cosyvoice3" else write_tiny_model
         directory = writer(args.directory, seed=args.seed)
     except OSError as e:
-        inner = f": {e.filename}" if e.filename and str(e.filename) != str(args.directory) else ""
-        print(
-            f"cosyq-worker model init-tiny: cannot write {args.directory} "
-            f"({e.strerror or e}{inner})",
-            file=sys.stderr,
-        )
-        return 2
+        return _cannot_write(args.directory, e)
     name = "CosyVoice 3" if args.family == "cosyvoice3" else "CosyVoice 2"
     print(f"wrote a tiny {name} model (random weights, seed {args.seed}) to {directory.root}")
     print(f"use it with: COSYQ_MODEL_DIR={directory.root.resolve()}")
     return 0
+
+
+def _cannot_write(directory: Path, e: OSError) -> int:
+    inner = f": {e.filename}" if e.filename and str(e.filename) != str(directory) else ""
+    print(
+        f"cosyq-worker model init-tiny: cannot write {directory} ({e.strerror or e}{inner})",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _check_reference(args: argparse.Namespace) -> int:

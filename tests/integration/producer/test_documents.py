@@ -20,7 +20,8 @@ from producer import CosyqClient
 from shared.document_state import DocumentFailedError, done_segments
 from shared.logs import configure_logging
 from shared.settings import Settings
-from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
+from tests.conftest import RedisServer
+from tests.doubles.harness import Cluster, clean_database, client_settings, pool_of_two, wait_for
 
 
 def settled(client: CosyqClient, document_id: str) -> bool:
@@ -42,10 +43,15 @@ def document(extra: str = "") -> str:
     )
 
 
-@pytest.fixture
-def cluster(redis_url: str, tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def cluster(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """One pool for the file: its tests share no document or marker, and none needs a fresh
+    worker (a pool start each, not once)."""
+    root = tmp_path_factory.mktemp("documents")
     overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "200", "COSYQ_MAX_RETRIES": "2"}
-    with pool_of_two(redis_url, tmp_path, overrides) as cluster:
+    with clean_database(redis_server.url) as url, pool_of_two(url, root, overrides) as cluster:
         yield cluster
 
 

@@ -46,6 +46,8 @@ def settings(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
         "COSYQ_WEBHOOK_BACKOFF_S": "0.2",
         "COSYQ_WEBHOOK_TIMEOUT_S": "2",
         "COSYQ_WEBHOOK_CLAIM_IDLE_S": "3",
+        # a retry due after the 0.2 s backoff, and a stop, seen within 0.1 s, not 0.5 s
+        "COSYQ_WEBHOOK_POLL_S": "0.1",
     }.items():
         monkeypatch.setenv(name, value)
     return load_settings(env_file=None)
@@ -118,7 +120,7 @@ def test_each_event_is_signed_and_redelivered_under_the_same_id(
 def test_a_receiver_that_keeps_failing_is_dead_lettered_then_redelivered(
     connection: redis.Redis, settings: Settings, receiver: Receiver, capsys: Any
 ) -> None:
-    settings = settings.model_copy(update={"webhook_retry_hours": 2 / 3600})  # 2 s
+    settings = settings.model_copy(update={"webhook_retry_hours": 1 / 3600})  # 1 s: 3 tries
     receiver.answers = [500] * 1000
     append(connection, event(receiver))
     store = WebhookStore(connection)
@@ -166,7 +168,7 @@ def test_a_slow_receiver_does_not_hold_up_another(
     connection: redis.Redis, settings: Settings, receiver: Receiver
 ) -> None:
     with webhook_receiver() as slow:
-        slow.delay_s = 1.5  # under the 2 s timeout: delivered, slowly
+        slow.delay_s = 0.75  # under the 2 s timeout: delivered, slowly
         for n in range(3):
             append(connection, event(slow, f"slow-{n}"))
         append(connection, event(receiver, "quick"))
@@ -176,7 +178,7 @@ def test_a_slow_receiver_does_not_hold_up_another(
             wait_for(lambda: receiver.calls, 10, "the quick receiver called")
             quick_after = time.monotonic() - started
             wait_for(lambda: len(slow.calls) == 3, 30, "the slow receiver's three")
-    assert quick_after < 1.5 * 3  # not after the slow receiver's three, one by one
+    assert quick_after < 0.75 * 3  # not after the slow receiver's three, one by one
 
 
 def test_an_event_a_dead_dispatcher_read_is_taken_over(
@@ -188,6 +190,9 @@ def test_an_event_a_dead_dispatcher_read_is_taken_over(
     assert len(store.read_new("died-mid-delivery", 10, 100)) == 1  # read, never acknowledged
     pending = connection.xpending(keys.WEBHOOK_OUTBOX, keys.WEBHOOK_GROUP)
     assert pending["pending"] == 1
+    # taken over once idle for the claim-idle: 1.5 s here (over a 1 s timeout, as the
+    # settings require), the receiver answering at once
+    settings = settings.model_copy(update={"webhook_timeout_s": 1.0, "webhook_claim_idle_s": 1.5})
     with dispatching(connection, settings, {"job-1": {}}):
         wait_for(lambda: receiver.calls, 30, "the event delivered by the second dispatcher")
         wait_for(lambda: store.counts() == (0, 0), 10, "the outbox empty")

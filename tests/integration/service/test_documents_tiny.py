@@ -17,7 +17,14 @@ import srt
 from producer import CosyqClient
 from shared.document_state import DocumentFailedError, done_segments, load_plan
 from shared.settings import Settings
-from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
+from tests.conftest import RedisServer
+from tests.doubles.harness import (
+    Cluster,
+    clean_database,
+    client_settings,
+    pool_of_two,
+    wait_for,
+)
 
 
 def settled(client: CosyqClient, document_id: str) -> bool:
@@ -58,22 +65,32 @@ def long_text(chars: int) -> str:
     return "\n\n".join(paragraphs)[:chars].rsplit(".", 1)[0] + "."
 
 
-@pytest.fixture
-def cluster(redis_url: str, tmp_path: Path, tiny_model_dir: Path) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def cluster(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[Cluster]:
+    """One pool for the file: the tests share no document, marker or seed, and each starts
+    from loaded workers (two staggered model loads, ~6 s on a busy machine: once, not twice)."""
+    root = tmp_path_factory.mktemp("documents")
     overrides = {
         "COSYQ_ENGINE": "tests.doubles.engines:tiny_directed",
         "COSYQ_MODEL_DIR": str(tiny_model_dir),
         "COSYQ_DEVICE": "cpu",
-        "COSYQ_HASH_CACHE_DIR": str(tmp_path / "hashes"),
+        "COSYQ_HASH_CACHE_DIR": str(root / "hashes"),
         "COSYQ_DOCUMENT_KEEP_SEGMENTS": "true",
         "COSYQ_DOCUMENT_SEGMENT_CHARS": "1000",  # the default: ~20 segments of 20,000 chars
         # The tiny tokenizer makes ~0.7 tokens per character, where Qwen2's makes ~0.25: its
         # speech estimate of a 1,000-character segment (~210 s) is over the default bound.
         "COSYQ_MAX_SPEECH_SECONDS": "400",
+        # Pieces of Qwen2's size in characters (80 of its tokens, ~320 characters): 240 of
+        # the tiny tokenizer's, ~3 pieces a segment, not 13 (each piece a whole LLM, flow and
+        # vocoder pass, ~70 ms of overhead on the tiny model): still several cues a segment.
+        "COSYQ_MAX_PIECE_TOKENS": "240",
         "COSYQ_THREADS": "1",
         "TESTENGINE_FORCED_TOKENS": "8",
+        "TESTENGINE_FLOW_STEPS": "1",  # the time line is checked here, not the audio
     }
-    with pool_of_two(redis_url, tmp_path, overrides) as cluster:
+    with clean_database(redis_server.url) as url, pool_of_two(url, root, overrides) as cluster:
         yield cluster
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doubles.harness import REPO_ROOT, Cluster, named, wait_for
+from tests.doubles.harness import BEFORE_ANY_BATCH, REPO_ROOT, Cluster, named, wait_for
 from tests.doubles.redis_servers import ACL_USERS, secured_redis, tls_redis
 
 CONNECT_TIMEOUT_S = 5.0
@@ -31,6 +31,7 @@ def refusal_lines(path: Path) -> list[str]:
     return [line for line in lines if line.startswith("cosyq-worker")]
 
 
+@BEFORE_ANY_BATCH
 @pytest.mark.timeout(300)  # five interpreters at once: slow on a loaded machine
 def test_refused_worker_exits_2_within_the_connect_timeout_with_one_line(
     cluster: Cluster, tmp_path: Path

@@ -92,7 +92,10 @@ def test_a_warm_stop_waits_for_redis_only_so_long_and_the_job_is_given_back(
     try:
         pool = cluster.start("pool", "-n", "1", log_name="pool.log")
         wait_for(lambda: named(cluster.events("pool.log"), "slot_ready"), 60, "the worker ready")
-        job = enqueue(connection, "sleep:4 is running when Redis goes away")
+        # 4 s on its first attempt (running when Redis goes away), none when given back
+        job = enqueue(
+            connection, f"once:{tmp_path / 'ran'} sleep:4 is running when Redis goes away"
+        )
         wait_for(lambda: statuses(connection, [job]) == ["started"], 30, "the job to start")
         persistent_redis.stop()
         pool.send_signal(signal.SIGTERM)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import redis
 
-from tests.doubles.harness import Cluster, enqueue, named, wait_for
+from tests.doubles.harness import BEFORE_ANY_BATCH, Cluster, enqueue, named, wait_for
 
 
+@BEFORE_ANY_BATCH
 def test_model_that_fails_to_load_exits_nonzero_and_takes_no_job(
     cluster: Cluster, connection: redis.Redis
 ) -> None:

@@ -11,7 +11,7 @@ import sys
 
 import redis
 
-from tests.doubles.harness import REPO_ROOT, Cluster, enqueue, named, wait_for
+from tests.doubles.harness import BEFORE_ANY_BATCH, REPO_ROOT, Cluster, enqueue, named, wait_for
 from tests.doubles.s3_servers import AuthS3, RestartableS3, s3_client
 
 EXIT_START_FAILED = 2  # workers.service.commands: every start-up failure (settings, model, storage)
@@ -37,6 +37,7 @@ def assert_refused(cluster: Cluster, log_name: str, url: str, cause: str) -> Non
     assert not named(cluster.events(log_name), "worker_ready")
 
 
+@BEFORE_ANY_BATCH
 def test_unwritable_storage_exits_at_start_naming_url_and_cause(
     cluster: Cluster,
     connection: redis.Redis,
@@ -71,6 +72,7 @@ def test_unwritable_storage_exits_at_start_naming_url_and_cause(
     assert (cluster.root / "afile").read_text() == "in the way"
 
 
+@BEFORE_ANY_BATCH
 def test_read_only_folder_exits_at_start(cluster: Cluster) -> None:
     """A read-only bind mount when we are root (root ignores file modes), else a 0555 folder."""
     target = cluster.root / "ro-out"
@@ -92,6 +94,7 @@ def test_read_only_folder_exits_at_start(cluster: Cluster) -> None:
     assert list(target.iterdir()) == []
 
 
+@BEFORE_ANY_BATCH
 def test_pool_backs_off_and_status_shows_why(cluster: Cluster, connection: redis.Redis) -> None:
     (cluster.root / "afile").write_text("in the way")
     url = (cluster.root / "afile" / "sub").as_uri()

@@ -118,11 +118,14 @@ def fresh_db(server: RedisServer, index: int) -> str:
     return url
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def live(
     redis_server: RedisServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Front]:
-    """Keys on; one tiny-model worker (real engine) behind it; /readyz 200 before tests run."""
+    """Keys on; one tiny-model worker (real engine) behind it; /readyz 200 before tests run.
+
+    One for the test process, not one per file (a front and a model load each, ~5 s): its
+    tests submit their own jobs and read back only those, never the database's totals."""
     root = tmp_path_factory.mktemp("http-live")
     url = fresh_db(redis_server, LIVE_DB)
     front = start_front(root / "front", url, COSYQ_API_KEYS=f"other-key,{API_KEY}")
