@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
 from workers.model.checkpoint import read_state_dict
@@ -41,3 +42,17 @@ def one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", name="flow")
+def stream_test_flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
+    """In STREAM_TEST_STEPS Euler steps (the docstring above says why that suffices)."""
+    with one_torch_thread():
+        yield reference_flow(reference_dir, STREAM_TEST_STEPS)
+
+
+@pytest.fixture(scope="module", name="reference_steps_flow")
+def reference_steps_flow_fixture(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
+    """In the reference's own steps, for the bf16 bounds."""
+    with one_torch_thread():
+        yield reference_flow(reference_dir)

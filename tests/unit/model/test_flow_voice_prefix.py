@@ -10,14 +10,15 @@ stored prefix; the store is bounded in bytes, least recently used voice out firs
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.unit.model.flows import STREAM_TEST_STEPS, one_torch_thread, reference_flow
+from tests.unit.model.flows import (  # noqa: F401 (fixtures used by name)
+    reference_steps_flow_fixture,
+    stream_test_flow,
+)
 from workers.engine.api import VoicePrompt
 from workers.engine.flow_chunks import BoundedFlowChunks, CachedFlowChunks
 from workers.engine.stages import ModuleFlow
@@ -27,20 +28,6 @@ from workers.model.flow.stream import FlowStreamCache
 
 TOLERANCE = 1e-5  # max abs, float32
 CUTS = [22, 47, 97]  # hop ends (tokens) before the final call
-
-
-@pytest.fixture(scope="module")
-def flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
-    """In STREAM_TEST_STEPS Euler steps (tests/unit/model/flows.py says why that suffices)."""
-    with one_torch_thread():
-        yield reference_flow(reference_dir, STREAM_TEST_STEPS)
-
-
-@pytest.fixture(scope="module")
-def reference_steps_flow(reference_dir: Path) -> Iterator[CausalMaskedDiffWithXvec]:
-    """In the reference's own steps, for the bf16 bounds."""
-    with one_torch_thread():
-        yield reference_flow(reference_dir)
 
 
 def voice(prompt_tokens: int, seed: int) -> VoicePrompt:
