@@ -14,8 +14,10 @@ import contextlib
 import os
 import random
 import signal
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -31,6 +33,10 @@ ROUNDS, JOBS_PER_ROUND = 3, 16
 # after) several times per run (the printed counts), at a quarter of that time.
 RANDOM_STOPS, QUEUE_FLOOR = 24, 20
 SEED = 15  # the issue's number: a fixed seed, so a failure replays the same moments
+# Both ways the pool starts a worker (COSYQ_POOL_START) go through the stress, one per batch
+# size: batch1's workers exec, batch8's fork from the template (Linux; macOS execs), which
+# also spares each restart of a batching worker its ~1.5 s torch import.
+POOL_START = {1: "exec", 8: "template"}
 
 
 def assert_nothing_stranded(connection: redis.Redis, jobs: list[Job]) -> None:
@@ -55,19 +61,29 @@ def assert_nothing_stranded(connection: redis.Redis, jobs: list[Job]) -> None:
     assert list(connection.scan_iter("rq:intermediate:*")) == []
 
 
+def forked_as_asked(events: list[dict[str, Any]], start: str) -> bool:
+    """The pool started its template (so forked its workers) if and only if asked to and on
+    Linux (macOS always execs)."""
+    forked = bool(named(events, "pool_template_ready"))
+    return forked == (start == "template" and sys.platform == "linux")
+
+
 def two_ready(cluster: Cluster, log_name: str) -> Callable[[], bool]:
     return lambda: len(named(cluster.events(log_name), "slot_ready")) == 2
 
 
 @pytest.mark.timeout(900)
 def test_rounds_of_recycling_under_load_lose_no_job(
-    cluster: Cluster, connection: redis.Redis
+    cluster: Cluster, connection: redis.Redis, worker_batch_size: int
 ) -> None:
     every_job: list[Job] = []
     granted = 0
+    start = POOL_START[worker_batch_size]
     for round_ in range(ROUNDS):
         log_name = f"pool{round_}.log"
-        pool = cluster.start("pool", "-n", "2", log_name=log_name, COSYQ_MAX_JOBS="2")
+        pool = cluster.start(
+            "pool", "-n", "2", log_name=log_name, COSYQ_MAX_JOBS="2", COSYQ_POOL_START=start
+        )
         wait_for(two_ready(cluster, log_name), 120, "2 slots")
         jobs = [
             enqueue(connection, f"sleep:0.2 round {round_} job {i}") for i in range(JOBS_PER_ROUND)
@@ -80,6 +96,7 @@ def test_rounds_of_recycling_under_load_lose_no_job(
         # Recycling happened while the queue still held work, through the channel's grant.
         assert [e for e in named(events, "worker_retire_granted") if e["timestamp"] < stop]
         assert [e for e in named(events, "worker_stop_requested") if e["timestamp"] < stop] == []
+        assert forked_as_asked(events, start)
         granted += len(named(events, "worker_retire_granted"))
         every_job += jobs
     assert_nothing_stranded(connection, every_job)
@@ -98,7 +115,7 @@ def ready_worker_pids(connection: redis.Redis) -> list[int]:
 
 @pytest.mark.timeout(900)
 def test_random_sigterms_under_a_full_queue_lose_no_job(
-    cluster: Cluster, connection: redis.Redis
+    cluster: Cluster, connection: redis.Redis, worker_batch_size: int
 ) -> None:
     jobs: list[Job] = []
 
@@ -107,9 +124,9 @@ def test_random_sigterms_under_a_full_queue_lose_no_job(
             jobs.extend(enqueue(connection, f"sleep:0.05 job {len(jobs)}") for _ in range(10))
 
     top_up()
-    pool = cluster.start(
-        "pool", "-n", "2", "--backoff-initial", "0.1", "--backoff-max", "0.5", log_name="pool.log"
-    )
+    backoff = ("--backoff-initial", "0.1", "--backoff-max", "0.5")
+    start = POOL_START[worker_batch_size]
+    pool = cluster.start("pool", "-n", "2", *backoff, log_name="pool.log", COSYQ_POOL_START=start)
     rng = random.Random(SEED)
     stopped: set[int] = set()
     deadline = time.monotonic() + 600
@@ -129,6 +146,7 @@ def test_random_sigterms_under_a_full_queue_lose_no_job(
     pool.send_signal(signal.SIGTERM)
     assert pool.wait(timeout=60) == 0
     events = cluster.events("pool.log")
+    assert forked_as_asked(events, start)
     warm = named(events, "worker_stop_requested")
     assert len(warm) > RANDOM_STOPS // 2  # most stops reached a worker with a job cycle going
     assert_nothing_stranded(connection, jobs)
