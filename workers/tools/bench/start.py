@@ -21,6 +21,9 @@ from datetime import datetime
 from pathlib import Path
 from statistics import median
 
+from pydantic import TypeAdapter
+
+from shared.settings import Settings
 from workers.service.template import WorkerTemplate, preload_modules
 from workers.tools.bench.queue import (
     BENCH_QUEUE,
@@ -98,7 +101,10 @@ def _template_samples(
     stats: StartStats, env: dict[str, str], workdir: Path, repeats: int
 ) -> StartStats:
     """The same idle burst worker, forked from a template as the pool forks it."""
-    quality = env.get("COSYQ_QUALITY_IMPORT_AT_START", "true").lower() not in {"0", "false"}
+    # read as the worker reads it (pydantic's bool), the model's default when it is not set
+    field_info = Settings.model_fields["quality_import_at_start"]
+    raw = env.get("COSYQ_QUALITY_IMPORT_AT_START", field_info.default)
+    quality = TypeAdapter(bool).validate_python(raw)
     template = WorkerTemplate(preload_modules(stats.engine, quality_imports=quality), env)
     template_start_s = template.start()
     totals, loads, warms = [], [], []
