@@ -23,6 +23,9 @@ log = structlog.get_logger("cosyq.http")
 SETTING = "COSYQ_HTTP_REQUEST_READ_TIMEOUT_S"
 
 
+CLOSE_AFTER_EOF_S = 0.5  # after a 408: time for the client to read it before the close
+
+
 def timeout_response(read_timeout_s: float) -> bytes:
     """A 408 in the API's error shape, written straight to the socket."""
     message = f"request: did not arrive within {read_timeout_s:g} s ({SETTING})"
@@ -43,12 +46,15 @@ class ReadDeadlineProtocol(H11Protocol):
         self.read_timeout_s = read_timeout_s
         self._deadline: asyncio.TimerHandle | None = None
         self._cycle_before: object = None  # the cycle in place when the timer started
+        self._timed_out = False  # answered 408: what still arrives is dropped, not parsed
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._start()
 
     def data_received(self, data: bytes) -> None:
+        if self._timed_out:
+            return
         if self._deadline is None and not self._answering():
             self._start()
         super().data_received(data)
@@ -87,4 +93,12 @@ class ReadDeadlineProtocol(H11Protocol):
         cycle = self.cycle
         if cycle is None or cycle is self._cycle_before or not cycle.response_started:
             self.transport.write(timeout_response(self.read_timeout_s))
-        self.transport.close()
+        self._timed_out = True
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        # The answer and a FIN first, the close a moment later: closing with a slow client's
+        # unread bytes here sends a reset, which can reach the client before it read the 408
+        # (its kernel then drops the answer).
+        self.transport.write_eof()
+        self.loop.call_later(CLOSE_AFTER_EOF_S, self.transport.close)
