@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
+import redis
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.job import Job
 from rq.queue import Queue
@@ -192,10 +193,22 @@ class CosyqWorker(StopSafeWorker):
     def unsubscribe(self) -> None:
         """RQ's, with the listener told to stop before the channel is left: the unsubscribe
         reply then ends its last read. Told after, it has already gone round to wait
-        PUBSUB_POLL_S once more with no channel, and every exit took that much longer."""
-        if self.pubsub_thread is not None:
-            self.pubsub_thread.stop()
-        super().unsubscribe()
+        PUBSUB_POLL_S once more with no channel, and every exit took that much longer.
+
+        A stopped listener whose last read ends by its own timeout closes the connection
+        itself, and may do so while the unsubscribe is being sent (a ConnectionError, "Bad
+        file descriptor"): the server has then left the channel with the connection, so the
+        listener is only waited for and the pubsub closed, as RQ's own unsubscribe ends."""
+        thread = self.pubsub_thread
+        if thread is None:
+            return
+        thread.stop()
+        try:
+            super().unsubscribe()
+        except redis.ConnectionError:
+            log.info("worker_pubsub_closed_by_listener", channel=self.pubsub_channel_name)
+            thread.join(timeout=1)
+            self.pubsub.close()
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
         """RQ's scheduler forks: never started here (retries are promoted by housekeeping)."""
