@@ -97,5 +97,9 @@ def test_padded_frames_change_no_valid_frame(dtype: torch.dtype) -> None:
                           cond[..., :frames])  # fmt: skip
         padded = estimator(x, mask, mu, t, spks, cond)[..., :frames]
         unmasked = estimator(x, torch.ones_like(mask), mu, t, spks, cond)[..., :frames]
-    assert _snr_db(alone, padded) >= 60.0  # fp32 ~134 dB here, bf16 the same bits
+    # fp32 ~133 dB. bf16: the same bits on AVX512-BF16 (Zen 4), 50.8 dB on AMX, whose oneDNN
+    # kernels block a 30-row and a 42-row product differently (bf16's own rounding, ~8 bits);
+    # the unmasked rows are at ~23 dB on both.
+    floor_db = 60.0 if dtype == torch.float32 else 40.0
+    assert _snr_db(alone, padded) >= floor_db
     assert _snr_db(alone, unmasked) < 30.0  # the padded keys do matter when not hidden
