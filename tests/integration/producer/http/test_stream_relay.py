@@ -91,25 +91,30 @@ def test_relay_started_before_the_entries_gets_them_all_in_order(
     job_id = streaming_job(connection)
     pieces = [chunk(2400, seq) for seq in range(4)]
     received: list[bytes] = []
-    arrival: list[float] = []
 
     def read() -> None:
         with httpx.stream("GET", f"{stalled.url}/v1/jobs/{job_id}/stream", timeout=30) as r:
             assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
             for part in r.iter_raw():
                 received.append(part)
-                arrival.append(time.monotonic())
 
     reader = threading.Thread(target=read)
     reader.start()
     time.sleep(0.3)  # the relay is waiting before the first entry exists
-    for seq, pcm in enumerate(pieces):
+    append(connection, job_id, 0, pieces[0], final=False)
+    # The first audio reaches the client while the job is still streaming: the later entries are
+    # written only once it has (no timing bound: a relay that held audio back until the job's
+    # end would leave this wait to run out).
+    deadline = time.monotonic() + 20
+    while not received and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert received, "the first entry was not relayed while the job was still streaming"
+    for seq, pcm in enumerate(pieces[1:], start=1):
         append(connection, job_id, seq, pcm, final=seq == len(pieces) - 1)
-        time.sleep(0.2)
-    last_sent = time.monotonic()
+        time.sleep(0.05)
     reader.join(timeout=30)
+    assert not reader.is_alive()
     assert b"".join(received) == b"".join(pieces)
-    assert arrival[0] < last_sent - 0.3  # the first audio came before the last was written
 
 
 def test_relay_after_the_job_streamed_replays_from_the_first_entry(
