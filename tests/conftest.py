@@ -52,6 +52,11 @@ TORCH_THREADS = _torch_threads_per_process()
 if TORCH_THREADS is not None:
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_name, str(TORCH_THREADS))
+    # Three test processes (and the workers they start, which inherit this) share two cores: an
+    # OpenMP thread that spins while it waits burns a core another process needs (the voices
+    # tests' in-process workers at load 5-6: 66.8 CPU s spinning, 17.6 passive). A pool already
+    # defaults to PASSIVE (workers/service/host.py); a lone worker and a test process did not.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(autouse=True)
