@@ -45,6 +45,10 @@ def settings(
     monkeypatch.setenv("COSYQ_STORAGE_URL", (tmp_path / "storage").as_uri())
     monkeypatch.setenv("COSYQ_MODEL_DIR", str(tiny_model_dir))
     monkeypatch.setenv("COSYQ_DEVICE", "cpu")
+    # the worker runs in this process (run_cosyq_burst): one thread, its share. Two OpenMP
+    # threads spinning beside the suite's other processes cost each engine warm-up 4-6 CPU s
+    # on a busy 2-core host, one thread 0.3-0.6 s
+    monkeypatch.setenv("COSYQ_THREADS", "1")
     monkeypatch.setenv("COSYQ_HASH_CACHE_DIR", str(tmp_path / "hashes"))
     monkeypatch.setenv("COSYQ_MAX_RETRIES", "0")
     monkeypatch.chdir(tmp_path)  # no stray .env
