@@ -191,7 +191,7 @@ def tiny_forced(settings: Any) -> Any:
     return tiny_torch_engine(settings, forced_speech_tokens=forced)
 
 
-def tiny_torch_engine(settings: Any, **options: Any) -> Any:
+def tiny_torch_engine(settings: Any, *, dtype: str = "fp32", **options: Any) -> Any:
     """The real torch engine on the worker's settings (cpu) with these EngineOptions changed.
     The flow solves in TESTENGINE_FLOW_STEPS Euler steps (default 2, the model's 10 when
     "model"): the flow is most of a tiny piece's time, and these tests check the service, not
@@ -208,8 +208,22 @@ def tiny_torch_engine(settings: Any, **options: Any) -> Any:
         **options,
     )
     return build_engine(
-        settings.model_dir, device="cpu", options=chosen, hash_cache_dir=settings.hash_cache_dir
+        settings.model_dir,
+        device="cpu",
+        dtype=dtype,
+        options=chosen,
+        hash_cache_dir=settings.hash_cache_dir,
     )
+
+
+def tiny_as_configured(settings: Any) -> Any:
+    """`tiny` with the default engine's choices for this host (`engine_from_settings`):
+    COSYQ_DTYPE and COSYQ_LLM_PRECISION resolved as it resolves them (auto may pick the int8
+    LLM), only the flow in TESTENGINE_FLOW_STEPS Euler steps."""
+    from workers.service.default_engine import dtype_for, llm_precision_for  # noqa: PLC0415
+
+    precision = llm_precision_for(settings, "cpu", "torch")
+    return tiny_torch_engine(settings, dtype=dtype_for(settings, "cpu"), llm_precision=precision)
 
 
 def runaway_tiny(settings: Any) -> Any:

@@ -10,9 +10,22 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
+import pytest
 import redis
 
 from tests.doubles.harness import Cluster, enqueue, named, statuses, wait_for
+
+# Both ways the pool starts a worker (COSYQ_POOL_START) keep every promise here, one per batch
+# size: batch1's workers exec, batch8's fork from the template (Linux; macOS execs), which
+# spares each of their starts and restarts the worker's imports (about 0.5 s of CPU each).
+POOL_START = {1: "exec", 8: "template"}
+
+
+@pytest.fixture(autouse=True)
+def pool_start(cluster: Cluster, worker_batch_size: int) -> str:
+    start = POOL_START[worker_batch_size]
+    cluster.overrides["COSYQ_POOL_START"] = start
+    return start
 
 
 def loading_intervals(events: list[dict[str, Any]]) -> list[tuple[datetime, datetime, str]]:
