@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pyloudnorm
 import pytest
 
 from workers.engine.loudness import normalise_loudness, trim_bounds
@@ -59,6 +58,8 @@ def test_clipped_samples_and_peak() -> None:
 
 
 def test_a_minus_23_lufs_tone_measures_as_pyloudnorm_does() -> None:
+    import pyloudnorm  # noqa: PLC0415 (with scipy.signal ~1.1 CPU s of every test process's collection)
+
     audio = tone(3.0, amplitude=0.1, hz=1000.0)
     meter = pyloudnorm.Meter(RATE)
     target = pyloudnorm.normalize.loudness(
@@ -92,6 +93,8 @@ def test_the_oversampling_is_scipys_resample_poly(size: int, factor: int) -> Non
 
 @pytest.mark.parametrize("target", [-16.0, -23.0])
 def test_normalising_noise_reaches_the_target_under_the_ceiling(target: float) -> None:
+    import pyloudnorm  # noqa: PLC0415 (with scipy.signal ~1.1 CPU s of every test process's collection)
+
     rng = np.random.default_rng(0)
     audio = (rng.standard_normal(RATE * 4) * 0.05).astype(np.float32)
     audio[RATE : RATE + 50] = 0.95  # a spike a plain gain would push over the ceiling
