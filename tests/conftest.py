@@ -27,14 +27,24 @@ SHARED_CONVERSION_FOLDER = "tests/unit/coreml/"
 # xdist's order. A unit missing here only starts later: the list orders, it selects nothing.
 SLOW_UNITS_FIRST = (
     SHARED_CONVERSION_FOLDER,
-    "tests/integration/service/test_stop_stress.py",
-    "tests/integration/service/test_batch_custody.py",
-    "tests/integration/service/test_cosyvoice3_jobs.py",
-    "tests/integration/service/test_documents_tiny.py",
-    "tests/integration/service/test_document_length_tiny.py",
-    "tests/integration/tools/test_soak.py",
-    "tests/integration/tools/test_bench_queue.py",
-    "tests/integration/service/test_text_jobs.py",
+    # longest first, from a three-process run's file spans (Xeon AMX, 2 cores: seconds)
+    "tests/integration/service/test_batch_custody.py",  # 96
+    "tests/integration/service/test_batching.py",  # 55
+    "tests/integration/service/test_stop_stress.py",  # 48
+    "tests/integration/service/test_no_job_lost.py",  # 42
+    "tests/unit/engine/test_batch_session.py",  # 38
+    "tests/integration/service/test_pool.py",  # 37
+    "tests/integration/service/test_cancel.py",  # 32
+    "tests/integration/service/test_webhooks.py",  # 30
+    "tests/integration/producer/http/test_ui_browser.py",  # 25
+    "tests/integration/tools/test_soak.py",  # 25
+    "tests/integration/service/test_batching_real_engine.py",  # 24
+    "tests/unit/tools/test_bench_vox.py",  # 24
+    "tests/unit/tools/test_bench.py",  # 23
+    "tests/integration/service/test_metrics.py",  # 22
+    "tests/unit/model/test_flow_stream.py",  # 21
+    "tests/integration/service/test_documents_tiny.py",  # 20
+    "tests/unit/model/test_flow_voice_prefix.py",  # 20
 )
 
 
