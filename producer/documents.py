@@ -236,6 +236,12 @@ def document_status(client: CosyqClient, document_id: str) -> DocumentStatus:
     jobs = job_ids(connection, document_id)
     pending = [s for s in plan.segments if s.index not in done]
     states = client.tracker.states([jobs.get(s.index, "-") for s in pending])
+    if "finished" in states:
+        # A segment job records its audio before RQ marks it finished: one that finished after
+        # `done` was read is done now, not "missing" (read again, as its state was read after).
+        done = done_segments(connection, document_id)
+        kept = [(s, st) for s, st in zip(pending, states, strict=True) if s.index not in done]
+        pending, states = [s for s, _ in kept], [st for _, st in kept]
     counts = {"queued": 0, "running": 0, "failed": 0, "missing": 0}
     failures: list[SegmentFailure] = []
     for segment, state in zip(pending, states, strict=True):
