@@ -137,6 +137,34 @@ def test_a_segment_failing_for_good_fails_the_document_and_retry_completes_it(
     assert all(d.attempt == 1 for d in after.values())
 
 
+def test_a_segment_that_finishes_between_the_status_reads_is_done_not_missing(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status reads the done list, then the jobs' states: a segment whose job finished in
+    between (its audio is recorded before RQ marks it finished) is done, not "missing" with its
+    audio "gone" (a 20,000-character document failed on it under load). The race is made
+    certain: the first read of the done list misses the last segment, as if it were read just
+    before that segment's job ended."""
+    import producer.documents  # noqa: PLC0415
+
+    with CosyqClient(settings) as client:
+        document_id = client.submit_document({"text": document(), "markup": "markdown"})
+        client.document_result(document_id, timeout=120)
+        real = producer.documents.done_segments
+        reads: list[int] = []
+
+        def done_read_early(connection: object, doc: str) -> dict[int, object]:
+            done = real(connection, doc)  # type: ignore[arg-type]
+            reads.append(len(done))
+            return {i: d for i, d in done.items() if i != max(done)} if len(reads) == 1 else done
+
+        monkeypatch.setattr(producer.documents, "done_segments", done_read_early)
+        status = client.document_status(document_id)
+    assert len(reads) >= 2  # the done list was read again: a pending segment shows finished
+    assert status.failures == [] and status.missing == 0
+    assert status.done == status.segments == reads[0]
+
+
 def test_cli_submits_a_document_and_writes_audio_captions_and_manifest(
     settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
