@@ -115,12 +115,15 @@ class WorkerTemplate:
         *,
         control: socket.socket | None = None,
         log_path: Path | None = None,
+        cwd: Path | None = None,
     ) -> ForkedWorker:
         """`workers.cli ARGV` in a fork of the template, in a new session (like the exec
-        mode's `start_new_session`), with `--control-fd` the child's copy of `control`."""
+        mode's `start_new_session`), with `--control-fd` the child's copy of `control`, in
+        `cwd` (by default the template's, the folder its starter was in)."""
+        log = None if log_path is None else str(log_path)
         process = self._context.Process(
             target=run_forked_worker,
-            args=(list(argv), dict(env), control, None if log_path is None else str(log_path)),
+            args=(list(argv), dict(env), control, log, None if cwd is None else str(cwd)),
             name="cosyq-worker",
             daemon=False,
         )
@@ -130,10 +133,17 @@ class WorkerTemplate:
 
 
 def run_forked_worker(
-    argv: list[str], env: dict[str, str], control: socket.socket | None, log_path: str | None
+    argv: list[str],
+    env: dict[str, str],
+    control: socket.socket | None,
+    log_path: str | None,
+    cwd: str | None = None,
 ) -> None:
-    """The forked child: the worker's own environment, session and output, then the CLI."""
+    """The forked child: the worker's own environment, session, folder and output, then the
+    CLI."""
     os.setsid()  # a terminal's Ctrl+C reaches the pool only, which forwards it once
+    if cwd is not None:
+        os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
     if log_path is not None:
