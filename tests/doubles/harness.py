@@ -1,11 +1,22 @@
 """Real worker processes for the integration tests: environment, start, logs, waiting.
 
-Workers run as `python -m workers.cli ...` from the repository root with a test engine from
+Workers run `workers.cli ...` from the repository root with a test engine from
 tests/doubles/engines.py and JSON logs written to a file the test reads back as events.
+
+How a `run` worker starts: forked from a template, the product's own pool template
+(workers/service/template.py, COSYQ_POOL_START=template), one per test process, that has
+imported the worker's modules and the test engines once. Most of an exec-started worker's CPU
+is its imports (0.55 of 0.8 s for a light engine), paid by each of the suite's hundreds of
+workers on two cores. The fork runs the same `workers.cli` main with the same arguments, its own
+environment, folder, session and log; only the imports are shared. A test whose subject is the
+start itself (start-up failures, exit codes, signals to a fresh process) starts with exec, as a
+supervisor does: `Cluster(start_mode=EXEC)`, or the `worker_exec` marker for the service
+tests' `cluster` fixture. Every other command (pool, bench, ...) starts with exec.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -28,6 +39,8 @@ from rq.serializers import JSONSerializer
 
 from shared.submitted import record_submitted
 from shared.tenants import TENANT_META_KEY, tenant_of_queue
+from workers.service.metrics import MULTIPROC_ENV
+from workers.service.template import TEMPLATE, WORKER_MODULES, ForkedWorker, WorkerTemplate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_PARENT_COSYQ = {
@@ -53,6 +66,69 @@ def write_model_dir(folder: Path) -> Path:
 BEFORE_ANY_BATCH = pytest.mark.parametrize("worker_batch_size", [1], ids=["batch1"])
 
 
+class ForkedProcess:
+    """A `run` worker forked by the test process's template, with the part of
+    `subprocess.Popen` the tests use (a wait that times out raises, as Popen's does)."""
+
+    def __init__(self, worker: ForkedWorker, args: list[str]) -> None:
+        self._worker = worker
+        self.args = args
+
+    @property
+    def pid(self) -> int:
+        return self._worker.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._worker.returncode
+
+    def poll(self) -> int | None:
+        return self._worker.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._worker.wait(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        self._worker.send_signal(signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+WorkerProcess = subprocess.Popen[bytes] | ForkedProcess
+TEMPLATE_MODULES = (*WORKER_MODULES, "tests.doubles.engines")
+_template: list[WorkerTemplate] = []  # this test process's, started on its first fork
+_forked: list[ForkedProcess] = []  # every worker it forked
+
+
+def worker_template() -> WorkerTemplate:
+    """The test process's template: started once, with the environment every worker's is
+    built on (no COSYQ_ setting: each fork gets its own), imports done before the first fork."""
+    if not _template:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
+        template = WorkerTemplate(TEMPLATE_MODULES, {**base, "PYTHONUNBUFFERED": "1"})
+        template.start()
+        # After multiprocessing's own exit hook, so run before it: that one waits for every
+        # child still running, and a worker a test left running would hang the test process.
+        atexit.register(_kill_forked)
+        _template.append(template)
+    return _template[0]
+
+
+def _kill_forked() -> None:
+    for process in _forked:
+        if process.poll() is None:
+            process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+
+
 @dataclass
 class Cluster:
     """Settings shared by every worker process of one test, and the processes it started."""
@@ -60,7 +136,8 @@ class Cluster:
     redis_url: str
     root: Path
     overrides: dict[str, str] = field(default_factory=dict)
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    processes: list[WorkerProcess] = field(default_factory=list)
+    start_mode: str = TEMPLATE  # how `run` workers start (the module's docstring)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {
@@ -91,8 +168,18 @@ class Cluster:
         env.update(extra)
         return env
 
-    def start(self, *args: str, log_name: str, **extra: str) -> subprocess.Popen[bytes]:
-        """`python -m workers.cli ARGS` with stdout (JSON logs) to root/<log_name>."""
+    def start(self, *args: str, log_name: str, **extra: str) -> WorkerProcess:
+        """`workers.cli ARGS` with stdout (JSON logs) to root/<log_name>: a `run` forked from
+        the template (a worker with a metrics folder execs: prometheus reads it at import),
+        anything else `python -m workers.cli ARGS`."""
+        env = self.env(**extra)
+        if self.start_mode == TEMPLATE and args[:1] == ("run",) and MULTIPROC_ENV not in env:
+            log_path = self.root / log_name
+            worker = worker_template().fork(args, env, log_path=log_path, cwd=REPO_ROOT)
+            process = ForkedProcess(worker, list(args))
+            _forked[:] = [*(p for p in _forked if p.poll() is None), process]
+            self.processes.append(process)
+            return process
         return self.spawn([sys.executable, "-m", "workers.cli", *args], log_name, **extra)
 
     def spawn(self, command: list[str], log_name: str, **extra: str) -> subprocess.Popen[bytes]:
@@ -122,7 +209,10 @@ class Cluster:
 @contextlib.contextmanager
 def pool_of_two(redis_url: str, root: Path, overrides: dict[str, str]) -> Iterator[Cluster]:
     """A `cosyq-worker pool -n 2` on these settings for a test's length, stopped warmly (a
-    SIGTERM: the pool stops its workers; a SIGKILL would orphan them)."""
+    SIGTERM: the pool stops its workers; a SIGKILL would orphan them). Its workers fork from the
+    pool's template (COSYQ_POOL_START=template) unless `overrides` says otherwise: the pools'
+    own tests (test_pool, test_stop_stress) check both ways of starting."""
+    overrides = {"COSYQ_POOL_START": "template", **overrides}
     cluster = Cluster(redis_url=redis_url, root=root, overrides=overrides)
     pool = cluster.start("pool", "-n", "2", log_name="pool.log")
     try:

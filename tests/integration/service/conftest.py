@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from tests.doubles.harness import Cluster
+from workers.service.template import EXEC, TEMPLATE
 from workers.tools.local_redis import LocalRedis
 
 
@@ -19,9 +20,14 @@ def worker_batch_size(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture
-def cluster(redis_url: str, tmp_path: Path, worker_batch_size: int) -> Iterator[Cluster]:
+def cluster(
+    redis_url: str, tmp_path: Path, worker_batch_size: int, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
+    """`run` workers forked from the test template, or started with exec where the test is
+    marked `worker_exec` (its subject is the start: tests/doubles/harness.py)."""
     overrides = {"COSYQ_BATCH_SIZE": str(worker_batch_size)}
-    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides)
+    mode = EXEC if request.node.get_closest_marker("worker_exec") else TEMPLATE
+    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=overrides, start_mode=mode)
     yield cluster
     cluster.stop_all()
 

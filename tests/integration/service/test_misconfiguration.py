@@ -14,6 +14,10 @@ import pytest
 from tests.doubles.harness import BEFORE_ANY_BATCH, REPO_ROOT, Cluster, named, wait_for
 from tests.doubles.redis_servers import ACL_USERS, secured_redis, tls_redis
 
+# Workers start with exec, as a supervisor starts them: a configuration error ends a fresh
+# process with one line.
+pytestmark = pytest.mark.worker_exec
+
 CONNECT_TIMEOUT_S = 5.0
 
 

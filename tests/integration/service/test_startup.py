@@ -3,9 +3,13 @@ that cannot run; publish stats for `cosyq status` that vanish when the worker do
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from tests.doubles.harness import BEFORE_ANY_BATCH, Cluster, enqueue, named, wait_for
+
+# Workers start with exec, as a supervisor starts them: the subject is the start itself.
+pytestmark = pytest.mark.worker_exec
 
 
 @BEFORE_ANY_BATCH

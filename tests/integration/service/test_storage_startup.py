@@ -9,10 +9,14 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import redis
 
 from tests.doubles.harness import BEFORE_ANY_BATCH, REPO_ROOT, Cluster, enqueue, named, wait_for
 from tests.doubles.s3_servers import AuthS3, RestartableS3, s3_client
+
+# Workers start with exec, as a supervisor starts them: storage is refused at a fresh start.
+pytestmark = pytest.mark.worker_exec
 
 EXIT_START_FAILED = 2  # workers.service.commands: every start-up failure (settings, model, storage)
 

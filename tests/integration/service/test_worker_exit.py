@@ -18,6 +18,9 @@ from rq.serializers import JSONSerializer
 from shared.keys import QUEUES_IN_PRIORITY_ORDER
 from shared.settings import load_settings
 
+# Workers start with exec, as a supervisor starts them: the subject is the process's exit.
+pytestmark = pytest.mark.worker_exec
+
 
 def test_the_channel_listener_polls_often_and_unsubscribing_is_quick(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
