@@ -40,7 +40,13 @@ from rq.serializers import JSONSerializer
 from shared.submitted import record_submitted
 from shared.tenants import TENANT_META_KEY, tenant_of_queue
 from workers.service.metrics import MULTIPROC_ENV
-from workers.service.template import TEMPLATE, WORKER_MODULES, ForkedWorker, WorkerTemplate
+from workers.service.template import (
+    ENGINE_FIRST_USE,
+    TEMPLATE,
+    WORKER_MODULES,
+    ForkedWorker,
+    WorkerTemplate,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_PARENT_COSYQ = {
@@ -102,7 +108,18 @@ class ForkedProcess:
 
 
 WorkerProcess = subprocess.Popen[bytes] | ForkedProcess
-TEMPLATE_MODULES = (*WORKER_MODULES, "tests.doubles.engines")
+# The worker's modules, the test engines and what the torch ones load (the real pipeline, the
+# scripted batching model, the text normaliser): a tiny-model or batching worker spent 1.2 of
+# its CPU seconds importing torch. Importing runs no tensor op and starts no OpenMP thread, as
+# the product's own template (workers/service/template.py).
+TEMPLATE_MODULES = (
+    *WORKER_MODULES,
+    "tests.doubles.engines",
+    "tests.doubles.stepped",
+    "workers.engine.pipeline",
+    "workers.service.default_engine",
+    *ENGINE_FIRST_USE["workers.service.default_engine"],
+)
 _template: list[WorkerTemplate] = []  # this test process's, started on its first fork
 _forked: list[ForkedProcess] = []  # every worker it forked
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from tests.doubles.harness import Cluster, enqueue, named, statuses, wait_for
@@ -25,6 +26,9 @@ def test_exits_zero_after_max_jobs_and_deregisters(
     assert result.return_value["worker_name"].endswith(tuple("0123456789abcdef"))
 
 
+# A fresh process's memory: a fork's resident set counts the template's pages it shares (torch
+# among them), which an exec-started worker of a light engine never loads.
+@pytest.mark.worker_exec
 def test_rss_limit_recycles_after_the_job_that_grew(
     cluster: Cluster, connection: redis.Redis, worker_batch_size: int
 ) -> None:
