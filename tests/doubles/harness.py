@@ -11,7 +11,9 @@ workers on two cores. The fork runs the same `workers.cli` main with the same ar
 environment, folder, session and log; only the imports are shared. A test whose subject is the
 start itself (start-up failures, exit codes, signals to a fresh process) starts with exec, as a
 supervisor does: `Cluster(start_mode=EXEC)`, or the `worker_exec` marker for the service
-tests' `cluster` fixture. Every other command (pool, bench, ...) starts with exec.
+tests' `cluster` fixture. Every other command (pool, bench, ...) starts with exec; a pool then
+forks its own workers from its own template (COSYQ_POOL_START=template), or execs them in an
+exec Cluster.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from shared.tenants import TENANT_META_KEY, tenant_of_queue
 from workers.service.metrics import MULTIPROC_ENV
 from workers.service.template import (
     ENGINE_FIRST_USE,
+    QUALITY_MODULES,
     TEMPLATE,
     WORKER_MODULES,
     ForkedWorker,
@@ -109,9 +112,11 @@ class ForkedProcess:
 
 WorkerProcess = subprocess.Popen[bytes] | ForkedProcess
 # The worker's modules, the test engines and what the torch ones load (the real pipeline, the
-# scripted batching model, the text normaliser): a tiny-model or batching worker spent 1.2 of
-# its CPU seconds importing torch. Importing runs no tensor op and starts no OpenMP thread, as
-# the product's own template (workers/service/template.py).
+# scripted batching model, the text normaliser), and the quality measures' imports: a
+# tiny-model or batching worker spent 1.2 of its CPU seconds importing torch, and a worker's
+# first measured job 0.5-2.5 s importing the measures, inside that job's timeout. Importing
+# runs no tensor op and starts no OpenMP thread, as in the product's own template
+# (workers/service/template.py).
 TEMPLATE_MODULES = (
     *WORKER_MODULES,
     "tests.doubles.engines",
@@ -119,6 +124,7 @@ TEMPLATE_MODULES = (
     "workers.engine.pipeline",
     "workers.service.default_engine",
     *ENGINE_FIRST_USE["workers.service.default_engine"],
+    *QUALITY_MODULES,
 )
 _template: list[WorkerTemplate] = []  # this test process's, started on its first fork
 _forked: list[ForkedProcess] = []  # every worker it forked
@@ -179,6 +185,10 @@ class Cluster:
             # the loudness measure's imports (0.5-1 s) on first use, not at each of the
             # suite's hundreds of starts: most test jobs are shorter than one gating block
             COSYQ_QUALITY_IMPORT_AT_START="false",
+            # a pool forks its workers from its own template, as `run` workers fork from the
+            # test's (the module's docstring); the pools' own tests (test_pool,
+            # test_stop_stress) check both ways of starting, and an exec Cluster execs
+            COSYQ_POOL_START=self.start_mode,
             PYTHONUNBUFFERED="1",
         )
         env.update(self.overrides)
@@ -227,9 +237,7 @@ class Cluster:
 def pool_of_two(redis_url: str, root: Path, overrides: dict[str, str]) -> Iterator[Cluster]:
     """A `cosyq-worker pool -n 2` on these settings for a test's length, stopped warmly (a
     SIGTERM: the pool stops its workers; a SIGKILL would orphan them). Its workers fork from the
-    pool's template (COSYQ_POOL_START=template) unless `overrides` says otherwise: the pools'
-    own tests (test_pool, test_stop_stress) check both ways of starting."""
-    overrides = {"COSYQ_POOL_START": "template", **overrides}
+    pool's template, as every Cluster's pool does unless told otherwise."""
     cluster = Cluster(redis_url=redis_url, root=root, overrides=overrides)
     pool = cluster.start("pool", "-n", "2", log_name="pool.log")
     try:
