@@ -177,10 +177,11 @@ class SteppedDecoder:
 class BatchingScriptedEngine(ScriptedEngine):
     """ScriptedEngine whose tone depends on text and seed, batched by the real session."""
 
-    step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
-
     def __init__(self, *, name: str = "test-batching") -> None:
         super().__init__(name=name)
+        # read when the engine loads, not at import: a worker forked from the test template
+        # (tests/doubles/harness.py) has its own environment, the template imported with its own
+        self.step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
         self.pipeline = ScriptedPipeline(self)
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput:

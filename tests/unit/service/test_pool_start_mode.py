@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -69,3 +70,43 @@ def test_the_templates_imports_start_nothing_a_fork_would_inherit() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == [False, 1, []]
+
+
+def _environment_reads_at_import(source: str) -> list[int]:
+    """Lines that read os.environ or os.getenv outside any function (at import)."""
+    found: list[int] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                continue  # runs when called, with the caller's environment
+            if isinstance(child, ast.Attribute) and child.attr in ("environ", "getenv"):
+                found.append(child.lineno)
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def test_no_module_a_template_imports_reads_the_environment_at_import() -> None:
+    """A template imports once, under one environment; each fork then runs under its own (the
+    pool's worker env, or a test's own settings: tests/doubles/harness.py). A value read at
+    import would be the template's in every fork: the test batching engine's step time was."""
+    files = [
+        *(ROOT / "workers").rglob("*.py"),
+        *(ROOT / "shared").rglob("*.py"),
+        *(ROOT / "tests" / "doubles").rglob("*.py"),
+    ]
+    reads = {
+        str(path.relative_to(ROOT)): lines
+        for path in files
+        if (lines := _environment_reads_at_import(path.read_text(encoding="utf-8")))
+    }
+    assert len(files) > 100 and reads == {}
+
+
+def test_an_environment_read_at_import_is_found() -> None:
+    source = "import os\nA = os.environ.get('X')\n\nclass C:\n    b = os.getenv('Y')\n"
+    inside = "import os\n\ndef f():\n    return os.environ['X']\n"
+    assert _environment_reads_at_import(source) == [2, 5]
+    assert _environment_reads_at_import(inside) == []
