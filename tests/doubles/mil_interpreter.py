@@ -334,16 +334,49 @@ def _tensor(value: Any) -> Any:
     return value
 
 
+def load_package_program(package: Path) -> Any:
+    """The MIL program of a saved package (~1 s for a batched flow encoder, most of it type
+    inference: a test that runs a package several times loads it once)."""
+    ct = load_coremltools()
+    return load_mil_program(ct.models.MLModel(str(package), skip_model_load=True))
+
+
+class PackagePrograms:
+    """The MIL programs of a folder of packages (`<stage>.mlpackage`), each loaded the first
+    time it is asked for; the interpreter only reads a program, so its runs may share it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._programs: dict[str, Any] = {}
+
+    def __getitem__(self, stage: str) -> Any:
+        if stage not in self._programs:
+            self._programs[stage] = load_package_program(self.folder / f"{stage}.mlpackage")
+        return self._programs[stage]
+
+    def predictor(self, stage: str) -> MILPredictor:
+        return MILPredictor.of_program(self[stage])
+
+
 class MILPredictor:
     """`predict` (and `make_state`) of one function of a saved package, by interpretation."""
 
     def __init__(
         self, package: Path, function_name: str = "main", *, fp16_rounding: bool = True
     ) -> None:
+        self._interpret(load_package_program(package), function_name, fp16_rounding)
+
+    @classmethod
+    def of_program(
+        cls, program: Any, function_name: str = "main", *, fp16_rounding: bool = True
+    ) -> MILPredictor:
+        """The predictor of a program loaded already (`load_package_program`)."""
+        predictor = cls.__new__(cls)
+        predictor._interpret(program, function_name, fp16_rounding)
+        return predictor
+
+    def _interpret(self, program: Any, function_name: str, fp16_rounding: bool) -> None:
         self.fp16_rounding = fp16_rounding
-        ct = load_coremltools()
-        model = ct.models.MLModel(str(package), skip_model_load=True)
-        program = load_mil_program(model)
         self.function = program.functions[function_name]
         self.types = importlib.import_module("coremltools.converters.mil.mil.types")
         self.ops = [_prepare(node) for node in self.function.operations]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.doubles.mil_interpreter import PackagePrograms
 from tests.unit.coreml.micro import (
     FLOW_STEPS,
     Converted,
@@ -125,3 +126,10 @@ def converted3(micro3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     return convert_once(
         micro3_model_dir, tmp_path_factory, "micro3-coreml", "--flow-steps", str(FLOW_STEPS)
     )
+
+
+@pytest.fixture(scope="session")
+def converted_programs(converted: Converted) -> PackagePrograms:
+    """The MIL programs of `converted`'s packages, each loaded once per test process (~1 s for
+    the batched encoder) for every test that interprets or decompresses them."""
+    return PackagePrograms(converted.out_dir)

@@ -19,7 +19,7 @@ import torch
 
 from shared.errors import ModelLoadError
 from tests.doubles.coreml_predictors import RecordingPredictor
-from tests.doubles.mil_interpreter import MILPredictor
+from tests.doubles.mil_interpreter import PackagePrograms
 from tests.unit.coreml.micro import MICRO_FLOW, flow_row
 from workers.coreml.convert.build import (
     convert_modules,
@@ -50,11 +50,10 @@ class Batched:
     hift: HiFTGenerator
     out_dir: Path
     manifest: Manifest
+    programs: PackagePrograms  # loaded once for the module's tests
 
     def stages(self) -> tuple[CoreMLFlow, CoreMLHiFT]:
-        models = {
-            s: RecordingPredictor(MILPredictor(self.out_dir / f"{s}.mlpackage")) for s in ALL_STAGES
-        }
+        models = {s: RecordingPredictor(self.programs.predictor(s)) for s in ALL_STAGES}
         packages = self.manifest.packages
         flow = CoreMLFlow(
             self.flow.config,
@@ -86,7 +85,7 @@ def batched(micro_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         model_name="micro",
         flow_steps=MICRO_FLOW.cfm.n_timesteps,
     )
-    return Batched(flow, hift, out_dir, manifest)
+    return Batched(flow, hift, out_dir, manifest, PackagePrograms(out_dir))
 
 
 def rows_per_call(predictor: Any) -> list[int]:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.doubles.mil_interpreter import MILPredictor
-from tests.unit.coreml.micro import FLOW_STEPS, Converted
+from tests.doubles.mil_interpreter import MILPredictor, PackagePrograms, load_package_program
+from tests.unit.coreml.micro import FLOW_STEPS, MICRO_FLOW, Converted
 from workers.coreml.convert.build import (
     WEIGHTS_FILE,
     load_flow_and_hift,
@@ -20,6 +20,7 @@ from workers.coreml.convert.compress import (
     compress_model,
     decompressed_weights,
     load_into,
+    program_weights,
 )
 from workers.coreml.convert.graphs import flow_graphs
 from workers.coreml.convert.options import ConvertOptions
@@ -34,6 +35,7 @@ from workers.tools.bench.coreml_quality import (
     synthesize,
     variant_modules,
 )
+from workers.tools.fixtures.random_weights import random_flow
 
 # The CFM compresses like the encoder but its unrolled 10-step program takes ~8 s per pass;
 # `bench quantization` covers it. hift_source is never compressed (float32 by design).
@@ -64,6 +66,41 @@ def variants(converted: Converted) -> dict[str, dict[str, Any]]:
     return result
 
 
+class VariantPrograms:
+    """Each variant's MIL programs and decompressed weights, loaded once for the module's
+    tests (~1 s per encoder program): a compressed stage from its saved package, the others
+    from the session's fp16 conversion (the same package: compression leaves them as they are).
+    """
+
+    def __init__(self, variants: dict[str, dict[str, Any]], fp16: PackagePrograms, folder: Path):
+        self.variants, self.fp16, self.folder = variants, fp16, folder
+        self._programs: dict[tuple[str, str], Any] = {}
+        self._weights: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+
+    def program(self, variant: str, stage: str) -> Any:
+        if variant == "fp16" or stage not in COMPRESSED:
+            return self.fp16[stage]
+        if (variant, stage) not in self._programs:
+            path = self.folder / variant / f"{stage}.mlpackage"
+            self.variants[variant][stage].save(str(path))
+            self._programs[variant, stage] = load_package_program(path)
+        return self._programs[variant, stage]
+
+    def weights(self, variant: str, stage: str) -> dict[str, np.ndarray]:
+        if (variant, stage) not in self._weights:
+            self._weights[variant, stage] = program_weights(self.program(variant, stage))
+        return self._weights[variant, stage]
+
+
+@pytest.fixture(scope="module")
+def programs(
+    variants: dict[str, dict[str, Any]],
+    converted_programs: PackagePrograms,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> VariantPrograms:
+    return VariantPrograms(variants, converted_programs, tmp_path_factory.mktemp("variants"))
+
+
 def weight_bytes(models: dict[str, Any], folder: Path) -> int:
     total = 0
     for stage in COMPRESSED:
@@ -83,7 +120,7 @@ def test_each_scheme_shrinks_fp16_weights_by_its_bit_width(
 
 
 def test_decompressed_weights_run_in_pytorch_in_quality_order(
-    variants: dict[str, dict[str, Any]], converted: Converted
+    programs: VariantPrograms, converted: Converted
 ) -> None:
     flow, hift = load_flow_and_hift(converted.model_dir, FLOW_STEPS)  # the CFM is not compressed
     mel_config = MelConfig.from_model_yaml(ModelDirectory(converted.model_dir).yaml)
@@ -91,7 +128,8 @@ def test_decompressed_weights_run_in_pytorch_in_quality_order(
     reference = synthesize(flow, hift, request)
     quality: dict[str, Quality] = {}
     for name in ("fp16", "int8", "palette4"):
-        flow_v, hift_v, covered = variant_modules(flow, hift, variants[name])
+        weights = {stage: programs.weights(name, stage) for stage in ALL_STAGES}
+        flow_v, hift_v, covered = variant_modules(flow, hift, weights)
         quality[name] = measure(
             reference, flow_v, hift_v, request=request, mel_config=mel_config,
             weight_coverage=covered,
@@ -103,15 +141,13 @@ def test_decompressed_weights_run_in_pytorch_in_quality_order(
     )
 
 
-def test_fp16_weights_land_on_their_own_parameters(converted: Converted) -> None:
+def test_fp16_weights_land_on_their_own_parameters(
+    converted: Converted, converted_programs: PackagePrograms
+) -> None:
     """Loading by name is exact: every loaded parameter is its float32 value rounded to fp16."""
     flow, _ = load_flow_and_hift(converted.model_dir)
     original = {n: p.clone() for n, p in flow.named_parameters()}
-    ct = load_coremltools()
-    package = ct.models.MLModel(
-        str(converted.out_dir / "flow_encoder.mlpackage"), skip_model_load=True
-    )
-    loaded = load_into(flow_graphs(flow).encoder, decompressed_weights(package))
+    loaded = load_into(flow_graphs(flow).encoder, program_weights(converted_programs[FLOW_ENCODER]))
     params = dict(flow.named_parameters())
     assert "flow.encoder.encoders.0.self_attn.linear_q.weight" in loaded
     assert "flow.input_embedding.weight" in loaded
@@ -120,10 +156,11 @@ def test_fp16_weights_land_on_their_own_parameters(converted: Converted) -> None
         assert torch.equal(params[key], original[key].half().float()), name
 
 
-def test_int8_per_block_needs_macos15_and_runs(converted: Converted) -> None:
-    flow, _ = load_flow_and_hift(converted.model_dir)
+def test_int8_per_block_needs_macos15_and_runs() -> None:
     # the unbatched encoder (the graph its weights load into below): per-block scales are per
-    # weight, and the batched program took ~60% longer to convert and compress
+    # weight, and the batched program took ~60% longer to convert and compress; of the micro
+    # flow with one block after the upsampling (the session model's four took twice as long)
+    flow = random_flow(MICRO_FLOW)
     stage = convert_encoder(flow, ConvertOptions(target="macOS15", batch_sizes=(1,)))
     with pytest.raises(ValueError, match="needs --target macOS15"):
         compress_model(stage.model, "int8-block", "macOS14")
@@ -139,14 +176,13 @@ def test_int8_per_block_needs_macos15_and_runs(converted: Converted) -> None:
 
 @pytest.mark.parametrize("scheme", ["int8", "palette4"])
 def test_a_compressed_program_computes_what_its_weights_give_in_pytorch(
-    variants: dict[str, dict[str, Any]], converted: Converted, tmp_path: Path, scheme: str
+    programs: VariantPrograms, converted: Converted, scheme: str
 ) -> None:
-    """Run the compressed encoder program itself: it matches PyTorch carrying its weights."""
-    path = tmp_path / "flow_encoder.mlpackage"
-    variants[scheme][FLOW_ENCODER].save(str(path))
+    """Run the compressed encoder program itself (as saved): it matches PyTorch carrying its
+    weights."""
     flow, _ = load_flow_and_hift(converted.model_dir)
     graph = flow_graphs(flow, batched=True).encoder  # the session's conversion is batched
-    load_into(graph, decompressed_weights(variants[scheme][FLOW_ENCODER]))
+    load_into(graph, programs.weights(scheme, FLOW_ENCODER))
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 6561, (1, 40), generator=g, dtype=torch.int32)
     lengths = torch.tensor([40], dtype=torch.int32)
@@ -154,5 +190,5 @@ def test_a_compressed_program_computes_what_its_weights_give_in_pytorch(
     with torch.inference_mode():
         mu, _ = graph(tokens, lengths, embedding)
     data = {"tokens": tokens.numpy(), "lengths": lengths.numpy(), "embedding": embedding.numpy()}
-    out = MILPredictor(path).predict(data)
+    out = MILPredictor.of_program(programs.program(scheme, FLOW_ENCODER)).predict(data)
     assert float(np.abs(out["mu"] - mu.numpy()).mean()) < 0.01 * float(mu.abs().mean())

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from shared.errors import ModelLoadError
-from tests.doubles.mil_interpreter import MILPredictor
+from tests.doubles.mil_interpreter import PackagePrograms
 from tests.unit.coreml.micro import FLOW_STEPS, Converted
 from workers.coreml.convert.build import load_flow_and_hift
 from workers.coreml.convert.compat import load_coremltools
@@ -41,26 +41,22 @@ def modules(micro_model_dir: Path) -> Modules:
     return load_flow_and_hift(micro_model_dir, FLOW_STEPS)  # as many steps as the conversion
 
 
-def package(converted: Converted, stage: str) -> MILPredictor:
-    return MILPredictor(converted.out_dir / f"{stage}.mlpackage")
-
-
-def runtime(converted: Converted) -> tuple[CoreMLFlow, CoreMLHiFT]:
+def runtime(converted: Converted, programs: PackagePrograms) -> tuple[CoreMLFlow, CoreMLHiFT]:
     """The runtime stages over the interpreted packages, shaped by the manifest (batched)."""
-    models = {stage: package(converted, stage) for stage in ALL_STAGES}
+    models = {stage: programs.predictor(stage) for stage in ALL_STAGES}
     directory = ModelDirectory(converted.model_dir)
     return runtime_stages(converted.manifest, directory, models, flow_steps=FLOW_STEPS)
 
 
 @torch.inference_mode()
 def test_the_converted_flow_computes_what_pytorch_computes(
-    converted: Converted, modules: Modules
+    converted: Converted, converted_programs: PackagePrograms, modules: Modules
 ) -> None:
     flow, hift = modules
     # 150 tokens = 300 mel frames: long enough that fp16 position angles would show
     request = bench_request(flow, hift, tokens=110, prompt_tokens=40, seed=1)
     mel_ref, _ = synthesize(flow, hift, request)
-    stage, _ = runtime(converted)
+    stage, _ = runtime(converted, converted_programs)
     mel, _ = stage.inference(
         request.token, request.prompt_token, request.prompt_feat, request.embedding
     )
@@ -70,12 +66,12 @@ def test_the_converted_flow_computes_what_pytorch_computes(
 
 @torch.inference_mode()
 def test_the_converted_vocoder_computes_what_pytorch_computes(
-    converted: Converted, modules: Modules
+    converted: Converted, converted_programs: PackagePrograms, modules: Modules
 ) -> None:
     flow, hift = modules
     request = bench_request(flow, hift, tokens=30, prompt_tokens=10, seed=2)
     mel_ref, wav_ref = synthesize(flow, hift, request)
-    _, stage = runtime(converted)
+    _, stage = runtime(converted, converted_programs)
     out = stage.inference(mel_ref, noise=request.source_noise)
     expected = hift.inference(mel_ref, noise=request.source_noise)
     torch.testing.assert_close(out.f0, expected.f0, rtol=1e-4, atol=1e-3)  # float32 package

@@ -80,7 +80,12 @@ def decompressed_weights(model: Any) -> dict[str, np.ndarray]:
     `materialized_val_inference`, the arithmetic `decompress_weights` applies, without running
     coremltools' whole pass pipeline again (8x faster on the unrolled CFM).
     """
-    program = load_mil_program(model)
+    return program_weights(load_mil_program(model))
+
+
+def program_weights(program: Any) -> dict[str, np.ndarray]:
+    """`decompressed_weights` of a MIL program already loaded (loading one is most of the
+    cost: ~1 s for a batched flow encoder)."""
     weights = {}
     for function in program.functions.values():
         for op in function.operations:

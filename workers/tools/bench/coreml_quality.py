@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from workers.coreml.convert.compress import decompressed_weights, load_into
+from workers.coreml.convert.compress import load_into
 from workers.coreml.convert.graphs import flow_graphs, hift_graphs
 from workers.coreml.stages import FLOW_CFM, FLOW_ENCODER, HIFT_DECODE, HIFT_SOURCE
 from workers.model.features import MelConfig, prompt_mel
@@ -84,17 +84,18 @@ class Quality:
 
 
 def variant_modules(
-    flow: CausalMaskedDiffWithXvec, hift: HiFTGenerator, models: dict[str, Any]
+    flow: CausalMaskedDiffWithXvec, hift: HiFTGenerator, weights: dict[str, dict[str, np.ndarray]]
 ) -> tuple[CausalMaskedDiffWithXvec, HiFTGenerator, float]:
-    """Copies of `flow` and `hift` carrying the packages' (decompressed) weights, + coverage."""
+    """Copies of `flow` and `hift` carrying the packages' weights, + coverage; `weights`: each
+    stage's `decompressed_weights`."""
     flow_v, hift_v = copy.deepcopy(flow), copy.deepcopy(hift)
     fg, hg = flow_graphs(flow_v), hift_graphs(hift_v)
     graphs: dict[str, nn.Module] = {FLOW_ENCODER: fg.encoder, FLOW_CFM: fg.cfm}
     graphs |= {HIFT_SOURCE: hg.source, HIFT_DECODE: hg.decode}
     loaded: set[int] = set()  # id() of every parameter a package supplied
-    for stage, model in models.items():
+    for stage, stage_weights in weights.items():
         params = dict(graphs[stage].named_parameters())
-        loaded |= {id(params[n]) for n in load_into(graphs[stage], decompressed_weights(model))}
+        loaded |= {id(params[n]) for n in load_into(graphs[stage], stage_weights)}
     everything = [*flow_v.parameters(), *hift_v.parameters()]
     covered = sum(p.numel() for p in everything if id(p) in loaded)
     return flow_v, hift_v, covered / sum(p.numel() for p in everything)

@@ -34,7 +34,7 @@ from workers.coreml.convert.compat import (
     load_coremltools,
     release_temp_package,
 )
-from workers.coreml.convert.compress import compress_model
+from workers.coreml.convert.compress import compress_model, decompressed_weights
 from workers.coreml.convert.options import ConvertOptions
 from workers.coreml.convert.stages_convert import (
     ConvertedStage,
@@ -171,7 +171,8 @@ def run_variants(
             folder = Path(tmp) / variant
             folder.mkdir()
             size, weights = _save_sizes(models, folder)
-            flow_v, hift_v, cover = variant_modules(subject.flow, subject.hift, models)
+            loaded = {stage: decompressed_weights(model) for stage, model in models.items()}
+            flow_v, hift_v, cover = variant_modules(subject.flow, subject.hift, loaded)
             quality = measure(
                 reference, flow_v, hift_v, request=request, mel_config=subject.mel_config,
                 weight_coverage=cover,
