@@ -33,7 +33,9 @@ LONG = "The first sentence is here. A second one follows it. And then a third, l
 # The flow solves in 2 Euler steps (the model's 10 are the same arithmetic repeated): what is
 # compared, a batched row against its alone run, does not depend on the count.
 FLOW_STEPS = 2
-SMALL_PIECES = SplitConfig(max_piece_tokens=12, min_tail_tokens=0)
+# One sentence a piece: LONG is 3 pieces (13, 14 and 20 tokens). At 12 tokens a sentence was cut
+# in two (6 pieces), each piece prefilling the prompt again: twice the work, the same property.
+SMALL_PIECES = SplitConfig(max_piece_tokens=20, min_tail_tokens=0)
 
 
 def tiny_engine(
@@ -283,14 +285,19 @@ def held_alone(
     return entered, gate
 
 
+@pytest.fixture(scope="module")
+def small(tiny_model_dir: Path) -> SynthesisPipeline:
+    """Rows of 200 positions: a zero_shot request (its prompt's speech tokens) does not fit."""
+    return tiny_engine(tiny_model_dir, batch_max_positions=200)
+
+
 def test_a_request_too_long_for_a_row_does_not_stall_the_batch(
-    tiny_model_dir: Path,
+    small: SynthesisPipeline,
     voices: tuple[VoicePrompt, VoicePrompt],
     tokens: Tokens,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While the long request runs alone (held there), the others decode and finish."""
-    small = tiny_engine(tiny_model_dir, batch_max_positions=200)
     a, b = voices
     requests = [  # zero_shot (its prompt's speech tokens) needs > 200 positions; these fit
         mixed_requests(voices)[0],
@@ -346,9 +353,8 @@ def test_a_rerun_after_a_failed_step_does_not_stall_newcomers(
 
 
 def test_a_piece_longer_than_a_row_runs_alone(
-    tiny_model_dir: Path, voices: tuple[VoicePrompt, VoicePrompt], tokens: Tokens
+    small: SynthesisPipeline, voices: tuple[VoicePrompt, VoicePrompt], tokens: Tokens
 ) -> None:
-    small = tiny_engine(tiny_model_dir, batch_max_positions=200)
     requests = mixed_requests(voices)[:3]  # zero_shot rows need > 200 positions
     outputs = run_all(small.open_batch_session(4), requests)
     assert outputs[0].batch_size == 1

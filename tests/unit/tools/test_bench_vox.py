@@ -116,8 +116,11 @@ def test_the_command_prints_json_alone_on_stdout(side_by_side: SideBySide) -> No
     options = side_by_side.options
     folders = ["--model-dir", str(options.model_dir), "--cache-dir", str(options.cache_dir)]
     folders += ["--hash-cache-dir", str(options.hash_cache_dir)]
+    # one thread, as the fixture's run: the JSON's form is checked, not the speed (2 threads:
+    # 8.5 CPU s, 1 thread: 6.5)
+    argv = ["bench", "vox", "--runs", "1", "--threads", "1", "--json", *folders]
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "bench", "vox", "--runs", "1", "--json", *folders],
+        [sys.executable, "-m", "workers.cli", *argv],
         capture_output=True,
         text=True,
         timeout=600,
@@ -126,7 +129,7 @@ def test_the_command_prints_json_alone_on_stdout(side_by_side: SideBySide) -> No
     )
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)  # the engines' log lines went to stderr
-    assert doc["runs"] == 1 and len(doc["engines"]) == 4
+    assert (doc["runs"], doc["threads"]) == (1, 1) and len(doc["engines"]) == 4
     assert all(e["best_ms_per_token"] > 0 for e in doc["engines"])
     assert "vox q8 made" in done.stderr
 

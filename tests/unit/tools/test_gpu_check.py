@@ -136,7 +136,11 @@ def test_a_short_real_run_writes_its_json(
     assert "==== check_reference rc=0" in (out / "gpu-check.log").read_text()
     missing = tmp_path / "not-a-set"
     missing.mkdir()
-    rc = main([*args, "--reference", str(missing), "--dtypes", "bf16", "--skip", heavy])
+    # the tiny model is written above (its own process, ~3.5 CPU s): this run checks the failing
+    # step alone
+    again = f"{heavy},tiny_model"
+    rc = main([*args, "--reference", str(missing), "--dtypes", "bf16", "--skip", again])
     assert rc == 1
-    assert json.loads((out / "gpu-check.json").read_text())["check_reference_passed"] is False
+    failed = json.loads((out / "gpu-check.json").read_text())
+    assert failed["check_reference_passed"] is False and set(failed["steps"]) == {"check_reference"}
     assert "steps failed or not run: check_reference" in capsys.readouterr().out
