@@ -33,8 +33,7 @@ LONG = "The first sentence is here. A second one follows it. And then a third, l
 # The flow solves in 2 Euler steps (the model's 10 are the same arithmetic repeated): what is
 # compared, a batched row against its alone run, does not depend on the count.
 FLOW_STEPS = 2
-# One sentence a piece: LONG is 3 pieces (13, 14 and 20 tokens). At 12 tokens a sentence was cut
-# in two (6 pieces), each piece prefilling the prompt again: twice the work, the same property.
+# One sentence a piece: LONG is 3 pieces (13, 14, 20 tokens; at 12 a sentence was cut in two)
 SMALL_PIECES = SplitConfig(max_piece_tokens=20, min_tail_tokens=0)
 
 
@@ -270,8 +269,7 @@ def test_an_exception_in_a_batched_step_reruns_each_request_alone(
 def held_alone(
     engine: SynthesisPipeline, monkeypatch: pytest.MonkeyPatch, held_text: str
 ) -> tuple[threading.Event, threading.Event]:
-    """Requests with `held_text`, run alone, set the first event (entered) and wait until the
-    second one (the gate) is set."""
+    """Requests with `held_text`, run alone, set the first event (entered), wait for the gate."""
     entered, gate = threading.Event(), threading.Event()
     original = engine.synthesize_planned
 
@@ -286,8 +284,7 @@ def held_alone(
 
 
 @pytest.fixture(scope="module")
-def small(tiny_model_dir: Path) -> SynthesisPipeline:
-    """Rows of 200 positions: a zero_shot request (its prompt's speech tokens) does not fit."""
+def small(tiny_model_dir: Path) -> SynthesisPipeline:  # rows of 200 positions, shared
     return tiny_engine(tiny_model_dir, batch_max_positions=200)
 
 
