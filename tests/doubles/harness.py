@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -75,42 +76,7 @@ def write_model_dir(folder: Path) -> Path:
 BEFORE_ANY_BATCH = pytest.mark.parametrize("worker_batch_size", [1], ids=["batch1"])
 
 
-class ForkedProcess:
-    """A `run` worker forked by the test process's template, with the part of
-    `subprocess.Popen` the tests use (a wait that times out raises, as Popen's does)."""
-
-    def __init__(self, worker: ForkedWorker, args: list[str]) -> None:
-        self._worker = worker
-        self.args = args
-
-    @property
-    def pid(self) -> int:
-        return self._worker.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._worker.returncode
-
-    def poll(self) -> int | None:
-        return self._worker.poll()
-
-    def wait(self, timeout: float | None = None) -> int:
-        code = self._worker.wait(timeout)
-        if code is None:
-            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-        return code
-
-    def send_signal(self, signum: int) -> None:
-        self._worker.send_signal(signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-WorkerProcess = subprocess.Popen[bytes] | ForkedProcess
+WorkerProcess = subprocess.Popen[bytes] | ForkedWorker
 # The worker's modules, the test engines and what the torch ones load (the real pipeline, the
 # scripted batching model, the text normaliser), and the quality measures' imports: a
 # tiny-model or batching worker spent 1.2 of its CPU seconds importing torch, and a worker's
@@ -126,22 +92,20 @@ TEMPLATE_MODULES = (
     *ENGINE_FIRST_USE["workers.service.default_engine"],
     *QUALITY_MODULES,
 )
-_template: list[WorkerTemplate] = []  # this test process's, started on its first fork
-_forked: list[ForkedProcess] = []  # every worker it forked
+_forked: list[ForkedWorker] = []  # every worker this test process's template forked
 
 
+@functools.cache
 def worker_template() -> WorkerTemplate:
     """The test process's template: started once, with the environment every worker's is
     built on (no COSYQ_ setting: each fork gets its own), imports done before the first fork."""
-    if not _template:
-        base = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
-        template = WorkerTemplate(TEMPLATE_MODULES, {**base, "PYTHONUNBUFFERED": "1"})
-        template.start()
-        # After multiprocessing's own exit hook, so run before it: that one waits for every
-        # child still running, and a worker a test left running would hang the test process.
-        atexit.register(_kill_forked)
-        _template.append(template)
-    return _template[0]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
+    template = WorkerTemplate(TEMPLATE_MODULES, {**base, "PYTHONUNBUFFERED": "1"})
+    template.start()
+    # After multiprocessing's own exit hook, so run before it: that one waits for every child
+    # still running, and a worker a test left running would hang the test process.
+    atexit.register(_kill_forked)
+    return template
 
 
 def _kill_forked() -> None:
@@ -203,10 +167,9 @@ class Cluster:
         if self.start_mode == TEMPLATE and args[:1] == ("run",) and MULTIPROC_ENV not in env:
             log_path = self.root / log_name
             worker = worker_template().fork(args, env, log_path=log_path, cwd=REPO_ROOT)
-            process = ForkedProcess(worker, list(args))
-            _forked[:] = [*(p for p in _forked if p.poll() is None), process]
-            self.processes.append(process)
-            return process
+            _forked[:] = [*(p for p in _forked if p.poll() is None), worker]
+            self.processes.append(worker)
+            return worker
         return self.spawn([sys.executable, "-m", "workers.cli", *args], log_name, **extra)
 
     def spawn(self, command: list[str], log_name: str, **extra: str) -> subprocess.Popen[bytes]:

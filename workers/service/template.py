@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,10 +51,12 @@ def preload_modules(engine: str, *, quality_imports: bool) -> list[str]:
 
 
 class ForkedWorker:
-    """A worker forked by the template, with the part of `subprocess.Popen` the pool uses."""
+    """A worker forked by the template, with `subprocess.Popen`'s process surface (pid, poll,
+    wait, signals): the pool and the tests hold either kind the same way."""
 
-    def __init__(self, process: Any) -> None:
+    def __init__(self, process: Any, args: Sequence[str]) -> None:
         self._process = process
+        self.args = list(args)  # `workers.cli`'s arguments, as Popen keeps its command
 
     @property
     def pid(self) -> int:
@@ -72,14 +76,24 @@ class ForkedWorker:
     def poll(self) -> int | None:
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int | None:
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code; still running after `timeout` raises, as Popen's wait does."""
         self._process.join(timeout)
-        return self.returncode
+        code = self.returncode
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
 
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 class WorkerTemplate:
@@ -129,7 +143,7 @@ class WorkerTemplate:
         )
         with _environment(self._env):  # should the template have died, it restarts alike
             process.start()
-        return ForkedWorker(process)
+        return ForkedWorker(process, argv)
 
 
 def run_forked_worker(

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import ast
 import json
+import multiprocessing
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from workers.service.template import (
     QUALITY_MODULES,
     TEMPLATE,
     WORKER_MODULES,
+    ForkedWorker,
     preload_modules,
     start_mode,
 )
@@ -110,3 +114,17 @@ def test_an_environment_read_at_import_is_found() -> None:
     inside = "import os\n\ndef f():\n    return os.environ['X']\n"
     assert _environment_reads_at_import(source) == [2, 5]
     assert _environment_reads_at_import(inside) == []
+
+
+def test_a_forked_worker_waits_and_stops_as_a_popen_does() -> None:
+    """ForkedWorker is held where a Popen is (the pool's slots, the tests' clusters): a wait
+    that times out raises, kill and terminate signal it, the code of a killed one is -signal."""
+    process = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    process.start()
+    worker = ForkedWorker(process, ["run", "--burst"])
+    with pytest.raises(subprocess.TimeoutExpired) as waited:
+        worker.wait(timeout=0.1)
+    assert waited.value.cmd == ["run", "--burst"] and worker.poll() is None
+    worker.kill()
+    assert worker.wait(timeout=30) == -signal.SIGKILL == worker.returncode
+    worker.terminate()  # an ended worker: nothing to signal, no error
