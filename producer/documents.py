@@ -44,6 +44,7 @@ from shared.document_state import (
     job_ids,
     load_plan,
     load_result,
+    new_assembly_job_id,
     save_plan,
 )
 from shared.documents import (
@@ -55,7 +56,7 @@ from shared.documents import (
     validate_document,
 )
 from shared.documents import document_key as output_base_key
-from shared.errors import InvalidRequestError, ResultTimeoutError
+from shared.errors import InvalidRequestError, JobNotFoundError, ResultTimeoutError
 from shared.job_index import index_document
 from shared.jobs import RequestLimits, validate_request
 from shared.output_keys import place_output_key, tenant_prefix
@@ -279,10 +280,14 @@ def _assembly_failure(client: CosyqClient, document_id: str) -> tuple[str, str] 
     if current is None:
         return None
     job_id = current.decode() if isinstance(current, bytes) else str(current)
-    if client.tracker.states([job_id])[0] not in FAILED_STATES:
+    try:
+        status = client.tracker.status(job_id)  # state and reason from one read of its hash
+    except JobNotFoundError:
         return None
-    failure = client.tracker.status(job_id).failure
-    return job_id, f"{failure.kind}: {failure.message}" if failure else "failed"
+    if status.state not in FAILED_STATES:
+        return None
+    failure = status.failure
+    return job_id, f"{failure.kind}: {failure.message}" if failure else status.state
 
 
 def _kind(state: str | None) -> str:
@@ -432,7 +437,7 @@ def ensure_assembly(client: CosyqClient, plan: DocumentPlanRecord) -> bool:
         state = client.tracker.states([job_id])[0]
         if state is not None and state not in FAILED_STATES and state != "finished":
             return False
-    job_id = f"{plan.document_id}-assembly-{uuid.uuid4().hex[:8]}"
+    job_id = new_assembly_job_id(plan.document_id)
     connection.set(marker, job_id, ex=client.settings.result_ttl_s)
     enqueue_assembly(
         connection, client.settings, plan.document_id, job_id, plan.priority, tenant=plan.tenant

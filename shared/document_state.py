@@ -3,7 +3,8 @@
     cosyq:document:<id>            the plan (DocumentPlanRecord): options, seed, every segment
     cosyq:document:<id>:jobs       hash: segment index -> its current job id (retry replaces)
     cosyq:document:<id>:done       hash: segment index -> SegmentDone (written by the worker)
-    cosyq:document:<id>:assembly   the assembly job's id, once enqueued (one per document)
+    cosyq:document:<id>:assembly   the current assembly job's id, once enqueued (each assembly
+                                   has its own: new_assembly_job_id)
     cosyq:document:<id>:claim      the assembler's token while it writes (heartbeat: PEXPIRE)
     cosyq:document:<id>:result     DocumentResult, once assembled
     cosyq:document:<id>:event      set when its webhook event was appended (a retry clears it)
@@ -23,6 +24,7 @@ producer staying alive.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -63,6 +65,13 @@ class DocumentFailedError(CosyqError):
 
 def document_key(document_id: str, part: str = "") -> str:
     return DOCUMENT_PREFIX + document_id + (f":{part}" if part else "")
+
+
+def new_assembly_job_id(document_id: str) -> str:
+    """A fresh id for one assembly of the document. Never reused: after a retry, a failed
+    assembly's job must not be mistaken for the next one (whose hash, under the same id, would
+    read `failed` until its enqueue rewrote it)."""
+    return f"{document_id}-assembly-{uuid.uuid4().hex[:12]}"
 
 
 def event_guard_key(document_id: str) -> str:

@@ -37,6 +37,7 @@ from shared.document_state import (
     enqueue_assembly,
     load_plan,
     load_result,
+    new_assembly_job_id,
     record_segment,
 )
 from shared.errors import InvalidRequestError, ObjectNotFoundError, TransientError
@@ -256,7 +257,7 @@ def record_finished_segment(
         verdict=result.quality.verdict if result.quality is not None else None,
         reasons=list(result.quality.reasons) if result.quality is not None else [],
     )
-    assembly_id = f"{document_id}-assembly"
+    assembly_id = new_assembly_job_id(document_id)  # used only when this one is last
     outcome = record_segment(
         connection,
         document_id,

@@ -16,15 +16,17 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import redis
-from rq.job import Job
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
 from standardwebhooks.webhooks import Webhook
 
 from producer import CosyqClient
 from producer.webhooks.dispatcher import WebhookDispatcher
 from producer.webhooks.store import WebhookStore
 from shared import keys
-from shared.document_state import assembly_job_id, done_segments
-from shared.keys import QUEUES_IN_PRIORITY_ORDER
+from shared.document_state import assembly_job_id, document_key, done_segments, job_ids
+from shared.keys import ERROR_META_KEY, QUEUES_IN_PRIORITY_ORDER
+from shared.results import SynthesisResult
 from shared.settings import Settings
 from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
@@ -145,6 +147,58 @@ def test_a_failed_assembly_needs_one_retry_over_http(
         result = client.document_result(document_id, timeout=120)
         assert http.post("/v1/documents/" + "0" * 32 + ":retry").status_code == 404
     assert result.segments == status.segments
+
+
+class KilledBeforeEnqueue(Exception):
+    """The worker that recorded the last segment dies before it enqueues the assembly."""
+
+
+def test_a_retried_document_never_reads_its_failed_assembly_as_the_next(
+    cluster: Cluster, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed assembly, a retry, and the retried segment recorded but its assembly not yet
+    enqueued: the document is assembling, not failed. The race a run under load lost (3 in
+    60) when every assembly of a document had one job id: the next one's marker named the
+    failed one's hash until its enqueue rewrote it. Here the worker's own
+    `record_finished_segment` plays each segment's end, with no worker process."""
+    from workers.documents import job as document_job  # noqa: PLC0415 (cosyq[worker])
+
+    def finish(connection: redis.Redis, document_id: str, index: int) -> None:
+        job_id = job_ids(connection, document_id)[index]
+        Job.fetch(job_id, connection=connection, serializer=JSONSerializer).set_status(
+            JobStatus.FINISHED
+        )
+        result = SynthesisResult.model_construct(
+            job_id=job_id, uri=f"file:///gone/{index}.wav", duration_s=0.5, attempt=1
+        )
+        document_job.record_finished_segment(connection, settings, (document_id, index), result)
+
+    with CosyqClient(settings) as client:
+        connection = client.connection
+        document_id = client.submit_document({"text": PARAGRAPH})
+        for index in sorted(job_ids(connection, document_id)):
+            finish(connection, document_id, index)
+        failed = assembly_job_id(connection, document_id)
+        assert failed is not None
+        # the assembler found segment 0's audio gone: it forgets the segment and fails
+        connection.hdel(document_key(document_id, "done"), "0")
+        assembly = Job.fetch(failed, connection=connection, serializer=JSONSerializer)
+        assembly.meta[ERROR_META_KEY] = {"kind": "invalid_request", "message": "audio gone"}
+        assembly.save_meta()
+        assembly.set_status(JobStatus.FAILED)
+        assert state(client, document_id) == "incomplete"
+        assert client.retry_document(document_id) == [0]
+
+        def killed(*args: object, **kwargs: object) -> None:
+            raise KilledBeforeEnqueue
+
+        monkeypatch.setattr(document_job, "enqueue_assembly", killed)
+        with pytest.raises(KilledBeforeEnqueue):
+            finish(connection, document_id, 0)
+        status = client.document_status(document_id)
+        marker = assembly_job_id(connection, document_id)
+    assert (status.state, status.failures) == ("assembling", [])
+    assert marker is not None and marker != failed
 
 
 @pytest.mark.timeout(300)
