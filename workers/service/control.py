@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import socket
 from dataclasses import dataclass
 
 LOADING = "loading"
@@ -70,6 +71,12 @@ class ControlChannel:
         self.open = True  # False once either side is gone: sends and reads stop
         self._closed = False
         self._reader = LineReader(POOL_EVENTS)
+        # A copy of the descriptor to peek through from the housekeeping thread (`pool_gone`)
+        # while the main thread reads messages from `fd`.
+        self._peek: socket.socket | None = None
+        with contextlib.suppress(OSError):  # not a socket (no pool of ours): nothing to peek
+            self._peek = socket.socket(fileno=os.dup(fd))
+            self._peek.setblocking(False)
 
     def send(self, event: str, detail: str = "") -> None:
         """Best effort: a pool that has gone away must not break the worker."""
@@ -96,9 +103,35 @@ class ControlChannel:
             return []
         return self._reader.feed(data)
 
+    def pool_gone(self) -> bool:
+        """True once the pool's end is closed: the pool exited or was killed. Only the pool
+        holds that end (a worker forked from the template, whose parent is the template, sees
+        it close as an exec-started one does), and it closes it only after this worker ended.
+        Reads nothing: a message still waiting stays for `receive`. Safe from another thread.
+        """
+        if not self.open:
+            return not self._closed  # a send or read saw the pool's end gone; not our close
+        if self._peek is None or self._peek.fileno() < 0:
+            return False
+        # The peer's hang-up, seen even with a message unread (POLLRDHUP: Linux); elsewhere
+        # the end shows once nothing is left to read.
+        hangup = select.POLLHUP | getattr(select, "POLLRDHUP", 0)
+        try:
+            poller = select.poll()
+            poller.register(self._peek, select.POLLIN | hangup)
+            if any(mask & hangup for _, mask in poller.poll(0)):
+                return True
+            return self._peek.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:
+            return False  # open, nothing to read
+        except (OSError, ValueError):
+            return not self._closed  # reset by a pool that died; closed by us meanwhile
+
     def close(self) -> None:
         self.open = False
         if not self._closed:  # once: the number may belong to another file afterwards
             self._closed = True
             with contextlib.suppress(OSError):
                 os.close(self.fd)
+            if self._peek is not None:
+                self._peek.close()

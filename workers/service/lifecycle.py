@@ -290,8 +290,12 @@ class WorkerLifecycle:
                 log.warning("redis_master_changed", worker=self.identity.name)
 
     def _watch_parent(self) -> None:
-        """A pool child whose pool died stops warmly instead of running on as an orphan."""
-        if os.getppid() != self._parent_pid and not self._orphan_noted:
+        """A pool child whose pool died stops warmly instead of running on as an orphan. An
+        exec-started worker's parent is the pool; a forked one's is the template, which outlives
+        a killed pool: for it, only the control channel's end tells."""
+        if self._orphan_noted or self.channel is None:
+            return
+        if os.getppid() != self._parent_pid or self.channel.pool_gone():
             self._orphan_noted = True
             log.warning("worker_orphaned", parent_pid=self._parent_pid)
             os.kill(os.getpid(), signal.SIGTERM)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections import Counter
 from datetime import datetime
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from tests.doubles.harness import Cluster, enqueue, named, statuses, wait_for
+from workers.tools.local_redis import LocalRedis
 
 # Both ways the pool starts a worker (COSYQ_POOL_START) keep every promise here, one per batch
 # size: batch1's workers exec, batch8's fork from the template (Linux; macOS execs), which
@@ -154,3 +157,54 @@ def test_pool_releases_a_killed_workers_job_at_once_and_restarts_the_slot(
     assert named(events, "job_released")[0]["job_id"] == job.id
     pool.send_signal(signal.SIGTERM)
     assert pool.wait(timeout=30) == 0
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie nobody has reaped yet (a killed pool's children go to init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc (Linux); macOS pools exec")
+def test_a_killed_pools_workers_finish_their_job_and_stop(
+    cluster: Cluster, connection: redis.Redis, pool_start: str
+) -> None:
+    """SIGKILL to the pool (a supervisor's hard stop) leaves no worker running: an exec'd one
+    sees its parent change, a forked one (whose parent is the template, alive while any of its
+    forks is) sees the pool's end of its control channel close. Each stops warmly."""
+    pool = cluster.start("pool", "-n", "2", log_name="pool.log")
+    wait_for(lambda: len(named(cluster.events("pool.log"), "slot_ready")) == 2, 60, "2 slots")
+    pids = [e["pid"] for e in named(cluster.events("pool.log"), "slot_started")]
+    job = enqueue(connection, "sleep:1 in flight")
+    wait_for(lambda: job.get_status() == "started", 30, "the job to start")
+    pool.send_signal(signal.SIGKILL)
+    assert pool.wait(timeout=10) == -signal.SIGKILL
+    wait_for(lambda: all(ended(pid) for pid in pids), 30, f"the {pool_start} workers to end")
+    assert job.get_status() == "finished"  # a warm stop: the job in its hands ran to its end
+    events = cluster.events("pool.log")
+    assert len(named(events, "worker_orphaned")) == 2
+    assert connection.smembers("rq:workers") == set()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc (Linux); macOS pools exec")
+def test_a_killed_pools_workers_stop_with_redis_gone_too(
+    persistent_redis: LocalRedis, tmp_path: Path, pool_start: str
+) -> None:
+    """The pool and Redis both gone (a host going down, a test session ending): its workers do
+    not wait out the outage for ever, whichever way the pool started them."""
+    overrides = {"COSYQ_POOL_START": pool_start}
+    cluster = Cluster(redis_url=persistent_redis.url, root=tmp_path, overrides=overrides)
+    try:
+        pool = cluster.start("pool", "-n", "2", log_name="pool.log")
+        wait_for(lambda: len(named(cluster.events("pool.log"), "slot_ready")) == 2, 60, "ready")
+        pids = [e["pid"] for e in named(cluster.events("pool.log"), "slot_started")]
+        persistent_redis.stop()
+        pool.send_signal(signal.SIGKILL)
+        assert pool.wait(timeout=10) == -signal.SIGKILL
+        wait_for(lambda: all(ended(pid) for pid in pids), 30, f"the {pool_start} workers to end")
+        assert len(named(cluster.events("pool.log"), "worker_orphaned")) == 2
+    finally:
+        cluster.stop_all()

@@ -52,3 +52,29 @@ def test_a_vanished_pool_closes_the_channel_so_the_worker_decides_alone() -> Non
     channel.send(control.RETIRING, "max_jobs")  # best effort: no error
     channel.close()
     channel.close()  # twice is harmless (the descriptor is closed once)
+
+
+def test_pool_gone_reads_the_pools_end_without_taking_a_message() -> None:
+    pool_fd, channel = pair()
+    try:
+        assert channel.pool_gone() is False  # open, nothing waiting
+        os.write(pool_fd, control.encode(control.RETIRE))
+        assert channel.pool_gone() is False  # a message waiting is not an end
+        os.close(pool_fd)
+        assert channel.pool_gone() is True  # the pool died: its message is still there
+        assert channel.receive() == [control.ControlMessage(control.RETIRE)]
+        assert channel.receive() == [] and channel.open is False
+        assert channel.pool_gone() is True
+    finally:
+        channel.close()
+    assert channel.pool_gone() is False  # closed by the worker itself: not the pool's doing
+
+
+def test_pool_gone_on_a_descriptor_that_is_no_socket_is_never_true() -> None:
+    read_fd, write_fd = os.pipe()
+    channel = control.ControlChannel(write_fd)
+    try:
+        os.close(read_fd)
+        assert channel.pool_gone() is False  # nothing to peek through: the parent check only
+    finally:
+        channel.close()
