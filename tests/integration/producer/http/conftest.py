@@ -30,7 +30,11 @@ from tests.conftest import RedisServer, free_port
 from tests.doubles.harness import REPO_ROOT, Cluster, read_events, wait_for
 
 API_KEY = "test-key-" + "7" * 24
-LIVE_DB, STALLED_DB = 3, 4
+# One Redis database per module-scoped front of this folder, never shared: two fronts whose
+# modules ran one after the other in a test process once shared a database, and the first
+# one's worker, stopping, took the second one's job. 0 is the `redis_url` fixture's.
+DATABASES = {"live": 3, "stalled": 4, "openapi": 5, "boundary": 6, "scope": 7, "ui": 8, "s3": 9}
+assert len(set(DATABASES.values())) == len(DATABASES)
 START_TIMEOUT_S = 30.0
 POOL_READY_TIMEOUT_S = 90.0
 
@@ -112,8 +116,9 @@ def queued_job(connection: redis.Redis, request: dict[str, Any], **options: Any)
     return str(queue.enqueue(SYNTHESIZE_FUNCTION, request=request, meta=meta, **options).id)
 
 
-def fresh_db(server: RedisServer, index: int) -> str:
-    url = server.url.rsplit("/", 1)[0] + f"/{index}"
+def fresh_db(server: RedisServer, name: str) -> str:
+    """The flushed database of the front `name` (DATABASES) on our own server."""
+    url = server.url.rsplit("/", 1)[0] + f"/{DATABASES[name]}"
     redis.Redis.from_url(url).flushdb()
     return url
 
@@ -127,7 +132,7 @@ def live(
     One for the test process, not one per file (a front and a model load each, ~5 s): its
     tests submit their own jobs and read back only those, never the database's totals."""
     root = tmp_path_factory.mktemp("http-live")
-    url = fresh_db(redis_server, LIVE_DB)
+    url = fresh_db(redis_server, "live")
     front = start_front(root / "front", url, COSYQ_API_KEYS=f"other-key,{API_KEY}")
     cluster = start_tiny_pool(root, front, tiny_model_dir)
     try:
@@ -175,7 +180,7 @@ def stalled(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory)
     root = tmp_path_factory.mktemp("http-stalled")
     front = start_front(
         root,
-        fresh_db(redis_server, STALLED_DB),
+        fresh_db(redis_server, "stalled"),
         COSYQ_MAX_QUEUE_DEPTH="2",
         COSYQ_HTTP_WAIT_TIMEOUT_S="1",
         COSYQ_HTTP_RETRY_AFTER_S="7",

@@ -10,19 +10,17 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-import redis
 from fastapi.routing import APIRoute
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from producer.http.app import KEYED_ROUTERS, OPEN_ROUTERS, REQUEST_MODELS
 from tests.conftest import RedisServer
-from tests.integration.producer.http.conftest import API_KEY, Front, start_front
+from tests.integration.producer.http.conftest import API_KEY, Front, fresh_db, start_front
 
 pytestmark = pytest.mark.slow
 
 HOOKS = "https://hooks.example.com/"
-OPENAPI_DB = 5  # a Redis database of its own (conftest's fronts use 3 and 4)
 # Route -> the body model and the fields a client must find in it.
 BODIES = {
     ("post", "/v1/jobs"): ("SynthesisRequest", {"text", "voice", "webhook", "stream", "metadata"}),
@@ -37,8 +35,7 @@ BODIES = {
 def front(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     """Keys on, webhooks allowed under HOOKS (the examples name one), no worker: a job is
     accepted and stays queued; speech answers 504 with its job id after 1 s."""
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{OPENAPI_DB}"
-    redis.Redis.from_url(url).flushdb()
+    url = fresh_db(redis_server, "openapi")
     front = start_front(
         tmp_path_factory.mktemp("http-openapi"),
         url,

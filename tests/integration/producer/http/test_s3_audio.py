@@ -13,11 +13,10 @@ import pytest
 from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster
 from tests.integration.conftest import S3Endpoint
-from tests.integration.producer.http.conftest import start_front
+from tests.integration.producer.http.conftest import fresh_db, start_front
 
 pytestmark = pytest.mark.slow
 
-S3_DB = 5
 BUCKET = "http-audio"
 
 
@@ -40,7 +39,7 @@ def test_audio_of_an_s3_result_is_relayed_from_the_bucket(
         "COSYQ_S3_SECRET_ACCESS_KEY": s3_endpoint.secret_access_key,
         "COSYQ_S3_ADDRESSING_STYLE": "path",
     }
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{S3_DB}"
+    url = fresh_db(redis_server, "s3")
     front = start_front(tmp_path / "front", url, **storage)
     cluster = Cluster(redis_url=url, root=tmp_path, overrides=storage)
     try:

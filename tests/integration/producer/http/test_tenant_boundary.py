@@ -24,7 +24,6 @@ from tests.conftest import RedisServer
 from tests.doubles.harness import wait_for
 from tests.integration.producer.http.conftest import Front, fresh_db, start_front, start_tiny_pool
 
-BOUNDARY_DB = 6  # a Redis database of its own (conftest's fronts use 3 and 4, openapi 5)
 ALPHA, BETA = "alpha-key-" + "1" * 20, "beta-key-" + "2" * 20
 PLAIN, OPERATOR = "plain-key-" + "3" * 20, "operator-key-" + "4" * 20
 DONE_TIMEOUT_S = 120.0
@@ -37,7 +36,7 @@ def front(
     root = tmp_path_factory.mktemp("http-boundary")
     front = start_front(
         root / "front",
-        fresh_db(redis_server, BOUNDARY_DB),
+        fresh_db(redis_server, "boundary"),
         COSYQ_API_KEYS=f"alpha:{ALPHA},beta:{BETA},{PLAIN}",
         COSYQ_OPERATOR_KEYS=OPERATOR,
     )

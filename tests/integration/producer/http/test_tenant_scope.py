@@ -22,7 +22,7 @@ from shared.settings import Settings, load_settings
 from shared.tenants import TENANT_META_KEY
 from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster, json_queue, wait_for
-from tests.integration.producer.http.conftest import Front, start_front
+from tests.integration.producer.http.conftest import Front, fresh_db, start_front
 
 KEYS = {
     "alpha": "alpha-key-" + "1" * 20,
@@ -30,7 +30,6 @@ KEYS = {
     "default": "plain-key-" + "3" * 20,
 }
 API_KEYS = f"alpha:{KEYS['alpha']},beta:{KEYS['beta']},{KEYS['default']}"
-SCOPE_DB = 6
 READY_TIMEOUT_S = 90.0
 
 
@@ -46,8 +45,7 @@ class Scope:
 @pytest.fixture(scope="module")
 def scope(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scope]:
     root = tmp_path_factory.mktemp("tenant-scope")
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{SCOPE_DB}"
-    redis.Redis.from_url(url).flushdb()
+    url = fresh_db(redis_server, "scope")
     shared_env = {"COSYQ_API_KEYS": API_KEYS, "COSYQ_DOCUMENT_SEGMENT_CHARS": "200"}
     front = start_front(root / "front", url, **shared_env)
     cluster = Cluster(

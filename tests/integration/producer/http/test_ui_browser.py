@@ -28,7 +28,6 @@ from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster, wait_for
 from tests.integration.producer.http.conftest import Front, fresh_db, start_front, start_tiny_pool
 
-UI_DB = 8  # a Redis database of its own (conftest's fronts use 3 and 4, others 5 and 6)
 ACME, BETA = "acme-key-" + "1" * 24, "beta-key-" + "2" * 24
 OPERATOR = "operator-key-" + "3" * 20
 DONE_TIMEOUT_S = 180.0
@@ -47,7 +46,7 @@ def front(
     root = tmp_path_factory.mktemp("http-ui")
     front = start_front(
         root / "front",
-        fresh_db(redis_server, UI_DB),
+        fresh_db(redis_server, "ui"),
         COSYQ_API_KEYS=f"acme:{ACME},beta:{BETA}",
         COSYQ_OPERATOR_KEYS=OPERATOR,
         COSYQ_DOCUMENT_SEGMENT_CHARS="50",  # a two-sentence document is two segments
