@@ -50,6 +50,10 @@ def test_a_second_process_reads_the_first_ones_compiled_graph(tmp_path: Path) ->
     # (no pool of compile workers to start) and as scalar C++ (no dry compile per vector ISA),
     # 22 s -> 12 s for the first process on the 2-core host.
     env |= {"TORCHINDUCTOR_COMPILE_THREADS": "1", "TORCHINDUCTOR_VEC_ISA_OK": "0"}
+    # Nor a precompiled header of torch's includes (131 MB, built once per machine in the
+    # default temporary folder, outside the folder kept: a fresh CI machine built it every
+    # run) for one small kernel.
+    env["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] = "0"
     folder = tmp_path / "kept"
 
     def run() -> str:
