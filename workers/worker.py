@@ -45,7 +45,13 @@ from workers.service.dequeue import StopSafeWorker
 from workers.service.failures import CANCELED_KIND, JobError, classify
 from workers.service.housekeeping import WorkerState
 from workers.service.lifecycle import WorkerIdentity, WorkerLifecycle
-from workers.service.outage import REDIS_OUTAGE, STOP_BOUND, STOP_WAIT_EXIT_CODE, wait_for_redis
+from workers.service.outage import (
+    REDIS_OUTAGE,
+    STOP_BOUND,
+    STOP_WAIT_EXIT_CODE,
+    until_reachable_or_stopped,
+    wait_for_redis,
+)
 from workers.service.recycling import RecyclePolicy, RecycleReason, RecycleTracker
 from workers.service.storage_check import StorageCheck
 
@@ -184,7 +190,14 @@ class CosyqWorker(StopSafeWorker):
         """RQ's channel listener, polling every PUBSUB_POLL_S so that exit never waits long."""
         log.debug("worker_subscribing", channel=self.pubsub_channel_name)
         self.pubsub = self.connection.pubsub()
-        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        pubsub = self.pubsub
+        subscribed = until_reachable_or_stopped(  # Redis away since the worker said ready
+            lambda: pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload}) or True,
+            "worker_subscribe_waiting",
+            stopped=lambda: self._stop_requested,
+        )
+        if subscribed is None:
+            return  # stopped while Redis was away: nothing to listen for, the loop exits
         # RQ declares the attribute as None until it subscribes, as here
         self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
             sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
@@ -200,7 +213,9 @@ class CosyqWorker(StopSafeWorker):
         file descriptor"): the server has then left the channel with the connection, so the
         listener is only waited for and the pubsub closed, as RQ's own unsubscribe ends."""
         thread = self.pubsub_thread
-        if thread is None:
+        if thread is None:  # never subscribed (a stop while Redis was away)
+            if self.pubsub is not None:
+                self.pubsub.close()
             return
         thread.stop()
         try:

@@ -9,6 +9,7 @@ covers the path without a pool. Each hook fires once, on the first pop that retu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -125,3 +126,34 @@ class KillAfterWebhookEvent(CosyqWorker):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         webhook_events.job_ended = recorded_then_killed  # type: ignore[assignment]
+
+
+class RedisGoneBeforeRegistration(CosyqWorker):
+    """Shuts Redis down (SHUTDOWN NOSAVE) after saying ready, just before RQ's registration:
+    the outage lands between the ready line and the loop's first pop."""
+
+    fired = False
+
+    def register_birth(self) -> None:
+        if not self.fired:
+            self.fired = True
+            _shut_down_redis(self.connection)
+        super().register_birth()
+
+
+class RedisGoneBeforeStarted(CosyqWorker):
+    """Shuts Redis down right after the pubsub subscription, before RQ's bootstrap writes the
+    worker's `started` state."""
+
+    fired = False
+
+    def subscribe(self) -> None:
+        super().subscribe()
+        if not self.fired:
+            self.fired = True
+            _shut_down_redis(self.connection)
+
+
+def _shut_down_redis(connection: redis.Redis) -> None:
+    with contextlib.suppress(redis.ConnectionError):  # the server closes it as it goes
+        connection.shutdown(nosave=True)

@@ -134,6 +134,24 @@ def wait_for_redis(connection: redis.Redis) -> None:
 class OutageTolerantWorker(SimpleWorker):
     """RQ's SimpleWorker whose bookkeeping steps survive Redis being away."""
 
+    def register_birth(self) -> None:
+        """RQ's registration, waited for: Redis may go away between the worker saying ready
+        and its loop's first pop (a stop meanwhile ends the wait: the worker holds nothing)."""
+        stopped = lambda: bool(getattr(self, "_stop_requested", False))  # noqa: E731
+        until_reachable_or_stopped(super().register_birth, "worker_register_waiting", stopped)
+
+    def set_state(self, state: Any, pipeline: Any = None) -> None:
+        """The worker hash's state field; a write lost to an outage is logged, and the next
+        one (the loop sets it at every job) puts it right."""
+        if pipeline is not None:  # written by the caller's pipeline, and its errors its own
+            super().set_state(state, pipeline)
+            return
+        try:
+            super().set_state(state)
+        except redis.RedisError as e:
+            refuse_or_wait(e)
+            log.warning("worker_state_unrecorded", state=str(state), error=str(e))
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         try:
             super().heartbeat(timeout, pipeline)
