@@ -7,9 +7,11 @@ signal itself at the chosen moment, started by the stock `rq worker -w` CLI (no 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,21 @@ def rq_worker(cluster: Cluster, redis_url: str, worker_class: str, **extra: str)
     command += ["-w", f"tests.doubles.racy_workers.{worker_class}"]
     command += ["-S", "rq.serializers.JSONSerializer", *QUEUES_IN_PRIORITY_ORDER]
     return cluster.spawn(command, "w.log", **extra)
+
+
+@contextlib.contextmanager
+def own_redis(tmp_path: Path, batch_size: int) -> Iterator[tuple[LocalRedis, Cluster]]:
+    """A redis-server of the test's own (it stops and starts it) and a Cluster on it."""
+    server = LocalRedis(tmp_path / "redis")
+    server.start()
+    cluster = Cluster(
+        redis_url=server.url, root=tmp_path, overrides={"COSYQ_BATCH_SIZE": str(batch_size)}
+    )
+    try:
+        yield server, cluster
+    finally:
+        cluster.stop_all()
+        server.stop()
 
 
 def assert_waiting_in_order(connection: redis.Redis, jobs: list[Job]) -> None:
@@ -113,14 +130,7 @@ def test_sigterm_during_a_redis_outage_lets_an_idle_worker_leave(
     worker_batch_size: int, tmp_path: Path
 ) -> None:
     """A pop that never got an answer holds nothing: a stop need not wait for Redis."""
-    server = LocalRedis(tmp_path / "redis")
-    server.start()
-    cluster = Cluster(
-        redis_url=server.url,
-        root=tmp_path,
-        overrides={"COSYQ_BATCH_SIZE": str(worker_batch_size)},
-    )
-    try:
+    with own_redis(tmp_path, worker_batch_size) as (server, cluster):
         worker = cluster.start("run", log_name="w.log")
         wait_for(lambda: named(cluster.events("w.log"), "worker_ready"), 60, "ready")
         server.stop()
@@ -129,9 +139,6 @@ def test_sigterm_during_a_redis_outage_lets_an_idle_worker_leave(
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
         assert time.monotonic() - stopped_at < 10  # not "until Redis is back"
-    finally:
-        cluster.stop_all()
-        server.stop()
 
 
 @pytest.mark.parametrize(
@@ -147,14 +154,7 @@ def test_redis_gone_between_ready_and_the_first_pop_is_waited_out(
     """RQ's bootstrap writes to Redis after the worker said ready (registration, the pubsub
     subscription, the `started` state): an outage there is an outage like any other, waited
     out, never a crash (a clean-clone run lost a worker to one, the window met by chance)."""
-    server = LocalRedis(tmp_path / "redis")
-    server.start()
-    cluster = Cluster(
-        redis_url=server.url,
-        root=tmp_path,
-        overrides={"COSYQ_BATCH_SIZE": str(worker_batch_size)},
-    )
-    try:
+    with own_redis(tmp_path, worker_batch_size) as (server, cluster):
         worker = rq_worker(cluster, server.url, worker_class)
         met = lambda: named(cluster.events("w.log"), waited) or worker.poll() is not None  # noqa: E731
         wait_for(met, 60, "the outage met")
@@ -168,6 +168,3 @@ def test_redis_gone_between_ready_and_the_first_pop_is_waited_out(
         assert worker.wait(timeout=30) == 0
         assert "Traceback" not in (tmp_path / "w.log").read_text()
         connection.close()
-    finally:
-        cluster.stop_all()
-        server.stop()
