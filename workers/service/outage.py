@@ -137,8 +137,9 @@ class OutageTolerantWorker(SimpleWorker):
     def register_birth(self) -> None:
         """RQ's registration, waited for: Redis may go away between the worker saying ready
         and its loop's first pop (a stop meanwhile ends the wait: the worker holds nothing)."""
-        stopped = lambda: bool(getattr(self, "_stop_requested", False))  # noqa: E731
-        until_reachable_or_stopped(super().register_birth, "worker_register_waiting", stopped)
+        until_reachable_or_stopped(
+            super().register_birth, "worker_register_waiting", lambda: self._stop_requested
+        )
 
     def set_state(self, state: Any, pipeline: Any = None) -> None:
         """The worker hash's state field; a write lost to an outage is logged, and the next
