@@ -25,7 +25,11 @@ from workers.model.llm.ort_decoder import OrtSpeechLM, load_ort_llm
 from workers.tools.bench.floors import memory_bandwidth_gbs
 from workers.tools.bench.llm_agreement import LLMAgreement, compare_llm, free_running
 from workers.tools.bench.llm_stage import DTYPES, _prompt, time_decode, time_prefill
-from workers.tools.fixtures.random_weights import build_random_llm, full_llm_config
+from workers.tools.fixtures.random_weights import (
+    build_random_llm,
+    family_llm_config,
+    full_llm_config,
+)
 
 log = get_logger(__name__)
 
@@ -102,9 +106,10 @@ def bench_int8(
     batches: Sequence[int] = (8, 16),
     agreement_steps: int = 200,
     cache_dir: Path | None = None,
+    family: str = "cosyvoice2",
 ) -> Int8Report:
     torch.set_num_threads(threads)
-    config = full_llm_config()
+    config = family_llm_config(full_llm_config(), family)
     prompt = _prompt(config, prefill_positions)
     fp32 = build_random_llm(config, dtype=torch.float32)
     with tempfile.TemporaryDirectory(prefix="cosyq-int8-") as scratch:

@@ -48,6 +48,13 @@ def register_bench(commands: Any) -> None:
     llm.add_argument(
         "--steps", type=int, default=200, help="with --variants: agreement steps (default 200)"
     )
+    llm.add_argument(
+        "--family",
+        choices=("cosyvoice2", "cosyvoice3"),
+        default="cosyvoice2",
+        help="cosyvoice3: its LLM (a 6,761-row head without bias, 200 stop ids; default "
+        "cosyvoice2)",
+    )
     llm.set_defaults(handler=run_llm, runs=3)
     flow = _stage(
         commands,
@@ -109,10 +116,13 @@ def run_llm(args: argparse.Namespace) -> int:
     if args.llm_precision == "int8":
         return run_llm_int8(args)
     from workers.tools.bench.llm_stage import bench_llm, format_table  # noqa: PLC0415
-    from workers.tools.fixtures.random_weights import full_llm_config  # noqa: PLC0415
+    from workers.tools.fixtures.random_weights import (  # noqa: PLC0415
+        family_llm_config,
+        full_llm_config,
+    )
 
     result = bench_llm(
-        config=full_llm_config(args.reference),
+        config=family_llm_config(full_llm_config(args.reference), args.family),
         threads=args.threads,
         prefill_positions=args.prefill,
         decode_tokens=args.tokens,
@@ -138,8 +148,12 @@ def run_llm_int8(args: argparse.Namespace) -> int:
         decode_tokens=args.tokens,
         runs=args.runs,
         batches=[int(b) for b in args.batches.split(",") if b],
+        family=args.family,
     )
-    print(f"LLM FULL random weights, {args.threads} threads; CPU {cpu.model} ({cpu.machine})")
+    print(
+        f"LLM FULL random weights ({args.family}), {args.threads} threads; "
+        f"CPU {cpu.model} ({cpu.machine})"
+    )
     print(f"ISA: {' '.join(cpu.flags)}; load average {os.getloadavg()[0]:.2f}")
     print("\n".join(report.lines()))
     return 0
