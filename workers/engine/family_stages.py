@@ -3,7 +3,7 @@
 CosyVoice 2 and 3 share the LLM stage (`ModuleSpeechTokens` over one `Qwen2LM` class) and the
 flow stage's whole-piece call (`ModuleFlow`); they part at the text tokenizer (CosyVoice 3's 280
 special tokens), the vocoder (`ModuleVocoder` on HiFT with its random source, `CausalVocoder`
-on the deterministic causal HiFT) and the int8 LLM step (CosyVoice 2 only so far). Another
+on the deterministic causal HiFT). The int8 LLM step serves both (the same Qwen2 body). Another
 runtime's stages (Core ML) serve either family: a conversion records its family and the loader
 refuses the other's (`workers.coreml.manifest.check_family`).
 """
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from shared.errors import ModelLoadError
 from workers.engine.causal_stages import CausalVocoder
 from workers.engine.llm_precision import int8_speech_tokens
 from workers.engine.stages import ModuleSpeechTokens, ModuleVocoder, SpeechTokenStage, VocoderStage
@@ -39,11 +38,6 @@ def llm_stage(
     """The torch LLM stage, or with "int8" the ONNX Runtime step (cached in `ort_cache_dir`)."""
     if llm_precision != "int8":
         return ModuleSpeechTokens(loaded.llm)
-    if loaded.family != "cosyvoice2":
-        raise ModelLoadError(
-            f"{loaded.directory.root}: COSYQ_LLM_PRECISION=int8 serves CosyVoice 2 only so far "
-            "(this directory is CosyVoice 3): use native"
-        )
     cache_dir = ort_cache_dir or Path.home() / ".cache" / "cosyq" / "onnx"
     return int8_speech_tokens(loaded, cache_dir=cache_dir, threads=torch.get_num_threads())
 

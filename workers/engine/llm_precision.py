@@ -2,7 +2,10 @@
 
 - `native`: PyTorch at the worker's dtype (fp32 or bf16), as before this setting existed.
 - `int8`: the step graph in ONNX Runtime with 8-bit weights (`workers.model.llm.ort_decoder`);
-  CPU and the torch backend only (a GPU or Core ML LLM has its own half precision).
+  CPU and the torch backend only (a GPU or Core ML LLM has its own half precision). Either
+  family: CosyVoice 3's LLM is the same Qwen2 body with a wider, bias-free speech head, and what
+  differs in its decode (stop ids, minimum-length mask, silent-run cap) is read from the config
+  by the shared decode loop, around the graph.
 - `auto`: int8 only on a host class (ISA: amx, avx512_bf16, avx2) whose measurement meets every
   bar of issue 50 (decode <= 0.6x bf16's ms/token on AVX512 hosts, <= 0.7x fp32's on AVX2 ones,
   <= 1.5x its floor, log-probs >= 40 dB and >= 95% of teacher-forced sampled tokens fp32's).
@@ -113,10 +116,8 @@ def host_class(host: HostCPU) -> str:
     return "other"
 
 
-def _int8_blocked(family: str, device: torch.device, backend: str) -> str | None:
+def _int8_blocked(device: torch.device, backend: str) -> str | None:
     """Why the int8 step cannot serve this engine (None: it can)."""
-    if family != "cosyvoice2":
-        return f"serves CosyVoice 2 only so far (this model directory is {family})"
     if device.type != "cpu" or backend != "torch":
         return f"runs on the CPU with the torch backend only, not {backend} on {device.type}"
     return None
@@ -128,16 +129,15 @@ def choose_llm_precision(
     device: torch.device,
     backend: str = "torch",
     host: HostCPU | None = None,
-    family: str = "cosyvoice2",
     measured: Mapping[str, Int8Measurement] = MEASURED,
 ) -> LLMPrecisionChoice:
     """A `COSYQ_LLM_PRECISION` value -> the LLM runtime (`host`, `measured` injectable).
 
-    An explicit int8 where it cannot run is a configuration error (ModelLoadError); the int8
-    step is CosyVoice 2's only so far, so `auto` keeps CosyVoice 3 native."""
+    An explicit int8 where it cannot run is a configuration error (ModelLoadError). The verdict
+    is the host class's for both families: they share the Qwen2 body the figures time."""
     if setting == "native":
         return LLMPrecisionChoice("native", "COSYQ_LLM_PRECISION=native (set explicitly)")
-    blocked = _int8_blocked(family, device, backend)
+    blocked = _int8_blocked(device, backend)
     if blocked is not None:
         if setting == "int8":
             raise ModelLoadError(

@@ -15,7 +15,6 @@ from workers.engine.assembly import JoinConfig
 from workers.engine.pipeline import EngineOptions, build_engine
 from workers.engine.streaming import StreamSchedule
 from workers.engine.text_split import SplitConfig
-from workers.model.directory import ModelDirectory
 from workers.model.heap import HeapPolicy
 from workers.model.llm.decoder_choice import DecodeChoice
 from workers.service.backend import select_backend
@@ -39,10 +38,8 @@ def llm_precision_for(settings: Settings, device: str, backend: str) -> str:
     from workers.engine.devices import resolve_device  # noqa: PLC0415
     from workers.engine.llm_precision import choose_llm_precision  # noqa: PLC0415
 
-    root = settings.model_dir
-    family = "cosyvoice2" if root is None else ModelDirectory(root).family  # int8: CV2's only
     choice = choose_llm_precision(
-        settings.llm_precision, device=resolve_device(device), backend=backend, family=family
+        settings.llm_precision, device=resolve_device(device), backend=backend
     )
     log.info(
         "llm_precision_chosen",

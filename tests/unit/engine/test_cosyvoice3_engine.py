@@ -180,15 +180,3 @@ def test_streaming_follows_cosyvoice3s_schedule_per_request(
     assert sum(sizes) == first.size == 480 * 2 * tokens  # all of it, as without streaming
     alone = engine.run(request, forced_length=tokens)[0]
     assert alone.shape == first.shape  # the last call's full attention makes them differ
-
-
-def test_auto_keeps_cosyvoice3_native_and_int8_is_refused_by_name() -> None:
-    from shared.errors import ModelLoadError  # noqa: PLC0415
-    from workers.engine.llm_precision import choose_llm_precision  # noqa: PLC0415
-
-    cpu = torch.device("cpu")
-    choice = choose_llm_precision("auto", device=cpu, family="cosyvoice3")
-    assert choice.name == "native" and "int8 serves CosyVoice 2 only" in choice.reason
-    assert "cosyvoice3" in choice.reason  # names what the directory is
-    with pytest.raises(ModelLoadError, match="int8 serves CosyVoice 2 only so far"):
-        choose_llm_precision("int8", device=cpu, family="cosyvoice3")
