@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from workers.model.llm.sampling import (
 )
 from workers.model.yaml_plain import load_plain_yaml
 from workers.tools.bench.llm_stage import bench_llm, format_table
-from workers.tools.fixtures.random_weights import build_random_llm
+from workers.tools.fixtures.random_weights import build_random_llm, family_llm_config
 
 QWEN = {
     "hidden_size": 32,
@@ -277,6 +278,12 @@ def test_bench_functions_run_on_a_small_config() -> None:
     )
     assert result.decode_tokens == 4 and result.prefill_s > 0 and result.ms_per_token > 0
     assert "per token" in format_table(result)
+    small = small_config()  # CosyVoice 3's variant needs its <|endofprompt|> (here a small id)
+    cosyvoice3 = dataclasses.replace(
+        family_llm_config(small, "cosyvoice3"), required_text_token=small.backbone.vocab_size - 1
+    )
+    result = bench_llm(config=cosyvoice3, threads=1, prefill_positions=12, decode_tokens=4, runs=1)
+    assert result.decode_tokens == 4 and result.ms_per_token > 0
 
 
 def test_linear_kernel_choice() -> None:

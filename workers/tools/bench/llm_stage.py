@@ -49,9 +49,12 @@ def _prompt(config: LLMConfig, prefill_positions: int) -> tuple[list[int], list[
     speech_len = rest - text_len - prompt_text_len
     ids = torch.Generator().manual_seed(1)
     vocab, speech = config.backbone.vocab_size, config.speech_token_size
+    prompt_text = torch.randint(vocab, (prompt_text_len,), generator=ids).tolist()
+    if config.required_text_token is not None and prompt_text:  # CosyVoice 3: <|endofprompt|>
+        prompt_text[-1] = config.required_text_token
     return (
         torch.randint(vocab, (text_len,), generator=ids).tolist(),
-        torch.randint(vocab, (prompt_text_len,), generator=ids).tolist(),
+        prompt_text,
         torch.randint(speech, (speech_len,), generator=ids).tolist(),
     )
 
