@@ -26,6 +26,13 @@ TENANTS_AREA = "tenants"  # + "/<tenant>/": a named tenant's prefix
 RESERVED_AREAS = (TENANTS_AREA, "voices", "documents")  # first segments no request may name
 
 
+def reserved_area(key: str) -> str | None:
+    """The reserved area `key`'s first segment names, in any case (`Tenants/` is `tenants/` on
+    a case-insensitive file system: macOS's and Windows' default); None for any other key."""
+    area = key.split("/", 1)[0]
+    return area if area.casefold() in RESERVED_AREAS else None
+
+
 def tenant_prefix(tenant: str) -> str:
     """The prefix under which every key of `tenant` lies ("" for the default tenant)."""
     return "" if tenant == DEFAULT_TENANT else f"{TENANTS_AREA}/{tenant}/"
@@ -34,8 +41,8 @@ def tenant_prefix(tenant: str) -> str:
 def place_output_key(tenant: str, key: str, limit: int) -> str:
     """A request's output_key under its tenant's prefix; ValueError naming the rule when it
     names a reserved area or is too long once placed (the producer's check)."""
-    area = key.split("/", 1)[0]
-    if area in RESERVED_AREAS:
+    area = reserved_area(key)
+    if area is not None:
         raise ValueError(
             f"'{area}/' is reserved ({', '.join(a + '/' for a in RESERVED_AREAS)}): keys are "
             f"placed under the tenant's own prefix ({tenant_prefix(tenant) or 'the root'})"
@@ -63,8 +70,8 @@ def check_tenant_key(
         raise InvalidRequestError(
             f"output_key: {key!r} is outside tenant {tenant}'s prefix {prefix!r}"
         )
-    area = key[len(prefix) :].split("/", 1)[0]
-    if area in RESERVED_AREAS:
+    area = reserved_area(key[len(prefix) :])
+    if area is not None:
         raise InvalidRequestError(f"output_key: {key!r} names the reserved area '{area}/'")
     return key
 

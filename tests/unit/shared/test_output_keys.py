@@ -37,6 +37,10 @@ def test_placed_keys_stay_in_the_tenants_prefix_and_out_of_reserved_areas(tenant
     for area in RESERVED_AREAS:
         with pytest.raises(ValueError, match="reserved"):
             place_output_key(tenant, f"{area}/x.wav", 512)
+        # a case-insensitive file system (macOS's, Windows' default) reads them as the same
+        for spelled in (area.upper(), area.capitalize()):
+            with pytest.raises(ValueError, match="reserved"):
+                place_output_key(tenant, f"{spelled}/beta/x.wav", 512)
     with pytest.raises(ValueError, match="limit 20"):
         place_output_key(tenant, "a" * (21 - len(tenant_prefix(tenant))), 20)
 
@@ -50,6 +54,9 @@ def test_placed_keys_stay_in_the_tenants_prefix_and_out_of_reserved_areas(tenant
         ("default", "tenants/beta/x.wav"),
         ("default", "voices/alice/prompt.wav"),
         ("default", "documents/d1/segments/00000.wav"),  # no such segment job
+        ("default", "Tenants/beta/x.wav"),  # beta's prefix on a case-insensitive disk
+        ("default", "VOICES/beta/alice/prompt.wav"),
+        ("beta", "tenants/beta/Documents/d1/d1.wav"),
     ],
 )
 def test_the_worker_refuses_keys_its_job_may_not_write(tenant: str, key: str) -> None:

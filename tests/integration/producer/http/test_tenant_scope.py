@@ -163,6 +163,8 @@ def test_a_key_in_another_prefix_or_a_reserved_area_is_refused_at_submit(
         "tenants/alpha/2026/12/05/0123abcd.wav",
         "voices/alice/prompt.wav",
         "documents/0123abcd/0123abcd.wav",
+        "Tenants/alpha/0123abcd.wav",  # alpha's prefix on a case-insensitive file system
+        "VOICES/alice/0123abcd.wav",
     ]
     with scope.http(tenant) as http:
         for key in refused:
