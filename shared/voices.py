@@ -309,6 +309,11 @@ class VoiceRegistry:
         self.owner = check_owner(owner)
 
     def _key(self, name: str) -> str:
+        """The owner's Redis key of voice `name`; UnknownVoiceError for a name no voice can
+        have: the tenant "default" keys its voices with no owner part, so `alpha:alice` would
+        name alpha's (the one check that keeps an owner's keys its own)."""
+        if not VOICE_NAME_RE.fullmatch(name):
+            raise UnknownVoiceError(f"voice: no voice named {name!r} is registered")
         return keys.voice_key(name, self.owner)
 
     def save(self, profile: VoiceProfile) -> VoiceSummary | None:
@@ -400,6 +405,8 @@ def load_voice(connection: redis.Redis, tenant: str, name: str) -> VoiceProfile:
 
 def voice_exists(connection: redis.Redis, tenant: str, name: str) -> bool:
     """Whether `load_voice` would find `name` for `tenant` (one round trip)."""
+    if not VOICE_NAME_RE.fullmatch(name):
+        return False  # no voice's name (`alpha:alice` would reach alpha's key)
     pipe = connection.pipeline(transaction=False)
     for owner in (tenant, keys.SHARED_VOICES):
         pipe.exists(keys.voice_key(name, owner))

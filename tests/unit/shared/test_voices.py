@@ -149,3 +149,25 @@ def test_a_jobs_voice_is_its_tenants_own_then_shared_never_anothers(redis_url: s
     with pytest.raises(InvalidRequestError, match="voice owner"):
         VoiceRegistry(connection, "Not A Tenant")
     connection.close()
+
+
+@pytest.mark.parametrize("owner", ["alpha", keys.SHARED_VOICES])
+def test_a_name_holding_an_owner_never_reaches_that_owners_voice(
+    redis_url: str, owner: str
+) -> None:
+    """The tenant "default" keys its voices with no owner part (`cosyq:voice:<name>`): a name
+    `alpha:alice` would be alpha's key. No voice can have it: it is nobody's voice."""
+    connection = redis.Redis.from_url(redis_url)
+    VoiceRegistry(connection, owner).save(profile())
+    default = VoiceRegistry(connection, "default")
+    for name in (f"{owner}:alice", f"{owner}:alice:x", ""):
+        with pytest.raises(UnknownVoiceError, match="no voice named"):
+            default.remove(name)
+        with pytest.raises(UnknownVoiceError, match="no voice named"):
+            default.load(name)
+        with pytest.raises(UnknownVoiceError, match="no voice named"):
+            load_voice(connection, "default", name)
+        assert not voice_exists(connection, "default", name)
+    assert VoiceRegistry(connection, owner).load("alice").name == "alice"
+    assert VoiceRegistry(connection, owner).names() == ["alice"]
+    connection.close()

@@ -11,10 +11,12 @@ from pathlib import Path
 import httpx
 import redis
 
+from shared import keys
 from tests.doubles.harness import REPO_ROOT
 from tests.integration.producer.http.conftest import front_env, start_front
 
 ALPHA_KEY, BETA_KEY = "alpha-key-" + "1" * 20, "beta-key-" + "2" * 20
+PLAIN_KEY = "plain-key-" + "3" * 20  # the tenant "default"
 QUOTAS = {"alpha": {"max_queued_jobs": 2, "requests_per_minute": 4}}
 
 
@@ -93,3 +95,33 @@ def test_a_malformed_key_entry_stops_serve_with_one_line(redis_url: str, tmp_pat
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "COSYQ_API_KEYS entry 2" in lines[0], done.stderr
     assert secret not in done.stderr + done.stdout
+
+
+def test_a_voice_name_naming_another_owner_is_no_voice_of_the_default_tenant(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The tenant "default" keys its voices with no owner part (`cosyq:voice:<name>`), so a
+    name `alpha:alice` would be alpha's key: its DELETE answers as a voice never registered
+    and leaves alpha's voice, and the shared one (an operator's), where they are."""
+    connection = redis.Redis.from_url(redis_url)
+    theirs = {"alpha": "alice", keys.SHARED_VOICES: "narrator"}
+    for owner, name in theirs.items():
+        connection.hset(keys.voice_key(name, owner), mapping={"meta": "{}", "arrays": "{}"})
+        connection.sadd(keys.voices_set(owner), name)
+    front = start_front(
+        tmp_path / "front", redis_url, COSYQ_API_KEYS=f"alpha:{ALPHA_KEY},{PLAIN_KEY}"
+    )
+    try:
+        with front.http(key=PLAIN_KEY) as http:
+            never = _error(http.delete("/v1/audio/voices/nobody"), 404)
+            for owner, name in theirs.items():
+                hidden = _error(http.delete(f"/v1/audio/voices/{owner}:{name}"), 404)
+                assert hidden == {
+                    **never,
+                    "message": never["message"].replace("'nobody'", f"'{owner}:{name}'"),
+                }
+    finally:
+        front.stop()
+    for owner, name in theirs.items():
+        assert connection.exists(keys.voice_key(name, owner)), (owner, name)
+    connection.close()
