@@ -11,11 +11,16 @@ COSYQ_WEBHOOK_EVENT_MEMORY_HOURS), so a receiver is told once and can drop any d
 at-least-once delivery brings.
 
 An event names the tenant whose job ended; the dispatcher sends it only while that job still
-belongs to that tenant, and its body is that one job's status.
+belongs to that tenant, and its body is that one job's status, signed with that tenant's own
+secret (`tenant_secret`): a tenant's receiver holds its secret, and one secret for all would let
+any tenant sign events of its own making as another's.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
@@ -39,6 +44,20 @@ EVENT_NAMES: tuple[EventName, ...] = (
     "document.canceled",
 )
 MAX_WEBHOOK_URL_CHARS = 2048
+SECRET_PREFIX = "whsec_"  # Standard Webhooks: the prefix, then the key in base64
+_TENANT_SECRET_LABEL = "cosyq-webhook-secret:"  # what a tenant's key is derived for
+
+
+def tenant_secret(secret: str, tenant: str) -> str:
+    """The secret `tenant`'s events are signed with (what its receiver verifies with):
+    COSYQ_WEBHOOK_SECRET itself for the tenant "default" (and an event of nobody's), else
+    `whsec_` + base64 of HMAC-SHA256 over "cosyq-webhook-secret:<tenant>" keyed with that
+    secret's key. Every dispatcher derives the same; no tenant's secret gives another's."""
+    if tenant in ("", keys.DEFAULT_TENANT):
+        return secret
+    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX) + "==")  # as Standard Webhooks
+    label = (_TENANT_SECRET_LABEL + tenant).encode("utf-8")
+    return SECRET_PREFIX + base64.b64encode(hmac.new(key, label, hashlib.sha256).digest()).decode()
 
 
 class WebhookTarget(BaseModel):

@@ -1,5 +1,6 @@
-"""`cosyq webhooks run` (a dispatcher until SIGTERM/SIGINT) and `cosyq webhooks failed
-[--redeliver] [WEBHOOK_ID ...]` (the dead letters, and sending them again)."""
+"""`cosyq webhooks run` (a dispatcher until SIGTERM/SIGINT), `cosyq webhooks failed
+[--redeliver] [WEBHOOK_ID ...]` (the dead letters, and sending them again) and `cosyq webhooks
+secret TENANT` (the secret that tenant's receivers verify with, for the operator to hand out)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
+
+from shared.errors import SettingsError, UnknownTenantError
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -26,6 +29,9 @@ def register(subparsers: Any) -> None:
     failed.add_argument("webhook_ids", nargs="*", help="only these (default: all)")
     failed.add_argument("--redeliver", action="store_true", help="queue them for delivery again")
     failed.set_defaults(handler=run_failed)
+    secret = commands.add_parser("secret", help="the secret a tenant's receivers verify with")
+    secret.add_argument("tenant", help="a tenant of COSYQ_API_KEYS or COSYQ_TENANTS")
+    secret.set_defaults(handler=print_secret)
 
 
 def run_dispatcher(args: argparse.Namespace, context: CliContext) -> int:
@@ -38,6 +44,22 @@ def run_dispatcher(args: argparse.Namespace, context: CliContext) -> int:
             signal.signal(signum, lambda *_: stop.set())
         context.err.print("delivering webhooks (Ctrl-C stops)", markup=False)
         dispatcher.run(stop)
+    return 0
+
+
+def print_secret(args: argparse.Namespace, context: CliContext) -> int:
+    """Print the tenant's signing secret (derived from COSYQ_WEBHOOK_SECRET; never logged)."""
+    from shared.webhooks import tenant_secret  # noqa: PLC0415
+
+    settings = context.settings
+    if settings.webhook_secret is None:
+        raise SettingsError("COSYQ_WEBHOOK_SECRET: required to sign webhooks (whsec_...)")
+    if args.tenant not in settings.tenant_names():
+        raise UnknownTenantError(
+            f"unknown tenant {args.tenant!r}: a tenant of COSYQ_API_KEYS or COSYQ_TENANTS"
+        )
+    secret = tenant_secret(settings.webhook_secret.get_secret_value(), args.tenant)
+    context.out.print(secret, markup=False)
     return 0
 
 

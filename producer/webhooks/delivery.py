@@ -3,7 +3,8 @@ deadline for the whole request.
 
 Signed with the `standardwebhooks` library (`webhook-id`, `webhook-timestamp`,
 `webhook-signature` = v1 HMAC-SHA256 of `id.timestamp.body`), so receivers verify with any
-Standard Webhooks implementation. The body is frozen at the first try, so a redelivery sends the
+Standard Webhooks implementation, each event with its tenant's own secret
+(`shared.webhooks.tenant_secret`). The body is frozen at the first try, so a redelivery sends the
 same bytes under the same id. Sent with httpcore (which never follows a redirect) over
 `connect.CheckedBackend`: the address connected to is the address checked.
 """
@@ -21,6 +22,7 @@ from standardwebhooks.webhooks import Webhook
 from producer.webhooks.connect import CheckedBackend, deadline
 from producer.webhooks.records import ERROR_TEXT_CHARS, Answer, Delivery
 from shared.webhook_addresses import AddressRefused
+from shared.webhooks import tenant_secret
 
 # What a try that went wrong on the wire raises (all but a refused address: retried later).
 WIRE_ERRORS = (
@@ -32,7 +34,8 @@ WIRE_ERRORS = (
 
 
 class Sender:
-    """POSTs deliveries with one signing secret and one connection pool (connection reuse)."""
+    """POSTs deliveries, each signed with its tenant's secret (derived from COSYQ_WEBHOOK_SECRET),
+    over one connection pool (connection reuse)."""
 
     def __init__(
         self,
@@ -44,7 +47,8 @@ class Sender:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`ssl_context`: the receivers' trusted roots (default: certifi's CA bundle)."""
-        self.signer = Webhook(secret)
+        self.secret = secret
+        self.signers: dict[str, Webhook] = {}  # tenant -> its signer
         self.timeout_s = timeout_s
         self.pool = httpcore.ConnectionPool(
             ssl_context=ssl_context or ssl.create_default_context(cafile=certifi.where()),
@@ -55,13 +59,20 @@ class Sender:
     def close(self) -> None:
         self.pool.close()
 
+    def signer(self, tenant: str) -> Webhook:
+        """The signer of `tenant`'s events (made once per tenant)."""
+        if tenant not in self.signers:
+            self.signers[tenant] = Webhook(tenant_secret(self.secret, tenant))
+        return self.signers[tenant]
+
     def headers(self, delivery: Delivery, at: datetime) -> dict[str, str]:
         event = delivery.event
+        signature = self.signer(event.tenant).sign(event.webhook_id, at, delivery.body)
         return {
             "content-type": "application/json",
             "webhook-id": event.webhook_id,
             "webhook-timestamp": str(int(at.timestamp())),
-            "webhook-signature": self.signer.sign(event.webhook_id, at, delivery.body),
+            "webhook-signature": signature,
             "user-agent": "cosyq-webhooks",
         }
 

@@ -29,7 +29,7 @@ from producer.webhooks.store import WebhookStore
 from shared import keys
 from shared.errors import InvalidRequestError
 from shared.settings import Settings, load_settings
-from shared.webhooks import WebhookEvent, append_event
+from shared.webhooks import WebhookEvent, append_event, tenant_secret
 from tests.doubles.harness import wait_for
 from tests.doubles.redis_servers import self_signed
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
@@ -115,6 +115,38 @@ def test_each_event_is_signed_and_redelivered_under_the_same_id(
     tampered = dict(receiver.calls[0].headers, **{"webhook-id": "msg_other"})
     with pytest.raises(Exception, match="signature"):
         Webhook(SECRET).verify(receiver.calls[0].body, tampered)
+
+
+def test_each_tenants_events_are_signed_with_its_own_secret(
+    connection: redis.Redis,
+    settings: Settings,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every tenant's receiver holds a secret: were it one for all, alpha could sign events
+    of its own making as beta's. Each named tenant's is its own (`cosyq webhooks secret`);
+    the tenant "default" keeps COSYQ_WEBHOOK_SECRET."""
+    bodies = {f"job-{t}": {"job_id": f"job-{t}", "tenant": t} for t in ("alpha", "default")}
+    for tenant in ("alpha", "default"):
+        made = WebhookEvent.for_job(
+            "job.finished", f"job-{tenant}", receiver.url, "2026-12-01T00:00Z", tenant
+        )
+        append(connection, made)
+    with dispatching(connection, settings, bodies):
+        wait_for(lambda: len(receiver.calls) == 2, 30, "both events delivered")
+    calls = {json.loads(call.body)["tenant"]: call for call in receiver.calls}
+    alpha, default = calls["alpha"], calls["default"]
+    assert Webhook(tenant_secret(SECRET, "alpha")).verify(alpha.body, alpha.headers)
+    assert Webhook(SECRET).verify(default.body, default.headers)
+    for secret in (SECRET, tenant_secret(SECRET, "beta")):  # nobody else's secret verifies it
+        with pytest.raises(Exception, match="signature"):
+            Webhook(secret).verify(alpha.body, alpha.headers)
+    monkeypatch.setenv("COSYQ_TENANTS", "alpha,beta")
+    capsys.readouterr()
+    assert cosyq(["--env-file", "/nonexistent", "webhooks", "secret", "alpha"]) == 0
+    assert capsys.readouterr().out.strip() == tenant_secret(SECRET, "alpha")
+    assert cosyq(["--env-file", "/nonexistent", "webhooks", "secret", "gamma"]) != 0
 
 
 def test_a_receiver_that_keeps_failing_is_dead_lettered_then_redelivered(

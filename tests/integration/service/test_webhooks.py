@@ -23,6 +23,7 @@ from producer.webhooks.store import WebhookStore
 from shared import keys
 from shared.settings import load_settings
 from shared.tenants import TENANT_META_KEY
+from shared.webhooks import tenant_secret
 from tests.doubles.harness import Cluster, all_done, enqueue, json_queue, wait_for
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
 
@@ -177,7 +178,7 @@ def test_an_event_goes_only_with_its_own_tenants_job(
     deliver_all(connection, redis_url, receiver, 1)
     (call,) = receiver.calls
     assert call.path.endswith("/kept")
-    body = Webhook(SECRET).verify(call.body, call.headers)
+    body = Webhook(tenant_secret(SECRET, "alpha")).verify(call.body, call.headers)
     assert (body["job_id"], body["tenant"]) == (kept.id, "alpha")
     (dead,) = WebhookStore(connection).dead_letters().values()
     assert "does not belong to the event's tenant 'alpha'" in json.loads(dead)["dead_reason"]

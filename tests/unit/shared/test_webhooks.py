@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from standardwebhooks.webhooks import Webhook
 
 from shared.errors import InvalidRequestError
 from shared.jobs import RequestLimits, validate_request
-from shared.webhooks import WebhookEvent, allowed_prefixes, check_webhook_url
+from shared.webhooks import WebhookEvent, allowed_prefixes, check_webhook_url, tenant_secret
 
 ALLOWED = ("https://hooks.example.com/cosyq/", "http://10.0.0.5:8080/")
 
@@ -70,3 +71,14 @@ def test_an_event_id_names_job_and_outcome_never_the_attempt_and_survives_its_fi
     assert WebhookEvent.from_fields(old).tenant == ""  # nobody's: the dispatcher never sends it
     with pytest.raises(ValueError, match="unknown webhook event"):
         WebhookEvent.from_fields({**event.fields(), "event": "job.exploded"})
+
+
+def test_each_tenant_signs_with_its_own_secret_derived_from_the_one_configured() -> None:
+    secret = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzISE="
+    assert tenant_secret(secret, "default") == secret  # as before tenants
+    derived = {tenant: tenant_secret(secret, tenant) for tenant in ("a", "a-b", "alpha", "beta")}
+    assert len(set(derived.values()) | {secret}) == 5
+    assert tenant_secret(secret, "alpha") == derived["alpha"]  # every dispatcher agrees
+    for value in derived.values():
+        assert value.startswith("whsec_")
+        Webhook(value)  # a Standard Webhooks secret a receiver can use
