@@ -14,6 +14,7 @@ tenant key never has those rights.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from fastapi import Request
@@ -23,6 +24,13 @@ from producer.http.errors import ApiError
 from shared.tenants import DEFAULT_TENANT, ApiKey
 
 _UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
+_DIGEST_LABEL = b"cosyq-ui-session-key:"
+
+
+def key_digest(key: str) -> str:
+    """What a /ui session records of the key that opened it (never the key): a digest the
+    key check finds again only while that key is still configured (`matching_digest`)."""
+    return hashlib.sha256(_DIGEST_LABEL + key.encode("utf-8")).hexdigest()
 
 
 class KeyCheck:
@@ -35,6 +43,10 @@ class KeyCheck:
         self._keys = tuple(
             [(key.secret.encode("utf-8"), key.tenant, False) for key in entries]
             + [(key.encode("utf-8"), DEFAULT_TENANT, True) for key in operator_keys]
+        )
+        self._digests = tuple(
+            (key_digest(key.decode("utf-8")).encode(), tenant, operator)
+            for key, tenant, operator in self._keys
         )
 
     @property
@@ -85,6 +97,16 @@ class KeyCheck:
         found: tuple[str, bool] | None = None
         for key, tenant, operator in self._keys:
             if hmac.compare_digest(candidate, key):
+                found = (tenant, operator)
+        return found
+
+    def matching_digest(self, digest: str) -> tuple[str, bool] | None:
+        """(tenant, operator) of the configured key whose `key_digest` this is, comparing
+        every one (no early exit); None once that key is gone from the settings."""
+        candidate = digest.encode("utf-8")
+        found: tuple[str, bool] | None = None
+        for known, tenant, operator in self._digests:
+            if hmac.compare_digest(candidate, known):
                 found = (tenant, operator)
         return found
 

@@ -2,7 +2,9 @@
 
 A request with `Authorization: Bearer <key>` is that key's caller (a wrong key: 401, as the
 API answers). Otherwise the session cookie (producer/http/ui/session.py) names the caller; no
-valid session sends a browser to the sign-in form. Without any key configured (loopback only)
+valid session sends a browser to the sign-in form; a session is valid while the key that opened
+it is still configured for the same tenant and rights (revoking or moving a key ends its
+sessions). Without any key configured (loopback only)
 everyone is tenant "default", as for the API. A POST from another origin is refused (403),
 and a cookie caller's POST must carry its session's CSRF token.
 """
@@ -16,7 +18,7 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from producer.http.auth import KeyCheck
+from producer.http.auth import KeyCheck, key_digest
 from producer.http.context import FrontContext, context_of
 from producer.http.errors import ApiError
 from producer.http.ui.render import render
@@ -57,7 +59,11 @@ def caller_of(request: Request) -> Caller:
         caller = Caller(DEFAULT_TENANT, False, "", None)
     else:
         found = read_session(context.connection, request.cookies.get(COOKIE, ""))
-        if found is None:
+        # the key that opened it must still be configured, for the same tenant and rights
+        if found is None or key_check.matching_digest(found.key_digest) != (
+            found.tenant,
+            found.operator,
+        ):
             raise SignInNeeded
         caller = found
     request.state.tenant, request.state.operator = caller.tenant, caller.operator
@@ -102,6 +108,7 @@ async def sign_in(
         operator=operator,
         name=clean_name(name),
         ttl_s=context.settings.ui_session_ttl_s,
+        key_digest=key_digest(key.strip()),
     )
     response = RedirectResponse("/ui", status_code=303)
     response.set_cookie(

@@ -2,7 +2,8 @@
 
 Signing in posts the key once in a form; the answer sets a cookie holding a random session id
 (HttpOnly, Secure, SameSite=Strict; never the key). Redis keeps `sha256(id)` -> the caller's
-tenant, whether an operator key, the name given at sign-in and the session's CSRF token, for
+tenant, whether an operator key, the name given at sign-in, the session's CSRF token and the
+key's digest (`auth.key_digest`: the session ends when its key leaves the settings), for
 COSYQ_UI_SESSION_TTL_S. Every state-changing form carries that token; a bearer caller (no
 cookie: nothing ambient a foreign page could ride on) needs none.
 """
@@ -32,6 +33,7 @@ class Caller:
     operator: bool
     name: str  # what the sign-in form said, else "" (judgements name tenant and role too)
     csrf: str | None  # None: a bearer caller (no cookie, no token needed)
+    key_digest: str = ""  # a session's: the digest of the key that opened it
 
     @property
     def who(self) -> str:
@@ -51,11 +53,17 @@ def _key(session_id: str) -> str:
 
 
 def open_session(
-    connection: redis.Redis, *, tenant: str, operator: bool, name: str, ttl_s: int
+    connection: redis.Redis,
+    *,
+    tenant: str,
+    operator: bool,
+    name: str,
+    ttl_s: int,
+    key_digest: str,
 ) -> str:
     """A new session; its id (the cookie's value)."""
     session_id = secrets.token_urlsafe(32)
-    caller = Caller(tenant, operator, name, secrets.token_urlsafe(24))
+    caller = Caller(tenant, operator, name, secrets.token_urlsafe(24), key_digest)
     connection.set(_key(session_id), json.dumps(asdict(caller)), ex=ttl_s)
     return session_id
 
@@ -73,6 +81,7 @@ def read_session(connection: redis.Redis, session_id: str) -> Caller | None:
             operator=data["operator"] is True,
             name=str(data.get("name") or ""),
             csrf=str(data["csrf"]),
+            key_digest=str(data.get("key_digest") or ""),
         )
     except (ValueError, KeyError, TypeError):
         return None

@@ -13,7 +13,7 @@ import redis
 
 from shared import keys
 from tests.doubles.harness import REPO_ROOT
-from tests.integration.producer.http.conftest import front_env, start_front
+from tests.integration.producer.http.conftest import Front, front_env, start_front
 
 ALPHA_KEY, BETA_KEY = "alpha-key-" + "1" * 20, "beta-key-" + "2" * 20
 PLAIN_KEY = "plain-key-" + "3" * 20  # the tenant "default"
@@ -125,3 +125,37 @@ def test_a_voice_name_naming_another_owner_is_no_voice_of_the_default_tenant(
     for owner, name in theirs.items():
         assert connection.exists(keys.voice_key(name, owner)), (owner, name)
     connection.close()
+
+
+def _session(front: Front, key: str) -> str:
+    """A /ui sign-in with `key`: the `cosyq_ui=<id>` cookie it sets."""
+    with httpx.Client(base_url=front.url, timeout=30) as http:
+        signed = http.post("/ui/signin", data={"key": key})
+    assert signed.status_code == 303, signed.text
+    return signed.headers["set-cookie"].split(";", 1)[0]
+
+
+def test_a_ui_session_ends_with_its_key(redis_url: str, tmp_path: Path) -> None:
+    """A key taken out of COSYQ_API_KEYS or COSYQ_OPERATOR_KEYS (revoked, rotated, moved to
+    another tenant) no longer reaches anything through a session it opened before."""
+    operator, rotated = "operator-key-" + "4" * 20, "alpha-key-" + "9" * 20
+    before = {"COSYQ_API_KEYS": f"alpha:{ALPHA_KEY},beta:{BETA_KEY}"}
+    front = start_front(tmp_path / "front", redis_url, COSYQ_OPERATOR_KEYS=operator, **before)
+    try:
+        sessions = {key: _session(front, key) for key in (ALPHA_KEY, BETA_KEY, operator)}
+    finally:
+        front.stop()
+    # alpha's key rotated, its old one now gamma's; beta's kept; no operator keys
+    after = {"COSYQ_API_KEYS": f"alpha:{rotated},beta:{BETA_KEY},gamma:{ALPHA_KEY}"}
+    front = start_front(tmp_path / "front", redis_url, **after)
+    try:
+        with httpx.Client(base_url=front.url, timeout=30) as http:
+            for key, cookie in sessions.items():
+                page = http.get("/ui/jobs", headers={"Cookie": cookie})
+                if key == BETA_KEY:  # unchanged: its session goes on
+                    assert page.status_code == 200, page.text
+                    continue
+                assert page.status_code == 303, (key[:5], page.status_code, page.text[:200])
+                assert page.headers["location"] == "/ui/signin"
+    finally:
+        front.stop()
