@@ -10,7 +10,8 @@ events wait in the retry set, no try counted), so a slow or dead receiver never 
 delivering is never taken back by it.
 
 An event is sent only while its job belongs to the event's tenant, and its body is that one
-job's status: a job whose hash was re-made (no tenant, or another one) is dead-lettered, unsent.
+job's status: a job whose hash was re-made (no tenant, or another one) is dead-lettered, unsent,
+and so is any event naming no tenant (a document's planned before tenants: nobody's).
 """
 
 from __future__ import annotations
@@ -153,8 +154,11 @@ class WebhookDispatcher:
             self._later(entry_id, delivery, answer)
 
     def _delivery(self, fields: dict[str, str]) -> Delivery:
-        """The entry as a Delivery, its body built on the first try (EventUnsendable: never)."""
+        """The entry as a Delivery, its body built on the first try (EventUnsendable: never,
+        also for an event naming no tenant that came with its body: a document's of nobody's)."""
         delivery = _placeholder(fields)
+        if not delivery.event.tenant:
+            raise EventUnsendable("the event names no tenant: nobody's, never sent")
         if delivery.body:
             return delivery
         body = self.body_of(delivery.event)

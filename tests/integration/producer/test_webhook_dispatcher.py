@@ -149,6 +149,26 @@ def test_each_tenants_events_are_signed_with_its_own_secret(
     assert cosyq(["--env-file", "/nonexistent", "webhooks", "secret", "gamma"]) != 0
 
 
+def test_an_event_of_nobodys_is_never_sent_even_with_its_body(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """A document planned before tenants is nobody's: its event, which comes with its body,
+    is dead-lettered unsent like a job event of nobody's (the body is never checked against
+    a job), while a tenant's document event goes."""
+    for document_id, tenant in (("doc-old", ""), ("doc-alpha", "alpha")):
+        made = WebhookEvent.for_job(
+            "document.finished", document_id, receiver.url, "2026-12-01T00:00Z", tenant
+        )
+        body = json.dumps({"document_id": document_id, "state": "assembled"})
+        connection.xadd(keys.WEBHOOK_OUTBOX, {**made.fields(), "body": body})
+    with dispatching(connection, settings, {}):
+        wait_for(lambda: WebhookStore(connection).counts()[1] == 1, 30, "one dead letter")
+        wait_for(lambda: len(receiver.calls) == 1, 30, "alpha's document event")
+    assert [json.loads(c.body)["document_id"] for c in receiver.calls] == ["doc-alpha"]
+    (dead,) = WebhookStore(connection).dead_letters().values()
+    assert "tenant" in json.loads(dead)["dead_reason"]
+
+
 def test_a_receiver_that_keeps_failing_is_dead_lettered_then_redelivered(
     connection: redis.Redis, settings: Settings, receiver: Receiver, capsys: Any
 ) -> None:
