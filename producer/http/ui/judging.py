@@ -30,7 +30,6 @@ from shared.job_index import (
     release_judgement,
     save_judgement,
 )
-from shared.tenants import DEFAULT_TENANT
 
 SEED_LIMIT = 2**31  # a request's seed is a non-negative 31-bit integer
 
@@ -84,7 +83,7 @@ def judge(client: CosyqClient, job: Job, view: JobView, action: str, who: str) -
         raise InvalidRequestError(f"job {job.id}: someone judged it first")
     if action == "regenerated":
         try:
-            record["new_job"] = regenerate(client, job, view, tenant or DEFAULT_TENANT)
+            record["new_job"] = regenerate(client, job, view, tenant)
         except BaseException:
             release_judgement(client.connection, job.id)  # nothing was submitted
             raise
@@ -92,8 +91,12 @@ def judge(client: CosyqClient, job: Job, view: JobView, action: str, who: str) -
     return record
 
 
-def regenerate(client: CosyqClient, job: Job, view: JobView, tenant: str) -> str:
-    """The job's request again with a new seed, submitted as its tenant; the new job's id."""
+def regenerate(client: CosyqClient, job: Job, view: JobView, tenant: str | None) -> str:
+    """The job's request again with a new seed, submitted as its tenant; the new job's id.
+    A job of no tenant (nobody's) is refused: submitted as "default"'s, its text would be
+    that tenant's to read."""
+    if tenant is None:
+        raise InvalidRequestError(f"job {job.id} has no tenant (nobody's): not regenerated")
     if view.document is not None:
         raise InvalidRequestError(
             f"job {job.id} is a segment of document {view.document.get('id')}: retry the document"
