@@ -98,6 +98,29 @@ class Room:
         )
 
 
+def refusal_of_one(
+    room: Room, queue: str, depths: dict[str, int]
+) -> QueueFullError | TenantQuotaError | None:
+    """Why one more job (an add-voice job) cannot wait in `queue` now; None when it fits."""
+    queued = sum(depths.values())
+    if queued >= room.max_queued_jobs:
+        return TenantQuotaError(
+            f"tenant {room.tenant} has {queued:,} jobs queued (quota max_queued_jobs "
+            f"{room.max_queued_jobs:,}, COSYQ_TENANT_QUOTAS); nothing was submitted",
+            tenant=room.tenant,
+            quota="max_queued_jobs",
+            retry_after_s=room.retry_after_s,
+        )
+    if depths[queue] >= room.max_queue_depth:
+        return QueueFullError(
+            f"{queue} holds {depths[queue]:,} jobs (COSYQ_MAX_QUEUE_DEPTH "
+            f"{room.max_queue_depth:,}); nothing was submitted",
+            queue=queue,
+            depth=depths[queue],
+        )
+    return None
+
+
 def interrupted(
     error: redis.RedisError, chunk: Sequence[PlannedJob], total: int, submitted: list[str]
 ) -> SubmitInterruptedError:

@@ -19,12 +19,14 @@ import redis
 import soundfile as sf
 from rq import Queue
 from rq.job import Job
+from rq.queue import EnqueueData
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
+from producer.room import Room, refusal_of_one
 from producer.tracking import JobTracker, failure_of
 from shared import keys, tenants
-from shared.errors import JobFailedError, UnknownVoiceError
+from shared.errors import JobFailedError, QueueFullError, TenantQuotaError, UnknownVoiceError
 from shared.jobs import DEFAULT_VOICE
 from shared.settings import Settings
 from shared.storage import open_storage
@@ -88,29 +90,21 @@ def enqueue_add_voice(
     owner: str,
 ) -> str:
     """Check, upload, enqueue (in `tenant`'s high queue, for `owner`: the tenant, or
-    keys.SHARED_VOICES); returns the job id."""
+    keys.SHARED_VOICES, within the tenant's quota); returns the job id. Refused for room
+    (TenantQuotaError, QueueFullError), the upload is deleted again."""
     check_voice_name(name)
     check_owner(owner)
     transcript = check_transcript(transcript, settings.max_text_chars)
     samples, rate = decode_prompt_audio(audio, where=filename)
     check_prompt_audio(samples, rate, settings.max_prompt_seconds)
-    stored = open_storage(settings).put(
-        new_upload_key(owner, name, audio), audio, UPLOAD_CONTENT_TYPE, {"voice": name}
-    )
-    queue_name = tenants.queue_name(keys.QUEUE_HIGH, tenant)
-    queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
-    job_id = uuid.uuid4().hex
-    record_submitted(connection, [job_id])  # first: an id with no job is simply forgotten
-    job = queue.enqueue(
+    storage = open_storage(settings)
+    key = new_upload_key(owner, name, audio)
+    stored = storage.put(key, audio, UPLOAD_CONTENT_TYPE, {"voice": name})
+    data = Queue.prepare_data(
         function,
-        kwargs={
-            "name": name,
-            "prompt_audio": stored.uri,
-            "transcript": transcript,
-            "owner": owner,
-        },
-        job_id=job_id,
-        job_timeout=settings.job_timeout_s,
+        kwargs={"name": name, "prompt_audio": stored.uri, "transcript": transcript, "owner": owner},
+        job_id=uuid.uuid4().hex,
+        timeout=settings.job_timeout_s,
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.failure_ttl_s,
         description=f"add voice {name}",
@@ -119,7 +113,41 @@ def enqueue_add_voice(
             tenants.TENANT_META_KEY: tenant,
         },
     )
-    return str(job.id)
+    try:
+        return _enqueue_in_room(connection, settings, tenant, data)
+    except (QueueFullError, TenantQuotaError):
+        storage.delete(key)  # nothing will ever read it
+        raise
+
+
+def _enqueue_in_room(
+    connection: redis.Redis, settings: Settings, tenant: str, data: EnqueueData
+) -> str:
+    """The add-voice job into `tenant`'s high queue, in a MULTI/EXEC that WATCHes the tenant's
+    queues and checks their depths first (as `CosyqClient._take_room`): an upload is a queued
+    job like any other, within the tenant's max_queued_jobs and the queue's depth."""
+    room = Room.for_tenant(settings, tenant)
+    queues = {
+        name: Queue(name, connection=connection, serializer=JSONSerializer)
+        for name in tenants.tenant_queues(tenant)
+    }
+    target = tenants.queue_name(keys.QUEUE_HIGH, tenant)
+    with connection.pipeline() as pipe:
+        while True:
+            pipe.watch(*(queue.key for queue in queues.values()))
+            depths = {name: int(pipe.llen(queue.key)) for name, queue in queues.items()}
+            refusal = refusal_of_one(room, target, depths)
+            if refusal is not None:
+                pipe.reset()
+                raise refusal
+            pipe.multi()
+            record_submitted(pipe, [data.job_id])
+            queues[target].enqueue_many([data], pipeline=pipe)
+            try:
+                pipe.execute()
+            except redis.WatchError:
+                continue  # a queue changed meanwhile: read the depths again
+            return str(data.job_id)
 
 
 def remove_voice(connection: redis.Redis, settings: Settings, name: str, owner: str) -> None:

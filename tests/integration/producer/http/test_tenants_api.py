@@ -3,13 +3,16 @@ quota is a 429 with Retry-After naming it, counted in Redis across `--workers 2`
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import redis
+import soundfile as sf
 
 from shared import keys
 from tests.doubles.harness import REPO_ROOT
@@ -159,3 +162,56 @@ def test_a_ui_session_ends_with_its_key(redis_url: str, tmp_path: Path) -> None:
                 assert page.headers["location"] == "/ui/signin"
     finally:
         front.stop()
+
+
+def _recording() -> bytes:
+    """One second of a 220 Hz tone at 24 kHz: a recording every voice check takes."""
+    rate = 24000
+    tone = 0.3 * np.sin(2 * np.pi * 220 * np.arange(rate) / rate)
+    out = io.BytesIO()
+    sf.write(out, tone.astype(np.float32), rate, format="WAV")
+    return out.getvalue()
+
+
+def test_voice_uploads_wait_within_the_tenants_queued_jobs_quota(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """An upload is a job in the tenant's high queue: it counts against the tenant's
+    max_queued_jobs like any other (else one tenant's uploads, taken before every default
+    job, would push the others' work back past its quota). No worker runs here."""
+    front = start_front(
+        tmp_path / "front",
+        redis_url,
+        COSYQ_API_KEYS=f"alpha:{ALPHA_KEY},beta:{BETA_KEY}",
+        COSYQ_TENANT_QUOTAS=json.dumps({"alpha": {"max_queued_jobs": 2}}),
+        COSYQ_HTTP_WAIT_TIMEOUT_S="1",
+    )
+    audio = _recording()
+    try:
+        replies = []
+        for n in range(3):
+            with front.http(key=ALPHA_KEY) as http:
+                replies.append(
+                    http.post(
+                        "/v1/audio/voices",
+                        data={"name": f"voice{n}", "transcript": "A tone."},
+                        files={"file": ("tone.wav", audio, "audio/wav")},
+                    )
+                )
+        assert [r.status_code for r in replies[:2]] == [504, 504]  # queued, no worker
+        refused = _error(replies[2], 429)
+        assert refused["code"] == "max_queued_jobs"
+        with front.http(key=BETA_KEY) as http:  # another tenant's quota is its own
+            beta = http.post(
+                "/v1/audio/voices",
+                data={"name": "voice0", "transcript": "A tone."},
+                files={"file": ("tone.wav", audio, "audio/wav")},
+            )
+            assert beta.status_code == 504, beta.text
+    finally:
+        front.stop()
+    connection = redis.Redis.from_url(redis_url)
+    assert connection.llen("rq:queue:cosyq-high.alpha") == 2
+    uploads = sorted(p.parent.name for p in (front.storage / "voices" / "alpha").rglob("*.wav"))
+    assert uploads == ["voice0", "voice1"]  # the refused one left nothing behind
+    connection.close()
