@@ -24,8 +24,14 @@ from shared.settings import Settings
 MIN_RETRY_AFTER_S = 1  # a Retry-After of 0 would invite an immediate retry
 
 
+OPERATORS = "_operators"  # the operator keys' own count (no tenant name starts with "_")
+
+
 class RequestQuota:
-    """`hit(tenant)` counts one request, or raises TenantQuotaError (requests_per_minute)."""
+    """`hit(tenant)` counts one request, or raises TenantQuotaError (requests_per_minute).
+    Operator keys (`operator=True`) act as the tenant "default" for what they submit, but
+    their requests are counted apart, at COSYQ_TENANT_REQUESTS_PER_MINUTE: a tenant spending
+    its minute never locks operators out, nor do operators spend the tenant's."""
 
     def __init__(self, connection: redis.Redis, settings: Settings) -> None:
         self.settings = settings
@@ -34,15 +40,17 @@ class RequestQuota:
         )
         self.limiter = MovingWindowRateLimiter(storage)
 
-    def hit(self, tenant: str) -> None:
-        per_minute = self.settings.requests_per_minute(tenant)
+    def hit(self, tenant: str, *, operator: bool = False) -> None:
+        counted = OPERATORS if operator else tenant
+        per_minute = self.settings.requests_per_minute(counted)
         item = RateLimitItemPerMinute(per_minute)
-        if self.limiter.hit(item, tenant):
+        if self.limiter.hit(item, counted):
             return
-        reset_at = self.limiter.get_window_stats(item, tenant).reset_time
+        reset_at = self.limiter.get_window_stats(item, counted).reset_time
         wait = max(MIN_RETRY_AFTER_S, math.ceil(reset_at - time.time()))
+        who = "operator keys" if operator else f"tenant {tenant}"
         raise TenantQuotaError(
-            f"tenant {tenant} made {per_minute:,} requests in the last minute (quota "
+            f"{who} made {per_minute:,} requests in the last minute (quota "
             f"requests_per_minute {per_minute:,}, COSYQ_TENANT_QUOTAS); retry in {wait} s",
             tenant=tenant,
             quota="requests_per_minute",

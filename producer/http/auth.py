@@ -57,7 +57,7 @@ class KeyCheck:
         tenant, operator = self.caller_of(request)
         request.state.tenant = tenant  # the access log line names it too
         request.state.operator = operator
-        context_of(request).quota.hit(tenant)
+        context_of(request).quota.hit(tenant, operator=operator)
 
     def tenant_of(self, request: Request) -> str:
         """The tenant of the request's key; 401 without a key or with a wrong one."""

@@ -67,7 +67,7 @@ def caller_of(request: Request) -> Caller:
             raise SignInNeeded
         caller = found
     request.state.tenant, request.state.operator = caller.tenant, caller.operator
-    context.quota.hit(caller.tenant)
+    context.quota.hit(caller.tenant, operator=caller.operator)
     return caller
 
 

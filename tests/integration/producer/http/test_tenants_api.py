@@ -215,3 +215,28 @@ def test_voice_uploads_wait_within_the_tenants_queued_jobs_quota(
     uploads = sorted(p.parent.name for p in (front.storage / "voices" / "alpha").rglob("*.wav"))
     assert uploads == ["voice0", "voice1"]  # the refused one left nothing behind
     connection.close()
+
+
+def test_operator_keys_count_their_requests_apart_from_the_default_tenants(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """An operator key submits as the tenant "default", but its requests per minute are its
+    own count: a plain key holder spending "default"'s minute never locks operators out (nor
+    an operator's scrapes the tenant)."""
+    operator = "operator-key-" + "4" * 20
+    front = start_front(
+        tmp_path / "front",
+        redis_url,
+        COSYQ_API_KEYS=PLAIN_KEY,
+        COSYQ_OPERATOR_KEYS=operator,
+        COSYQ_TENANT_REQUESTS_PER_MINUTE="3",
+    )
+    try:
+        with front.http(key=PLAIN_KEY) as plain, front.http(key=operator) as ops:
+            assert [plain.get("/v1/audio/voices").status_code for _ in range(3)] == [200] * 3
+            assert _error(plain.get("/v1/audio/voices"), 429)["code"] == "requests_per_minute"
+            assert ops.get("/v1/audio/voices").status_code == 200
+            assert ops.get("/ui/jobs").status_code == 200
+            assert [ops.get("/v1/audio/voices").status_code for _ in range(2)] == [200, 429]
+    finally:
+        front.stop()
