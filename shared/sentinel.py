@@ -36,7 +36,7 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
         raise ValueError(f"a Sentinel URL takes no ?query or #fragment ({EXAMPLE})")
     userinfo, _, hosts = parts.netloc.rpartition("@")
     username, password = _credentials(userinfo)
-    sentinels = tuple(_host_port(item) for item in hosts.split(","))
+    sentinels = tuple(_host_port(item, n) for n, item in enumerate(hosts.split(","), 1))
     segments = parts.path.strip("/").split("/") if parts.path.strip("/") else []
     if not segments or len(segments) > 2 or not segments[0]:
         raise ValueError(f"needs a service name after the hosts ({EXAMPLE})")
@@ -55,21 +55,22 @@ def _credentials(userinfo: str) -> tuple[str | None, str | None]:
     return (unquote(user) or None), (unquote(password) if has_password else None)
 
 
-def _host_port(item: str) -> tuple[str, int]:
-    """`host:port`, `host` (port 26379) or `[ipv6]:port`."""
+def _host_port(item: str, position: int) -> tuple[str, int]:
+    """`host:port`, `host` (port 26379) or `[ipv6]:port`. A bad one is named by its position,
+    never quoted: with the '@' forgotten, the credentials are in the host list."""
     if not item:
         raise ValueError(f"an empty sentinel address in the host list ({EXAMPLE})")
     if item.startswith("["):
         host, bracket, rest = item[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):
-            raise ValueError(f"bad sentinel address {item!r}")
+            raise ValueError(f"bad sentinel address (host {position})")
         port_text = rest[1:]
     else:
         host, _, port_text = item.partition(":")
     if not host:
-        raise ValueError(f"a sentinel address without a host: {item!r}")
+        raise ValueError(f"a sentinel address without a host (host {position})")
     if not port_text:
         return host, DEFAULT_SENTINEL_PORT
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"bad sentinel port in {item!r}")
+        raise ValueError(f"bad sentinel port (host {position}): 1-65535")
     return host, int(port_text)

@@ -21,10 +21,10 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from shared import settings_errors
 from shared.errors import SettingsError
 from shared.prompt_uris import prompt_root
-from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
 from shared.settings_batch import BatchSettings
 from shared.settings_env import (
     ENV_PREFIX,
+    check_redis_url,
     read_env_files,
     redact_url,
     reject_unknown_variables,
@@ -39,7 +39,6 @@ from shared.tenants import DEFAULT_TENANT, ApiKey, parse_api_keys
 
 DEFAULT_ENV_FILE = ".env"
 
-REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 STORAGE_SCHEMES = ("file", "s3")
 
 
@@ -400,12 +399,7 @@ class Settings(
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str) -> str:
-        scheme = urlsplit(value).scheme
-        if scheme not in REDIS_SCHEMES:
-            raise ValueError(f"scheme must be one of {', '.join(REDIS_SCHEMES)} (got {scheme!r})")
-        if scheme == SENTINEL_SCHEME:
-            parse_sentinel_url(value)  # a ValueError names the part that is wrong
-        return value
+        return check_redis_url(value)
 
     @field_validator("storage_url")
     @classmethod
@@ -492,7 +486,8 @@ def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: A
     try:
         return Settings(_env_file=env_file, **overrides)
     except ValidationError as e:
-        raise SettingsError(settings_errors.describe(e, Settings.model_fields)) from e
+        # from None: the ValidationError's own text holds every setting's value (its input)
+        raise SettingsError(settings_errors.describe(e, Settings.model_fields)) from None
     except UnicodeDecodeError as e:
         raise SettingsError(f"the settings file {env_file} is not UTF-8 text ({e.reason})") from e
     except PydanticSettingsError as e:  # a JSON setting that does not parse

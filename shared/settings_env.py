@@ -4,14 +4,16 @@ is not a setting (pydantic-settings would ignore a typo), and URLs shown without
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from dotenv import dotenv_values
 
 from shared.errors import SettingsError
+from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
 
 ENV_PREFIX = "COSYQ_"
 # COSYQ_ variables that are not settings: read by scripts/ and the test harness only.
@@ -25,14 +27,61 @@ NON_SETTINGS_VARIABLES = frozenset(
 )
 
 
+# Query parameters that carry a credential (redis-py reads ?password=; S3 presigned URLs sign)
+_SECRET_QUERY = re.compile(
+    r"(?i)([?&;][a-z0-9_.-]*(?:pass|pwd|secret|token|key|credential|signature|auth)[a-z0-9_.-]*=)"
+    r"[^&;#\s'\"]*"
+)
+_BRACKETED = re.compile(r"\[[^\]]*\]")  # an IPv6 address's colons are not a password's
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\",]*")
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
+
+
+def check_redis_url(value: str) -> str:
+    """COSYQ_REDIS_URL's shape; a ValueError names the part that is wrong, never quoting it (a
+    misplaced password would be in it). urlsplit's own "Invalid IPv6 URL" quotes nothing."""
+    parts = urlsplit(value)
+    if parts.scheme not in REDIS_SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(REDIS_SCHEMES)} (got {parts.scheme!r})")
+    if parts.scheme == SENTINEL_SCHEME:
+        parse_sentinel_url(value)  # a ValueError names the part that is wrong
+    elif parts.scheme != "unix":
+        _check_port(parts)
+        if parts.path.strip("/") and not parts.path.strip("/").isdigit():
+            raise ValueError("the database after the host must be a number: redis://host/0")
+    return value
+
+
+def _check_port(parts: SplitResult) -> None:
+    """urlsplit's own error quotes the port's text: with the '@' forgotten, the password."""
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ValueError("the port must be a number from 1 to 65535") from None
+
+
 def redact_url(url: str) -> str:
-    """Replace the password in a URL (redis://user:secret@host) with ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo = f"{parts.username or ''}:***"
-    host = parts.netloc.rsplit("@", 1)[1]
-    return parts._replace(netloc=f"{userinfo}@{host}").geturl()
+    """A URL fit to show: its password (user:secret@, or a lone secret@) and any credential in
+    its query replaced by ***; the user name before a ':' stays. Never raises, whatever the text
+    (urlsplit refuses some URLs, and a refused URL is the one most worth showing safely)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _SECRET_QUERY.sub(r"\1***", url)
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    userinfo, at, hosts = authority.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        authority = (f"{user}:***" if colon else "***") + "@" + hosts
+    elif any(_BRACKETED.sub("", host).count(":") > 1 for host in authority.split(",")):
+        authority = "***"  # user:secret:host:port, the '@' forgotten: no telling which is which
+    return scheme + sep + authority + _SECRET_QUERY.sub(r"\1***", tail)
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL in it passed through `redact_url` (an error message, say)."""
+    return _URL_IN_TEXT.sub(lambda found: redact_url(found.group(0)), text)
 
 
 def read_env_files(env_file: Any) -> dict[str, str]:

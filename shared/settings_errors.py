@@ -4,7 +4,8 @@ A pydantic error carries the `input` it refused; for a rule over several fields 
 validator) that input is every setting at once, the Redis password, S3 keys, API keys and
 webhook secret among them. So an input is shown only where it is one field's own value and
 that field is not secret; a secret field is any `SecretStr` or one marked
-`json_schema_extra={"secret": True}`, and a Redis URL is shown with its password masked.
+`json_schema_extra={"secret": True}`. Every URL in a message or an input (the Redis URL, the
+storage URL, a prompt root) is shown with its password and query credentials masked.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import typing
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
-from shared.settings_env import ENV_PREFIX, redact_url
+from shared.settings_env import ENV_PREFIX, redact_urls
 
 SHOWN_INPUT_CHARS = 80  # a longer refused value is cut, so one line stays one line
-URL_FIELDS = frozenset({"redis_url"})  # shown with the password masked
+URL_FIELDS = frozenset({"redis_url"})  # not secret: shown with the password masked
 
 
 def is_secret(field: FieldInfo) -> bool:
@@ -41,21 +41,20 @@ def describe(error: ValidationError, fields: Mapping[str, FieldInfo]) -> str:
 def _problem(item: Any, fields: Mapping[str, FieldInfo]) -> str:
     loc = item["loc"]
     field = str(loc[0]) if len(loc) == 1 else None
+    message = redact_urls(item["msg"])  # a rule's message may quote a URL it refused
     if field is None or field not in fields:  # a rule over several settings: no input shown
         where = ".".join(str(part) for part in loc) or "settings"
-        return f"{where}: {item['msg']}"
-    shown = _shown_input(field, fields[field], item.get("input"))
-    return f"{ENV_PREFIX}{field.upper()}: {item['msg']}{shown}"
+        return f"{where}: {message}"
+    shown = _shown_input(fields[field], item.get("input"))
+    return f"{ENV_PREFIX}{field.upper()}: {message}{shown}"
 
 
-def _shown_input(name: str, field: FieldInfo, given: Any) -> str:
+def _shown_input(field: FieldInfo, given: Any) -> str:
     if is_secret(field):
         return ""  # not even its length
-    if name in URL_FIELDS and isinstance(given, str):
-        if "@" in given and urlsplit(given).password is None:
-            return ""  # credentials urlsplit cannot find cannot be masked: show nothing
-        given = redact_url(given)
-    elif not isinstance(given, str | int | float | bool | None):
+    if isinstance(given, str):
+        given = redact_urls(given)  # any URL's password and query credentials masked
+    elif not isinstance(given, int | float | bool | None):
         return ""  # a structure may hold anything
     text = repr(given)
     if len(text) > SHOWN_INPUT_CHARS:

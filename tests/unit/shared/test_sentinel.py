@@ -34,7 +34,7 @@ def test_db_defaults_to_zero_and_password_alone_is_allowed() -> None:
         ("redis+sentinel://s1:26379/", "needs a service name"),
         ("redis+sentinel://s1:26379/a/b/c", "needs a service name"),
         ("redis+sentinel://s1:26379/main/x", "the database must be a number"),
-        ("redis+sentinel://s1:port/main", "bad sentinel port in 's1:port'"),
+        ("redis+sentinel://s1:port/main", "bad sentinel port [(]host 1[)]"),
         ("redis+sentinel://s1:70000/main", "bad sentinel port"),
         ("redis+sentinel://s1,,s2/main", "an empty sentinel address"),
         ("redis+sentinel://:26379/main", "without a host"),

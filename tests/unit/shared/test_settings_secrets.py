@@ -132,6 +132,45 @@ def test_every_field_named_like_a_secret_is_secret() -> None:
     assert SecretStr in typing.get_args(Settings.model_fields["webhook_secret"].annotation)
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("redis_url", "redis://alice:pw-SECRET-1@[::1/0"),  # urlsplit itself refuses it
+        ("redis_url", "redis://alice:pw-SECRET-1@host:99999/0"),  # a port out of range
+        ("redis_url", "redis+sentinel://alice:pw-SECRET-1:s1:26379/main"),  # '@' forgotten
+        ("redis_url", "redis://pw-SECRET-1@host:6379/x"),  # a password where the user goes
+        ("redis_url", "redis://alice:pw-SECRET-1:host:6379/0"),  # '@' forgotten
+        ("storage_url", "http://key:pw-SECRET-1@bucket/prefix"),
+        ("storage_url", "file://key:pw-SECRET-1@host/srv"),
+        ("prompt_roots", "file:///srv,https://key:pw-SECRET-1@bucket/p"),
+    ],
+)
+def test_a_refused_url_shows_none_of_its_credentials(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env_file=None, **{name: value})
+    assert f"COSYQ_{name.upper()}" in str(caught.value)
+    assert "pw-SECRET-1" not in str(caught.value)
+
+
+def test_a_refused_setting_chains_no_error_that_holds_the_input() -> None:
+    """A traceback prints the chained ValidationError too, whose input is every setting."""
+    given_values = secrets_in(
+        {
+            name: f"{name}-chained"
+            for name in ("redis", "s3_id", "s3_secret", "alpha", "beta", "webhook")
+        }
+    )
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env_file=None, **given_values, heartbeat_ttl_s=1)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_redis_password_in_the_query_is_masked() -> None:
+    settings = load_settings(env_file=None, redis_url="redis://host:6379/0?password=pw-SECRET-2")
+    assert "pw-SECRET-2" not in settings.redacted_redis_url()
+    assert settings.redacted_redis_url() == "redis://host:6379/0?password=***"
+
+
 def test_an_env_file_that_is_not_text_is_one_clear_error(tmp_path: Path) -> None:
     env_file = tmp_path / "binary.env"
     env_file.write_bytes(b"\xff\xfe\x00\x01COSYQ_X=\x9c\n")
