@@ -13,6 +13,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from shared.errors import SettingsError
+
+EXIT_SETTINGS = 2  # as `run` and `pool` exit on a bad setting (workers/service/commands.py)
+
 COMMAND_MODULES: tuple[str, ...] = (
     "workers.service.commands",
     "workers.tools.model_cli",
@@ -39,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
+    except SettingsError as e:  # a tool's bad setting: one line, never a traceback
+        print(f"cosyq-worker: {e}", file=sys.stderr)
+        return EXIT_SETTINGS
     finally:
         # The interpreter's exit runs one last full collection over every object the process
         # made (pydantic's schemas, numpy, a model): 0.1-0.6 s of each worker's exit here. Frozen,

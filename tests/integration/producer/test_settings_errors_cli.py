@@ -23,12 +23,15 @@ BROKEN_RULES = {
     "heartbeat": {"COSYQ_HEARTBEAT_INTERVAL_S": "10", "COSYQ_HEARTBEAT_TTL_S": "5"},
     "webhook claim": {"COSYQ_WEBHOOK_TIMEOUT_S": "10", "COSYQ_WEBHOOK_CLAIM_IDLE_S": "10"},
     "a field": {"COSYQ_MAX_JOBS": "many"},
+    "a storage URL": {"COSYQ_STORAGE_URL": "https://key:storage-pass-6VV@bucket/prefix"},
+    "a Redis URL urlsplit refuses": {"COSYQ_REDIS_URL": "redis://alice:redis-pass-7Q2@[::1/0"},
 }
 COMMANDS = {
     "cosyq status": ["cosyq", "status"],
     "cosyq webhooks run": ["cosyq", "webhooks", "run"],
     "cosyq serve": ["cosyq", "serve", "--port", "0"],
     "cosyq-worker run": ["cosyq-worker", "run"],
+    "cosyq-worker bench queue": ["cosyq-worker", "bench", "queue"],
 }
 
 
@@ -51,5 +54,5 @@ def test_a_refused_setting_prints_no_secret(command: str, rule: str, tmp_path: P
     assert done.returncode != 0, printed
     assert "Traceback" not in printed and "invalid settings" in done.stderr, printed
     assert len(done.stderr.strip().splitlines()) == 1, printed
-    for secret in (*SECRET_PARTS, "whsec-secret-3ZZ"):
+    for secret in (*SECRET_PARTS, "whsec-secret-3ZZ", "storage-pass-6VV"):
         assert secret not in printed, (secret, printed)
