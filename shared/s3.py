@@ -18,6 +18,7 @@ from shared.errors import (
     StorageUnavailableError,
 )
 from shared.settings import Settings
+from shared.settings_env import redact_urls
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "404", "NotFound"})
 _TRANSIENT_CODES = frozenset(
@@ -174,19 +175,20 @@ def _translate(error: Exception, uri: str, action: str) -> CosyqError:
     from botocore import exceptions as boto_errors  # noqa: PLC0415
 
     where = f"cannot {action} {uri}"
+    said = redact_urls(str(error))  # botocore quotes the endpoint URL, userinfo and all
     if isinstance(error, boto_errors.ClientError):
         code = str(error.response.get("Error", {}).get("Code", ""))
         status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        said = f"{_CAUSES[code]} ({code}, HTTP {status})" if code in _CAUSES else None
+        cause = f"{_CAUSES[code]} ({code}, HTTP {status})" if code in _CAUSES else None
         if code in _NOT_FOUND_CODES and (action == "read" or code != "NoSuchBucket"):
             return ObjectNotFoundError(f"{uri}: not found ({code})")
         if code in _TRANSIENT_CODES or status >= 500:
             return StorageUnavailableError(f"{where}: {code} (HTTP {status})")
-        return StorageError(f"{where}: {said or f'{code} (HTTP {status})'}")
+        return StorageError(f"{where}: {cause or f'{code} (HTTP {status})'}")
     if isinstance(error, boto_errors.NoCredentialsError | boto_errors.PartialCredentialsError):
-        return StorageError(f"{where}: no S3 credentials ({error})")
+        return StorageError(f"{where}: no S3 credentials ({said})")
     if isinstance(error, boto_errors.SSLError):
-        return StorageError(f"{where}: TLS failed ({error})")
+        return StorageError(f"{where}: TLS failed ({said})")
     transient = (
         boto_errors.ConnectionError,  # refused, connect timeout, proxy
         boto_errors.HTTPClientError,  # reset, read timeout, closed mid-response
@@ -195,5 +197,5 @@ def _translate(error: Exception, uri: str, action: str) -> CosyqError:
         TimeoutError,
     )
     if isinstance(error, transient):
-        return StorageUnavailableError(f"{where}: {error}")
-    return StorageError(f"{where}: {type(error).__name__}: {error}")
+        return StorageUnavailableError(f"{where}: {said}")
+    return StorageError(f"{where}: {type(error).__name__}: {said}")

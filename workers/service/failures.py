@@ -5,7 +5,8 @@ refused the write for a reason retrying will not fix: the deployment's fault, no
 
 The job boundary is the one place that catches broadly; this module turns whatever was raised
 into the short reason stored in job.meta["cosyq_error"] and shown by `cosyq status/failed`.
-Messages never carry the request text (validation errors name fields and rules only).
+Messages never carry the request text (validation errors name fields and rules only), nor a
+URL's credentials (a library's error quoting an endpoint with user:password@ is masked).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rq.timeouts import JobTimeoutException
 from shared.connection import misconfiguration
 from shared.errors import InvalidRequestError, QualityError, StorageError, TransientError
 from shared.results import JobFailure
+from shared.settings_env import redact_urls
 from workers.engine.api import SynthesisCanceled
 from workers.service.admission import RefusedJobError
 
@@ -70,7 +72,7 @@ def classify(error: BaseException, *, timeout_s: float | None = None) -> JobErro
 def _internal(error: BaseException) -> str:
     """`Type: first line`, cut short: a bug's reason, not a library's parameter dump."""
     name = type(error).__name__
-    lines = str(error).strip().splitlines()
+    lines = redact_urls(str(error)).strip().splitlines()
     text = f"{name}: {' '.join(lines[0].split())}" if lines else name
     if len(text) > MAX_INTERNAL_CHARS:
         text = text[: MAX_INTERNAL_CHARS - 3] + "..."
@@ -78,7 +80,7 @@ def _internal(error: BaseException) -> str:
 
 
 def _short(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
+    text = " ".join(redact_urls(str(error)).split()) or type(error).__name__
     if len(text) > MAX_MESSAGE_CHARS:
         text = text[: MAX_MESSAGE_CHARS - 3] + "..."
     return text

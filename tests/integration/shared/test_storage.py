@@ -268,3 +268,22 @@ def test_s3_unreachable_endpoint_is_transient() -> None:
     )
     with pytest.raises(TransientError, match=r"cannot write s3://b/p/a\.wav"):
         open_storage(settings).put("a.wav", b"x", "audio/wav", {})
+
+
+def test_an_endpoint_url_with_credentials_is_never_in_an_error() -> None:
+    """botocore quotes the endpoint URL it could not reach, userinfo and all."""
+    settings = load_settings(
+        env_file=None,
+        storage_url="s3://b/p",
+        s3_endpoint_url="http://minio:endpoint-pass-4K@127.0.0.1:9",  # nothing listens
+        s3_region="us-east-1",
+        s3_access_key_id="x",
+        s3_secret_access_key="y",
+    )
+    storage = open_storage(settings)
+    with pytest.raises(TransientError) as caught:
+        storage.put("a.wav", b"x", "audio/wav", {})
+    assert "127.0.0.1:9" in str(caught.value) and "endpoint-pass-4K" not in str(caught.value)
+    with pytest.raises(TransientError) as caught:
+        storage.get("s3://b/p/a.wav")
+    assert "minio:***@" in str(caught.value) and "endpoint-pass-4K" not in str(caught.value)

@@ -108,6 +108,20 @@ def test_an_internal_reason_is_its_type_and_first_line_only() -> None:
     assert len(long) == 200 and long.endswith("...")
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectionError('could not reach "http://minio:pw-SECRET-9@10.0.0.5:9000/bucket"'),
+        RuntimeError("redis://alice:pw-SECRET-9@10.0.0.5:6379/0 went away"),
+        StorageUnavailableError("cannot write: https://h/o?X-Amz-Signature=pw-SECRET-9"),
+    ],
+)
+def test_a_failure_reason_quotes_no_url_credentials(error: BaseException) -> None:
+    """The reason is stored in Redis and shown by the API and `cosyq failed`."""
+    message = classify(error).message
+    assert "pw-SECRET-9" not in message and "***" in message
+
+
 FIRST_USE = ("pyloudnorm", "scipy.signal", "scipy.ndimage")
 LOAD_AND_LIST = (
     "import sys\n"
