@@ -55,6 +55,7 @@ def _default_hash_cache_dir() -> Path:
 
 
 class Settings(
+    settings_errors.MaskedRepr,
     LLMSettings,
     FrontSettings,
     QualitySettings,

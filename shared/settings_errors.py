@@ -1,4 +1,5 @@
-"""How a refused `Settings` reads: one line naming each variable and rule, never a secret.
+"""How a refused `Settings` reads: one line naming each variable and rule, never a secret; and
+how a good one reads in repr() and str() (`MaskedRepr`): secret fields masked, URLs masked.
 
 A pydantic error carries the `input` it refused; for a rule over several fields (a model
 validator) that input is every setting at once, the Redis password, S3 keys, API keys and
@@ -11,10 +12,10 @@ storage URL, a prompt root) is shown with its password and query credentials mas
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 from shared.settings_env import ENV_PREFIX, redact_urls
@@ -30,6 +31,20 @@ def is_secret(field: FieldInfo) -> bool:
         return True
     annotation = field.annotation
     return annotation is SecretStr or SecretStr in typing.get_args(annotation)
+
+
+class MaskedRepr(BaseModel):
+    """A mixin: repr() and str() show a secret field as a SecretStr does ('**********') and every
+    URL with its credentials masked, so a Settings in a log line or a traceback leaks nothing."""
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        fields = type(self).model_fields
+        for name, value in super().__repr_args__():
+            field = fields.get(name) if name is not None else None
+            if field is not None and is_secret(field) and value is not None:
+                yield name, value if isinstance(value, SecretStr) else SecretStr("hidden")
+            else:
+                yield name, redact_urls(value) if isinstance(value, str) else value
 
 
 def describe(error: ValidationError, fields: Mapping[str, FieldInfo]) -> str:

@@ -171,6 +171,27 @@ def test_a_redis_password_in_the_query_is_masked() -> None:
     assert settings.redacted_redis_url() == "redis://host:6379/0?password=***"
 
 
+def test_the_repr_of_settings_shows_no_secret() -> None:
+    """A Settings in a log line, a traceback's locals or a test's failure shows no secret."""
+    given_values = secrets_in(
+        {
+            name: f"{name}-repr-9Q"
+            for name in ("redis", "s3_id", "s3_secret", "alpha", "beta", "webhook")
+        }
+    )
+    settings = load_settings(
+        env_file=None,
+        **given_values,
+        storage_url="s3://key:storage-repr-9Q@bucket/p",
+        s3_endpoint_url="http://minio:endpoint-repr-9Q@127.0.0.1:9000",
+        webhook_allowed_urls="https://hook:allowed-repr-9Q@example.com/",
+        operator_keys="operator-repr-9Q",
+    )
+    for shown in (repr(settings), str(settings), f"{settings!r}"):
+        assert "-repr-9Q" not in shown, shown
+    assert "max_jobs=200" in repr(settings) and "127.0.0.1:9000" in repr(settings)
+
+
 def test_an_env_file_that_is_not_text_is_one_clear_error(tmp_path: Path) -> None:
     env_file = tmp_path / "binary.env"
     env_file.write_bytes(b"\xff\xfe\x00\x01COSYQ_X=\x9c\n")
