@@ -20,6 +20,8 @@ from typing import Any
 
 from shared.errors import SettingsError
 from shared.settings import ENV_PREFIX, Settings
+from shared.settings_env import redact_urls
+from shared.settings_errors import is_secret
 
 DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"  # workers/tools/ -> the repo
 LAUNCHD_TEMPLATE = DEPLOY_DIR / "launchd" / "cosyq-worker.plist"
@@ -144,6 +146,23 @@ def render_supervisord(plan: DeployPlan) -> str:
     env_line = "environment=" + supervisord_environment(plan.environment)
     lines = [env_line if line.startswith("environment=") else line for line in text.splitlines()]
     return "\n".join(lines) + "\n"
+
+
+def write_supervisord(plan: DeployPlan, path: Path) -> None:
+    """The supervisord config as a file of mode 0600 (it holds the environment's secrets)."""
+    _write_private(path, render_supervisord(plan).encode("utf-8"))
+
+
+def secret_variables(env: Mapping[str, str]) -> list[str]:
+    """The names whose values are secrets: a secret setting's (API keys, S3 keys, ...) or a URL
+    with credentials in it (the Redis password); such a config is never printed."""
+    found = []
+    for key, value in env.items():
+        name = key.removeprefix(ENV_PREFIX).lower() if key.startswith(ENV_PREFIX) else ""
+        field = Settings.model_fields.get(name)
+        if (field is not None and is_secret(field)) or redact_urls(value) != value:
+            found.append(key)
+    return found
 
 
 def supervisord_environment(env: Mapping[str, str]) -> str:

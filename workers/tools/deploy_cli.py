@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.errors import CosyqError
+from shared.errors import CosyqError, SettingsError
 from shared.settings import load_settings
 from workers.tools import deploy
 
@@ -47,7 +47,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     supervisord = kinds.add_parser("supervisord", help="one program with numprocs=K")
     supervisord.add_argument("-n", "--workers", type=int, required=True, help="number of K")
-    supervisord.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    supervisord.add_argument(
+        "--out",
+        type=Path,
+        help="file to write, mode 0600 (default: stdout, refused when a setting is a secret)",
+    )
     supervisord.add_argument(
         "--log-dir", type=Path, default=Path("logs"), help="worker logs (default ./logs)"
     )
@@ -81,13 +85,20 @@ def run_launchd(args: argparse.Namespace) -> int:
 
 def run_supervisord(args: argparse.Namespace) -> int:
     try:
-        text = deploy.render_supervisord(_plan(args))
+        plan = _plan(args)
+        text = deploy.render_supervisord(plan)
+        secrets = deploy.secret_variables(plan.environment)
+        if args.out is None and secrets:
+            raise SettingsError(
+                f"the config would hold the secrets of {', '.join(secrets)}: write it with "
+                "--out FILE (mode 0600), never to the terminal"
+            )
     except CosyqError as e:
         print(f"cosyq-worker deploy: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.out is None:
         sys.stdout.write(text)
     else:
-        args.out.write_text(text, encoding="utf-8")
+        deploy.write_supervisord(plan, args.out)
         print(args.out)
     return 0

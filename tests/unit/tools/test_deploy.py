@@ -96,3 +96,32 @@ def test_deploy_command_writes_supervisord_file(tmp_path: Path) -> None:
 def test_deploy_refuses_zero_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["deploy", "launchd", "-n", "0", "--out", str(tmp_path)]) == 2
     assert "at least 1 worker" in capsys.readouterr().err
+
+
+def test_a_supervisord_file_with_secrets_is_private_and_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config carries the environment, the Redis password and the API keys with it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COSYQ_REDIS_URL", "redis://alice:redis-deploy-3K@127.0.0.1:6379/0")
+    monkeypatch.setenv("COSYQ_API_KEYS", "acme:api-deploy-7M")
+    out = tmp_path / "cosyq.conf"
+    assert main(["deploy", "supervisord", "-n", "2", "--out", str(out)]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert "redis-deploy-3K" in out.read_text()  # the file is the config: it must work
+    assert main(["deploy", "supervisord", "-n", "2"]) == 2
+    printed = capsys.readouterr()
+    assert "COSYQ_API_KEYS" in printed.err and "--out" in printed.err
+    for secret in ("redis-deploy-3K", "api-deploy-7M"):
+        assert secret not in printed.out + printed.err
+
+
+def test_a_supervisord_config_without_secrets_still_prints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COSYQ_REDIS_URL", "redis://127.0.0.1:6379/0")
+    for name in ("COSYQ_API_KEYS", "COSYQ_OPERATOR_KEYS", "COSYQ_S3_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["deploy", "supervisord", "-n", "2"]) == 0
+    assert "numprocs=2" in capsys.readouterr().out
