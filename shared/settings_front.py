@@ -6,10 +6,15 @@ apart so the one Settings class stays readable.
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 
 from shared.errors import SettingsError
 from shared.tenants import parse_api_keys, parse_operator_keys
+
+WEBHOOK_SECRET_PREFIX = "whsec_"
 
 
 class FrontSettings(BaseModel):
@@ -108,6 +113,19 @@ class FrontSettings(BaseModel):
     webhook_dispatch_in_serve: bool = Field(
         False, description="`cosyq serve` also runs a webhook dispatcher"
     )
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _check_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        """Strict base64: the signer's own decoding drops what is not base64 (a weaker key
+        than written) and fails on a non-ASCII character with that character in its message."""
+        if value is not None:
+            raw = value.get_secret_value().removeprefix(WEBHOOK_SECRET_PREFIX)
+            try:
+                base64.b64decode(raw.encode("ascii"), validate=True)
+            except (UnicodeEncodeError, binascii.Error):
+                raise ValueError("must be whsec_ followed by base64 (see README)") from None
+        return value
 
     @field_validator("operator_keys")
     @classmethod

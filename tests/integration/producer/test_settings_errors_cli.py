@@ -16,7 +16,7 @@ SECRETS = {
     "COSYQ_S3_ACCESS_KEY_ID": "AKIA-ID-9KX",
     "COSYQ_S3_SECRET_ACCESS_KEY": "s3-secret-4RT",
     "COSYQ_API_KEYS": "alpha:alpha-key-1MN,beta:beta-key-8PL",
-    "COSYQ_WEBHOOK_SECRET": "whsec-secret-3ZZ",
+    "COSYQ_WEBHOOK_SECRET": "whsec_d2hzZWMtc2VjcmV0LTNaWg==",  # base64 of whsec-secret-3ZZ
 }
 SECRET_PARTS = ("redis-pass-7Q2", "AKIA-ID-9KX", "s3-secret-4RT", "alpha-key-1MN", "beta-key-8PL")
 BROKEN_RULES = {
@@ -25,6 +25,7 @@ BROKEN_RULES = {
     "a field": {"COSYQ_MAX_JOBS": "many"},
     "a storage URL": {"COSYQ_STORAGE_URL": "https://key:storage-pass-6VV@bucket/prefix"},
     "a Redis URL urlsplit refuses": {"COSYQ_REDIS_URL": "redis://alice:redis-pass-7Q2@[::1/0"},
+    "a signing secret not base64": {"COSYQ_WEBHOOK_SECRET": "whsec_\u00c4signing-8TT"},
 }
 COMMANDS = {
     "cosyq status": ["cosyq", "status"],
@@ -54,5 +55,5 @@ def test_a_refused_setting_prints_no_secret(command: str, rule: str, tmp_path: P
     assert done.returncode != 0, printed
     assert "Traceback" not in printed and "invalid settings" in done.stderr, printed
     assert len(done.stderr.strip().splitlines()) == 1, printed
-    for secret in (*SECRET_PARTS, "whsec-secret-3ZZ", "storage-pass-6VV"):
+    for secret in (*SECRET_PARTS, "d2hzZWMtc2VjcmV0LTNaWg", "storage-pass-6VV", "signing-8TT"):
         assert secret not in printed, (secret, printed)

@@ -4,6 +4,7 @@ password, S3 keys, API keys or webhook secret (shared/settings_errors.py)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import string
 import typing
@@ -59,7 +60,7 @@ def secrets_in(values: dict[str, str]) -> dict[str, Any]:
         "s3_access_key_id": values["s3_id"],
         "s3_secret_access_key": values["s3_secret"],
         "api_keys": f"alpha:{values['alpha']},beta:{values['beta']}",
-        "webhook_secret": values["webhook"],
+        "webhook_secret": "whsec_" + base64.b64encode(values["webhook"].encode()).decode(),
     }
 
 
@@ -92,7 +93,7 @@ def test_no_failing_rule_prints_a_secret(values: dict[str, str], rule: dict[str,
         load_settings(env_file=None, **given_values)
     message = str(caught.value)
     assert message.startswith("invalid settings: ")
-    for secret in (*values.values(), *_secrets_of(rule)):
+    for secret in (*values.values(), given_values["webhook_secret"], *_secrets_of(rule)):
         assert secret not in message, (rule, message)
 
 
@@ -190,6 +191,15 @@ def test_the_repr_of_settings_shows_no_secret() -> None:
     for shown in (repr(settings), str(settings), f"{settings!r}"):
         assert "-repr-9Q" not in shown, shown
     assert "max_jobs=200" in repr(settings) and "127.0.0.1:9000" in repr(settings)
+
+
+@pytest.mark.parametrize("secret", ["whsec_Äsigning-8TT", "whsec_signing 8TT!!", "sign-8TT"])
+def test_a_signing_secret_that_is_not_base64_is_refused_unshown(secret: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env_file=None, webhook_secret=secret)
+    message = str(caught.value)
+    assert "COSYQ_WEBHOOK_SECRET: " in message and "base64" in message
+    assert "8TT" not in message and "Ä" not in message
 
 
 def test_an_env_file_that_is_not_text_is_one_clear_error(tmp_path: Path) -> None:
