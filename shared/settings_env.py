@@ -61,10 +61,11 @@ def _check_port(parts: SplitResult) -> None:
         raise ValueError("the port must be a number from 1 to 65535") from None
 
 
-def redact_url(url: str) -> str:
+def redact_url(url: str, *, keep_user: bool = True) -> str:
     """A URL fit to show: its password (user:secret@, or a lone secret@) and any credential in
-    its query replaced by ***; the user name before a ':' stays. Never raises, whatever the text
-    (urlsplit refuses some URLs, and a refused URL is the one most worth showing safely)."""
+    its query replaced by ***; the user name before a ':' stays for the operator's eyes (not
+    with `keep_user=False`: an answer to anyone). Never raises, whatever the text (urlsplit
+    refuses some URLs, and a refused URL is the one most worth showing safely)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return _SECRET_QUERY.sub(r"\1***", url)
@@ -73,15 +74,15 @@ def redact_url(url: str) -> str:
     userinfo, at, hosts = authority.rpartition("@")
     if at:
         user, colon, _ = userinfo.partition(":")
-        authority = (f"{user}:***" if colon else "***") + "@" + hosts
+        authority = (f"{user}:***" if colon and keep_user else "***") + "@" + hosts
     elif any(_BRACKETED.sub("", host).count(":") > 1 for host in authority.split(",")):
         authority = "***"  # user:secret:host:port, the '@' forgotten: no telling which is which
     return scheme + sep + authority + _SECRET_QUERY.sub(r"\1***", tail)
 
 
-def redact_urls(text: str) -> str:
+def redact_urls(text: str, *, keep_user: bool = True) -> str:
     """`text` with every URL in it passed through `redact_url` (an error message, say)."""
-    return _URL_IN_TEXT.sub(lambda found: redact_url(found.group(0)), text)
+    return _URL_IN_TEXT.sub(lambda found: redact_url(found.group(0), keep_user=keep_user), text)
 
 
 def read_env_files(env_file: Any) -> dict[str, str]:

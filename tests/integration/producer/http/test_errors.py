@@ -14,6 +14,7 @@ import redis
 import soundfile as sf
 
 from shared import keys
+from tests.conftest import free_port
 from tests.integration.producer.http.conftest import Front, start_front
 
 pytestmark = pytest.mark.slow
@@ -202,6 +203,31 @@ def test_503_when_the_storage_cannot_be_read(redis_url: str, tmp_path: Path) -> 
     finally:
         front.stop()
     assert error["code"] == "storage_unusable" and "not-a-folder" in error["message"]
+
+
+def test_readyz_names_no_user_or_password_of_redis_or_the_s3_endpoint(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """/readyz answers anyone: its 503 says what failed, never a URL's user name or password."""
+    unreachable = f"redis://ops-user-5F:ops-pass-5F@127.0.0.1:{free_port()}/0"
+    s3 = {
+        "COSYQ_STORAGE_URL": "s3://bucket/prefix",
+        "COSYQ_S3_ENDPOINT_URL": f"http://minio-user-5F:minio-pass-5F@127.0.0.1:{free_port()}",
+        "COSYQ_S3_ACCESS_KEY_ID": "id",
+        "COSYQ_S3_SECRET_ACCESS_KEY": "key",
+        "COSYQ_S3_MAX_ATTEMPTS": "1",
+    }
+    errors = []
+    for root, url, extra in (("redis", unreachable, {}), ("s3", redis_url, s3)):
+        front = start_front(tmp_path / root, url, **extra)
+        try:
+            with front.http(key=None) as http:
+                errors.append(error_of(http.get("/readyz"), 503))
+        finally:
+            front.stop()
+    assert [error["code"] for error in errors] == ["redis_unreachable", "storage_unusable"]
+    for error in errors:
+        assert "127.0.0.1" in error["message"] and "-5F" not in error["message"], error
 
 
 def test_serve_with_two_processes_shares_the_queue(redis_url: str, tmp_path: Path) -> None:
