@@ -5,7 +5,8 @@ every line of a process has the same shape. Call `configure_logging` before cons
 worker: rq only installs its own handler when none is in effect. Input text is never logged; a
 processor replaces any `text`, `prompt_text` or `instruction` value with its length, in case one
 slips into an event by mistake. The console prints plain tracebacks: structlog's rich ones
-would print each frame's locals, a request's text among them.
+would print each frame's locals, a request's text among them. The S3 client's loggers stay at
+INFO or above even at DEBUG: theirs print request headers, credentials among them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from shared.settings import Settings  # noqa: E402
 JOB_CONTEXT_KEYS = ("job_id", "queue", "voice", "worker", "attempt", "tenant")
 REDACTED_KEYS = frozenset({"text", "prompt_text", "instruction"})
 _HANDLER_NAME = "cosyq"
+# Never below INFO, whatever COSYQ_LOG_LEVEL: at DEBUG they print each request's headers
+# (botocore: Authorization with the S3 key id, X-Amz-Security-Token, the session token itself).
+CREDENTIAL_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
 
 
 def redact_input_text(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
@@ -112,6 +116,8 @@ def _install_root_handler(handler: logging.Handler, level: str) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    for name in CREDENTIAL_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.INFO, root.level))
     for name in ("rq", "rq.worker", "rq.queue", "rq.job"):
         # Drop handlers rq may have installed before us, and let records reach the root.
         logger = logging.getLogger(name)

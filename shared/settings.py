@@ -383,7 +383,9 @@ class Settings(
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds to")
 
     # Logging
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
+    log_level: str = Field(
+        "INFO", description="DEBUG, INFO, WARNING, ERROR (the S3 client's logs: INFO at most)"
+    )
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="auto: JSON lines unless on a terminal"
     )

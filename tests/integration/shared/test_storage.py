@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import re
 import socket
@@ -23,6 +25,7 @@ from shared.errors import (
     StorageUnavailableError,
     TransientError,
 )
+from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 from shared.storage import (
     FileStorage,
@@ -287,3 +290,35 @@ def test_an_endpoint_url_with_credentials_is_never_in_an_error() -> None:
     with pytest.raises(TransientError) as caught:
         storage.get("s3://b/p/a.wav")
     assert "minio:***@" in str(caught.value) and "endpoint-pass-4K" not in str(caught.value)
+
+
+def test_a_debug_log_of_s3_calls_shows_no_key_id_or_session_token(
+    s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore at DEBUG prints each request's headers: Authorization names the key id, and
+    X-Amz-Security-Token is the session token itself."""
+    make_bucket(s3_endpoint, "debug-log")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-DEBUG-ID-6N")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "debug-secret-6N")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "debug-session-token-6N")
+    settings = load_settings(
+        env_file=None,
+        storage_url="s3://debug-log",
+        s3_endpoint_url=s3_endpoint.url,
+        s3_region="us-east-1",
+        log_level="DEBUG",
+        log_format="json",
+    )
+    stream = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    configure_logging(settings, stream=stream)
+    try:
+        storage = open_storage(settings)
+        storage.get(storage.put("x.wav", b"RIFF", "audio/wav", {}).uri)
+        logging.getLogger("cosyq.test").debug("still at DEBUG")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert "still at DEBUG" in stream.getvalue()
+    assert "-6N" not in stream.getvalue(), stream.getvalue()
