@@ -151,7 +151,7 @@ def prompt_root(uri: str) -> str:
     parts = urlsplit(uri)
     if parts.scheme == "file" and parts.netloc in ("", "localhost") and parts.path.startswith("/"):
         return posixpath.normpath("/" + unquote(parts.path).lstrip("/"))
-    if parts.scheme == "s3" and parts.netloc:
+    if parts.scheme == "s3" and parts.netloc and "@" not in parts.netloc:  # no credentials
         prefix = posixpath.normpath("/" + parts.path.lstrip("/")).rstrip("/")
         return f"s3://{parts.netloc}{prefix}"
     raise ValueError(f"{uri!r} is not a file:///folder or s3://bucket[/prefix] URI")

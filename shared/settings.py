@@ -414,6 +414,8 @@ class Settings(
             raise ValueError("a file URL needs an absolute path: file:///srv/cosyq-output")
         if parts.scheme == "s3" and not parts.netloc:
             raise ValueError("an s3 URL needs a bucket: s3://bucket/prefix")
+        if "@" in parts.netloc:  # it would name every result: COSYQ_S3_* hold the keys
+            raise ValueError("an s3 URL takes no credentials: set COSYQ_S3_ACCESS_KEY_ID")
         return value
 
     @field_validator("api_keys")
