@@ -6,7 +6,8 @@ worker: rq only installs its own handler when none is in effect. Input text is n
 processor replaces any `text`, `prompt_text` or `instruction` value with its length, in case one
 slips into an event by mistake. The console prints plain tracebacks: structlog's rich ones
 would print each frame's locals, a request's text among them. The S3 client's loggers stay at
-INFO or above even at DEBUG: theirs print request headers, credentials among them.
+INFO or above even at DEBUG: theirs print request headers, credentials among them. Every URL in
+a line or its traceback is shown with its password masked (`redact_urls`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger  # noqa: E402
 
 from shared.results import SynthesisResult  # noqa: E402
 from shared.settings import Settings  # noqa: E402
+from shared.settings_env import redact_urls  # noqa: E402
 
 JOB_CONTEXT_KEYS = ("job_id", "queue", "voice", "worker", "attempt", "tenant")
 REDACTED_KEYS = frozenset({"text", "prompt_text", "instruction"})
@@ -57,6 +59,15 @@ def redact_input_text(_: WrappedLogger, __: str, event_dict: EventDict) -> Event
     for key in REDACTED_KEYS & event_dict.keys():
         value = event_dict[key]
         event_dict[key] = f"<{len(value)} chars>" if isinstance(value, str) else "<redacted>"
+    return event_dict
+
+
+def redact_url_credentials(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Mask every URL's password in each text value and the traceback: a library's error may
+    quote an endpoint with user:password@ (botocore does), a redis one ?password=."""
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            event_dict[key] = redact_urls(value)
     return event_dict
 
 
@@ -90,9 +101,11 @@ def configure_logging(settings: Settings, *, stream: TextIO | None = None) -> No
             colors=False, exception_formatter=structlog.dev.plain_traceback
         )
     )
-    final: list[Processor] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
-    if json_lines:
-        final.append(structlog.processors.format_exc_info)
+    final: list[Processor] = [
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+        structlog.processors.format_exc_info,  # the traceback as text, then masked
+        redact_url_credentials,
+    ]
     structlog.configure(
         processors=[structlog.stdlib.filter_by_level, *shared, _to_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),

@@ -36,6 +36,7 @@ from shared import keys, tenants
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
+from shared.settings_env import redact_urls
 from workers.engine.openmp_pool import release_thread_team
 from workers.service import admission, cancels, control, host, metrics, outcomes, webhook_events
 from workers.service.attempts import AttemptBooks
@@ -352,6 +353,7 @@ class CosyqWorker(StopSafeWorker):
             job.meta[meta_key] = error.as_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
+        exc_string = redact_urls(exc_string)  # a traceback may quote a URL with its password
         record = super().handle_job_failure
 
         def write() -> None:

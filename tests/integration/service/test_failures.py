@@ -92,6 +92,20 @@ def test_unexpected_error_is_internal_not_retried_and_keeps_its_traceback(
     assert named(cluster.events("w.log"), "job_failed")[0].get("exception")
 
 
+def test_an_internal_error_quoting_a_url_keeps_none_of_its_credentials(
+    cluster: Cluster, connection: redis.Redis
+) -> None:
+    """The reason, the traceback RQ keeps in Redis and the log line all mask the password."""
+    job = enqueue(connection, "fail: cannot reach http://minio:job-pass-4T@10.0.0.5:9000/b")
+    worker = cluster.start("run", "--burst", log_name="w.log")
+    assert worker.wait(timeout=60) == 0
+    job.refresh()
+    assert job.meta["cosyq_error"]["message"].endswith("http://minio:***@10.0.0.5:9000/b")
+    assert "Traceback" in exc_info(job) and "minio:***@" in exc_info(job)
+    assert "job-pass-4T" not in exc_info(job)
+    assert "job-pass-4T" not in (cluster.root / "w.log").read_text()
+
+
 def test_a_job_requeued_by_hand_drops_its_old_failure_and_counts_on(
     cluster: Cluster, connection: redis.Redis
 ) -> None:

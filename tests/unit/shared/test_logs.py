@@ -115,6 +115,24 @@ def test_exceptions_are_rendered_in_json() -> None:
     assert "RuntimeError: boom" in str(line["exception"])
 
 
+@pytest.mark.parametrize("stream", [io.StringIO(), TtyStream()], ids=["json", "console"])
+def test_no_url_credentials_in_a_line_or_its_traceback(stream: io.StringIO) -> None:
+    """A library's error may quote an endpoint with user:password@, in a value or a traceback."""
+    configure_logging(load_settings(env_file=None), stream=stream)
+    endpoint = "http://minio:log-pass-2W@10.0.0.5:9000/bucket"
+    get_logger("t").warning("storage_failed", error=f"could not reach {endpoint}")
+    logging.getLogger("botocore.t").warning("retrying %s", endpoint)
+    try:
+        try:
+            raise ConnectionError(f"Could not connect to the endpoint URL: {endpoint!r}")
+        except ConnectionError as e:
+            raise RuntimeError("put failed") from e
+    except RuntimeError:
+        get_logger("t").exception("job_failed")
+    assert "log-pass-2W" not in stream.getvalue(), stream.getvalue()
+    assert stream.getvalue().count("minio:***@10.0.0.5:9000") == 3
+
+
 def test_synthesis_finished_line() -> None:
     stream = io.StringIO()
     configure_logging(load_settings(env_file=None), stream=stream)
