@@ -33,7 +33,8 @@ _SECRET_QUERY = re.compile(
     r"[^&;#\s'\"]*"
 )
 _BRACKETED = re.compile(r"\[[^\]]*\]")  # an IPv6 address's colons are not a password's
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\",]*")
+# A URL in a text: up to a space or quote, or a comma that starts the next URL of a list
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:(?!,[A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"])*")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 

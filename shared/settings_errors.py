@@ -18,10 +18,11 @@ from typing import Any
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
-from shared.settings_env import ENV_PREFIX, redact_urls
+from shared.settings_env import ENV_PREFIX, redact_url, redact_urls
 
 SHOWN_INPUT_CHARS = 80  # a longer refused value is cut, so one line stays one line
-URL_FIELDS = frozenset({"redis_url"})  # not secret: shown with the password masked
+# One URL each: masked as a whole (a raw space or comma in a password ends no URL here)
+URL_FIELDS = frozenset({"redis_url", "storage_url", "s3_endpoint_url"})
 
 
 def is_secret(field: FieldInfo) -> bool:
@@ -44,7 +45,7 @@ class MaskedRepr(BaseModel):
             if field is not None and is_secret(field) and value is not None:
                 yield name, value if isinstance(value, SecretStr) else SecretStr("hidden")
             else:
-                yield name, redact_urls(value) if isinstance(value, str) else value
+                yield name, masked(name or "", value) if isinstance(value, str) else value
 
 
 def describe(error: ValidationError, fields: Mapping[str, FieldInfo]) -> str:
@@ -60,15 +61,20 @@ def _problem(item: Any, fields: Mapping[str, FieldInfo]) -> str:
     if field is None or field not in fields:  # a rule over several settings: no input shown
         where = ".".join(str(part) for part in loc) or "settings"
         return f"{where}: {message}"
-    shown = _shown_input(fields[field], item.get("input"))
+    shown = _shown_input(field, fields[field], item.get("input"))
     return f"{ENV_PREFIX}{field.upper()}: {message}{shown}"
 
 
-def _shown_input(field: FieldInfo, given: Any) -> str:
+def masked(name: str, text: str) -> str:
+    """A setting's text with its URLs' credentials masked: a URL field's value as one URL."""
+    return redact_url(text) if name in URL_FIELDS else redact_urls(text)
+
+
+def _shown_input(name: str, field: FieldInfo, given: Any) -> str:
     if is_secret(field):
         return ""  # not even its length
     if isinstance(given, str):
-        given = redact_urls(given)  # any URL's password and query credentials masked
+        given = masked(name, given)  # any URL's password and query credentials masked
     elif not isinstance(given, int | float | bool | None):
         return ""  # a structure may hold anything
     text = repr(given)
