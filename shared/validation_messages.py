@@ -1,7 +1,8 @@
 """The one phrasing of a validation error: pydantic's errors as "field: rule; field: rule".
 
 The producer, the worker and the HTTP front all answer bad input with these words, so a field's
-problem reads the same wherever it is caught; input text is never repeated in a message.
+problem reads the same wherever it is caught; input text is never repeated in a message, nor
+a URL's password.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Sequence
 from typing import Any
+
+from shared.settings_env import redact_urls
 
 SHOWN_ERRORS = 5  # a message names the first few problems, then how many more
 SHOWN_LOC_PARTS = 6
@@ -36,6 +39,8 @@ def describe_error(error: Any, never_echoed: frozenset[str] = NEVER_ECHOED) -> s
         return f"{field}: required"
     if field in never_echoed:
         return f"{field}: {error['msg'].lower()}"
-    got = reprlib.repr(error.get("input"))  # bounded in depth and length, unlike repr
+    given = error.get("input")
+    given = redact_urls(given) if isinstance(given, str) else given  # a URL's password: ***
+    got = reprlib.repr(given)  # bounded in depth and length, unlike repr
     shown = got if len(got) <= 40 else got[:37] + "..."
     return f"{field or 'request'}: {error['msg'].lower()} (got {shown})"

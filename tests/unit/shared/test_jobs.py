@@ -58,6 +58,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"seed": -1}, "seed: -1 is outside 0-4,294,967,295"),
     ({"seed": 2**32}, "seed: 4294967296 is outside 0-4,294,967,295"),
     ({"seed": "7"}, "seed: input should be a valid integer (got '7')"),
+    ({"seed": "http://u:pw-9@h/"}, "seed: input should be a valid integer (got 'http://u:***@h/')"),
     ({"seed": True}, "seed: must be a number, not true"),
     ({"speed": True}, "speed: must be a number, not true"),
     (
