@@ -1,5 +1,5 @@
 """No secret anywhere a deployment shows one: a front (`cosyq serve`, its webhook dispatcher in
-it, one setting from a .env file) and a worker run at DEBUG against a Redis that needs an ACL
+it, one setting from a .env file) and a worker pool run at DEBUG against a Redis that needs an ACL
 password, with API, operator, S3 and signing keys set; every log line, every HTTP answer, every
 webhook, every command's output, the processes' titles and every value in Redis are searched
 for each secret (README: Configuration)."""
@@ -17,6 +17,7 @@ import httpx
 import pytest
 import redis
 
+from tests.conftest import free_port
 from tests.doubles.harness import Cluster, wait_for
 from tests.doubles.redis_servers import ACL_USERS, SecuredRedis, secured_redis
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
@@ -62,9 +63,11 @@ def test_no_secret_in_logs_answers_webhooks_commands_or_redis(
         front = start_front(tmp_path / "front", url, **extra, COSYQ_WEBHOOK_DISPATCH_IN_SERVE="1")
         cluster = Cluster(redis_url=url, root=tmp_path, overrides=extra)
         cluster.overrides["COSYQ_OPERATOR_KEYS"] = OPERATOR_KEY
-        cluster.start("run", log_name="worker.log")
+        port = free_port()
+        cluster.start("pool", "-n", "1", log_name="worker.log", COSYQ_METRICS_PORT=str(port))
         try:
             shown, session = exercise_front(front, receiver)
+            shown += _shown(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10))
             shown += run_commands(front, extra)
             shown += process_titles(front, cluster)
         finally:
