@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -170,7 +171,8 @@ class _Packer:
             self.parts = candidate
             return
         self.close()
-        self.boundary, self.pause_before_s = boundary, sum(seconds)
+        if self.segments:  # else what closed had nothing to speak: this opens the document
+            self.boundary, self.pause_before_s = boundary, sum(seconds)
         self.parts = [sentence]
 
     def trail(self, pending: list[float]) -> None:
@@ -178,7 +180,10 @@ class _Packer:
         self.parts.extend(Pause(s) for s in pending)
 
     def close(self) -> None:
-        if not any(isinstance(p, str) for p in self.parts):
+        """End the segment; one with no letter or digit (a lone `...`, a rule, a line of
+        emoji) is dropped: the engine would find nothing to speak and fail its job for good."""
+        if not any(isinstance(p, str) and has_words(p) for p in self.parts):
+            self.parts = []
             return
         text, plain = _render(self.parts, ssml=self.ssml), _plain(self.parts)
         index = len(self.segments)
@@ -189,6 +194,11 @@ class _Packer:
 
     def _fits(self, parts: list[str | Pause]) -> bool:
         return fits(parts, self.limits, ssml=self.ssml)
+
+
+def has_words(text: str) -> bool:
+    """True when `text` holds a letter or digit (what the engine's normalisation speaks)."""
+    return any(unicodedata.category(c)[0] in ("L", "N") for c in text)
 
 
 def fits(parts: list[str | Pause], limits: SplitLimits, *, ssml: bool) -> bool:

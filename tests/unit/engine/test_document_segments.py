@@ -113,3 +113,35 @@ def test_the_estimate_counts_digits_as_the_words_they_become() -> None:
     assert minimum_text_tokens("1,234,567") == 3
     assert estimated_text_tokens("1,234,567") >= 12  # "one million two hundred thirty four ..."
     assert estimated_text_tokens("word " * 10) >= minimum_text_tokens("word " * 10)
+
+
+FULL = ("The quick brown fox jumps over the lazy dog and keeps running far away. " * 14)[:985]
+FULL = FULL.rsplit(" ", 1)[0] + "."  # one paragraph that all but fills a segment
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        FULL + "\n\n...",  # a closing ellipsis left alone in the last segment
+        FULL + "\n\n🎉🎉🎉",  # a line of emoji
+        FULL + ' "…"',  # a quoted ellipsis after the last sentence
+        FULL + "\n\n---\n\n" + "word " * 199 + "end.",  # a rule before a sentence that fills one
+        "🎉\n\n" + "word " * 199 + "end.",  # an emoji line first
+    ],
+    ids=["ellipsis-last", "emoji-last", "quote-last", "rule-middle", "emoji-first"],
+)
+def test_a_stretch_with_nothing_to_speak_never_becomes_a_segment_of_its_own(
+    engine: Any, text: str
+) -> None:
+    """The worker refuses for good a job with nothing to speak after normalisation: a segment
+    of only punctuation or emoji would fail its document on every retry."""
+    plan = validate_document({"text": text}, LIMITS)
+    for job in plan.jobs:
+        worker_accepts(engine, job.model_dump(mode="json"))
+    assert "fox" in plan.segments[0].plain or "word" in plan.segments[0].plain
+
+
+@pytest.mark.parametrize("text", ["...", "🎉🎉", "---\n\n…"])
+def test_a_document_with_nothing_to_speak_is_refused_at_submit(text: str) -> None:
+    with pytest.raises(InvalidRequestError, match="nothing to speak"):
+        validate_document({"text": text}, LIMITS)
