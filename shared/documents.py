@@ -98,6 +98,7 @@ class DocumentRequest(SynthesisRequest):
     def _check_text(cls, value: str, info: ValidationInfo) -> str:
         context = info.context or {}
         limit = context.get("max_document_chars", 1_000_000)
+        value = value.replace("\r\n", "\n").replace("\r", "\n")  # a Windows text file's lines
         return _check_text_like(value, limit, required=True)
 
     @field_validator("stream")

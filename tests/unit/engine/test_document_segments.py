@@ -145,3 +145,15 @@ def test_a_stretch_with_nothing_to_speak_never_becomes_a_segment_of_its_own(
 def test_a_document_with_nothing_to_speak_is_refused_at_submit(text: str) -> None:
     with pytest.raises(InvalidRequestError, match="nothing to speak"):
         validate_document({"text": text}, LIMITS)
+
+
+def test_a_document_with_windows_line_endings_reads_as_its_unix_twin(engine: Any) -> None:
+    """CRLF (a text file saved on Windows) and lone CR are line ends, not control characters."""
+    unix = "# Title\n\nFirst paragraph, one line.\nSecond line.\n\nLast paragraph.\n"
+    expected = validate_document({"text": unix, "markup": "markdown"}, LIMITS).segments
+    for ending in ("\r\n", "\r"):
+        text = unix.replace("\n", ending)
+        plan = validate_document({"text": text, "markup": "markdown"}, LIMITS)
+        assert plan.segments == expected
+        for job in plan.jobs:
+            worker_accepts(engine, job.model_dump(mode="json"))
