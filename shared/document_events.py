@@ -114,7 +114,8 @@ def document_job_ended(
     connection: Any, job: Job, event: EventName, allowed: tuple[str, ...], allow_private: bool
 ) -> bool:
     """True when `job` is a document's segment or assembly: its end is the document's to tell
-    (failed or canceled: the document's event, once; finished: nothing, the assembler tells).
+    (failed or canceled: the document's event, once, if the job is still the one its segment
+    or the assembly counts on; finished: nothing, the assembler tells).
     `connection` may be a MULTI pipeline (the reaper's): the plan is read through the job's
     own connection."""
     meta = job.meta.get(DOCUMENT_META_KEY) if isinstance(job.meta, dict) else None
@@ -125,7 +126,7 @@ def document_job_ended(
     else:
         return False
     outcome = OUTCOMES.get(event)
-    if outcome is not None:
+    if outcome is not None and _is_current(job, document_id, segment):
         document_ended(
             connection,
             document_id,
@@ -135,6 +136,21 @@ def document_job_ended(
             reads=job.connection,
         )
     return True
+
+
+def _is_current(job: Job, document_id: str, segment: Any) -> bool:
+    """Whether `job` is still the one its segment (or the assembly) counts on. A job a retry
+    replaced (two retries at once, or one that found it failed) ends as nobody's news: told,
+    its event would be false and its guard would silence the end of the job that counts."""
+    if isinstance(segment, int):
+        current = job.connection.hget(document_key(document_id, "jobs"), str(segment))
+    else:
+        current = job.connection.get(document_key(document_id, "assembly"))
+    current = current.decode() if isinstance(current, bytes) else current
+    if current == job.id:
+        return True
+    log.info("document_job_superseded", document_id=document_id, job_id=job.id, current=current)
+    return False
 
 
 def document_ended(

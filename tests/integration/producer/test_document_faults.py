@@ -258,3 +258,38 @@ def test_a_canceled_document_is_told_once(cluster: Cluster, settings: Settings) 
     assert len(outcomes) > 1 and {o.verdict for o in outcomes.values()} == {"canceled"}
     assert {o.verdict for o in again.values()} == {"already_canceled"}
     assert [(e["event"], e["job_id"]) for e in events] == [("document.canceled", document_id)]
+
+
+def test_a_superseded_segment_job_ending_tells_nothing(
+    cluster: Cluster, settings: Settings
+) -> None:
+    """A segment's job that a retry replaced (two retries at once: the first one's job is
+    superseded by the second's) ends failed: that is not the document's end. Told, it would
+    send a false `document.failed` and its guard would silence the `document.finished` of the
+    job that does count. The current job's failure is still told."""
+    from workers.service.webhook_events import WebhookPolicy, job_ended  # noqa: PLC0415
+
+    url = "http://127.0.0.1:9/hooks/"
+    allowed = settings.model_copy(update={"webhook_allowed_urls": url})
+    policy = WebhookPolicy.from_settings(allowed)
+
+    def fail(connection: redis.Redis, job_id: str) -> Job:
+        job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+        job.meta[ERROR_META_KEY] = {"kind": "invalid_request", "message": "refused"}
+        job.save_meta()
+        job.set_status(JobStatus.FAILED)
+        return job
+
+    with CosyqClient(allowed) as client:
+        connection = client.connection
+        document_id = client.submit_document({"text": PARAGRAPH, "webhook": {"url": url}})
+        old = fail(connection, job_ids(connection, document_id)[0])
+        assert client.retry_document(document_id) == [0]  # segment 0 now has a new job
+        job_ended(connection, old, "job.failed", policy)  # the superseded job's end
+        superseded = outbox(connection)
+        current = fail(connection, job_ids(connection, document_id)[0])
+        job_ended(connection, current, "job.failed", policy)
+        told = outbox(connection)
+    assert superseded == []
+    assert [(e["event"], e["job_id"]) for e in told] == [("document.failed", document_id)]
+    assert '"job_id": "%s"' % current.id in told[0]["body"]
