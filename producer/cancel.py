@@ -5,7 +5,9 @@ the instant between our read and RQ's `Job.cancel()` is still stopped: the worke
 flag before it starts a job and at every piece or LLM step (workers/service/cancels.py). A
 job still waiting (queued, scheduled for a retry, deferred) is then canceled with RQ's own
 `Job.cancel()`: out of its queue and registries, status `canceled`, in the canceled registry.
-A job that already ended is left exactly as it is.
+A job that already ended is left exactly as it is. No worker ever sees a job canceled while
+waiting, so its `job.canceled` webhook event (when it asked for one) is appended here, before
+`Job.cancel()`, under the id a worker would give it (shared/job_events.py): told once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rq.exceptions import InvalidJobOperation
 
 from producer.tracking import JobTracker
 from shared import keys
+from shared.job_events import WebhookPolicy, job_ended
 
 CancelVerdict = Literal["canceled", "stopping", "already_canceled", "already_ended"]
 WAITING_STATES = frozenset({"queued", "scheduled", "deferred"})
@@ -47,9 +50,15 @@ class CancelOutcome:
 
 
 def cancel_job(
-    connection: redis.Redis, tracker: JobTracker, job_id: str, *, flag_ttl_s: int
+    connection: redis.Redis,
+    tracker: JobTracker,
+    job_id: str,
+    *,
+    flag_ttl_s: int,
+    webhooks: WebhookPolicy | None = None,
 ) -> CancelOutcome:
-    """Cancel one job (see the module docstring); JobNotFoundError for an unknown id."""
+    """Cancel one job (see the module docstring); JobNotFoundError for an unknown id.
+    `webhooks`: tell a waiting job's cancel to its webhook (None: the caller tells)."""
     job = tracker.fetch(job_id)
     raw = job.get_status(refresh=False)
     state = raw.value if raw is not None else "unknown"
@@ -60,6 +69,8 @@ def cancel_job(
     connection.set(keys.cancel_key(job_id), "1", ex=flag_ttl_s)
     if state not in WAITING_STATES:  # started (or a state RQ adds later): the worker stops it
         return CancelOutcome(job_id, "stopping", state)
+    if webhooks is not None:
+        job_ended(connection, job, "job.canceled", webhooks)
     try:
         job.cancel()
     except InvalidJobOperation:  # canceled by someone else meanwhile

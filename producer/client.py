@@ -48,6 +48,7 @@ from shared.errors import (
     TenantQuotaError,
     UnknownTenantError,
 )
+from shared.job_events import WebhookPolicy
 from shared.job_index import index_jobs
 from shared.jobs import (
     RequestLimits,
@@ -379,13 +380,14 @@ class CosyqClient:
         Raises JobNotFoundError for an unknown or expired id."""
         return self.tracker.status(job_id)
 
-    def cancel(self, job_id: str) -> CancelOutcome:
-        """Cancel a job: a waiting one never runs, a running one stops at its next piece or
-        LLM step (nothing stored), one that already ended is left as it is (the outcome says
-        which). Raises JobNotFoundError for an unknown or expired id."""
-        return cancel_job(
-            self.connection, self.tracker, job_id, flag_ttl_s=self.settings.result_ttl_s
-        )
+    def cancel(self, job_id: str, *, tell: bool = True) -> CancelOutcome:
+        """Cancel a job: a waiting one never runs (its `job.canceled` webhook event told here,
+        unless `tell` is False: a document tells one for all its segments), a running one stops
+        at its next piece or LLM step (nothing stored), one that already ended is left as it is
+        (the outcome says which). Raises JobNotFoundError for an unknown or expired id."""
+        hooks = WebhookPolicy.from_settings(self.settings) if tell else None
+        ttl = self.settings.result_ttl_s
+        return cancel_job(self.connection, self.tracker, job_id, flag_ttl_s=ttl, webhooks=hooks)
 
     def result(self, job_id: str, timeout: float | None = None) -> SynthesisResult:
         """Wait up to `timeout` seconds (default settings.wait_timeout_s; 0: do not wait) for

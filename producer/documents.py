@@ -87,7 +87,7 @@ class CosyqClient(Protocol):
 
     def queue_for(self, priority: str) -> str: ...
 
-    def cancel(self, job_id: str) -> CancelOutcome: ...
+    def cancel(self, job_id: str, *, tell: bool = True) -> CancelOutcome: ...
 
 
 QUEUED_STATES = frozenset({"queued", "deferred", "scheduled"})
@@ -401,7 +401,7 @@ def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOu
     load_plan(connection, document_id)  # DocumentNotFoundError for an unknown id
     done = done_segments(connection, document_id)
     outcomes = {
-        index: client.cancel(job_id)
+        index: client.cancel(job_id, tell=False)  # the document's one event is told below
         for index, job_id in sorted(job_ids(connection, document_id).items())
         if index not in done
     }

@@ -195,3 +195,28 @@ def test_a_failed_job_requeued_by_hand_is_told_again_under_a_new_id(
     assert all_done(connection, [job], ("failed",))()
     ids = [e["webhook_id"] for e in outbox(connection)]
     assert ids == [f"msg_{job.id}_failed", f"msg_{job.id}_failed_r2"]
+
+
+def test_a_waiting_job_canceled_by_the_producer_is_told(
+    cluster: Cluster, connection: redis.Redis, receiver: Receiver, redis_url: str
+) -> None:
+    """A queued job canceled by `client.cancel` never reaches a worker (RQ's Job.cancel takes
+    it out of its queue): the producer tells its `job.canceled`, once however often it asks."""
+    from producer import CosyqClient  # noqa: PLC0415
+
+    job = enqueue(connection, "never runs", webhook={"url": receiver.url})
+    settings = load_settings(
+        env_file=None,
+        redis_url=redis_url,
+        webhook_allowed_urls=receiver.url,
+        webhook_allow_private=True,
+    )
+    with CosyqClient(settings) as client:
+        assert client.cancel(job.id).verdict == "canceled"
+        assert client.cancel(job.id).verdict == "already_canceled"
+    assert [(e["job_id"], e["event"]) for e in outbox(connection)] == [(job.id, "job.canceled")]
+    deliver_all(connection, redis_url, receiver, 1)
+    (call,) = receiver.calls
+    assert call.headers["webhook-id"] == f"msg_{job.id}_canceled"
+    body = Webhook(SECRET).verify(call.body, call.headers)
+    assert (body["job_id"], body["state"]) == (job.id, "canceled")
