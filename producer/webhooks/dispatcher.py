@@ -48,6 +48,20 @@ class EventUnsendable(Exception):
     """An event that must never be sent (its job is gone, or is not the event tenant's)."""
 
 
+class EventSuperseded(Exception):
+    """A job event whose job ended otherwise: its worker appended it and died before RQ
+    recorded that end, and the job then ended another way (the reaper failed it, a cancel won),
+    whose own event tells the one outcome. Dropped, never sent: not an outcome at all."""
+
+
+# The job states each job event may tell (its body is the job's status at send time).
+EVENT_STATES = {
+    "job.finished": frozenset({"finished"}),
+    "job.failed": frozenset({"failed", "stopped"}),
+    "job.canceled": frozenset({"canceled"}),
+}
+
+
 def consumer_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
@@ -140,6 +154,9 @@ class WebhookDispatcher:
             return
         except EventUnsendable as e:
             return self._dead(entry_id, _placeholder(fields), str(e))
+        except EventSuperseded as e:
+            log.warning("webhook_superseded", webhook_id=fields.get("webhook_id"), reason=str(e))
+            return self.store.delivered(entry_id)  # off the books: the job's own end tells
         if not delivery.body:  # the job has not ended yet: look again after a pause
             return self._later(entry_id, delivery, Answer(False, "job not done yet"))
         answer = self.sender.send(delivery)
@@ -193,7 +210,8 @@ class WebhookDispatcher:
 
 
 def job_body(tracker: JobTracker, event: WebhookEvent) -> str | None:
-    """The JSON of `GET /v1/jobs/{id}` once the job is done; None while it is not.
+    """The JSON of `GET /v1/jobs/{id}` once the job is done; None while it is not;
+    EventSuperseded when it ended otherwise than the event says.
 
     EventUnsendable when the job is gone or does not belong to the event's tenant (a job
     without a tenant belongs to nobody): its status never leaves for that URL."""
@@ -207,6 +225,8 @@ def job_body(tracker: JobTracker, event: WebhookEvent) -> str | None:
         )
     if status.state not in TERMINAL_STATES:
         return None
+    if status.state not in EVENT_STATES.get(event.event, {status.state}):
+        raise EventSuperseded(f"{event.event} for a job that ended {status.state}")
     return json.dumps(status_record(status), ensure_ascii=False, sort_keys=True)
 
 

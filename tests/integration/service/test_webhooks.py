@@ -220,3 +220,26 @@ def test_a_waiting_job_canceled_by_the_producer_is_told(
     assert call.headers["webhook-id"] == f"msg_{job.id}_canceled"
     body = Webhook(SECRET).verify(call.body, call.headers)
     assert (body["job_id"], body["state"]) == (job.id, "canceled")
+
+
+def test_a_job_told_finished_that_the_reaper_fails_sends_only_its_failure(
+    cluster: Cluster, connection: redis.Redis, receiver: Receiver, redis_url: str
+) -> None:
+    """The worker appended `job.finished` and died before RQ recorded it; with no retry left
+    the reaper fails the job (`worker_died`) and appends `job.failed`. The job has one outcome:
+    its receiver hears `failed` once, never a `finished` whose body says failed."""
+    cluster.overrides["COSYQ_MAX_RETRIES"] = "0"
+    job = enqueue(connection, "fine", webhook={"url": receiver.url})
+    command = [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--burst"]
+    command += ["-w", "tests.doubles.racy_workers.KillAfterWebhookEvent"]
+    command += ["-S", "rq.serializers.JSONSerializer", "cosyq-default"]
+    assert cluster.spawn(command, "killed.log").wait(timeout=90) == -signal.SIGKILL
+    cluster.start("run", log_name="b.log")  # its reaper fails the job: no retries left
+    wait_for(lambda: job.get_status() == "failed", 60, "the reaper to fail the job")
+    assert [e["event"] for e in outbox(connection)] == ["job.finished", "job.failed"]
+    deliver_all(connection, redis_url, receiver, 1)
+    (call,) = receiver.calls
+    assert call.headers["webhook-id"] == f"msg_{job.id}_failed"
+    body = Webhook(SECRET).verify(call.body, call.headers)
+    assert (body["state"], body["error"]["kind"]) == ("failed", "worker_died")
+    assert WebhookStore(connection).dead_letters() == {}
