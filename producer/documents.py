@@ -361,36 +361,49 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     """Re-enqueue the failed or lost segments (new job ids); the indices re-enqueued. The
     assembly marker goes with them, so the last of them enqueues the assembly afresh (a failed
     assembly's marker would otherwise stop it, and its error stay): one retry suffices. When
-    every segment is done but no assembly is alive, enqueue the assembly again."""
+    every segment is done but no assembly is alive, enqueue the assembly again. Of two retries
+    at once one redoes the segments; the other finds its read outdated and redoes nothing."""
     connection = client.connection
     plan = load_plan(connection, document_id)
     client = client.for_tenant(plan.tenant or DEFAULT_TENANT)  # its queues, whoever retries
-    status = document_status(client, document_id)
-    redo = [f.index for f in status.failures if f.index >= 0]
-    limits = RequestLimits.from_settings(client.settings)
-    planned = []
-    for index in redo:
-        segment = plan.segments[index]
-        request = validate_request(  # with the deployment's limits (its webhook allow-list)
-            {**plan.job, "text": segment.text, "seed": segment.seed, "output_key": segment.key},
-            limits,
-        )
-        meta = {DOCUMENT_META_KEY: {"id": document_id, "index": index}}
-        planned.append(
-            PlannedJob(index, uuid.uuid4().hex, client.queue_for(plan.priority), request, meta)
-        )
-    if planned:
-        jobs = document_key(document_id, "jobs")
-        with connection.pipeline() as pipe:  # the last redone segment enqueues a new assembly
+    jobs = document_key(document_id, "jobs")
+    with connection.pipeline() as pipe:
+        pipe.watch(jobs)  # another retry's new job ids, written after this read: WatchError
+        status = document_status(client, document_id)
+        planned = _redo(client, plan, [f.index for f in status.failures if f.index >= 0])
+        if planned:
+            pipe.multi()  # the last redone segment enqueues a new assembly
             pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
             pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
             pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
-            pipe.execute()
+            try:
+                pipe.execute()
+            except redis.WatchError:
+                return []  # a retry at the same moment redid them
+    if planned:
         client.submit_planned(planned)
     elif status.done == status.segments and status.result is None:
         connection.delete(event_guard_key(document_id))
         ensure_assembly(client, plan)
-    return redo
+    return [job.index for job in planned]
+
+
+def _redo(client: CosyqClient, plan: DocumentPlanRecord, redo: list[int]) -> list[PlannedJob]:
+    """A new job (new id) for each of these segments, checked with the deployment's limits
+    (its webhook allow-list)."""
+    limits = RequestLimits.from_settings(client.settings)
+    planned = []
+    for index in redo:
+        segment = plan.segments[index]
+        request = validate_request(
+            {**plan.job, "text": segment.text, "seed": segment.seed, "output_key": segment.key},
+            limits,
+        )
+        meta = {DOCUMENT_META_KEY: {"id": plan.document_id, "index": index}}
+        planned.append(
+            PlannedJob(index, uuid.uuid4().hex, client.queue_for(plan.priority), request, meta)
+        )
+    return planned
 
 
 def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOutcome]:

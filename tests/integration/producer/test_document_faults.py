@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import redis
+from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from standardwebhooks.webhooks import Webhook
@@ -58,6 +59,15 @@ def deliver(connection: redis.Redis, settings: Settings, receiver: Receiver, cou
     finally:
         stop.set()
         thread.join(timeout=30)
+
+
+def fail(connection: redis.Redis, job_id: str) -> Job:
+    """A segment's job failed for good, as a worker records it (no worker runs here)."""
+    job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    job.meta[ERROR_META_KEY] = {"kind": "invalid_request", "message": "refused"}
+    job.save_meta()
+    job.set_status(JobStatus.FAILED)
+    return job
 
 
 def path_of(uri: str) -> Path:
@@ -273,13 +283,6 @@ def test_a_superseded_segment_job_ending_tells_nothing(
     allowed = settings.model_copy(update={"webhook_allowed_urls": url})
     policy = WebhookPolicy.from_settings(allowed)
 
-    def fail(connection: redis.Redis, job_id: str) -> Job:
-        job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
-        job.meta[ERROR_META_KEY] = {"kind": "invalid_request", "message": "refused"}
-        job.save_meta()
-        job.set_status(JobStatus.FAILED)
-        return job
-
     with CosyqClient(allowed) as client:
         connection = client.connection
         document_id = client.submit_document({"text": PARAGRAPH, "webhook": {"url": url}})
@@ -293,3 +296,37 @@ def test_a_superseded_segment_job_ending_tells_nothing(
     assert superseded == []
     assert [(e["event"], e["job_id"]) for e in told] == [("document.failed", document_id)]
     assert '"job_id": "%s"' % current.id in told[0]["body"]
+
+
+def test_two_retries_at_once_redo_a_failed_segment_once(
+    cluster: Cluster, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second retry runs between the first one's read of the status and its write: one
+    of the two redoes the segment, with one new job; the other redoes nothing."""
+    from producer import documents  # noqa: PLC0415
+
+    read_status, inner = documents.document_status, []
+
+    def raced(client: CosyqClient, document_id: str) -> documents.DocumentStatus:
+        status = read_status(client, document_id)
+        if not inner:
+            inner.append(None)
+            inner.append(documents.retry_document(client, document_id))
+        return status
+
+    with CosyqClient(settings) as client:
+        connection = client.connection
+        document_id = client.submit_document({"text": PARAGRAPH})
+        failed = fail(connection, job_ids(connection, document_id)[0]).id
+        monkeypatch.setattr(documents, "document_status", raced)
+        outer = client.retry_document(document_id)
+        current = job_ids(connection, document_id)[0]
+        queued = client.queue_for("default")
+        waiting = Queue(queued, connection=connection, serializer=JSONSerializer).get_jobs()
+    assert sorted([*inner[1], *outer]) == [0]
+    redone = [
+        job.id
+        for job in waiting
+        if job.meta.get("cosyq_document", {}).get("index") == 0 and job.id != failed
+    ]
+    assert redone == [current]  # one new job for segment 0, the one its document counts on
