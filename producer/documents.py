@@ -376,6 +376,8 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
             pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
             pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
             pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
+            for part in ("", "jobs", "done"):  # the retried document lives a TTL from now
+                pipe.expire(document_key(document_id, part), client.settings.result_ttl_s)
             try:
                 pipe.execute()
             except redis.WatchError:

@@ -1,4 +1,5 @@
-"""A document's state in Redis: JSON only, each key with the results' TTL.
+"""A document's state in Redis: JSON only, each key with the results' TTL (from its last
+recorded segment or retry, so a document still running is never forgotten).
 
     cosyq:document:<id>            the plan (DocumentPlanRecord): options, seed, every segment
     cosyq:document:<id>:jobs       hash: segment index -> its current job id (retry replaces)
@@ -165,14 +166,18 @@ class DocumentResult(BaseModel):
     suspect_segments: list[int] = Field(default_factory=list)  # their indices
 
 
-# KEYS: jobs, done, assembly, pending; ARGV: index, job id, SegmentDone JSON, ttl, assembly job
-# id, document id. Returns -1 (not this document's current job for the index), 0 (recorded), 1
-# (recorded and the last one: the caller enqueues the assembly job with the given id, then
-# calls `assembly_enqueued`; until then the document is noted pending for the sweep).
+# KEYS: jobs, done, assembly, pending, plan; ARGV: index, job id, SegmentDone JSON, ttl,
+# assembly job id, document id. Returns -1 (not this document's current job for the index), 0
+# (recorded), 1 (recorded and the last one: the caller enqueues the assembly job with the given
+# id, then calls `assembly_enqueued`; until then the document is noted pending for the sweep).
+# The plan, jobs and done keys live `ttl` from the last segment recorded: a document that runs
+# longer than the TTL in all is never forgotten mid-way.
 _RECORD_SEGMENT = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return -1 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[4]))
+for _, key in ipairs({KEYS[1], KEYS[2], KEYS[5]}) do
+  redis.call('EXPIRE', key, tonumber(ARGV[4]))
+end
 if redis.call('HLEN', KEYS[2]) < redis.call('HLEN', KEYS[1]) then return 0 end
 if redis.call('SET', KEYS[3], ARGV[5], 'NX', 'EX', tonumber(ARGV[4])) then
   redis.call('ZADD', KEYS[4], redis.call('TIME')[1], ARGV[6])
@@ -230,9 +235,10 @@ def record_segment(
 ) -> int:
     """Record a finished segment; 1 when the caller must enqueue the assembly job."""
     keys = [document_key(document_id, part) for part in ("jobs", "done", "assembly")]
+    keys += [ASSEMBLY_PENDING, document_key(document_id)]
     args = [index, done.job_id, done.model_dump_json(), ttl_s, assembly_job_id, document_id]
     eval_ = connection.eval
-    return int(eval_(_RECORD_SEGMENT, 4, *keys, ASSEMBLY_PENDING, *args))  # type: ignore[arg-type]
+    return int(eval_(_RECORD_SEGMENT, 5, *keys, *args))  # type: ignore[arg-type]
 
 
 def assembly_enqueued(connection: redis.Redis, document_id: str) -> None:
