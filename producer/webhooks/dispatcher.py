@@ -88,8 +88,10 @@ class WebhookDispatcher:
         # longest one read of the outbox waits: how soon a stop or a due retry is noticed
         self.read_block_ms = max(1, round(settings.webhook_poll_s * 1000))
         self.in_flight: dict[Future[None], tuple[str, str]] = {}  # -> (entry id, receiver)
+        self.stop = threading.Event()  # run's own, once it runs
 
     def run(self, stop: threading.Event) -> None:
+        self.stop = stop
         slots = self.settings.webhook_concurrency
         pause = 0.5
         with ThreadPoolExecutor(slots, "cosyq-webhook") as pool:
@@ -161,7 +163,7 @@ class WebhookDispatcher:
             return self._later(entry_id, delivery, Answer(False, "job not done yet"))
         answer = self.sender.send(delivery)
         if answer.delivered:
-            self.store.delivered(entry_id)
+            self._book_delivered(entry_id)
             log.info(
                 "webhook_delivered", webhook_id=delivery.event.webhook_id, tries=delivery.tries + 1
             )
@@ -169,6 +171,21 @@ class WebhookDispatcher:
             self._dead(entry_id, delivery.failed(answer.error), answer.error)
         else:
             self._later(entry_id, delivery, answer)
+
+    def _book_delivered(self, entry_id: str) -> None:
+        """Book a delivery the receiver took, waiting out a Redis outage (until the dispatcher
+        stops): left pending, the entry would be claimed again and sent to a receiver that
+        already acknowledged it."""
+        pause = 0.5
+        while True:
+            try:
+                return self.store.delivered(entry_id)
+            except redis.ConnectionError as e:
+                if self.stop.is_set():
+                    raise
+                log.warning("webhook_booking_waits", entry_id=entry_id, error=str(e))
+                self.stop.wait(pause)
+                pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
 
     def _delivery(self, fields: dict[str, str]) -> Delivery:
         """The entry as a Delivery, its body built on the first try (EventUnsendable: never,

@@ -10,7 +10,7 @@ import select
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +32,7 @@ class Receiver:
     answers: list[int] = field(default_factory=list)  # next statuses to send, then 200
     delay_s: float = 0.0
     trickle_s: float = 0.0  # > 0: answer one byte per this many seconds, never finishing
+    on_post: Callable[[], None] | None = None  # run once a POST is read, before it is recorded
     holding: dict[str, int] = field(default_factory=dict)  # webhook-id -> POSTs held now
     most_held: int = 0  # the most POSTs held at once
     most_held_one_id: int = 0  # the most POSTs of one webhook-id held at once
@@ -78,6 +79,8 @@ def webhook_receiver(tls: tuple[Path, Path] | None = None) -> Iterator[Receiver]
             body = self.rfile.read(length).decode("utf-8")
             stopped = threading.Event()
             stopped.wait(receiver.delay_s)
+            if receiver.on_post is not None:
+                receiver.on_post()
             with receiver.lock:
                 receiver.calls.append(Received(self.path, dict(self.headers), body))
             if receiver.trickle_s > 0:

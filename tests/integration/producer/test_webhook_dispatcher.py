@@ -424,3 +424,27 @@ def test_tls_checks_the_host_name_though_the_socket_goes_to_the_checked_address(
         assert "CERTIFICATE_VERIFY_FAILED" in answer.error
     sender.close()
     assert [call.headers["Host"] for call in secure.calls] == [f"localhost:{port}"]
+
+
+def test_an_answered_event_is_booked_once_redis_is_back_never_sent_again(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Redis goes away while the receiver holds the POST, and the receiver answers 2xx: the
+    dispatcher waits Redis out to book the delivery. Left pending, the entry would be claimed
+    again after COSYQ_WEBHOOK_CLAIM_IDLE_S and sent to a receiver that already took it."""
+    from workers.tools.local_redis import LocalRedis  # noqa: PLC0415
+
+    with LocalRedis(tmp_path / "redis", persistent=True) as server, webhook_receiver() as receiver:
+        connection = redis.Redis.from_url(server.url)
+        store = WebhookStore(connection)
+        append(connection, event(receiver))
+        receiver.on_post = server.stop  # Redis is down when the 200 comes back
+        with dispatching(
+            connection, settings.model_copy(update={"redis_url": server.url}), {"job-1": {}}
+        ):
+            wait_for(lambda: receiver.calls, 30, "the delivery")
+            receiver.on_post = None
+            server.start()
+            wait_for(lambda: store.counts() == (0, 0), 30, "the delivery booked")
+        connection.close()
+    assert len(receiver.calls) == 1
