@@ -31,6 +31,7 @@ from shared.document_state import (
     DocumentNotFoundError,
     DocumentPlanRecord,
     DocumentResult,
+    SegmentDone,
     document_key,
     event_guard_key,
     load_plan,
@@ -139,11 +140,15 @@ def document_job_ended(
 
 
 def _is_current(job: Job, document_id: str, segment: Any) -> bool:
-    """Whether `job` is still the one its segment (or the assembly) counts on. A job a retry
-    replaced (two retries at once, or one that found it failed) ends as nobody's news: told,
-    its event would be false and its guard would silence the end of the job that counts."""
+    """Whether `job` is still the one its segment (or the assembly) counts on, its segment not
+    done. A job a retry replaced (two retries at once), or one whose audio was recorded before
+    its worker died and the reaper failed it, ends as nobody's news: told, its event would be
+    false and its guard would silence the document's real end."""
     if isinstance(segment, int):
         current = job.connection.hget(document_key(document_id, "jobs"), str(segment))
+        done = job.connection.hget(document_key(document_id, "done"), str(segment))
+        if done is not None and SegmentDone.model_validate_json(done).job_id == job.id:
+            current = None  # done: the document goes on to its assembly
     else:
         current = job.connection.get(document_key(document_id, "assembly"))
     current = current.decode() if isinstance(current, bytes) else current

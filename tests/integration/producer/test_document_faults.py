@@ -352,3 +352,31 @@ def test_a_document_running_longer_than_the_result_ttl_still_finishes(
         assert len(job_ids(client.connection, document_id)) == 4  # each 2 s: 8 s in all
         result = client.document_result(document_id, timeout=60)
     assert result.segments == 4
+
+
+def test_a_segment_recorded_done_whose_job_then_fails_tells_nothing(
+    cluster: Cluster, settings: Settings
+) -> None:
+    """The worker recorded the segment's audio and died before RQ recorded the job finished;
+    the reaper, no retry left, fails the job. The segment is done and the document goes on to
+    be assembled: a `document.failed` now would be false, and its guard would silence the
+    `document.finished` to come."""
+    from workers.documents import job as document_job  # noqa: PLC0415 (cosyq[worker])
+    from workers.service.webhook_events import WebhookPolicy, job_ended  # noqa: PLC0415
+
+    url = "http://127.0.0.1:9/hooks/"
+    allowed = settings.model_copy(update={"webhook_allowed_urls": url})
+    with CosyqClient(allowed) as client:
+        connection = client.connection
+        document_id = client.submit_document({"text": PARAGRAPH, "webhook": {"url": url}})
+        job_id = job_ids(connection, document_id)[0]
+        result = SynthesisResult.model_construct(
+            job_id=job_id, uri="file:///kept/0.wav", duration_s=0.5, attempt=1
+        )
+        document_job.record_finished_segment(connection, allowed, (document_id, 0), result)
+        job_ended(
+            connection, fail(connection, job_id), "job.failed", WebhookPolicy.from_settings(allowed)
+        )
+        assert 0 in done_segments(connection, document_id)
+        told = outbox(connection)
+    assert told == []
