@@ -40,6 +40,7 @@ from shared.webhooks import WebhookEvent
 log = get_logger(__name__)
 
 OUTAGE_PAUSE_MAX_S = 10.0
+BOOKING_PAUSE_S = 0.2  # between tries to book an answered delivery while Redis is away
 
 BodyOf = Callable[[WebhookEvent], str | None]  # the JSON body, None while it is not done
 
@@ -175,8 +176,8 @@ class WebhookDispatcher:
     def _book_delivered(self, entry_id: str) -> None:
         """Book a delivery the receiver took, waiting out a Redis outage (until the dispatcher
         stops): left pending, the entry would be claimed again and sent to a receiver that
-        already acknowledged it."""
-        pause = 0.5
+        already acknowledged it. Tried every BOOKING_PAUSE_S, so that it is booked as soon as
+        Redis is back, before another dispatcher can claim the entry."""
         while True:
             try:
                 return self.store.delivered(entry_id)
@@ -184,8 +185,7 @@ class WebhookDispatcher:
                 if self.stop.is_set():
                     raise
                 log.warning("webhook_booking_waits", entry_id=entry_id, error=str(e))
-                self.stop.wait(pause)
-                pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
+                self.stop.wait(BOOKING_PAUSE_S)
 
     def _delivery(self, fields: dict[str, str]) -> Delivery:
         """The entry as a Delivery, its body built on the first try (EventUnsendable: never,
