@@ -30,6 +30,12 @@ class FrontSettings(BaseModel):
         "submit, and may read every tenant's jobs and documents, manage shared voices and read "
         "/metrics with tenant labels",
     )
+    metrics_public_queue_depth: bool = Field(
+        False,
+        description="a keyless GET /metrics of a front with keys also serves cosyq_queue_depth "
+        "per priority queue, every tenant's jobs summed: reveals the tenants' combined depth to "
+        "anyone who reaches the front (false: no key gets the worker gauges only)",
+    )
     http_wait_timeout_s: float = Field(
         60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"
     )

@@ -1,4 +1,4 @@
-"""GET /metrics on the HTTP front: the fleet as Redis sees it, for Prometheus (no key needed).
+"""GET /metrics on the HTTP front: the fleet as Redis sees it, for Prometheus.
 
 The front runs apart from the workers (often on other hosts), so it cannot sum their
 processes' counters as a pool does; it serves what every worker publishes in Redis:
@@ -6,11 +6,15 @@ processes' counters as a pool does; it serves what every worker publishes in Red
 the `cosyq:worker-stats:*` hashes), under the same names as the pools' `/metrics`. Job counts
 and timings come from the pools.
 
-Tenant names are an operator's to see: a scrape with an operator key (COSYQ_OPERATOR_KEYS), or
-any scrape of a front without keys (loopback only), gets every tenant's queue in
-`cosyq_queue_depth` and `cosyq_tenant_queued_jobs{tenant}`. Any other scrape (no key, a tenant
-key) gets `cosyq_queue_depth` per priority queue, summed over the tenants, and no tenant label;
-a wrong key is a 401 like everywhere else.
+Queue depths are per tenant (`scope_of`). A scrape with an operator key (COSYQ_OPERATOR_KEYS),
+or any scrape of a front without keys (loopback only), gets every tenant's queue in
+`cosyq_queue_depth` and `cosyq_tenant_queued_jobs{tenant}`. A tenant key gets its own tenant's
+queues only, labelled by priority queue (`cosyq-high`, ...; no tenant name): nothing summed over
+other tenants, so it cannot subtract itself from a total and learn theirs. No key (Prometheus
+without credentials, or a tenant leaving its key out) gets no queue depth at all, only the fleet
+gauges `cosyq_workers` and `cosyq_worker_rss_bytes`, unless COSYQ_METRICS_PUBLIC_QUEUE_DEPTH
+restores the per-priority totals over every tenant (their combined depth, public). A wrong key
+is a 401 like everywhere else.
 """
 
 from __future__ import annotations
@@ -44,40 +48,61 @@ class _Families(Collector):
         yield from self.families
 
 
-def may_name_tenants(request: Request) -> bool:
-    """An operator key's scrape, or any on a front without keys; 401 for a wrong key."""
+def scope_of(request: Request) -> tuple[bool, tuple[str, ...]]:
+    """(may name tenants, the queues whose depths this scrape may see); 401 for a wrong key.
+
+    An operator key, or any scrape of a front without keys: every tenant's queue, named. A
+    tenant key: its own tenant's queues only. No key: none, unless
+    COSYQ_METRICS_PUBLIC_QUEUE_DEPTH (then every tenant's, summed per priority)."""
+    settings = context_of(request).settings
+    every = tenants.queue_names(settings.tenant_names())
     check: KeyCheck = request.app.state.key_check
     if not check.enabled:
-        return True
+        return True, every
     if "authorization" not in request.headers:
-        return False
-    return check.caller_of(request)[1]
+        return False, every if settings.metrics_public_queue_depth else ()
+    tenant, operator = check.caller_of(request)
+    return (True, every) if operator else (False, tenants.tenant_queues(tenant))
 
 
 async def _queue_families(request: Request) -> list[Metric]:
     """Queue depths: per tenant queue (and per tenant) when tenants may be named, else per
-    priority queue, every tenant's summed."""
-    named = may_name_tenants(request)  # first: a wrong key reads nothing
-    context = context_of(request)
-    depth = GaugeMetricFamily("cosyq_queue_depth", "Jobs waiting in a queue", labels=["queue"])
+    priority queue over the queues the scrape may see (its own tenant's, or every one)."""
+    named, names = scope_of(request)  # first: a wrong key reads nothing
+    if not names:
+        return []
+    aredis = context_of(request).aredis
+    waiting = [int(await aredis.llen(Queue.redis_queue_namespace_prefix + n)) for n in names]
+    return _per_tenant(names, waiting) if named else [_per_priority(names, waiting)]
+
+
+def _depth_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily("cosyq_queue_depth", "Jobs waiting in a queue", labels=["queue"])
+
+
+def _per_priority(names: tuple[str, ...], waiting: list[int]) -> Metric:
+    """`cosyq_queue_depth` per priority queue, the given queues' jobs summed."""
+    by_priority: Counter[str] = Counter()
+    for name, count in zip(names, waiting, strict=True):
+        by_priority[tenants.priority_of_queue(name)] += count
+    depth = _depth_family()
+    for name in keys.QUEUES_IN_PRIORITY_ORDER:
+        depth.add_metric([name], float(by_priority[name]))
+    return depth
+
+
+def _per_tenant(names: tuple[str, ...], waiting: list[int]) -> list[Metric]:
+    """`cosyq_queue_depth` per tenant queue and `cosyq_tenant_queued_jobs` per tenant."""
+    depth = _depth_family()
     queued = GaugeMetricFamily(  # tenants come from settings: a bounded label
         "cosyq_tenant_queued_jobs", "Jobs a tenant has waiting, all priorities", labels=["tenant"]
     )
     by_tenant: Counter[str] = Counter()
-    by_priority: Counter[str] = Counter()
-    names = tenants.queue_names(context.settings.tenant_names())
-    waiting = [await context.aredis.llen(Queue.redis_queue_namespace_prefix + n) for n in names]
-    for name, count in zip(names, waiting, strict=True):
-        by_tenant[tenants.tenant_of_queue(name)] += int(count)
-        by_priority[tenants.priority_of_queue(name)] += int(count)
-    if not named:
-        for name in keys.QUEUES_IN_PRIORITY_ORDER:
-            depth.add_metric([name], float(by_priority[name]))
-        return [depth]
     for name, count in zip(names, waiting, strict=True):
         depth.add_metric([name], float(count))
-    for tenant in context.settings.tenant_names():
-        queued.add_metric([tenant], float(by_tenant[tenant]))
+        by_tenant[tenants.tenant_of_queue(name)] += count
+    for tenant, count in by_tenant.items():
+        queued.add_metric([tenant], float(count))
     return [depth, queued]
 
 

@@ -33,7 +33,16 @@ API_KEY = "test-key-" + "7" * 24
 # One Redis database per module-scoped front of this folder, never shared: two fronts whose
 # modules ran one after the other in a test process once shared a database, and the first
 # one's worker, stopping, took the second one's job. 0 is the `redis_url` fixture's.
-DATABASES = {"live": 3, "stalled": 4, "openapi": 5, "boundary": 6, "scope": 7, "ui": 8, "s3": 9}
+DATABASES = {
+    "live": 3,
+    "stalled": 4,
+    "openapi": 5,
+    "boundary": 6,
+    "scope": 7,
+    "ui": 8,
+    "s3": 9,
+    "metrics": 10,
+}
 assert len(set(DATABASES.values())) == len(DATABASES)
 START_TIMEOUT_S = 30.0
 POOL_READY_TIMEOUT_S = 90.0
