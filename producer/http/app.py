@@ -34,7 +34,7 @@ from shared.settings import Settings, load_settings
 if TYPE_CHECKING:
     from producer.webhooks.background import BackgroundDispatcher
 
-OPEN_ROUTERS = (health.router, metrics.router)  # no key: probes, and Prometheus scrapes /metrics
+OPEN_ROUTERS = (health.router, metrics.router)  # no key: probes; /metrics by key (scope_of)
 KEYED_ROUTERS = (speech.router, voices.router, jobs.router, documents.router)
 # The models the routes' bodies are checked against (each route names its own in openapi_extra).
 REQUEST_MODELS = (SpeechRequest, SynthesisRequest, BatchRequest, DocumentRequest, VoiceUpload)
@@ -66,7 +66,7 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
     for router in OPEN_ROUTERS:
         app.include_router(router)
     key_check = KeyCheck(settings.api_key_entries(), operator_keys=settings.operator_key_list())
-    app.state.key_check = key_check  # /metrics asks it who is scraping (no key needed there)
+    app.state.key_check = key_check  # /metrics asks it who is scraping (a key is optional there)
     check_key = Depends(key_check)
     for router in KEYED_ROUTERS:
         app.include_router(router, dependencies=[check_key])

@@ -8,7 +8,7 @@ tenant "default"), and `cosyq serve` then refuses to bind anything but loopback
 
 Operator keys (COSYQ_OPERATOR_KEYS) are compared in the same loop: an operator's request is
 tenant "default" for what it submits and sets `request.state.operator`, which lets it read any
-tenant's jobs and documents, manage shared voices and read /metrics with tenant labels. A
+tenant's jobs and documents, manage shared voices and read every tenant's queues in /metrics. A
 tenant key never has those rights.
 """
 
