@@ -45,6 +45,8 @@ from shared.document_state import (
     load_plan,
     load_result,
     new_assembly_job_id,
+    note_live,
+    renew,
     save_plan,
 )
 from shared.documents import (
@@ -376,8 +378,8 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
             pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
             pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
             pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
-            for part in ("", "jobs", "done"):  # the retried document lives a TTL from now
-                pipe.expire(document_key(document_id, part), client.settings.result_ttl_s)
+            renew(pipe, document_id, client.settings.result_ttl_s)  # a TTL from now
+            note_live(pipe, document_id)  # and for as long as its new jobs wait
             try:
                 pipe.execute()
             except redis.WatchError:

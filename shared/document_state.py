@@ -13,6 +13,8 @@ recorded segment or retry, so a document still running is never forgotten).
     cosyq:document-idem:[<tenant>:]<sha256>   idempotency key -> document id (keys.tenant_digest)
     cosyq:document-assembly-pending   sorted set: document id -> when its assembly marker was
                                       set; removed once the assembly job is enqueued
+    cosyq:document-live   sorted set: document id -> when its keys' TTL was last renewed for
+                          a job of it still waiting or running (submit and retry add it)
 
 The producer writes the plan and jobs once, the worker that finishes a segment records it and,
 when it was the last one, enqueues the assembly (`record_segment`: one Lua script, so two
@@ -21,10 +23,17 @@ document as pending assembly, and the enqueue clears the note; a worker killed b
 leaves the note, and any worker's housekeeping (`workers.documents.sweep`) enqueues the job the
 marker names once the note is COSYQ_DOCUMENT_ASSEMBLY_GRACE_S old. Nothing depends on the
 producer staying alive.
+
+A document never expires while one of its jobs waits or runs: a segment job renews the TTL
+when it starts (`start_segment`) and when it is recorded, and every worker's housekeeping
+(`workers.documents.keepalive`) renews it for a document noted live whose jobs still wait in a
+queue however deep. A segment job that starts after its document expired all the same (no
+worker anywhere for longer than the TTL) fails as an invalid request naming the document.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -35,7 +44,7 @@ from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
 from shared import keys
-from shared.errors import CosyqError
+from shared.errors import CosyqError, InvalidRequestError
 from shared.jobs import retry_intervals
 from shared.keys import PREFIX, queue_for
 from shared.results import PieceTiming, Verdict
@@ -47,6 +56,8 @@ DOCUMENT_PREFIX = PREFIX + "document:"
 DOCUMENT_IDEMPOTENCY_PREFIX = PREFIX + "document-idem:"
 ASSEMBLY_PENDING = PREFIX + "document-assembly-pending"  # see the module docstring
 ASSEMBLY_SWEEP_LOCK = PREFIX + "document-assembly-sweep-lock"  # one sweeper per tick
+LIVE_DOCUMENTS = PREFIX + "document-live"  # see the module docstring
+KEEPALIVE_LOCK = PREFIX + "document-keepalive-lock"  # one keeper per tick
 DOCUMENT_META_KEY = "cosyq_document"  # job.meta of a segment's job: {"id": ..., "index": ...}
 ASSEMBLE_DOCUMENT_FUNCTION = "workers.documents.assemble_document"
 
@@ -187,12 +198,49 @@ return 0
 """
 
 
+# KEYS: plan, jobs, done; ARGV: index, job id, ttl. -1: the document expired; 0: the job is
+# not the one its segment counts on (a retry replaced it); 1: it is, and the keys live `ttl`.
+_START_SEGMENT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, tonumber(ARGV[3])) end
+return 1
+"""
+
+
 def save_plan(pipe: Any, plan: DocumentPlanRecord, job_ids: list[str], ttl_s: int) -> None:
     """Queue the plan and its jobs hash on a pipeline (written with the segments' jobs)."""
     pipe.set(document_key(plan.document_id), plan.model_dump_json(), ex=ttl_s)
     jobs = document_key(plan.document_id, "jobs")
     pipe.hset(jobs, mapping={str(i): job_id for i, job_id in enumerate(job_ids)})
     pipe.expire(jobs, ttl_s)
+    note_live(pipe, plan.document_id)
+
+
+def note_live(target: Any, document_id: str) -> None:
+    """Note the document as having jobs waiting (the keepalive renews its TTL while it has)."""
+    target.zadd(LIVE_DOCUMENTS, {document_id: time.time()})
+
+
+def renew(target: Any, document_id: str, ttl_s: int) -> None:
+    """The plan, jobs and done keys live `ttl_s` from now (a missing one stays missing)."""
+    for part in ("", "jobs", "done"):
+        target.expire(document_key(document_id, part), ttl_s)
+
+
+def start_segment(
+    connection: redis.Redis, document_id: str, index: int, job_id: str, *, ttl_s: int
+) -> None:
+    """A segment's job starts: renew its document's TTL. Raises InvalidRequestError when the
+    document expired before the job ran (nothing would ever assemble its audio)."""
+    keys = [document_key(document_id, part) for part in ("", "jobs", "done")]
+    eval_ = connection.eval
+    outcome = int(eval_(_START_SEGMENT, 3, *keys, index, job_id, ttl_s))
+    if outcome == -1:
+        raise InvalidRequestError(
+            f"document {document_id}: expired (no progress for COSYQ_RESULT_TTL_S) before "
+            f"segment {index} ran; submit the document again"
+        )
 
 
 def not_found(document_id: str) -> DocumentNotFoundError:

@@ -21,6 +21,7 @@ from rq import get_current_job
 from shared import keys
 from shared.audio import EncodedAudio
 from shared.connection import REDIS_OUTAGE
+from shared.document_state import start_segment
 from shared.errors import InvalidRequestError
 from shared.job_index import Outcome, record_outcome
 from shared.jobs import (
@@ -192,6 +193,7 @@ def prepare_synthesis(
         started = time.perf_counter()
         request = validate_request(payload, runtime.limits)
         check_tenant_key(context.scope_tenant, request.output_key, context.document)
+        _start_segment(runtime, context)
         if request.prompt_audio is not None:
             check_readable_prompt(runtime, request.prompt_audio)
         structlog.contextvars.bind_contextvars(voice=voice_label(request))
@@ -205,6 +207,15 @@ def prepare_synthesis(
             started=started,
             voice_s=time.perf_counter() - started,
         )
+
+
+def _start_segment(runtime: WorkerRuntime, context: JobContext) -> None:
+    """A document's segment renews its document's TTL as it starts, and fails when the
+    document expired before it ran (its audio would never be assembled)."""
+    if context.document is not None and context.connection is not None:
+        document_id, index = context.document
+        ttl = runtime.settings.result_ttl_s
+        start_segment(context.connection, document_id, index, context.job_id, ttl_s=ttl)
 
 
 def finish_synthesis(

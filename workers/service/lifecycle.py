@@ -33,6 +33,7 @@ from shared.storage import Storage, open_storage
 from shared.storage_probe import ProbeOutcome, wait_for_storage
 from shared.storage_retry import Backoff
 from shared.voices import VoiceRegistry
+from workers.documents.keepalive import DocumentKeepalive
 from workers.documents.sweep import AssemblySweep
 from workers.service import control, host, metrics
 from workers.service.admission import CosyqJob
@@ -103,6 +104,9 @@ class WorkerLifecycle:
             self.housekeeper.extra_duties.append(self._follow_master)
             self.housekeeper.extra_duties.append(
                 AssemblySweep(self.housekeeper.connection, self.settings, holder=name)
+            )
+            self.housekeeper.extra_duties.append(
+                DocumentKeepalive(self.housekeeper.connection, self.settings, holder=name)
             )
             if self.channel is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)

@@ -354,6 +354,54 @@ def test_a_document_running_longer_than_the_result_ttl_still_finishes(
     assert result.segments == 4
 
 
+@pytest.mark.timeout(120)
+def test_a_document_waiting_in_a_queue_longer_than_the_result_ttl_still_finishes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document whose segments all wait in a deep queue longer than the TTL before any of
+    them starts (the one worker busy with a long job ahead of them) keeps its plan: the
+    workers' housekeeping keeps a document with a job still waiting or running alive."""
+    cluster.overrides["COSYQ_RESULT_TTL_S"] = "3"
+    settings = client_settings(cluster, monkeypatch)
+    with CosyqClient(settings) as client:
+        connection = client.connection
+        cluster.start("run", log_name="w.log")  # one worker
+        wait_for(lambda: bool(Worker.all(connection=connection)), 60, "the worker")
+        ahead = client.submit({"text": "A long job ahead of the document. sleep:9"})
+        started = lambda: client.status(ahead).state == "started"  # noqa: E731
+        wait_for(started, 30, "the job ahead started")
+        document_id = client.submit_document({"text": PARAGRAPH})
+        result = client.document_result(document_id, timeout=60)
+    assert result.segments == len(job_ids(connection, document_id))
+
+
+@pytest.mark.timeout(120)
+def test_a_segment_whose_document_expired_before_it_ran_fails_clearly(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No worker at all for longer than the TTL: the plan is gone when a segment's job
+    starts, and the job fails as an invalid request naming the expired document (it does not
+    synthesize audio nobody will assemble and finish as if all were well)."""
+    cluster.overrides["COSYQ_RESULT_TTL_S"] = "2"
+    settings = client_settings(cluster, monkeypatch)
+    with CosyqClient(settings) as client:
+        connection = client.connection
+        document_id = client.submit_document({"text": PARAGRAPH})
+        segment_jobs = list(job_ids(connection, document_id).values())
+        gone = lambda: not connection.exists(document_key(document_id))  # noqa: E731
+        wait_for(gone, 30, "the plan expired")
+        cluster.start("run", log_name="w.log")
+        failed = lambda: all(client.status(j).state == "failed" for j in segment_jobs)  # noqa: E731
+        wait_for(failed, 60, "every segment's job failed")
+        errors = [
+            Job.fetch(j, connection=connection, serializer=JSONSerializer).meta[ERROR_META_KEY]
+            for j in segment_jobs
+        ]
+    assert {e["kind"] for e in errors} == {"invalid_request"}
+    assert all(f"document {document_id}" in e["message"] for e in errors)
+    assert all("expired" in e["message"] for e in errors)
+
+
 def test_a_segment_recorded_done_whose_job_then_fails_tells_nothing(
     cluster: Cluster, settings: Settings
 ) -> None:
