@@ -35,6 +35,7 @@ from producer.webhooks.store import Entry, WebhookStore
 from shared.errors import JobNotFoundError, SettingsError
 from shared.logs import get_logger
 from shared.settings import Settings
+from shared.settings_env import redact_urls
 from shared.webhooks import WebhookEvent
 
 log = get_logger(__name__)
@@ -146,7 +147,38 @@ class WebhookDispatcher:
         return entries or self.store.read_new(self.consumer, count, self.read_block_ms)
 
     def handle(self, entry: Entry) -> None:
-        """One try of one outbox entry, and its move to delivered, retry or dead."""
+        """One try of one outbox entry, and its move to delivered, retry or dead. The delivery
+        thread's boundary: an error nobody foresaw is logged here, once, and counts as a failed
+        try (retried with backoff, dead-lettered after COSYQ_WEBHOOK_RETRY_HOURS); when even
+        that cannot be booked (Redis away) the entry stays pending, claimed again after
+        COSYQ_WEBHOOK_CLAIM_IDLE_S."""
+        try:
+            self._try(entry)
+        except Exception as e:
+            self._crashed(entry, e)
+
+    def _crashed(self, entry: Entry, error: Exception) -> None:
+        entry_id, fields = entry
+        kind, message = type(error).__name__, redact_urls(str(error))
+        log.error(
+            "webhook_delivery_crashed",
+            webhook_id=fields.get("webhook_id"),
+            entry_id=entry_id,
+            error_type=kind,
+            error=message,
+        )
+        try:
+            failed = Answer(False, f"delivery crashed: {kind}: {message}")
+            self._later(entry_id, _placeholder(fields), failed)
+        except Exception as e:  # booked nowhere: left pending, claimed again
+            log.warning(
+                "webhook_crash_unbooked",
+                entry_id=entry_id,
+                error_type=type(e).__name__,
+                error=redact_urls(str(e)),
+            )
+
+    def _try(self, entry: Entry) -> None:
         entry_id, fields = entry
         try:
             delivery = self._delivery(fields)

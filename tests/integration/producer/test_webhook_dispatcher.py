@@ -448,3 +448,33 @@ def test_an_answered_event_is_booked_once_redis_is_back_never_sent_again(
             wait_for(lambda: store.counts() == (0, 0), 30, "the delivery booked")
         connection.close()
     assert len(receiver.calls) == 1
+
+
+def test_an_unexpected_error_in_a_delivery_is_logged_and_the_event_still_delivered(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """The body builder raises what nobody foresaw on the first try: the error is logged once
+    (its type and message, a URL's credentials redacted), the try counts as a failed one, and
+    the event is delivered on a later try."""
+    from structlog.testing import capture_logs  # noqa: PLC0415
+
+    tries: list[str] = []
+
+    def body_of(made: WebhookEvent) -> str:
+        tries.append(made.job_id)
+        if len(tries) == 1:
+            raise RuntimeError("no body from https://ops:s3cret@status.example/x")
+        return json.dumps({"job_id": made.job_id})
+
+    append(connection, event(receiver))
+    with capture_logs() as logs, dispatching(connection, settings, {}, body_of=body_of):
+        wait_for(lambda: len(receiver.calls) == 1, 30, "the event delivered")
+        wait_for(lambda: WebhookStore(connection).counts() == (0, 0), 10, "the outbox empty")
+    crashed = [line for line in logs if line["event"] == "webhook_delivery_crashed"]
+    assert len(crashed) == 1
+    assert crashed[0]["webhook_id"] == "msg_job-1_finished"
+    assert crashed[0]["error_type"] == "RuntimeError"
+    assert "s3cret" not in json.dumps(crashed, default=str)
+    assert "status.example" in crashed[0]["error"]
+    assert SECRET not in json.dumps(logs, default=str)
+    assert len(tries) == 2
