@@ -126,7 +126,7 @@ def segment_seed(document_seed: int, index: int) -> int:
 
 def segment_key(document_id: str, index: int) -> str:
     """Where segment `index`'s audio is stored (relative to the storage prefix)."""
-    return f"{DOCUMENT_PREFIX}/{document_id}/segments/{index:05d}.{SEGMENT_FORMAT}"
+    return f"{document_folder(document_id)}segments/{index:05d}.{SEGMENT_FORMAT}"
 
 
 def document_key(document_id: str, request: DocumentRequest) -> str:
@@ -135,7 +135,12 @@ def document_key(document_id: str, request: DocumentRequest) -> str:
         key = request.output_key
         suffix = "." + request.format
         return key[: -len(suffix)] if key.endswith(suffix) else key
-    return f"{DOCUMENT_PREFIX}/{document_id}/{document_id}"
+    return document_folder(document_id) + document_id
+
+
+def document_folder(document_id: str) -> str:
+    """The folder of a document's own files (segments, and its file unless it names a key)."""
+    return f"{DOCUMENT_PREFIX}/{document_id}/"
 
 
 def validate_document(

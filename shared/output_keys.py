@@ -10,14 +10,18 @@ Some first segments are reserved, for every tenant: `tenants` (the other tenants
 the producer names itself). A request naming one is refused, by the producer
 (`place_output_key`) and again by the worker (`check_tenant_key`), which also refuses a key
 outside the job's tenant prefix. The one key a job may have in a reserved area is its own
-document segment's, the one its job's `cosyq_document` meta names.
+document segment's, the one its job's `cosyq_document` meta names. A document's assembler
+checks the keys its plan names the same way (`check_document_keys`) before it writes or
+deletes anything: each segment's its own, the file's in the document's own folder or where the
+tenant's requests may write.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
-from shared.documents import segment_key
+from shared.documents import document_folder, segment_key
 from shared.errors import InvalidRequestError
 from shared.jobs import check_output_key
 from shared.tenants import DEFAULT_TENANT
@@ -74,6 +78,28 @@ def check_tenant_key(
     if area is not None:
         raise InvalidRequestError(f"output_key: {key!r} names the reserved area '{area}/'")
     return key
+
+
+def check_document_keys(
+    tenant: str, document_id: str, output_key: str, segments: Iterable[tuple[int, str]]
+) -> None:
+    """The assembler's check of a plan's keys, for a document of `tenant`: each segment's key
+    (index, key) is exactly its own, and the file's (`output_key`, without extension) lies in
+    the document's own folder or is one the tenant's requests may name. InvalidRequestError
+    naming the first key that is not."""
+    prefix = tenant_prefix(tenant)
+    for index, key in segments:
+        if key != prefix + segment_key(document_id, index):
+            raise InvalidRequestError(
+                f"document {document_id}: segment {index}'s key {key!r} is not its own "
+                f"under tenant {tenant}'s prefix {prefix!r}"
+            )
+    try:
+        check_output_key(output_key, limit=1024)
+        if not output_key.startswith(prefix + document_folder(document_id)):
+            check_tenant_key(tenant, output_key)
+    except (ValueError, InvalidRequestError) as e:
+        raise InvalidRequestError(f"document {document_id}: file key {output_key!r}: {e}") from e
 
 
 def automatic_key(tenant: str, job_id: str, ext: str, when: datetime) -> str:

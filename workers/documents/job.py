@@ -42,12 +42,15 @@ from shared.document_state import (
 )
 from shared.errors import InvalidRequestError, ObjectNotFoundError, TransientError
 from shared.logs import get_logger
+from shared.output_keys import check_document_keys
 from shared.results import SynthesisResult
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.tenants import DEFAULT_TENANT
 from shared.webhooks import allowed_prefixes
 from workers.documents.audio import AssembledAudio, write_document
 from workers.documents.claim import AssemblyClaim
+from workers.service.job_context import JobContext
 
 log = get_logger(__name__)
 WAIT_POLL_S = 0.5  # how often a waiting assembler looks for the result or a free claim
@@ -61,8 +64,14 @@ def assemble_document(document_id: str) -> dict[str, Any]:
     if job is None:
         raise RuntimeError("workers.documents.assemble_document runs only as an RQ job")
     runtime = current_runtime()
+    tenant = JobContext.from_job(job).scope_tenant
     result = assemble(
-        job.connection, runtime.storage, runtime.settings, document_id, runtime.worker_name
+        job.connection,
+        runtime.storage,
+        runtime.settings,
+        document_id,
+        runtime.worker_name,
+        tenant=tenant,
     )
     return result.model_dump(mode="json")
 
@@ -73,8 +82,12 @@ def assemble(
     settings: Settings,
     document_id: str,
     owner: str,
+    *,
+    tenant: str | None = None,
 ) -> DocumentResult:
-    """The document's result: the existing one, or one this call writes under the claim."""
+    """The document's result: the existing one, or one this call writes under the claim.
+    `tenant`: the assembly job's own (None: the plan's); the plan's keys are checked against
+    it before anything is written or deleted (InvalidRequestError)."""
     deadline = time.monotonic() + settings.job_timeout_s
     claim = AssemblyClaim(
         connection, document_key(document_id, "claim"), owner, settings.document_claim_ttl_s
@@ -90,6 +103,7 @@ def assemble(
         time.sleep(WAIT_POLL_S)
     with claim:
         plan = load_plan(connection, document_id)
+        _check_keys(plan, tenant)
         done = _all_done(connection, plan)
         result = _write(
             connection, storage, settings, plan=plan, done=done, claim=claim, owner=owner
@@ -99,6 +113,19 @@ def assemble(
         for segment in plan.segments:
             storage.delete(segment.key)
     return result
+
+
+def _check_keys(plan: DocumentPlanRecord, tenant: str | None) -> None:
+    """The plan is the job's tenant's, and names only keys its tenant may write (the worker's
+    check of a plan anyone who can write to Redis could have rewritten)."""
+    owner = plan.tenant or DEFAULT_TENANT  # a plan from before tenants: the root's layout
+    if tenant is not None and owner != tenant:
+        raise InvalidRequestError(
+            f"document {plan.document_id}: its plan's tenant {owner!r} is not the assembly "
+            f"job's tenant {tenant!r}"
+        )
+    segments = [(s.index, s.key) for s in plan.segments]
+    check_document_keys(owner, plan.document_id, plan.output_key, segments)
 
 
 def _all_done(connection: redis.Redis, plan: DocumentPlanRecord) -> list[SegmentDone]:

@@ -1,5 +1,6 @@
 """The assembly step alone (no model, real Redis, file storage): two assemblers racing write the
-file once, and one that died holding the claim is finished by the next once the claim lapses."""
+file once, one that died holding the claim is finished by the next once the claim lapses, and a
+plan whose keys were tampered with in Redis writes and deletes nothing."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 import soundfile as sf
 
-from shared.document_state import DocumentResult, document_key
+from shared.document_state import DocumentPlanRecord, DocumentResult, document_key, load_result
+from shared.errors import InvalidRequestError
 from shared.settings import Settings, load_settings
 from shared.storage import FileStorage, StoredObject
 from workers.documents.job import assemble
@@ -72,3 +75,46 @@ def test_an_assembler_that_died_holding_the_claim_is_finished_by_the_next(
     result = assemble(connection, storage, settings, document_id, "next")
     assert result.assembler == "next" and storage.files == 1
     assert connection.get(claim) is None  # released after the write
+
+
+def tamper(connection: redis.Redis, document_id: str, **changes: Any) -> None:
+    """Rewrite the plan in Redis (what anyone who can write to Redis could do)."""
+    plan = DocumentPlanRecord.model_validate_json(connection.get(document_key(document_id)) or "")
+    if "segment_key" in changes:
+        first = plan.segments[0].model_copy(update={"key": changes.pop("segment_key")})
+        changes["segments"] = [first, *plan.segments[1:]]
+    connection.set(document_key(document_id), plan.model_copy(update=changes).model_dump_json())
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"segment_key": "tenants/alpha/orders/42.wav"}, "tenants/alpha/orders/42.wav"),
+        ({"segment_key": "documents/other/segments/00000.wav"}, "documents/other/segments"),
+        ({"output_key": "tenants/alpha/orders/42"}, "tenants/alpha/orders/42"),
+        ({"output_key": "voices/beta"}, "voices/beta"),
+        ({"output_key": "documents/other/other"}, "documents/other/other"),
+        ({"tenant": "alpha"}, "tenant"),
+    ],
+)
+def test_an_assembly_whose_plan_names_keys_outside_its_tenant_writes_and_deletes_nothing(
+    redis_url: str, tmp_path: Path, changes: dict[str, Any], named: str
+) -> None:
+    """The plan's keys are checked again by the assembler, as a synthesis job's key is by
+    its worker: each segment's key is its own, the file's lies in the document's own folder
+    or where the tenant's requests may write, and the plan is the job's tenant's."""
+    connection, storage, settings = setup(redis_url, tmp_path)
+    settings = settings.model_copy(update={"document_keep_segments": False})
+    out = tmp_path / "out"
+    document_id = synthetic_document(connection, out, minutes=1)
+    victim = out / "tenants/alpha/orders/42.wav"
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(b"another tenant's audio")
+    tamper(connection, document_id, **changes)
+    before = sorted(p for p in out.rglob("*") if p.is_file())
+    with pytest.raises(InvalidRequestError, match=f"document {document_id}") as refused:
+        assemble(connection, storage, settings, document_id, "a", tenant="default")
+    assert named in str(refused.value)
+    assert sorted(p for p in out.rglob("*") if p.is_file()) == before  # nothing written or gone
+    assert storage.files == 0
+    assert load_result(connection, document_id) is None
