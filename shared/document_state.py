@@ -223,8 +223,9 @@ def note_live(target: Any, document_id: str) -> None:
 
 
 def renew(target: Any, document_id: str, ttl_s: int) -> None:
-    """The plan, jobs and done keys live `ttl_s` from now (a missing one stays missing)."""
-    for part in ("", "jobs", "done"):
+    """The plan, jobs, done and assembly marker keys live `ttl_s` from now (a missing one
+    stays missing)."""
+    for part in ("", "jobs", "done", "assembly"):
         target.expire(document_key(document_id, part), ttl_s)
 
 

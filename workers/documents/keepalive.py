@@ -6,8 +6,9 @@ fleet, higher priorities served first) may make no progress for longer than that
 keeps its jobs waiting as long as it takes. So every worker's housekeeping runs this duty (one
 holder per tick, under a short lock): a document noted live (`LIVE_DOCUMENTS`, by submit and
 retry) whose TTL was last renewed a third of the TTL ago or more has its keys renewed when one
-of its current jobs is still queued, scheduled, deferred or running, and leaves the note
-otherwise (all its jobs ended or gone: the TTL from its last progress then runs out as before).
+of its current jobs (or its assembly job) is still queued, scheduled, deferred or running, and
+drops the note otherwise (all its jobs ended or gone: the TTL from its last progress then runs
+out as before).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import time
 import redis
 from rq.job import Job, JobStatus
 
-from shared.document_state import KEEPALIVE_LOCK, LIVE_DOCUMENTS, job_ids, renew
+from shared.document_state import (
+    KEEPALIVE_LOCK,
+    LIVE_DOCUMENTS,
+    assembly_job_id,
+    job_ids,
+    renew,
+)
 from shared.logs import get_logger
 from shared.settings import Settings
 
@@ -67,8 +74,12 @@ class DocumentKeepalive:
         return renewed
 
     def _waiting(self, document_id: str) -> bool:
-        """Whether one of the document's current jobs still waits or runs."""
+        """Whether one of the document's current jobs (its segments', its assembly's) still
+        waits or runs."""
         jobs = list(job_ids(self.connection, document_id).values())
+        assembly = assembly_job_id(self.connection, document_id)
+        if assembly is not None:
+            jobs.append(assembly)
         with self.connection.pipeline(transaction=False) as pipe:
             for job_id in jobs:
                 pipe.hget(Job.key_for(job_id), "status")

@@ -1,6 +1,7 @@
 """The assembly step alone (no model, real Redis, file storage): two assemblers racing write the
 file once, one that died holding the claim is finished by the next once the claim lapses, and a
-plan whose keys were tampered with in Redis writes and deletes nothing."""
+plan whose keys were tampered with in Redis writes and deletes nothing; the keepalive renews a
+document while a job of it waits."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ from typing import Any
 import pytest
 import redis
 import soundfile as sf
+from rq import Queue
 
-from shared.document_state import DocumentPlanRecord, DocumentResult, document_key, load_result
+from shared.document_state import (
+    LIVE_DOCUMENTS,
+    DocumentPlanRecord,
+    DocumentResult,
+    document_key,
+    load_result,
+)
 from shared.errors import InvalidRequestError
 from shared.settings import Settings, load_settings
 from shared.storage import FileStorage, StoredObject
 from workers.documents.job import assemble
+from workers.documents.keepalive import DocumentKeepalive
 from workers.tools.bench.document import synthetic_document
 
 
@@ -118,3 +127,36 @@ def test_an_assembly_whose_plan_names_keys_outside_its_tenant_writes_and_deletes
     assert sorted(p for p in out.rglob("*") if p.is_file()) == before  # nothing written or gone
     assert storage.files == 0
     assert load_result(connection, document_id) is None
+
+
+def waiting_job(connection: redis.Redis, job_id: str) -> None:
+    """An RQ job with this id waiting in a queue (no worker here runs it)."""
+    Queue("waiting", connection=connection).enqueue_call("os.getcwd", job_id=job_id)
+
+
+@pytest.mark.parametrize("waiting", ["segment", "assembly", "nothing"])
+def test_the_keepalive_renews_a_document_while_a_job_of_it_waits(
+    redis_url: str, tmp_path: Path, waiting: str
+) -> None:
+    """A document noted live and due (its TTL last renewed a third of it ago) is renewed when
+    a segment's job or its assembly job still waits, and forgotten by the keepalive (its TTL
+    left to run out) when nothing of it waits."""
+    connection, _, settings = setup(redis_url, tmp_path)
+    settings = settings.model_copy(update={"result_ttl_s": 600})
+    document_id = synthetic_document(connection, tmp_path / "out", minutes=1)
+    connection.expire(document_key(document_id), 5)
+    if waiting == "segment":
+        waiting_job(connection, "j0")
+    if waiting == "assembly":
+        connection.set(document_key(document_id, "assembly"), "assembly-1", ex=5)
+        waiting_job(connection, "assembly-1")
+    connection.zadd(LIVE_DOCUMENTS, {document_id: 0})  # renewed long ago: due
+    renewed = DocumentKeepalive(connection, settings, holder="w").tick()
+    if waiting == "nothing":
+        assert renewed == [] and connection.zscore(LIVE_DOCUMENTS, document_id) is None
+        assert connection.ttl(document_key(document_id)) <= 5
+        return
+    assert renewed == [document_id]
+    for part in ("", "jobs", "done"):
+        assert connection.ttl(document_key(document_id, part)) > 5
+    assert (connection.zscore(LIVE_DOCUMENTS, document_id) or 0) > 0
