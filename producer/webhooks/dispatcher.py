@@ -112,6 +112,16 @@ class WebhookDispatcher:
                     log.warning("webhook_outbox_unreachable", error=str(e), retry_in_s=pause)
                     stop.wait(pause)
                     pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
+                except Exception as e:  # the outbox deleted (NOGROUP), a bug: never die quietly
+                    log.error(
+                        "webhook_dispatch_failed",
+                        error_type=type(e).__name__,
+                        error=redact_urls(str(e)),
+                        retry_in_s=pause,
+                    )
+                    stop.wait(pause)
+                    pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
+                    self._ensure_group(stop)
         self.sender.close()
 
     def _start(self, pool: ThreadPoolExecutor, entry: Entry) -> None:
@@ -131,8 +141,8 @@ class WebhookDispatcher:
             try:
                 self.store.ensure_group()
                 return
-            except redis.ConnectionError as e:
-                log.warning("webhook_outbox_unreachable", error=str(e))
+            except redis.RedisError as e:  # away, or the key not a stream: tried again
+                log.warning("webhook_outbox_unreachable", error=str(e), error_type=type(e).__name__)
                 stop.wait(1.0)
 
     def _next(self, count: int) -> list[Entry]:

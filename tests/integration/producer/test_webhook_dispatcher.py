@@ -478,3 +478,27 @@ def test_an_unexpected_error_in_a_delivery_is_logged_and_the_event_still_deliver
     assert "status.example" in crashed[0]["error"]
     assert SECRET not in json.dumps(logs, default=str)
     assert len(tries) == 2
+
+
+def test_a_dispatcher_whose_outbox_was_deleted_logs_it_and_goes_on(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """The outbox deleted under a running dispatcher (an operator's DEL or FLUSHDB): its reads
+    fail (NOGROUP). The error is logged, the group made again, and the next event delivered:
+    the dispatcher's thread does not die without a word."""
+    from structlog.testing import capture_logs  # noqa: PLC0415
+
+    append(connection, event(receiver, "job-1"))
+    bodies = {"job-1": {"job_id": "job-1"}, "job-2": {"job_id": "job-2"}}
+    with capture_logs() as logs, dispatching(connection, settings, bodies):
+        wait_for(lambda: len(receiver.calls) == 1, 30, "the first event delivered")
+        connection.delete(keys.WEBHOOK_OUTBOX)
+        failed = lambda: [x for x in logs if x["event"] == "webhook_dispatch_failed"]  # noqa: E731
+        wait_for(failed, 30, "the failed read logged")
+        append(connection, event(receiver, "job-2"))
+        wait_for(lambda: len(receiver.calls) == 2, 30, "the next event delivered")
+    assert failed()[0]["error_type"] == "ResponseError"
+    assert [c.headers["webhook-id"] for c in receiver.calls] == [
+        "msg_job-1_finished",
+        "msg_job-2_finished",
+    ]
