@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 
-import redis
 from rq.job import Job, JobStatus
 
 from shared.document_state import (
@@ -26,7 +25,7 @@ from shared.document_state import (
     renew,
 )
 from shared.logs import get_logger
-from shared.settings import Settings
+from workers.documents.duty import LockedDuty
 
 log = get_logger(__name__)
 KEEPALIVE_BATCH = 50  # documents looked at per tick (the rest wait a tick)
@@ -38,21 +37,14 @@ WAITING = {
 }
 
 
-class DocumentKeepalive:
-    """A housekeeping duty: `tick()` once per heartbeat interval."""
+class DocumentKeepalive(LockedDuty):
+    """A housekeeping duty: `tick()` once per heartbeat interval, one holder per tick."""
 
-    def __init__(self, connection: redis.Redis, settings: Settings, *, holder: str) -> None:
-        self.connection = connection
-        self.settings = settings
-        self.holder = holder
-
-    def __call__(self) -> None:
-        self.tick()
+    lock_key = KEEPALIVE_LOCK
 
     def tick(self) -> list[str]:
         """The documents whose TTL this tick renewed."""
-        lock_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
-        if not self.connection.set(KEEPALIVE_LOCK, self.holder, nx=True, px=lock_ms):
+        if not self.holds_this_tick():
             return []
         ttl = self.settings.result_ttl_s
         due = self.connection.zrangebyscore(

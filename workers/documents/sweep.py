@@ -12,7 +12,6 @@ marker a retry cleared is dropped.
 
 from __future__ import annotations
 
-import redis
 from rq.job import Job
 
 from shared.document_state import (
@@ -26,27 +25,20 @@ from shared.document_state import (
     pending_assemblies,
 )
 from shared.logs import get_logger
-from shared.settings import Settings
+from workers.documents.duty import LockedDuty
 
 log = get_logger(__name__)
 SWEEP_BATCH = 20  # documents looked at per tick (a crash leaves one; the rest wait a tick)
 
 
-class AssemblySweep:
-    """A housekeeping duty: `tick()` once per heartbeat interval."""
+class AssemblySweep(LockedDuty):
+    """A housekeeping duty: `tick()` once per heartbeat interval, one holder per tick."""
 
-    def __init__(self, connection: redis.Redis, settings: Settings, *, holder: str) -> None:
-        self.connection = connection
-        self.settings = settings
-        self.holder = holder
-
-    def __call__(self) -> None:
-        self.tick()
+    lock_key = ASSEMBLY_SWEEP_LOCK
 
     def tick(self) -> list[str]:
         """The documents whose assembly job this tick enqueued."""
-        lock_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
-        if not self.connection.set(ASSEMBLY_SWEEP_LOCK, self.holder, nx=True, px=lock_ms):
+        if not self.holds_this_tick():
             return []
         grace = self.settings.document_assembly_grace_s
         enqueued = []
