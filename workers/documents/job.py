@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from rq import get_current_job
@@ -137,7 +138,20 @@ def _all_done(connection: redis.Redis, plan: DocumentPlanRecord) -> list[Segment
             f"document {plan.document_id}: segments {shown} are not done "
             f"({len(missing)} of {len(plan.segments)})"
         )
+    for segment in plan.segments:
+        _check_segment_uri(plan.document_id, segment.index, segment.key, done[segment.index].uri)
     return [done[s.index] for s in plan.segments]
+
+
+def _check_segment_uri(document_id: str, index: int, key: str, uri: str) -> None:
+    """The recorded audio of a segment is its own key's object (the URI's path ends with the
+    key, under whatever storage root wrote it): a done hash rewritten in Redis cannot make the
+    assembler read another tenant's audio or any other file into a document."""
+    if not unquote(urlsplit(uri).path).endswith("/" + key):
+        raise InvalidRequestError(
+            f"document {document_id}: segment {index}'s recorded audio {uri!r} is not its "
+            f"key {key!r}"
+        )
 
 
 def _write(

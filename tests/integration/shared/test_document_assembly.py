@@ -18,6 +18,7 @@ from shared.document_state import (
     LIVE_DOCUMENTS,
     DocumentPlanRecord,
     DocumentResult,
+    SegmentDone,
     document_key,
     load_result,
 )
@@ -127,6 +128,26 @@ def test_an_assembly_whose_plan_names_keys_outside_its_tenant_writes_and_deletes
     assert sorted(p for p in out.rglob("*") if p.is_file()) == before  # nothing written or gone
     assert storage.files == 0
     assert load_result(connection, document_id) is None
+
+
+def test_an_assembly_whose_done_record_names_another_object_reads_nothing_of_it(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A segment's recorded audio must be its own key's object: a done hash rewritten in Redis
+    to name another tenant's file is refused before any audio is read or written."""
+    connection, storage, settings = setup(redis_url, tmp_path)
+    out = tmp_path / "out"
+    document_id = synthetic_document(connection, out, minutes=1)
+    victim = out / "tenants/alpha/orders/42.wav"
+    victim.parent.mkdir(parents=True)
+    sf.write(str(victim), [0.0] * 2400, 24000)  # a readable WAV of another tenant's
+    done = document_key(document_id, "done")
+    record = SegmentDone.model_validate_json(connection.hget(done, "0") or b"")
+    rewritten = record.model_copy(update={"uri": victim.as_uri()})
+    connection.hset(done, "0", rewritten.model_dump_json())
+    with pytest.raises(InvalidRequestError, match="segment 0's recorded audio"):
+        assemble(connection, storage, settings, document_id, "a", tenant="default")
+    assert storage.files == 0 and load_result(connection, document_id) is None
 
 
 def waiting_job(connection: redis.Redis, job_id: str) -> None:
