@@ -1,7 +1,7 @@
 """A job's webhook event: one outbox entry when a job with a `webhook` ends for good.
 
 Appended before the outcome is recorded, by whoever records it: the worker (finished, failed,
-canceled; `workers/service/webhook_events.py`), the reaper (in the failure's transaction) and
+canceled; `workers/worker.py`), the reaper (in the failure's transaction) and
 the producer's `cancel` of a waiting job, which no worker ever sees (RQ's `Job.cancel()` takes it
 out of its queue). A worker killed in between leaves an event whose job is not done yet: the
 dispatcher waits for the job to end before it sends anything. Never a network call to a

@@ -32,13 +32,13 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer, resolve_serializer
 from rq.suspension import is_suspended
 
-from shared import keys, tenants
+from shared import job_events, keys, tenants
 from shared.connection import redis_connection
 from shared.logs import get_logger
 from shared.settings import Settings, load_settings
 from shared.settings_env import redact_urls
 from workers.engine.openmp_pool import release_thread_team
-from workers.service import admission, cancels, control, host, metrics, outcomes, webhook_events
+from workers.service import admission, cancels, control, host, metrics, outcomes
 from workers.service.attempts import AttemptBooks
 from workers.service.batch_admission import batchable
 from workers.service.batch_runner import BatchRunner
@@ -129,7 +129,7 @@ class CosyqWorker(StopSafeWorker):
         self.storage_check = StorageCheck(
             self.lifecycle.recheck_storage, self.lifecycle.storage_lost
         )
-        self._webhooks = webhook_events.WebhookPolicy.from_settings(self.settings)
+        self._webhooks = job_events.WebhookPolicy.from_settings(self.settings)
         self._timed_out = False
         self._retire_lock = threading.Lock()
         self._retire_announced = False
@@ -325,7 +325,7 @@ class CosyqWorker(StopSafeWorker):
             if tried and outcomes.already_finished(job):
                 return  # the reply was lost, the write was not
             tried = True
-            webhook_events.job_ended(self.connection, job, "job.finished", self._webhooks)
+            job_events.job_ended(self.connection, job, "job.finished", self._webhooks)
             record(job, queue, started_job_registry, execution)
 
         outcomes.when_reachable(write, job_id=job.id, step="success")
@@ -363,7 +363,7 @@ class CosyqWorker(StopSafeWorker):
             else:
                 self.connection.ping()
             if not retrying:
-                webhook_events.job_ended(self.connection, job, "job.failed", self._webhooks)
+                job_events.job_ended(self.connection, job, "job.failed", self._webhooks)
             record(job, queue, started_job_registry, exc_string, execution)
 
         outcomes.when_reachable(write, job_id=job.id, step="failure")

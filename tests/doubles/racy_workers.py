@@ -19,9 +19,9 @@ from typing import Any
 import redis
 from rq.queue import Queue
 
+from shared import job_events
 from shared.connection import redis_connection
 from shared.keys import QUEUE_DEFAULT
-from workers.service import webhook_events
 from workers.service.dequeue import DUPLICATE_SIGNAL_WINDOW_S
 from workers.worker import CosyqWorker
 
@@ -118,14 +118,14 @@ class KillAfterWebhookEvent(CosyqWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        recorded = webhook_events.job_ended
+        recorded = job_events.job_ended
 
         def recorded_then_killed(connection: Any, job: Any, event: Any, policy: Any) -> None:
             recorded(connection, job, event, policy)
             if event == "job.finished":
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        webhook_events.job_ended = recorded_then_killed  # type: ignore[assignment]
+        job_events.job_ended = recorded_then_killed  # type: ignore[assignment]
 
 
 class RedisGoneBeforeRegistration(CosyqWorker):

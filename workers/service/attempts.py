@@ -27,12 +27,12 @@ from rq.queue import Queue
 from rq.utils import now
 from rq.worker import SimpleWorker
 
-from shared import keys
+from shared import job_events, keys
 from shared.job_index import record_failure
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.tenants import TENANT_META_KEY
-from workers.service import admission, metrics, outcomes, webhook_events
+from workers.service import admission, metrics, outcomes
 from workers.service.dequeue import push_back
 from workers.service.housekeeping import Housekeeper
 from workers.service.outage import REDIS_OUTAGE, until_reachable
@@ -80,7 +80,7 @@ class AttemptBooks:
         self.housekeeper = housekeeper
         self.settings = settings
         self.on_end = on_end
-        self.webhooks = webhook_events.WebhookPolicy.from_settings(settings)
+        self.webhooks = job_events.WebhookPolicy.from_settings(settings)
         self._outcomes: dict[str, str] = {}  # job id -> outcome, written by RQ's handlers
 
     # -- both paths ----------------------------------------------------------------------------

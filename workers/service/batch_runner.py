@@ -39,12 +39,13 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.timeouts import JobTimeoutException
 
+from shared import job_events
 from shared.logs import get_logger
 from shared.settings import Settings
 from workers import tasks
 from workers.engine.api import SynthesisInput, SynthesisOutput
 from workers.engine.batching import BatchSession, open_batch_session
-from workers.service import admission, cancels, metrics, webhook_events
+from workers.service import admission, cancels, metrics
 from workers.service.attempts import AttemptBooks, ExcInfo
 from workers.service.batch_admission import (
     BatchDequeue,
@@ -100,7 +101,7 @@ class BatchRunner:
         self.gate = gate
         self.batch_size = settings.batch_size
         self.tenants = settings.tenant_names()  # a job naming another one is refused
-        self.webhooks = webhook_events.WebhookPolicy.from_settings(settings)
+        self.webhooks = job_events.WebhookPolicy.from_settings(settings)
         self.wait_s = settings.batch_wait_ms / 1000
         self.poll_s = settings.batch_poll_ms / 1000
         self.peek_s = settings.batch_stream_peek_ms / 1000

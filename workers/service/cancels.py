@@ -22,9 +22,8 @@ from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
 from rq.utils import now, utcformat
 
-from shared import keys
+from shared import job_events, keys
 from shared.logs import get_logger
-from workers.service import webhook_events
 from workers.service.outage import until_reachable
 
 log = get_logger(__name__)
@@ -74,14 +73,14 @@ def record_canceled(
     queue: Queue,
     *,
     execution: Any = None,
-    webhooks: webhook_events.WebhookPolicy | None = None,
+    webhooks: job_events.WebhookPolicy | None = None,
 ) -> None:
     """The job ends as canceled (see the module docstring); waits out a Redis outage."""
     job.retries_left = 0
 
     def write() -> None:
         if webhooks is not None:
-            webhook_events.job_ended(connection, job, "job.canceled", webhooks)
+            job_events.job_ended(connection, job, "job.canceled", webhooks)
         with connection.pipeline() as pipe:
             if execution is not None:
                 execution.delete(job=job, pipeline=pipe)

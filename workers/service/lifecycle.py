@@ -25,6 +25,7 @@ from rq.serializers import JSONSerializer
 
 from shared.connection import follow_master, redis_connection
 from shared.errors import CosyqError, StorageError
+from shared.job_events import WebhookPolicy
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings
@@ -43,7 +44,6 @@ from workers.service.job_runtime import WorkerRuntime, install_runtime, prompt_r
 from workers.service.orphans import OrphanSweep
 from workers.service.outage import wait_for_redis
 from workers.service.reaper import Reaper, release_job
-from workers.service.webhook_events import WebhookPolicy
 from workers.voices.book import VoiceBook
 
 log = get_logger(__name__)

@@ -24,10 +24,10 @@ from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 from rq.utils import as_text, parse_composite_key
 
+from shared.job_events import WebhookPolicy
 from shared.logs import get_logger
 from workers.service.outage import REDIS_RETRY_FIRST_S, STOP_BOUND, refuse_or_wait
 from workers.service.reaper import release_job
-from workers.service.webhook_events import WebhookPolicy
 
 log = get_logger(__name__)
 

@@ -40,6 +40,7 @@ import redis
 
 from shared import tenants
 from shared.connection import follow_master, redis_connection
+from shared.job_events import WebhookPolicy
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.start_failures import record_backoff
@@ -47,7 +48,6 @@ from workers.service import control, metrics
 from workers.service.reaper import Reaper, forget_worker
 from workers.service.template import TEMPLATE, ForkedWorker, WorkerTemplate, preload_modules
 from workers.service.template import start_mode as worker_start_mode
-from workers.service.webhook_events import WebhookPolicy
 
 log = get_logger(__name__)
 

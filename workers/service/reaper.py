@@ -32,10 +32,10 @@ from rq.utils import as_text, now, parse_composite_key
 from rq.worker import SimpleWorker
 
 from shared import keys
+from shared.job_events import WebhookPolicy, job_ended
 from shared.logs import get_logger
 from workers.service.admission import CosyqJob
 from workers.service.audio_stream import end_released_stream
-from workers.service.webhook_events import WebhookPolicy, job_ended
 
 log = get_logger(__name__)
 

@@ -278,7 +278,7 @@ def test_a_superseded_segment_job_ending_tells_nothing(
     superseded by the second's) ends failed: that is not the document's end. Told, it would
     send a false `document.failed` and its guard would silence the `document.finished` of the
     job that does count. The current job's failure is still told."""
-    from workers.service.webhook_events import WebhookPolicy, job_ended  # noqa: PLC0415
+    from shared.job_events import WebhookPolicy, job_ended  # noqa: PLC0415
 
     url = "http://127.0.0.1:9/hooks/"
     allowed = settings.model_copy(update={"webhook_allowed_urls": url})
@@ -409,8 +409,8 @@ def test_a_segment_recorded_done_whose_job_then_fails_tells_nothing(
     the reaper, no retry left, fails the job. The segment is done and the document goes on to
     be assembled: a `document.failed` now would be false, and its guard would silence the
     `document.finished` to come."""
+    from shared.job_events import WebhookPolicy, job_ended  # noqa: PLC0415
     from workers.documents import job as document_job  # noqa: PLC0415 (cosyq[worker])
-    from workers.service.webhook_events import WebhookPolicy, job_ended  # noqa: PLC0415
 
     url = "http://127.0.0.1:9/hooks/"
     allowed = settings.model_copy(update={"webhook_allowed_urls": url})
