@@ -80,20 +80,30 @@ class Room:
         else:
             outcome = f"{len(submitted)} submitted"
         if self.max_queued_jobs - queued < needed:
-            return TenantQuotaError(
-                f"tenant {self.tenant} has {queued:,} jobs queued (quota max_queued_jobs "
-                f"{self.max_queued_jobs:,}, COSYQ_TENANT_QUOTAS); {outcome}",
-                tenant=self.tenant,
-                quota="max_queued_jobs",
-                retry_after_s=self.retry_after_s,
-                submitted=tuple(submitted),
-            )
+            return self.quota_error(queued, outcome, submitted)
         full = planned[start].queue  # a document's segments all wait in one queue
+        return self.queue_full(full, depths[full], outcome, submitted)
+
+    def quota_error(
+        self, queued: int, outcome: str, submitted: Sequence[str] = ()
+    ) -> TenantQuotaError:
+        return TenantQuotaError(
+            f"tenant {self.tenant} has {queued:,} jobs queued (quota max_queued_jobs "
+            f"{self.max_queued_jobs:,}, COSYQ_TENANT_QUOTAS); {outcome}",
+            tenant=self.tenant,
+            quota="max_queued_jobs",
+            retry_after_s=self.retry_after_s,
+            submitted=tuple(submitted),
+        )
+
+    def queue_full(
+        self, queue: str, depth: int, outcome: str, submitted: Sequence[str] = ()
+    ) -> QueueFullError:
         return QueueFullError(
-            f"{full} holds {depths[full]:,} jobs (COSYQ_MAX_QUEUE_DEPTH "
-            f"{self.max_queue_depth:,}); {outcome}",
-            queue=full,
-            depth=depths[full],
+            f"{queue} holds {depth:,} jobs (COSYQ_MAX_QUEUE_DEPTH {self.max_queue_depth:,}); "
+            f"{outcome}",
+            queue=queue,
+            depth=depth,
             submitted=tuple(submitted),
         )
 
@@ -104,20 +114,9 @@ def refusal_of_one(
     """Why one more job (an add-voice job) cannot wait in `queue` now; None when it fits."""
     queued = sum(depths.values())
     if queued >= room.max_queued_jobs:
-        return TenantQuotaError(
-            f"tenant {room.tenant} has {queued:,} jobs queued (quota max_queued_jobs "
-            f"{room.max_queued_jobs:,}, COSYQ_TENANT_QUOTAS); nothing was submitted",
-            tenant=room.tenant,
-            quota="max_queued_jobs",
-            retry_after_s=room.retry_after_s,
-        )
+        return room.quota_error(queued, "nothing was submitted")
     if depths[queue] >= room.max_queue_depth:
-        return QueueFullError(
-            f"{queue} holds {depths[queue]:,} jobs (COSYQ_MAX_QUEUE_DEPTH "
-            f"{room.max_queue_depth:,}); nothing was submitted",
-            queue=queue,
-            depth=depths[queue],
-        )
+        return room.queue_full(queue, depths[queue], "nothing was submitted")
     return None
 
 
