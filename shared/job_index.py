@@ -3,7 +3,8 @@
 - jobs and documents by submit time, in one sorted set for all and one per tenant
   (`keys.JOB_INDEX[:tenant]`, `keys.DOCUMENT_INDEX[:tenant]`), written by the producer in the
   same transaction as the enqueue; entries older than the result TTL are trimmed as new ones
-  come, so a page reads a range (ZREVRANGE) and never the whole set;
+  come (a document's only once it has expired: one kept alive stays listed), so a page reads a
+  range (ZREVRANGE) and never the whole set;
 - suspect results waiting for a judgement (`keys.SUSPECT_INDEX[:tenant]`) and each finished
   job's small summary (verdict, audio seconds), written by the worker as it returns a result;
 - throughput per minute (jobs, audio seconds, failures), kept two hours;
@@ -24,11 +25,28 @@ from redis import Redis
 from redis.client import Pipeline
 
 from shared import keys
+from shared.document_state import DOCUMENT_PREFIX
 
 THROUGHPUT_KEEP_S = 2 * 3600  # the chart shows the last hour; a minute's hash lives two
 STOPPED_KEEP_S = 3600  # a stopped worker stays on the fleet view this long
 SUMMARY_VERDICT, SUMMARY_AUDIO_S = "verdict", "audio_s"
 JUDGEMENTS = ("accepted", "regenerated", "failed")
+# Old document index entries looked at per submit (the oldest first); one whose document still
+# lives is kept and looked at again next time.
+DOCUMENT_TRIM_BATCH = 1000
+# KEYS[1] an index; ARGV: the cutoff score, the prefix of the record key that lives as long as
+# an entry's item (+ its id), most entries looked at. Removes the entries scored before the
+# cutoff whose record is gone; returns how many it removed.
+_TRIM_EXPIRED = """
+local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[3])
+local removed = 0
+for _, id in ipairs(old) do
+  if redis.call('EXISTS', ARGV[2] .. id) == 0 then
+    removed = removed + redis.call('ZREM', KEYS[1], id)
+  end
+end
+return removed
+"""
 
 
 def owned(key: str, tenant: str | None) -> str:
@@ -52,7 +70,15 @@ def index_jobs(
 def index_document(
     target: Redis | Pipeline, tenant: str, document_id: str, *, keep_s: float
 ) -> None:
-    _index(target, keys.DOCUMENT_INDEX, tenant, [document_id], keep_s=keep_s, at=None)
+    """Add a submitted document to the all-tenants and the tenant's index; drop entries older
+    than `keep_s` whose document has expired (its plan is gone) from both. A document outlives
+    its submit time + TTL while a job of it waits or runs (the keepalive, a segment starting, a
+    retry renew its plan), so an entry's age alone does not say it is gone."""
+    stamp = time.time()
+    for name in (keys.DOCUMENT_INDEX, owned(keys.DOCUMENT_INDEX, tenant)):
+        target.zadd(name, {document_id: stamp})
+        cutoff = repr(stamp - keep_s)
+        target.eval(_TRIM_EXPIRED, 1, name, cutoff, DOCUMENT_PREFIX, DOCUMENT_TRIM_BATCH)
 
 
 def _index(
