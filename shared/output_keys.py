@@ -32,9 +32,11 @@ RESERVED_AREAS = (TENANTS_AREA, "voices", "documents")  # first segments no requ
 
 def reserved_area(key: str) -> str | None:
     """The reserved area `key`'s first segment names, in any case (`Tenants/` is `tenants/` on
-    a case-insensitive file system: macOS's and Windows' default); None for any other key."""
+    a case-insensitive file system: macOS's and Windows' default) and with any trailing dots
+    (Windows drops them from a path's names: `tenants./` is `tenants/` there); None for any
+    other key."""
     area = key.split("/", 1)[0]
-    return area if area.casefold() in RESERVED_AREAS else None
+    return area if area.rstrip(".").casefold() in RESERVED_AREAS else None
 
 
 def tenant_prefix(tenant: str) -> str:

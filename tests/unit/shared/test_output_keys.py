@@ -41,6 +41,11 @@ def test_placed_keys_stay_in_the_tenants_prefix_and_out_of_reserved_areas(tenant
         for spelled in (area.upper(), area.capitalize()):
             with pytest.raises(ValueError, match="reserved"):
                 place_output_key(tenant, f"{spelled}/beta/x.wav", 512)
+        # Windows drops a name's trailing dots: `tenants./` is `tenants/` there
+        for dotted in (f"{area}.", f"{area.capitalize()}.."):
+            with pytest.raises(ValueError, match="reserved"):
+                place_output_key(tenant, f"{dotted}/beta/x.wav", 512)
+    assert place_output_key(tenant, "tenants.d/x.wav", 512).endswith("tenants.d/x.wav")
     with pytest.raises(ValueError, match="limit 20"):
         place_output_key(tenant, "a" * (21 - len(tenant_prefix(tenant))), 20)
 
@@ -56,6 +61,9 @@ def test_placed_keys_stay_in_the_tenants_prefix_and_out_of_reserved_areas(tenant
         ("default", "documents/d1/segments/00000.wav"),  # no such segment job
         ("default", "Tenants/beta/x.wav"),  # beta's prefix on a case-insensitive disk
         ("default", "VOICES/beta/alice/prompt.wav"),
+        ("default", "tenants./beta/x.wav"),  # beta's prefix on Windows (trailing dots dropped)
+        ("default", "Voices../beta/alice/prompt.wav"),
+        ("beta", "tenants/beta/documents./d1/d1.wav"),
         ("beta", "tenants/beta/Documents/d1/d1.wav"),
     ],
 )
