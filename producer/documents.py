@@ -364,10 +364,16 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     assembly marker goes with them, so the last of them enqueues the assembly afresh (a failed
     assembly's marker would otherwise stop it, and its error stay): one retry suffices. When
     every segment is done but no assembly is alive, enqueue the assembly again. Of two retries
-    at once one redoes the segments; the other finds its read outdated and redoes nothing."""
+    at once one redoes the segments; the other finds its read outdated and redoes nothing.
+    A document of no tenant (nobody's, planned before tenants) is refused: its new jobs would
+    be "default"'s, whose key would then read their text and audio."""
     connection = client.connection
     plan = load_plan(connection, document_id)
-    client = client.for_tenant(plan.tenant or DEFAULT_TENANT)  # its queues, whoever retries
+    if plan.tenant is None:
+        raise InvalidRequestError(
+            f"document {document_id} has no tenant (nobody's): not retried; submit it again"
+        )
+    client = client.for_tenant(plan.tenant)  # its queues, whoever retries
     jobs = document_key(document_id, "jobs")
     with connection.pipeline() as pipe:
         pipe.watch(jobs)  # another retry's new job ids, written after this read: WatchError

@@ -4,6 +4,7 @@ though the client asking (the CLI's) is tenant "default". Real Redis, no worker 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,12 @@ from rq.serializers import JSONSerializer
 
 from producer import CosyqClient
 from producer.documents import ensure_assembly
-from shared.document_state import job_ids, load_plan
+from shared import keys
+from shared.document_state import document_key, job_ids, load_plan
+from shared.errors import InvalidRequestError
+from shared.job_index import owned
 from shared.settings import Settings, load_settings
-from shared.tenants import TENANT_META_KEY
+from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 
 TEXT = "First paragraph, a sentence or two long.\n\nSecond paragraph, a little longer again."
 
@@ -51,3 +55,21 @@ def test_retry_and_assembly_run_in_the_documents_tenant_not_the_callers(
         job = _job(cli, assembly.decode())
         assert job.origin == "cosyq-default.alpha" and job.meta[TENANT_META_KEY] == "alpha"
         assert plan.tenant == "alpha"
+
+
+def test_a_document_of_nobodys_is_not_retried_as_the_default_tenants(settings: Settings) -> None:
+    """A plan with no tenant (from before tenants) is refused: its segments redone as "default"'s
+    jobs would be that tenant's key's to read (text and audio), on /v1/jobs and in /ui."""
+    with CosyqClient(settings, tenant="alpha") as alpha, CosyqClient(settings) as cli:
+        document_id = alpha.submit_document({"text": TEXT})
+        connection = cli.connection
+        raw = json.loads(connection.get(document_key(document_id)) or b"{}")
+        raw.pop("tenant")  # planned before tenants: nobody's
+        connection.set(document_key(document_id), json.dumps(raw), keepttl=True)
+        first = job_ids(connection, document_id)[0]
+        connection.delete(Job.key_for(first))  # lost: a retry would make it again
+        default_index = owned(keys.JOB_INDEX, DEFAULT_TENANT)
+        with pytest.raises(InvalidRequestError, match="no tenant"):
+            cli.retry_document(document_id)
+        assert job_ids(connection, document_id)[0] == first  # nothing redone
+        assert connection.zcard(default_index) == 0
