@@ -115,7 +115,14 @@ class CosyqClient:
         return bound
 
     def queue_for(self, priority: str) -> str:
-        """The queue this client's jobs of one priority wait in."""
+        """The queue this client's jobs of one priority wait in; InvalidRequestError when the
+        priority is above the tenant's highest (COSYQ_TENANT_MAX_PRIORITY, COSYQ_TENANT_QUOTAS)."""
+        if not self.settings.allows_priority(self.tenant, priority):
+            highest = self.settings.max_priority(self.tenant)
+            raise InvalidRequestError(
+                f"priority: {priority} is above tenant {self.tenant}'s highest, {highest} "
+                "(COSYQ_TENANT_MAX_PRIORITY, COSYQ_TENANT_QUOTAS)"
+            )
         return tenants.queue_name(keys.queue_for(priority), self.tenant)
 
     def __enter__(self) -> CosyqClient:
@@ -197,11 +204,11 @@ class CosyqClient:
         for index, raw in enumerate(requests):
             try:
                 request = self._placed(validate_request(raw, self.limits))
+                queue = self.queue_for(request.priority)
             except InvalidRequestError as e:
                 if not indexed:
                     raise
                 raise InvalidRequestError(f"requests[{index}]: {e}") from e
-            queue = self.queue_for(request.priority)
             planned.append(_PlannedJob(index, uuid.uuid4().hex, queue, request))
         return planned
 

@@ -4,15 +4,25 @@
 The tenants are "default", those named in COSYQ_API_KEYS and those in COSYQ_TENANTS (for
 workers, which need the names but never the keys). Quotas are per tenant; COSYQ_TENANT_QUOTAS
 overrides the defaults for the tenants it names, as JSON:
-`{"billing": {"max_queued_jobs": 500, "requests_per_minute": 60}}`.
+`{"billing": {"max_queued_jobs": 500, "requests_per_minute": 60, "max_priority": "default"}}`.
+A tenant's highest priority matters because workers serve priorities first, every tenant's
+`high` queue before any tenant's `default`: a tenant that may send `high` can hold back every
+other tenant's `default` and `low` jobs for as long as its backlog lasts.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.errors import UnknownTenantError
+from shared.keys import QUEUES_IN_PRIORITY_ORDER, queue_for
 from shared.tenants import check_tenant_name
+
+# The highest priority a tenant may be held to: `default` takes `high` away (a tenant's `high`
+# jobs go before every tenant's `default` ones); `low` would refuse requests naming no priority.
+MaxPriority = Literal["high", "default"]
 
 
 class TenantQuota(BaseModel):
@@ -22,6 +32,7 @@ class TenantQuota(BaseModel):
 
     max_queued_jobs: int | None = Field(None, gt=0)
     requests_per_minute: int | None = Field(None, gt=0)
+    max_priority: MaxPriority | None = None
 
 
 class TenantSettings(BaseModel):
@@ -36,8 +47,11 @@ class TenantSettings(BaseModel):
     tenant_requests_per_minute: int = Field(
         600, gt=0, description="most HTTP requests one tenant may make per minute (all routes)"
     )
+    tenant_max_priority: MaxPriority = Field(
+        "high", description="highest priority a tenant's requests may ask for (high or default)"
+    )
     tenant_quotas: dict[str, TenantQuota] = Field(
-        {}, description="per-tenant overrides of the two quotas (JSON)"
+        {}, description="per-tenant overrides of the quotas (JSON)"
     )
 
     @field_validator("tenants")
@@ -66,6 +80,17 @@ class TenantSettings(BaseModel):
         if override is not None and override.requests_per_minute is not None:
             return override.requests_per_minute
         return self.tenant_requests_per_minute
+
+    def max_priority(self, tenant: str) -> MaxPriority:
+        override = self.tenant_quotas.get(tenant)
+        if override is not None and override.max_priority is not None:
+            return override.max_priority
+        return self.tenant_max_priority
+
+    def allows_priority(self, tenant: str, priority: str) -> bool:
+        """Whether `tenant`'s requests may ask for `priority` (none above its max_priority)."""
+        rank = QUEUES_IN_PRIORITY_ORDER.index
+        return rank(queue_for(priority)) >= rank(queue_for(self.max_priority(tenant)))
 
 
 def _named(name: str) -> str:

@@ -13,7 +13,7 @@ import redis
 from rq import Queue
 
 from producer import CosyqClient
-from shared.errors import TenantQuotaError
+from shared.errors import InvalidRequestError, SettingsError, TenantQuotaError
 from shared.settings import Settings, load_settings
 from tests.integration.producer.http.conftest import start_front
 
@@ -141,3 +141,28 @@ def test_a_document_over_the_quota_answers_429_over_http(redis_url: str, tmp_pat
     finally:
         front.stop()
         connection.close()
+
+
+def test_a_tenant_held_to_default_priority_queues_no_high_job(redis_url: str) -> None:
+    """Workers serve every tenant's `high` queue before any tenant's `default`, so a tenant
+    whose max_priority is `default` is refused `high` (one error naming the field, nothing
+    queued, a document's segments neither); its `default` and `low` jobs are taken, and a tenant
+    not held keeps `high`. `low` is no cap: it would refuse a request naming no priority."""
+    quotas = {"beta": {"max_priority": "default"}}
+    settings = load_settings(None, redis_url=redis_url, tenants="alpha,beta", tenant_quotas=quotas)
+    connection = redis.Redis.from_url(redis_url, decode_responses=True)
+    high = "priority: high is above tenant beta's highest, default"
+    with CosyqClient(settings, tenant="beta") as beta, CosyqClient(settings, tenant="alpha") as a:
+        with pytest.raises(InvalidRequestError, match=high):
+            beta.submit({"text": "Now.", "priority": "high"})
+        with pytest.raises(InvalidRequestError, match=rf"requests\[1\]: {high}"):
+            beta.submit_many([{"text": "One."}, {"text": "Two.", "priority": "high"}])
+        with pytest.raises(InvalidRequestError, match=high):
+            beta.submit_document({"text": DOCUMENT, "priority": "high"})
+        assert _queued(connection) == [] and _redis_state(connection) == ([], [])
+        taken = [beta.submit({"text": "One."}), beta.submit({"text": "Two.", "priority": "low"})]
+        assert sorted(_queued(connection)) == sorted(taken)
+        assert a.status(a.submit({"text": "Now.", "priority": "high"})).queue == "cosyq-high.alpha"
+    with pytest.raises(SettingsError, match="COSYQ_TENANT_MAX_PRIORITY"):
+        load_settings(None, redis_url=redis_url, tenant_max_priority="low")
+    connection.close()
