@@ -34,7 +34,7 @@ from producer.idempotency import mark_enqueued
 from producer.idempotency import release as release_idempotency_key
 from producer.idempotency import reserve as reserve_idempotency_keys
 from producer.planned import OnSubmitted, PlannedJob, Prelude, submit_meta
-from producer.room import Room, interrupted
+from producer.room import Room, check_priority, interrupted
 from producer.streaming import read_stream
 from producer.tracking import JobOutcome, JobStatus, JobTracker
 from producer.voice_jobs import enqueue_add_voice, remove_voice, wait_for_voice
@@ -115,14 +115,9 @@ class CosyqClient:
         return bound
 
     def queue_for(self, priority: str) -> str:
-        """The queue this client's jobs of one priority wait in; InvalidRequestError when the
-        priority is above the tenant's highest (COSYQ_TENANT_MAX_PRIORITY, COSYQ_TENANT_QUOTAS)."""
-        if not self.settings.allows_priority(self.tenant, priority):
-            highest = self.settings.max_priority(self.tenant)
-            raise InvalidRequestError(
-                f"priority: {priority} is above tenant {self.tenant}'s highest, {highest} "
-                "(COSYQ_TENANT_MAX_PRIORITY, COSYQ_TENANT_QUOTAS)"
-            )
+        """The queue this client's jobs of one priority wait in; InvalidRequestError above the
+        tenant's max_priority (`producer.room.check_priority`)."""
+        check_priority(self.settings, self.tenant, priority)
         return tenants.queue_name(keys.queue_for(priority), self.tenant)
 
     def __enter__(self) -> CosyqClient:

@@ -365,14 +365,11 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     assembly's marker would otherwise stop it, and its error stay): one retry suffices. When
     every segment is done but no assembly is alive, enqueue the assembly again. Of two retries
     at once one redoes the segments; the other finds its read outdated and redoes nothing.
-    A document of no tenant (nobody's, planned before tenants) is refused: its new jobs would
-    be "default"'s, whose key would then read their text and audio."""
+    A document of nobody's is refused: its new jobs would be "default"'s, to read."""
     connection = client.connection
     plan = load_plan(connection, document_id)
-    if plan.tenant is None:
-        raise InvalidRequestError(
-            f"document {document_id} has no tenant (nobody's): not retried; submit it again"
-        )
+    if plan.tenant is None:  # planned before tenants
+        raise InvalidRequestError(f"document {document_id} has no tenant (nobody's): not retried")
     client = client.for_tenant(plan.tenant)  # its queues, whoever retries
     jobs = document_key(document_id, "jobs")
     with connection.pipeline() as pipe:

@@ -1,4 +1,5 @@
-"""Room in a tenant's queues: which planned jobs fit now, and the error when none can.
+"""Room in a tenant's queues: which planned jobs fit now, the error when none can, and which
+priorities the tenant may use at all (`check_priority`).
 
 The client reads the depths of the tenant's queues under WATCH and enqueues the chunk this
 module chose in the same transaction (producer/client.py `_take_room`), so the check and the
@@ -14,7 +15,12 @@ from dataclasses import dataclass
 import redis
 
 from producer.planned import PlannedJob
-from shared.errors import QueueFullError, SubmitInterruptedError, TenantQuotaError
+from shared.errors import (
+    InvalidRequestError,
+    QueueFullError,
+    SubmitInterruptedError,
+    TenantQuotaError,
+)
 from shared.settings import Settings
 
 
@@ -135,3 +141,13 @@ def interrupted(
         f"{what}; {len(submitted):,} of {total:,} job(s) were submitted before it",
         submitted=tuple(submitted),
     )
+
+
+def check_priority(settings: Settings, tenant: str, priority: str) -> None:
+    """InvalidRequestError when `priority` is above `tenant`'s max_priority: workers serve every
+    tenant's high queue first, so a tenant held to default must not fill one."""
+    if not settings.allows_priority(tenant, priority):
+        raise InvalidRequestError(
+            f"priority: {priority} is above tenant {tenant}'s highest, "
+            f"{settings.max_priority(tenant)} (COSYQ_TENANT_MAX_PRIORITY, COSYQ_TENANT_QUOTAS)"
+        )
