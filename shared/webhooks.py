@@ -44,6 +44,7 @@ EVENT_NAMES: tuple[EventName, ...] = (
     "document.canceled",
 )
 MAX_WEBHOOK_URL_CHARS = 2048
+DEFAULT_PORTS = {"http": 80, "https": 443}
 SECRET_PREFIX = "whsec_"  # Standard Webhooks: the prefix, then the key in base64
 _TENANT_SECRET_LABEL = "cosyq-webhook-secret:"  # what a tenant's key is derived for
 
@@ -91,11 +92,33 @@ def check_webhook_url(
         raise ValueError("must not carry a user name or password")
     if parts.fragment or not url.isprintable() or any(c.isspace() for c in url):
         raise ValueError("must have no fragment, spaces or control characters")
-    if not any(url.startswith(prefix) for prefix in allowed):
+    if not any(_under_prefix(url, parts, prefix) for prefix in allowed):
         raise ValueError("not under any prefix of COSYQ_WEBHOOK_ALLOWED_URLS")
     if not allow_private:
         _check_host(parts.hostname, parts, resolve_names=resolve_names)
     return url
+
+
+def _origin(parts: SplitResult) -> tuple[str, str, int | None]:
+    """Scheme, host and port (the scheme's own when none is written): what a request reaches."""
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or DEFAULT_PORTS.get(scheme)
+
+
+def _under_prefix(url: str, parts: SplitResult, prefix: str) -> bool:
+    """`url` starts with `prefix` and reaches the same scheme, host and port: a prefix written
+    without its path's slash (`https://hooks.example.com`) must not admit
+    `https://hooks.example.com.evil.net/` or `https://hooks.example.com:8443/`. A prefix of a
+    scheme alone (`https://`) admits any host."""
+    if not url.startswith(prefix):
+        return False
+    allowed = urlsplit(prefix)
+    if not allowed.netloc:  # "https://": any host, as written
+        return True
+    try:
+        return _origin(parts) == _origin(allowed)
+    except ValueError:  # a port that is no number: that prefix admits nothing
+        return False
 
 
 def _check_host(host: str, parts: SplitResult, *, resolve_names: bool) -> None:

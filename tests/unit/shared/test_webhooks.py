@@ -82,3 +82,36 @@ def test_each_tenant_signs_with_its_own_secret_derived_from_the_one_configured()
     for value in derived.values():
         assert value.startswith("whsec_")
         Webhook(value)  # a Standard Webhooks secret a receiver can use
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example.com.evil.net/cosyq",
+        "https://hooks.example.com:8443/cosyq",
+        "https://hooks.example.comx/",
+        "http://hooks.example.com/",
+    ],
+)
+def test_a_prefix_without_its_slash_admits_no_other_host_or_port(url: str) -> None:
+    with pytest.raises(ValueError, match="not under any prefix"):
+        check_webhook_url(url, ("https://hooks.example.com",))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example.com",
+        "https://hooks.example.com/cosyq/done",
+        "https://hooks.example.com:443/cosyq",
+        "https://hooks.example.com?x=1",
+    ],
+)
+def test_a_prefix_without_its_slash_admits_its_own_host(url: str) -> None:
+    assert check_webhook_url(url, ("https://hooks.example.com",)) == url
+
+
+def test_a_prefix_of_a_scheme_alone_admits_any_host_of_that_scheme() -> None:
+    assert check_webhook_url("https://anywhere.example.net/x", ("https://",))
+    with pytest.raises(ValueError, match="not under any prefix"):
+        check_webhook_url("http://anywhere.example.net/x", ("https://",))
