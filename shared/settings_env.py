@@ -62,11 +62,15 @@ def _check_port(parts: SplitResult) -> None:
         raise ValueError("the port must be a number from 1 to 65535") from None
 
 
-def redact_url(url: str, *, keep_user: bool = True) -> str:
+def redact_url(url: str, *, keep_user: bool = True, keep_query: bool = True) -> str:
     """A URL fit to show: its password (user:secret@, or a lone secret@) and any credential in
     its query replaced by ***; the user name before a ':' stays for the operator's eyes (not
-    with `keep_user=False`: an answer to anyone). Never raises, whatever the text (urlsplit
-    refuses some URLs, and a refused URL is the one most worth showing safely)."""
+    with `keep_user=False`: an answer to anyone). `keep_query=False`: every query value is ***
+    (a tenant's webhook URL, whose token may go by any name: Azure's ?code=). Never raises,
+    whatever the text (urlsplit refuses some URLs, and a refused URL is the one most worth
+    showing safely)."""
+    if not keep_query:
+        url = _without_query_values(url)
     scheme, sep, rest = url.partition("://")
     if not sep:
         return _SECRET_QUERY.sub(r"\1***", url)
@@ -79,6 +83,15 @@ def redact_url(url: str, *, keep_user: bool = True) -> str:
     elif any(_BRACKETED.sub("", host).count(":") > 1 for host in authority.split(",")):
         authority = "***"  # user:secret:host:port, the '@' forgotten: no telling which is which
     return scheme + sep + authority + _SECRET_QUERY.sub(r"\1***", tail)
+
+
+def _without_query_values(url: str) -> str:
+    """`url` with each value of its query (and the fragment after it) replaced by ***."""
+    head, mark, query = url.partition("?")
+    if not mark:
+        return url
+    items = (item.partition("=") for item in query.split("&"))
+    return head + mark + "&".join(f"{name}=***" if eq else name and "***" for name, eq, _ in items)
 
 
 def redact_urls(text: str, *, keep_user: bool = True) -> str:

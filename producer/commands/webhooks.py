@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.errors import SettingsError, UnknownTenantError
+from shared.settings_env import redact_url
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -94,7 +95,8 @@ def _print_dead(context: CliContext, records: dict[str, dict[str, Any]]) -> None
         table.add_column(name, overflow="fold")
     for key, record in records.items():
         event = record.get("event") or record.get("fields") or {}
-        cells = (event.get("event"), event.get("job_id"), event.get("url"), record.get("tries"))
+        url = redact_url(str(event.get("url", "")), keep_user=False, keep_query=False)
+        cells = (event.get("event"), event.get("job_id"), url, record.get("tries"))
         why = record.get("dead_reason") or record.get("error")
         table.add_row(Text(key), *(Text(str(c)) for c in (*cells, why)))
     context.out.print(table)

@@ -193,6 +193,31 @@ def test_a_receiver_that_keeps_failing_is_dead_lettered_then_redelivered(
     assert {c.headers["webhook-id"] for c in receiver.calls} == {"msg_job-1_finished"}
 
 
+def test_dead_webhooks_are_listed_with_their_urls_query_masked(
+    connection: redis.Redis,
+    settings: Settings,
+    receiver: Receiver,
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's webhook URL may carry its receiver's token in the query under any name
+    (Azure's ?code=): `cosyq webhooks failed` shows the receiver and path, never a value."""
+    settings = settings.model_copy(update={"webhook_retry_hours": 1 / 3600})
+    receiver.answers = [500] * 1000
+    url = receiver.url + "in?code=AZ-CODE-4Kq&token=TOK-9Lw&flag"
+    made = WebhookEvent.for_job("job.finished", "job-1", url, "2026-12-01T00:00Z", "default")
+    append(connection, made)
+    with dispatching(connection, settings, {"job-1": {"job_id": "job-1"}}):
+        wait_for(lambda: WebhookStore(connection).counts() == (0, 1), 30, "the event dead")
+    assert receiver.calls[0].path.endswith("?code=AZ-CODE-4Kq&token=TOK-9Lw&flag")  # sent whole
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "400")  # the table on one line per row, the URL unfolded
+    assert cosyq(["--env-file", "/nonexistent", "webhooks", "failed"]) == 0
+    listed = capsys.readouterr().out
+    assert "msg_job-1_finished" in listed and "in?code=***&token=***&***" in listed
+    assert "AZ-CODE-4Kq" not in listed and "TOK-9Lw" not in listed
+
+
 def test_a_private_address_is_never_called_unless_allowed(
     connection: redis.Redis, settings: Settings, receiver: Receiver
 ) -> None:

@@ -110,3 +110,17 @@ def test_redis_password_is_kept_out_of_repr_and_redacted() -> None:
     assert settings.redacted_redis_url() == "redis://alice:***@host:6379/0"
     assert redact_url("redis://:pw@host/0") == "redis://:***@host/0"
     assert redact_url("redis://host/0") == "redis://host/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://h/in?code=AZ1&token=T2&flag", "https://h/in?code=***&token=***&***"),
+        ("https://u:pw@h/in?sig=S", "https://***@h/in?sig=***"),
+        ("https://h/in", "https://h/in"),
+        ("https://h/in?", "https://h/in?"),
+    ],
+)
+def test_a_webhook_url_is_shown_without_any_query_value(url: str, shown: str) -> None:
+    """A tenant's receiver token may go by any name in its webhook URL's query."""
+    assert redact_url(url, keep_user=False, keep_query=False) == shown
