@@ -353,7 +353,8 @@ class CosyqWorker(StopSafeWorker):
             job.meta[meta_key] = error.as_meta()
             if not error.wants_traceback:
                 exc_string = f"{error.kind}: {error.message}"
-        exc_string = redact_urls(exc_string)  # a traceback may quote a URL with its password
+        # a traceback may quote a URL with its password; its last line reaches the tenant
+        exc_string = redact_urls(exc_string, keep_user=False)
         record = super().handle_job_failure
 
         def write() -> None:

@@ -32,6 +32,7 @@ from shared.errors import (
     TransientError,
     UnknownVoiceError,
 )
+from shared.settings_env import redact_urls
 from shared.validation_messages import describe_errors
 
 log = structlog.get_logger("cosyq.http")
@@ -82,7 +83,7 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         body: dict[str, Any] = {
             "error": {
-                "message": self.message,
+                "message": redact_urls(self.message, keep_user=False),  # a storage error's URL
                 "type": self.type,
                 "param": self.param,
                 "code": self.code,

@@ -6,7 +6,8 @@ refused the write for a reason retrying will not fix: the deployment's fault, no
 The job boundary is the one place that catches broadly; this module turns whatever was raised
 into the short reason stored in job.meta["cosyq_error"] and shown by `cosyq status/failed`.
 Messages never carry the request text (validation errors name fields and rules only), nor a
-URL's credentials (a library's error quoting an endpoint with user:password@ is masked).
+URL's credentials (a library's error quoting an endpoint with user:password@ is masked, the user
+name too: the job's tenant reads the reason through the API and its webhook).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def classify(error: BaseException, *, timeout_s: float | None = None) -> JobErro
 def _internal(error: BaseException) -> str:
     """`Type: first line`, cut short: a bug's reason, not a library's parameter dump."""
     name = type(error).__name__
-    lines = redact_urls(str(error)).strip().splitlines()
+    lines = redact_urls(str(error), keep_user=False).strip().splitlines()
     text = f"{name}: {' '.join(lines[0].split())}" if lines else name
     if len(text) > MAX_INTERNAL_CHARS:
         text = text[: MAX_INTERNAL_CHARS - 3] + "..."
@@ -80,7 +81,7 @@ def _internal(error: BaseException) -> str:
 
 
 def _short(error: BaseException) -> str:
-    text = " ".join(redact_urls(str(error)).split()) or type(error).__name__
+    text = " ".join(redact_urls(str(error), keep_user=False).split()) or type(error).__name__
     if len(text) > MAX_MESSAGE_CHARS:
         text = text[: MAX_MESSAGE_CHARS - 3] + "..."
     return text

@@ -117,9 +117,11 @@ def test_an_internal_reason_is_its_type_and_first_line_only() -> None:
     ],
 )
 def test_a_failure_reason_quotes_no_url_credentials(error: BaseException) -> None:
-    """The reason is stored in Redis and shown by the API and `cosyq failed`."""
+    """The reason is stored in Redis and shown by the API, the job's webhook and `cosyq
+    failed`: no password, and no user name either (the tenant reads it)."""
     message = classify(error).message
     assert "pw-SECRET-9" not in message and "***" in message
+    assert "minio" not in message and "alice" not in message
 
 
 FIRST_USE = ("pyloudnorm", "scipy.signal", "scipy.ndimage")

@@ -1,5 +1,6 @@
 """GET /v1/jobs/{id}/audio relays a result stored on S3 (moto's server mode, over real HTTP):
-the front and a worker both on `s3://`, the bytes equal to the object the worker wrote."""
+the front and a worker both on `s3://`, the bytes equal to the object the worker wrote; with
+the endpoint gone, a 503 that names none of its credentials."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster
+from tests.doubles.s3_servers import RestartableS3
 from tests.integration.conftest import S3Endpoint
 from tests.integration.producer.http.conftest import fresh_db, start_front
 
@@ -64,3 +66,44 @@ def test_audio_of_an_s3_result_is_relayed_from_the_bucket(
     stored = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     assert audio.content == stored
     assert hashlib.sha256(audio.content).hexdigest() == result["sha256"]
+
+
+def test_an_unreachable_endpoint_is_a_503_naming_no_credentials_of_it(
+    redis_server: RedisServer, restartable_s3: RestartableS3, tmp_path: Path
+) -> None:
+    """botocore quotes the endpoint URL it could not reach; the tenant's answer shows neither
+    its password nor its user name (the operator's log keeps the user name)."""
+    boto3.client(
+        "s3",
+        endpoint_url=restartable_s3.url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=BUCKET)
+    storage = {
+        "COSYQ_STORAGE_URL": f"s3://{BUCKET}/tts",
+        "COSYQ_S3_ENDPOINT_URL": restartable_s3.url.replace("//", "//ops-user:ops-pass-7Hq@"),
+        "COSYQ_S3_REGION": "us-east-1",
+        "COSYQ_S3_ACCESS_KEY_ID": "testing",
+        "COSYQ_S3_SECRET_ACCESS_KEY": "testing",
+        "COSYQ_S3_ADDRESSING_STYLE": "path",
+        "COSYQ_S3_MAX_ATTEMPTS": "1",
+    }
+    url = fresh_db(redis_server, "s3")
+    front = start_front(tmp_path / "front", url, **storage)
+    cluster = Cluster(redis_url=url, root=tmp_path, overrides=storage)
+    try:
+        with front.http(key=None) as http:
+            job_id = http.post("/v1/jobs", json={"text": "Stored, then out of reach."}).json()["id"]
+            worker = cluster.start("run", "--burst", log_name="worker.log")
+            assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-2000:]
+            assert http.get(f"/v1/jobs/{job_id}").json()["state"] == "finished"
+            restartable_s3.stop()
+            audio = http.get(f"/v1/jobs/{job_id}/audio")
+    finally:
+        front.stop()
+        cluster.stop_all()
+    assert audio.status_code == 503, audio.text
+    message = audio.json()["error"]["message"]
+    assert "cannot read" in message and "//***@127.0.0.1" in message
+    assert "ops-user" not in audio.text and "ops-pass-7Hq" not in audio.text
