@@ -45,6 +45,7 @@ def check_redis_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in REDIS_SCHEMES:
         raise ValueError(f"scheme must be one of {', '.join(REDIS_SCHEMES)} (got {parts.scheme!r})")
+    _check_password_delimiters(value)
     if parts.scheme == SENTINEL_SCHEME:
         parse_sentinel_url(value)  # a ValueError names the part that is wrong
     elif parts.scheme != "unix":
@@ -52,6 +53,26 @@ def check_redis_url(value: str) -> str:
         if parts.path.strip("/") and not parts.path.strip("/").isdigit():
             raise ValueError("the database after the host must be a number: redis://host/0")
     return value
+
+
+def _check_password_delimiters(value: str) -> None:
+    """urlsplit, and redis-py with it, ends user:password at a raw '/', '?' or '#': the rest of
+    such a password would be taken for the host, port or path, and quoted by redis-py's errors."""
+    if _userinfo_end(value.partition("://")[2]) >= 0:
+        raise ValueError(
+            "a '/', '?' or '#' in the password must be percent-encoded (%2F, %3F, %23)"
+        )
+
+
+def _userinfo_end(rest: str) -> int:
+    """The '@' that ends the user:password of `rest` (a URL after its `scheme://`) when a raw
+    '/', '?' or '#' in the password cut it short (an '@' after the cut, outside a query value,
+    with a ':' before it); -1 when none did."""
+    cut = _authority_end(rest, 0)
+    if ":" not in rest[:cut] or rest[:cut].endswith("@"):
+        return -1
+    head, mark, query = rest[cut:].partition("?")
+    return rest.rfind("@", cut, cut + len(head) + len(mark) + len(query.split("=", 1)[0]))
 
 
 def _check_port(parts: SplitResult) -> None:
@@ -63,9 +84,10 @@ def _check_port(parts: SplitResult) -> None:
 
 
 def redact_url(url: str, *, keep_user: bool = True, keep_query: bool = True) -> str:
-    """A URL fit to show: its password (user:secret@, or a lone secret@) and any credential in
-    its query replaced by ***; the user name before a ':' stays for the operator's eyes (not
-    with `keep_user=False`: an answer to anyone). `keep_query=False`: every query value is ***
+    """A URL fit to show: its password (user:secret@, or a lone secret@; a user's even with a raw
+    '/', '?', '#' or '@' in it) and any credential in its query replaced by ***; the user name
+    before a ':' stays for the operator's eyes (not with `keep_user=False`: an answer to
+    anyone). `keep_query=False`: every query value is ***
     (a tenant's webhook URL, whose token may go by any name: Azure's ?code=). Never raises,
     whatever the text (urlsplit refuses some URLs, and a refused URL is the one most worth
     showing safely)."""
@@ -74,7 +96,9 @@ def redact_url(url: str, *, keep_user: bool = True, keep_query: bool = True) -> 
     scheme, sep, rest = url.partition("://")
     if not sep:
         return _SECRET_QUERY.sub(r"\1***", url)
-    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    cut = _authority_end(rest, 0)
+    if (userinfo_end := _userinfo_end(rest)) >= 0:  # a raw '/', '?' or '#' in the password
+        cut = _authority_end(rest, userinfo_end)
     authority, tail = rest[:cut], rest[cut:]
     userinfo, at, hosts = authority.rpartition("@")
     if at:
@@ -83,6 +107,12 @@ def redact_url(url: str, *, keep_user: bool = True, keep_query: bool = True) -> 
     elif any(_BRACKETED.sub("", host).count(":") > 1 for host in authority.split(",")):
         authority = "***"  # user:secret:host:port, the '@' forgotten: no telling which is which
     return scheme + sep + authority + _SECRET_QUERY.sub(r"\1***", tail)
+
+
+def _authority_end(rest: str, start: int) -> int:
+    """Where the authority of `rest` (a URL after its `scheme://`) ends, looking from `start`."""
+    found = (i for i in (rest.find(c, start) for c in "/?#") if i >= 0)
+    return min(found, default=len(rest))
 
 
 def _without_query_values(url: str) -> str:

@@ -115,6 +115,23 @@ def test_redis_password_is_kept_out_of_repr_and_redacted() -> None:
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
+        ("redis://alice:pw/S1@h:6379/0", "redis://alice:***@h:6379/0"),
+        ("redis://alice:12?S1@h:6379/0", "redis://alice:***@h:6379/0"),
+        ("redis://alice:p@w#S1@h:6379/0", "redis://alice:***@h:6379/0"),
+        ("unix://:pw/S1@/run/redis.sock", "unix://:***@/run/redis.sock"),
+        ("unix:///run/redis@main.sock", "unix:///run/redis@main.sock"),  # an '@' in a path
+        ("redis://h:1/0?password=p@S1", "redis://h:1/0?password=***"),
+        ("https://h:8443/in?to=a@b", "https://h:8443/in?to=a@b"),
+    ],
+)
+def test_a_password_with_a_raw_delimiter_is_masked_whole(url: str, shown: str) -> None:
+    """A raw '/', '?' or '#' in a password ends it early for urlsplit: the rest is masked too."""
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
         ("https://h/in?code=AZ1&token=T2&flag", "https://h/in?code=***&token=***&***"),
         ("https://u:pw@h/in?sig=S", "https://***@h/in?sig=***"),
         ("https://h/in", "https://h/in"),

@@ -143,6 +143,13 @@ def test_every_field_named_like_a_secret_is_secret() -> None:
         ("redis_url", "redis://alice:pw-SECRET-1:host:6379/0"),  # '@' forgotten
         ("redis_url", "redis://alice:pw SECRET-1@host:6379/x"),  # a raw space in the password
         ("redis_url", "redis://alice:pw,SECRET-1@host:6379/x"),  # a raw comma
+        # a raw '/', '?' or '#' ends user:password early (urlsplit's and redis-py's reading)
+        ("redis_url", "redis://alice:pw/SECRET-1@host:6379/0"),
+        ("redis_url", "redis://alice:12?SECRET-1@host:6379/0"),  # "12" would pass as a port
+        ("redis_url", "redis://alice:p@w#SECRET-1@host:6379/0"),  # else host "w"
+        ("redis_url", "redis+sentinel://alice:pw/SECRET-1@s1:26379/main"),
+        ("redis_url", "unix://alice:pw/SECRET-1@/run/redis.sock"),  # else path /SECRET-1@/run/
+        ("storage_url", "http://key:pw/SECRET-1@bucket/prefix"),
         ("prompt_roots", "file:///srv,s3://bucket/p,https://key:pw,SECRET-1@bucket/p"),
         ("storage_url", "http://key:pw-SECRET-1@bucket/prefix"),
         ("storage_url", "file://key:pw-SECRET-1@host/srv"),
@@ -170,6 +177,14 @@ def test_a_refused_setting_chains_no_error_that_holds_the_input() -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings(env_file=None, **given_values, heartbeat_ttl_s=1)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_password_with_a_raw_delimiter_is_refused_with_how_to_write_it() -> None:
+    with pytest.raises(SettingsError, match=r"must be percent-encoded \(%2F, %3F, %23\)"):
+        load_settings(env_file=None, redis_url="redis://alice:pw#SECRET-1@host:6379/0")
+    for fine in ("redis://alice:pw%2F1@host:6379/0", "unix:///run/redis@main.sock"):
+        load_settings(env_file=None, redis_url=fine)  # encoded; an '@' in a socket's name
+    load_settings(env_file=None, redis_url="redis://host:6379/0?password=p@ss")
 
 
 def test_a_redis_password_in_the_query_is_masked() -> None:
