@@ -31,6 +31,7 @@ S3_SECRET = "s3-swept-secret-8JW"
 SIGNING_KEY = "c3dlcHQtc2lnbmluZy1zZWNyZXQtMzItYnl0ZXMhIQ=="
 SECRETS = (REDIS_PASSWORD, "s3cret%20pass", API_KEY, OPERATOR_KEY, S3_KEY_ID, S3_SECRET)
 SECRETS += (SIGNING_KEY, SIGNING_KEY.rstrip("="))
+HOOK_TOKEN = "hook-token-Wc8Nf2"  # the tenant's receiver's, in its webhook URL's query
 
 
 @pytest.fixture
@@ -68,8 +69,8 @@ def test_no_secret_in_logs_answers_webhooks_commands_or_redis(
         try:
             shown, session = exercise_front(front, receiver)
             shown += _shown(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10))
-            shown += run_commands(front, extra)
-            shown += process_titles(front, cluster)
+            commands = run_commands(front, extra)
+            shown += commands + process_titles(front, cluster)
         finally:
             front.stop()
             cluster.stop_all()
@@ -78,12 +79,13 @@ def test_no_secret_in_logs_answers_webhooks_commands_or_redis(
     for secret in SECRETS:
         assert secret not in shown, (secret, _around(shown, secret))
     assert session.split("=", 1)[1] not in logs + redis_contents(secured.admin())
+    assert HOOK_TOKEN not in logs + commands  # sent to its receiver, never shown
 
 
 def exercise_front(front: Front, receiver: Receiver) -> tuple[str, str]:
     """What a client, an operator, a browser and a webhook receiver see; the session cookie."""
     answers: list[httpx.Response] = []
-    hook = {"url": receiver.url + "/hook"}
+    hook = {"url": receiver.url + f"/hook?token={HOOK_TOKEN}"}
     with front.http(API_KEY) as tenant, front.http(OPERATOR_KEY) as operator:
         job = tenant.post("/v1/jobs", json={"text": "Swept line.", "webhook": hook})
         assert job.status_code == 202, job.text
