@@ -14,6 +14,7 @@ from __future__ import annotations
 import ssl
 import time
 from datetime import UTC, datetime
+from urllib.parse import parse_qsl, urlsplit
 
 import certifi
 import httpcore
@@ -24,6 +25,7 @@ from producer.webhooks.records import ERROR_TEXT_CHARS, Answer, Delivery
 from shared.webhook_addresses import AddressRefused
 from shared.webhooks import tenant_secret
 
+MIN_MASKED_CHARS = 4  # a query value this long, quoted in a receiver's answer, is masked
 # What a try that went wrong on the wire raises (all but a refused address: retried later).
 WIRE_ERRORS = (
     httpcore.TimeoutException,
@@ -93,6 +95,7 @@ class Sender:
             ):
                 status = response.status
                 text = _start_of(response) if status >= 300 else ""
+                text = _without_query(text, delivery.event.url)
         except AddressRefused as e:
             return Answer(False, str(e), permanent=True)
         except WIRE_ERRORS as e:
@@ -102,6 +105,19 @@ class Sender:
         if 300 <= status < 400:
             return Answer(False, f"HTTP {status}: redirects are not followed")
         return Answer(False, f"HTTP {status}: {text}")
+
+
+def _without_query(text: str, url: str) -> str:
+    """A receiver's answer with the URL's query and its values shown as ***: one that quotes
+    the URL it was posted to (`Cannot POST /hook?token=...`) would put a tenant's token in the
+    log and the dead letters (values under MIN_MASKED_CHARS are no token)."""
+    query = urlsplit(url).query
+    raw = [item.partition("=")[2] for item in query.split("&")]
+    decoded = [value for _, value in parse_qsl(query, keep_blank_values=True)]
+    found = {part for part in (query, *raw, *decoded) if len(part) >= MIN_MASKED_CHARS}
+    for part in sorted(found, key=len, reverse=True):  # the whole query before its values
+        text = text.replace(part, "***")
+    return text
 
 
 def _start_of(response: httpcore.Response) -> str:

@@ -1,5 +1,6 @@
 """A real HTTP receiver for webhook tests: a stdlib server on 127.0.0.1 that records every POST
-(headers and body) and answers with the statuses a test scripts (then 200); or, with
+(headers and body) and answers with the statuses a test scripts (then 200), a failed answer
+quoting the path posted to with `echo_path`; or, with
 `trickle_s`, a slow one that answers one byte every `trickle_s` seconds for as long as the
 caller listens, counting the POSTs it holds at once (in all, and per webhook-id)."""
 
@@ -31,6 +32,7 @@ class Receiver:
     calls: list[Received] = field(default_factory=list)
     answers: list[int] = field(default_factory=list)  # next statuses to send, then 200
     delay_s: float = 0.0
+    echo_path: bool = False  # a failed answer's body quotes the path it was posted to
     trickle_s: float = 0.0  # > 0: answer one byte per this many seconds, never finishing
     on_post: Callable[[], None] | None = None  # run once a POST is read, before it is recorded
     holding: dict[str, int] = field(default_factory=dict)  # webhook-id -> POSTs held now
@@ -91,8 +93,11 @@ def webhook_receiver(tls: tuple[Path, Path] | None = None) -> Iterator[Receiver]
             self.send_response(status)
             if 300 <= status < 400:
                 self.send_header("Location", receiver.url + "redirected")
-            self.send_header("content-length", "0")
+            said = f"no route for POST {self.path}".encode() if receiver.echo_path else b""
+            self.send_header("content-length", str(len(said) if status >= 300 else 0))
             self.end_headers()
+            if status >= 300:
+                self.wfile.write(said)
 
         def log_message(self, *args: object) -> None:
             return

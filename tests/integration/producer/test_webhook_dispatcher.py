@@ -201,9 +201,11 @@ def test_dead_webhooks_are_listed_with_their_urls_query_masked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A tenant's webhook URL may carry its receiver's token in the query under any name
-    (Azure's ?code=): `cosyq webhooks failed` shows the receiver and path, never a value."""
+    (Azure's ?code=): `cosyq webhooks failed` shows the receiver and path, never a value, and
+    a receiver's answer that quotes the URL is kept (logged, dead-lettered) with it masked."""
     settings = settings.model_copy(update={"webhook_retry_hours": 1 / 3600})
-    receiver.answers = [500] * 1000
+    receiver.answers = [404] * 1000
+    receiver.echo_path = True
     url = receiver.url + "in?code=AZ-CODE-4Kq&token=TOK-9Lw&flag"
     made = WebhookEvent.for_job("job.finished", "job-1", url, "2026-12-01T00:00Z", "default")
     append(connection, made)
@@ -215,7 +217,11 @@ def test_dead_webhooks_are_listed_with_their_urls_query_masked(
     assert cosyq(["--env-file", "/nonexistent", "webhooks", "failed"]) == 0
     listed = capsys.readouterr().out
     assert "msg_job-1_finished" in listed and "in?code=***&token=***&***" in listed
-    assert "AZ-CODE-4Kq" not in listed and "TOK-9Lw" not in listed
+    assert "HTTP 404: no route for POST /hooks/in?***" in listed
+    (dead,) = WebhookStore(connection).dead_letters().values()
+    record = json.loads(dead)  # its event keeps the URL whole, to be redelivered
+    for shown in (listed, record["last_error"], record["dead_reason"]):
+        assert "AZ-CODE-4Kq" not in shown and "TOK-9Lw" not in shown
 
 
 def test_a_private_address_is_never_called_unless_allowed(
