@@ -10,11 +10,13 @@ Splitting: sentences (`shared.sentences`, the engine's rule) are packed into seg
 `max_chars` characters and `max_speech_s` estimated seconds (`estimated_text_tokens`: a high
 estimate from characters, digits counted as the words they become, since the producer has no
 tokenizer; the worker speaks a segment its own count finds longer piece by piece, never refuses
-it). A segment never ends inside a sentence unless that sentence alone is too long: then it is
-cut at clause marks, then between words. Inside a segment a paragraph or heading boundary is
-written as a `<break>` of its pause, so the job makes the same pause a segment boundary would;
-between segments the assembler inserts `pause_before_s`. An SSML `<break>` at a boundary
-replaces the boundary's pause, as a break replaces the gap between pieces inside a job.
+it). A growing segment's size is kept as its parts are added (`Size`), never measured again
+from its start, so splitting is linear in the text whatever its sentences' lengths. A segment
+never ends inside a sentence unless that sentence alone is too long: then it is cut at clause
+marks, then between words. Inside a segment a paragraph or heading boundary is written as a
+`<break>` of its pause, so the job makes the same pause a segment boundary would; between
+segments the assembler inserts `pause_before_s`. An SSML `<break>` at a boundary replaces the
+boundary's pause, as a break replaces the gap between pieces inside a job.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Literal
 from shared.sentences import split_sentences
 from shared.text_markup import (
     Pause,
-    estimated_text_tokens,
+    TextCounts,
     parse_markup,
     speech_seconds,
 )
@@ -147,6 +149,36 @@ def _markdown_blocks(text: str) -> list[tuple[str, str]]:
     return blocks
 
 
+@dataclass(frozen=True)
+class Size:
+    """A segment's measure: its rendered characters (parts joined by spaces, without SSML's
+    <speak>), the text counts of its words and its pauses. Each added part adds its own."""
+
+    chars: int = 0
+    parts: int = 0
+    counts: TextCounts = field(default_factory=TextCounts)
+    pauses_s: float = 0.0
+
+    def plus(self, part: str | Pause, *, ssml: bool) -> Size:
+        chars = self.chars + len(_render_part(part, ssml)) + (1 if self.parts else 0)
+        if isinstance(part, Pause):
+            return Size(chars, self.parts + 1, self.counts, self.pauses_s + part.seconds)
+        return Size(chars, self.parts + 1, self.counts + TextCounts.of(part), self.pauses_s)
+
+    def within(self, limits: SplitLimits, *, ssml: bool) -> bool:
+        if self.chars + len(_render([], ssml=ssml)) > limits.max_chars:
+            return False
+        seconds = speech_seconds(self.counts.estimated_tokens(), self.pauses_s)
+        return seconds <= limits.max_speech_s
+
+
+def measure(parts: list[str | Pause], *, ssml: bool) -> Size:
+    size = Size()
+    for part in parts:
+        size = size.plus(part, ssml=ssml)
+    return size
+
+
 @dataclass
 class _Packer:
     """Accumulates one segment at a time."""
@@ -156,44 +188,49 @@ class _Packer:
     pauses: Pauses
     segments: list[DocumentSegment] = field(default_factory=list)
     parts: list[str | Pause] = field(default_factory=list)
+    size: Size = field(default_factory=Size)
     boundary: Boundary = "start"
     pause_before_s: float = 0.0
 
     def add(self, sentence: str, boundary: Boundary, pending: list[float]) -> None:
         """Place one sentence (or clause) that follows a boundary and any SSML pauses."""
         if not self.parts and not self.segments:  # the first words: leading pauses stay inside
-            self.parts = [*(Pause(s) for s in pending), sentence]
+            self._start([*(Pause(s) for s in pending), sentence])
             return
         seconds = pending or [self.pauses.at(boundary)]
         inner = [Pause(s) for s in seconds] if pending or boundary != "sentence" else []
-        candidate = [*self.parts, *inner, sentence]
-        if self._fits(candidate):
-            self.parts = candidate
+        added: list[str | Pause] = [*inner, sentence]
+        size = self.size
+        for part in added:
+            size = size.plus(part, ssml=self.ssml)
+        if size.within(self.limits, ssml=self.ssml):
+            self.parts.extend(added)
+            self.size = size
             return
         self.close()
         if self.segments:  # else what closed had nothing to speak: this opens the document
             self.boundary, self.pause_before_s = boundary, sum(seconds)
-        self.parts = [sentence]
+        self._start([sentence])
 
     def trail(self, pending: list[float]) -> None:
         """SSML pauses after the last words: trailing silence of the last segment."""
-        self.parts.extend(Pause(s) for s in pending)
+        self._start([*self.parts, *(Pause(s) for s in pending)])
 
     def close(self) -> None:
         """End the segment; one with no letter or digit (a lone `...`, a rule, a line of
         emoji) is dropped: the engine would find nothing to speak and fail its job for good."""
         if not any(isinstance(p, str) and has_words(p) for p in self.parts):
-            self.parts = []
+            self._start([])
             return
         text, plain = _render(self.parts, ssml=self.ssml), _plain(self.parts)
         index = len(self.segments)
         self.segments.append(
             DocumentSegment(index, text, plain, self.pause_before_s, self.boundary)
         )
-        self.parts = []
+        self._start([])
 
-    def _fits(self, parts: list[str | Pause]) -> bool:
-        return fits(parts, self.limits, ssml=self.ssml)
+    def _start(self, parts: list[str | Pause]) -> None:
+        self.parts, self.size = parts, measure(parts, ssml=self.ssml)
 
 
 def has_words(text: str) -> bool:
@@ -203,22 +240,18 @@ def has_words(text: str) -> bool:
 
 def fits(parts: list[str | Pause], limits: SplitLimits, *, ssml: bool) -> bool:
     """Whether these parts, rendered, are within one segment's limits."""
-    if len(_render(parts, ssml=ssml)) > limits.max_chars:
-        return False
-    words = _plain(parts)
-    pauses = sum(p.seconds for p in parts if isinstance(p, Pause))
-    return speech_seconds(estimated_text_tokens(words), pauses) <= limits.max_speech_s
+    return measure(parts, ssml=ssml).within(limits, ssml=ssml)
 
 
 def _render(parts: list[str | Pause], *, ssml: bool) -> str:
-    out = []
-    for part in parts:
-        if isinstance(part, Pause):
-            out.append(f'<break time="{round(part.seconds * 1000)}ms"/>')
-        else:
-            out.append(html.escape(part, quote=False) if ssml else part)
-    body = " ".join(out)
+    body = " ".join(_render_part(part, ssml) for part in parts)
     return f"<speak>{body}</speak>" if ssml else body
+
+
+def _render_part(part: str | Pause, ssml: bool) -> str:
+    if isinstance(part, Pause):
+        return f'<break time="{round(part.seconds * 1000)}ms"/>'
+    return html.escape(part, quote=False) if ssml else part
 
 
 def _plain(parts: list[str | Pause]) -> str:
@@ -232,15 +265,26 @@ def _units(sentence: str, limits: SplitLimits, ssml: bool) -> list[str]:
     for breaker in (_CLAUSE_RE, _WORD_RE):
         parts = [p.strip() for p in breaker.split(sentence) if p.strip()]
         if len(parts) > 1:
-            out: list[str] = []
-            for part in parts:
-                if out and fits([out[-1] + " " + part], limits, ssml=ssml):
-                    out[-1] = out[-1] + " " + part
-                else:
-                    out.append(part)
+            out = _joined(parts, limits, ssml)
             return [unit for part in out for unit in _units(part, limits, ssml)]
     step = max(1, limits.max_chars // 2)  # one unbroken string: cut between characters
     return [sentence[i : i + step] for i in range(0, len(sentence), step)]
+
+
+def _joined(parts: list[str], limits: SplitLimits, ssml: bool) -> list[str]:
+    """Consecutive parts joined by spaces while the join fits one segment (each measured
+    once: a join's size is its parts' sizes added)."""
+    out: list[str] = []
+    size = Size()
+    for part in parts:
+        own = Size().plus(part, ssml=ssml)
+        joined = Size(size.chars + 1 + own.chars, 1, size.counts + own.counts)
+        if out and joined.within(limits, ssml=ssml):
+            out[-1], size = out[-1] + " " + part, joined
+        else:
+            out.append(part)
+            size = own
+    return out
 
 
 def split_document(

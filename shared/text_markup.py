@@ -285,15 +285,50 @@ def estimated_text_tokens(text: str) -> int:
     """A high estimate of the text tokens `text` becomes after normalisation, from its
     characters (`TOKENS_PER_CHARACTER`), never below `minimum_text_tokens`: a document's
     segments are sized by it, so the worker's own count of a segment is rarely over its limit."""
-    words = CONTROL_TAG_RE.sub(" ", text)
-    rates = TOKENS_PER_CHARACTER
-    estimate = (
-        rates["latin"] * len(_LATIN_RE.findall(words))
-        + rates["other"] * len(_OTHER_LETTER_RE.findall(words))
-        + rates["digit"] * len(_DIGIT_RE.findall(words))
-        + rates["symbol"] * len(_SYMBOL_RE.findall(words))
-    )
-    return max(math.ceil(estimate), minimum_text_tokens(text))
+    return TextCounts.of(text).estimated_tokens()
+
+
+@dataclass(frozen=True)
+class TextCounts:
+    """What `estimated_text_tokens` counts in a text. Two texts joined by a space count the sum
+    (no run of letters or digits, and no control tag, spans a space), so a splitter can size a
+    growing segment by adding its parts' counts instead of counting it again at each step."""
+
+    latin: int = 0
+    other: int = 0
+    digit: int = 0
+    symbol: int = 0
+    words: int = 0  # runs of letters or of digits: `minimum_text_tokens`
+
+    @classmethod
+    def of(cls, text: str) -> TextCounts:
+        words = CONTROL_TAG_RE.sub(" ", text)
+        return cls(
+            latin=len(_LATIN_RE.findall(words)),
+            other=len(_OTHER_LETTER_RE.findall(words)),
+            digit=len(_DIGIT_RE.findall(words)),
+            symbol=len(_SYMBOL_RE.findall(words)),
+            words=len(_WORD_OR_NUMBER_RE.findall(words)),
+        )
+
+    def __add__(self, other: TextCounts) -> TextCounts:
+        return TextCounts(
+            self.latin + other.latin,
+            self.other + other.other,
+            self.digit + other.digit,
+            self.symbol + other.symbol,
+            self.words + other.words,
+        )
+
+    def estimated_tokens(self) -> int:
+        rates = TOKENS_PER_CHARACTER
+        estimate = (
+            rates["latin"] * self.latin
+            + rates["other"] * self.other
+            + rates["digit"] * self.digit
+            + rates["symbol"] * self.symbol
+        )
+        return max(math.ceil(estimate), self.words)
 
 
 def speech_limit_message(estimate_s: float, limit_s: float, detail: str) -> str:

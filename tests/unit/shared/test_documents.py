@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from shared import text_markup
 from shared.captions import Cue, render, to_srt, to_vtt
 from shared.document_split import Pauses, SplitLimits, split_document
 from shared.documents import DocumentLimits, segment_seed, validate_document
@@ -114,3 +117,37 @@ def test_captions_come_from_the_libraries_formats() -> None:
     assert vtt.startswith("WEBVTT") and "00:00:01.350 --> 01:02:05.500" in vtt
     with pytest.raises(ValueError, match="captions: 'txt'"):
         render(cues, "txt")
+
+
+class _CountingTags:
+    """CONTROL_TAG_RE, counting the characters every speech estimate scans through it."""
+
+    def __init__(self, pattern: Any) -> None:
+        self.pattern, self.scanned = pattern, 0
+
+    def sub(self, repl: str, text: str) -> str:
+        self.scanned += len(text)
+        return self.pattern.sub(repl, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ("word " * 40_000).strip(),  # a transcript without punctuation: cut between words
+        ("a, " * 60_000).strip(),  # a long list of clauses in one sentence
+        "Yes. " * 40_000,  # many short sentences: one segment takes hundreds of them
+    ],
+    ids=["run-on", "clauses", "short-sentences"],
+)
+def test_splitting_reads_each_character_a_few_times_not_once_per_word(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment's size grows by its parts' sizes: measured again from its start at each word
+    (or short sentence), a 1 MB document without full stops took a minute of the front's CPU
+    at submit (each word re-read a segment's 1,000 characters)."""
+    counting = _CountingTags(text_markup.CONTROL_TAG_RE)
+    monkeypatch.setattr(text_markup, "CONTROL_TAG_RE", counting)
+    segments = split_document(text, "plain", SplitLimits(), PAUSES)
+    assert " ".join(s.plain for s in segments).split() == text.split()
+    assert all(len(s.text) <= SplitLimits().max_chars for s in segments)
+    assert counting.scanned <= 8 * len(text)  # each word a few times (was 150-230 times)
