@@ -10,7 +10,12 @@ one worker's housekeeping per tick (a short lock), checks the oldest entries onl
   one bound later, so the index rotates and each tick costs at most `batch` checks;
 - a queued job found nowhere is a suspect; still nowhere `orphan_after_s` later, it goes back
   to the head of its queue (`job_orphan_requeued`). Two sightings a bound apart mean a worker
-  that has just popped it (registered milliseconds later) is never raced.
+  that has just popped it (registered milliseconds later) is never raced;
+- a started job in no started registry and with no heartbeat is one a reaper took from its
+  dead worker (the ZREM that makes a reaper its owner) and then lost Redis before it requeued
+  or failed it: nothing else would ever look at it again. Seen so a bound apart, it goes back
+  to its started registry (`job_orphan_released`), where the reaper retries or fails it as a
+  dead worker's job, telling its webhook.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class SweepResult:
     forgotten: int
     suspects: int
     requeued: tuple[str, ...]
+    released: tuple[str, ...] = ()  # started jobs handed back to the reaper
 
 
 class OrphanSweep:
@@ -75,28 +81,33 @@ class OrphanSweep:
             found = pipe.execute()
         forgotten: list[str] = []
         fine: list[str] = []
-        queued: list[tuple[str, str]] = []
+        by_state: dict[str, list[tuple[str, str]]] = {"queued": [], "started": []}
         for job_id, (status, origin) in zip(ids, found, strict=True):
             state = as_text(status) if status is not None else None
             if state is None or state in DONE_STATUSES or origin is None:
                 forgotten.append(job_id)
-            elif state == "queued":
-                queued.append((job_id, as_text(origin)))
+            elif state in by_state:
+                by_state[state].append((job_id, as_text(origin)))
             else:
-                fine.append(job_id)  # started, scheduled, deferred: a registry or reaper has it
-        lost = self._nowhere(queued)
-        fine += [job_id for job_id, _ in queued if job_id not in lost]
+                fine.append(job_id)  # scheduled, deferred: a registry has it
+        lost = self._nowhere(by_state["queued"])
+        unheld = self._unheld(by_state["started"])
+        fine += [job_id for job_id, _ in by_state["queued"] if job_id not in lost]
+        fine += [job_id for job_id, _ in by_state["started"] if job_id not in unheld]
         requeued = self._handle_lost(lost, now)
+        released = self._handle_lost(unheld, now, started=True)
+        back = [*requeued, *released]
         with self.connection.pipeline(transaction=False) as pipe:
             if forgotten:
                 pipe.zrem(keys.SUBMITTED_JOBS, *forgotten)
-            settled = forgotten + fine + list(requeued)
+            settled = forgotten + fine + back
             if settled:
                 pipe.zrem(keys.ORPHAN_SUSPECTS, *settled)
-            if fine or requeued:
-                pipe.zadd(keys.SUBMITTED_JOBS, dict.fromkeys([*fine, *requeued], now), xx=True)
+            if fine or back:
+                pipe.zadd(keys.SUBMITTED_JOBS, dict.fromkeys([*fine, *back], now), xx=True)
             pipe.execute()
-        return SweepResult(len(ids), len(forgotten), len(lost) - len(requeued), requeued)
+        suspects = len(lost) + len(unheld) - len(back)
+        return SweepResult(len(ids), len(forgotten), suspects, requeued, released)
 
     def _nowhere(self, queued: Sequence[tuple[str, str]]) -> dict[str, str]:
         """The queued jobs that are in no queue list, intermediate list or registry."""
@@ -128,8 +139,27 @@ class OrphanSweep:
                 ids.add(parse_composite_key(as_text(raw))[0])
         return ids
 
-    def _handle_lost(self, lost: dict[str, str], now: float) -> tuple[str, ...]:
-        """Mark first sightings; put back those seen nowhere for a whole bound."""
+    def _unheld(self, started: Sequence[tuple[str, str]]) -> dict[str, str]:
+        """The started jobs in no started registry whose heartbeat is gone: no worker runs
+        them and no reaper will ever see them."""
+        if not started:
+            return {}
+        registered = self._started_ids({origin for _, origin in started})
+        with self.connection.pipeline(transaction=False) as pipe:
+            for job_id, _ in started:
+                pipe.exists(keys.job_heartbeat_key(job_id))
+            beating = pipe.execute()
+        return {
+            job_id: origin
+            for (job_id, origin), alive in zip(started, beating, strict=True)
+            if job_id not in registered and not alive
+        }
+
+    def _handle_lost(
+        self, lost: dict[str, str], now: float, *, started: bool = False
+    ) -> tuple[str, ...]:
+        """Mark first sightings; put back those seen nowhere for a whole bound: a queued job at
+        the head of its queue, a `started` one in its started registry, for the reaper."""
         if not lost:
             return ()
         with self.connection.pipeline(transaction=False) as pipe:
@@ -142,10 +172,14 @@ class OrphanSweep:
                 if seen is None:
                     pipe.zadd(keys.ORPHAN_SUSPECTS, {job_id: now}, nx=True)
                 elif now - float(seen) >= self.orphan_after_s:
-                    pipe.lpush(Queue(origin, connection=self.connection).key, job_id)
+                    if started:  # no heartbeat: the reaper's next pass releases it
+                        registry = StartedJobRegistry(origin, connection=self.connection)
+                        pipe.zadd(registry.key, {f"{job_id}:orphaned": now + self.orphan_after_s})
+                    else:
+                        pipe.lpush(Queue(origin, connection=self.connection).key, job_id)
                     requeued.append(job_id)
                     log.warning(
-                        "job_orphan_requeued",
+                        "job_orphan_released" if started else "job_orphan_requeued",
                         job_id=job_id,
                         queue=origin,
                         orphaned_for_s=round(now - float(seen), 1),

@@ -1,5 +1,6 @@
 """The orphan sweep: a job `queued` in no list goes back to the head of its queue, once it has
-been seen nowhere for the bound; everything else is left alone, and the cost stays bounded."""
+been seen nowhere for the bound, and a job `started` in no registry and with no heartbeat goes
+back to the reaper; everything else is left alone, and the cost stays bounded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from rq import Retry
 from rq.job import Job
 
 from producer import CosyqClient
@@ -15,6 +17,7 @@ from shared import keys
 from shared.settings import load_settings
 from tests.doubles.harness import Cluster, enqueue, json_queue, named, wait_for
 from workers.service.orphans import OrphanSweep
+from workers.service.reaper import Reaper
 
 BOUND_S = 30.0
 DEFAULT_KEY = "rq:queue:cosyq-default"
@@ -84,6 +87,47 @@ def test_finished_and_expired_jobs_leave_the_index_running_ones_stay(
     assert (result.checked, result.forgotten, result.suspects) == (3, 2, 0)
     assert [raw.decode() for raw in connection.zrange(keys.SUBMITTED_JOBS, 0, -1)] == [running.id]
     assert connection.zscore(keys.SUBMITTED_JOBS, running.id) == t0 + 3 * BOUND_S  # rotated
+
+
+def started_nowhere(connection: redis.Redis, text: str, at: float) -> Job:
+    """A job that says started but is in no list or registry: a reaper removed its dead
+    worker's started entry (the ZREM that makes it the job's owner) and lost Redis before it
+    requeued or failed the job."""
+    job = lost(connection, text, at)
+    job.set_status("started")
+    return job
+
+
+def test_a_started_job_its_reaper_lost_goes_back_to_the_reaper(connection: redis.Redis) -> None:
+    """Nothing else would ever run or fail such a job (a document waiting on it would wait
+    forever): seen so a bound apart, it goes back to its started registry, where the reaper
+    retries it. A started job whose worker still beats is left alone."""
+    t0 = 1_000_000.0
+    job = submitted(connection, enqueue(connection, "orphaned", retry=Retry(max=1)), t0)
+    connection.lrem(DEFAULT_KEY, 0, job.id)
+    job.set_status("started")
+    running = started_nowhere(connection, "its worker lives", t0)
+    connection.set(keys.job_heartbeat_key(running.id), "live-worker")
+    sweep = sweep_on(connection)
+    first = sweep.sweep(now=t0 + BOUND_S)
+    assert (first.suspects, first.released) == (1, ())
+    assert sweep.sweep(now=t0 + 2 * BOUND_S).released == (job.id,)
+    reaped = Reaper(connection, ["cosyq-default"], heartbeat_ttl_s=2).reap()
+    assert [(r.job_id, r.outcome) for r in reaped] == [(job.id, "retried")]
+    assert queued_ids(connection) == [job.id] and job.get_status() == "queued"
+    assert running.get_status() == "started"  # its worker's, untouched
+    assert connection.zcard(keys.ORPHAN_SUSPECTS) == 0
+
+
+def test_a_started_job_its_reaper_lost_with_no_retry_left_fails(connection: redis.Redis) -> None:
+    t0 = 1_000_000.0
+    job = started_nowhere(connection, "orphaned, no retries", t0)
+    sweep = sweep_on(connection)
+    sweep.sweep(now=t0 + BOUND_S)
+    assert sweep.sweep(now=t0 + 2 * BOUND_S).released == (job.id,)
+    reaped = Reaper(connection, ["cosyq-default"], heartbeat_ttl_s=2).reap()
+    assert [(r.job_id, r.outcome) for r in reaped] == [(job.id, "failed")]
+    assert job.get_status() == "failed"
 
 
 def test_each_sweep_checks_at_most_its_batch_oldest_first(connection: redis.Redis) -> None:
