@@ -32,14 +32,12 @@ from shared.results import SynthesisResult
 from shared.settings import Settings
 from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
+from tests.integration.producer.webhook_rig import SECRET
 
 PARAGRAPH = (
     "The first sentence is short. The second one says a little more, and then it stops. "
     "A third sentence ends the paragraph, or would, but a fourth comes after it."
 )
-
-
-SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzISE="
 
 
 def outbox(connection: redis.Redis) -> list[dict[str, str]]:

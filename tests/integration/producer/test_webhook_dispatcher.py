@@ -11,8 +11,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,79 +22,24 @@ from standardwebhooks.webhooks import Webhook
 from producer import CosyqClient
 from producer.cli import main as cosyq
 from producer.webhooks.delivery import Sender
-from producer.webhooks.dispatcher import WebhookDispatcher
 from producer.webhooks.records import Delivery
 from producer.webhooks.store import WebhookStore
 from shared import keys
 from shared.errors import InvalidRequestError
-from shared.settings import Settings, load_settings
-from shared.webhooks import WebhookEvent, append_event, tenant_secret
+from shared.settings import Settings
+from shared.webhooks import WebhookEvent, tenant_secret
 from tests.doubles.harness import wait_for
 from tests.doubles.redis_servers import self_signed
 from tests.doubles.webhook_receiver import Receiver, webhook_receiver
-
-SECRET = "whsec_" + "c2VjcmV0LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzISE="
-
-
-@pytest.fixture
-def settings(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for name, value in {
-        "COSYQ_REDIS_URL": redis_url,
-        "COSYQ_WEBHOOK_SECRET": SECRET,
-        "COSYQ_WEBHOOK_ALLOW_PRIVATE": "1",
-        "COSYQ_WEBHOOK_BACKOFF_S": "0.2",
-        "COSYQ_WEBHOOK_TIMEOUT_S": "2",
-        "COSYQ_WEBHOOK_CLAIM_IDLE_S": "3",
-        # a retry due after the 0.2 s backoff, and a stop, seen within 0.1 s, not 0.5 s
-        "COSYQ_WEBHOOK_POLL_S": "0.1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    return load_settings(env_file=None)
-
-
-@pytest.fixture
-def connection(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with webhook_receiver() as made:
-        yield made
-
-
-@contextmanager
-def dispatching(
-    connection: redis.Redis,
-    settings: Settings,
-    bodies: dict[str, Any],
-    body_of: Callable[[WebhookEvent], str | None] | None = None,
-):
-    """A dispatcher on a thread, the job bodies given (no jobs needed), stopped on the way out."""
-    dispatcher = WebhookDispatcher(
-        connection, settings, body_of=body_of or (lambda made: json.dumps(bodies[made.job_id]))
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=dispatcher.run, args=(stop,))
-    thread.start()
-    try:
-        yield dispatcher
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
-
-
-def event(receiver: Receiver, job_id: str = "job-1") -> WebhookEvent:
-    return WebhookEvent.for_job(
-        "job.finished", job_id, receiver.url, "2026-12-01T00:00Z", "default"
-    )
-
-
-def append(connection: redis.Redis, made: WebhookEvent) -> None:
-    append_event(connection, made, memory_s=3600)
+from tests.integration.producer.webhook_rig import (  # noqa: F401 (fixtures used by name)
+    SECRET,
+    append,
+    connection_fixture,
+    dispatching,
+    event,
+    receiver_fixture,
+    settings_fixture,
+)
 
 
 def test_each_event_is_signed_and_redelivered_under_the_same_id(

@@ -6,52 +6,25 @@ Neither vanishes in a thread."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
-import pytest
 import redis
 from structlog.testing import capture_logs
 
 from producer.webhooks.store import WebhookStore
 from shared import keys
-from shared.settings import Settings, load_settings
+from shared.settings import Settings
 from shared.webhooks import WebhookEvent
 from tests.doubles.harness import wait_for
-from tests.doubles.webhook_receiver import Receiver, webhook_receiver
-from tests.integration.producer.test_webhook_dispatcher import (
+from tests.doubles.webhook_receiver import Receiver
+from tests.integration.producer.webhook_rig import (  # noqa: F401 (fixtures used by name)
     SECRET,
     append,
+    connection_fixture,
     dispatching,
     event,
+    receiver_fixture,
+    settings_fixture,
 )
-
-
-@pytest.fixture
-def settings(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for name, value in {
-        "COSYQ_REDIS_URL": redis_url,
-        "COSYQ_WEBHOOK_SECRET": SECRET,
-        "COSYQ_WEBHOOK_ALLOW_PRIVATE": "1",
-        "COSYQ_WEBHOOK_BACKOFF_S": "0.2",
-        "COSYQ_WEBHOOK_TIMEOUT_S": "2",
-        "COSYQ_WEBHOOK_CLAIM_IDLE_S": "3",
-        "COSYQ_WEBHOOK_POLL_S": "0.1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    return load_settings(env_file=None)
-
-
-@pytest.fixture
-def connection(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with webhook_receiver() as made:
-        yield made
 
 
 def test_an_unexpected_error_in_a_delivery_is_logged_and_the_event_still_delivered(
