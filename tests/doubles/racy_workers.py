@@ -1,6 +1,7 @@
 """CosyqWorker subclasses that deliver a stop at the worst moment of a dequeue, on purpose.
 
-A last one kills itself between two writes of a job's outcome (KillAfterWebhookEvent).
+A last few kill themselves between two writes of a job's outcome (KillAfterWebhookEvent) or
+in the middle of a document's assembly (KilledBeforeAssembly, KilledMidAssembly).
 
 Run with the stock CLI (`rq worker -w tests.doubles.racy_workers:<Class>`), so each test also
 covers the path without a pool. Each hook fires once, on the first pop that returns a job
@@ -110,6 +111,27 @@ class KilledBeforeAssembly(CosyqWorker):
         import workers.documents.job as document_job  # noqa: PLC0415
 
         document_job.enqueue_assembly = _killed_before_enqueue  # type: ignore[assignment]
+
+
+class KilledMidAssembly(CosyqWorker):
+    """SIGKILL to itself in the middle of a document's assembly: under the claim, the file
+    being written (its first segment read), nothing published."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        import workers.documents.job as document_job  # noqa: PLC0415
+
+        written = document_job.write_document
+
+        def killed_mid_write(*args: Any, read: Any, **kwargs: Any) -> Any:
+            def read_then_die(uri: str) -> bytes:
+                read(uri)
+                os.kill(os.getpid(), signal.SIGKILL)
+                raise AssertionError("unreachable")
+
+            return written(*args, read=read_then_die, **kwargs)
+
+        document_job.write_document = killed_mid_write  # type: ignore[assignment]
 
 
 class KillAfterWebhookEvent(CosyqWorker):
