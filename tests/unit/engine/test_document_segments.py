@@ -157,3 +157,49 @@ def test_a_document_with_windows_line_endings_reads_as_its_unix_twin(engine: Any
         assert plan.segments == expected
         for job in plan.jobs:
             worker_accepts(engine, job.model_dump(mode="json"))
+
+
+PROSE = (
+    "It was a bright cold day in April, and the clocks were striking thirteen \u2014 though "
+    "not quickly enough\u2026 "
+)
+CORPUS = {
+    "prose": "# Chapter 1\n\n" + PROSE * 30 + "\n\n## Section\n\n" + PROSE * 10,
+    "lists": "Intro:\n\n- first item\n- second with `code`\n* third\n\n1. one\n2. two\n3) three\n",
+    "links": "See https://example.com/a/b?c=d&e=f#frag or mail john.doe+tag@example.co.uk now.",
+    "table": "| a | b |\n|---|---|\n| 1 | 2 |\n| x | y |\n",
+    "quote": "> A quote here.\n> More quote.\n\n>> nested\n",
+    "emoji": "I love it \U0001f600\U0001f389\U0001f44d\U0001f3fd so much! "
+    "\U0001f468\u200d\U0001f469",
+    "scripts": "\u4eca\u5929\u5929\u6c14\u5f88\u597d\uff0c\u6211\u4eec\u53bb\u516c\u56ed"
+    "\u3002The weather is nice today. \u4eca\u65e5\u306f\u3044\u3044\u5929\u6c17\u3067\u3059"
+    "\u306d\u3002Let's go!",
+    "run-on": " ".join(f"and the {n}th clause went on" for n in range(200))[:3000],
+    "run-on-nospace": "a" * 3000,
+    "run-on-zh": "\u6211\u4eec" * 1500,
+    "run-on-digits": "1234567890" * 300,
+    "punctuation": "Hello.\n\n!!!???...\n\n1234 5678 90\n\n---\n\n***\n\nBye.",
+    "numbers": "123\n\n456\n\n3.14159\n\n1,000,000",
+    "blank-lines": "One.\n   \n\t\n \u00a0 \nTwo.\n\n\n\n\nThree.",
+    "crlf": "One.\r\n\r\nTwo.\r\nThree.\r\n",
+    "bom": "\ufeffHello there. A BOM starts me.",
+    "zero-width": "Zero\u200bwidth\u200cjoin\u200dhere.\n\n\u200b\u200c\u200d\u2060\n\nEnd.",
+    "nbsp-tabs": "Non\u00a0breaking\u202fspace.\tCol1\tCol2\n\tIndented line.",
+    "dashes": "Well \u2014 yes \u2013 no \u2012 maybe \u2015 ... \u2026 \u2025",
+    "code": "Text `inline()` more.\n\n```python\nprint('hi')\n```\n\n    indented code\n\nEnd.",
+    "symbols": "E = mc\u00b2 and \u00bd cup, \u2460 \u2461, \u216b o'clock, a & b < c > d.",
+    "alone": FULL + "\n\n\u00b2\u00b3\n\n" + FULL + "\n\n\u30fc\u3005\n\n\u0301\u0301",
+}
+
+
+@pytest.mark.parametrize("markup", ["auto", "markdown"])
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_ordinary_text_is_accepted_whole_and_every_segment_is_one_the_worker_speaks(
+    engine: Any, name: str, markup: str
+) -> None:
+    """Ordinary text (and its odd corners) is never accepted and then refused by the worker:
+    each segment has something to speak after normalisation and fits the job's limits."""
+    plan = validate_document({"text": CORPUS[name], "markup": markup}, LIMITS)
+    for job in plan.jobs:
+        assert len(job.text) <= LIMITS.split.max_chars
+        assert worker_accepts(engine, job.model_dump(mode="json")) > 0
