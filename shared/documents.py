@@ -99,6 +99,7 @@ class DocumentRequest(SynthesisRequest):
         context = info.context or {}
         limit = context.get("max_document_chars", 1_000_000)
         value = value.replace("\r\n", "\n").replace("\r", "\n")  # a Windows text file's lines
+        value = value.removeprefix("\ufeff")  # its byte order mark: not text, nor a caption's
         return _check_text_like(value, limit, required=True)
 
     @field_validator("stream")

@@ -159,6 +159,18 @@ def test_a_document_with_windows_line_endings_reads_as_its_unix_twin(engine: Any
             worker_accepts(engine, job.model_dump(mode="json"))
 
 
+def test_a_document_saved_with_a_byte_order_mark_reads_as_its_twin_without() -> None:
+    """Notepad's UTF-8 starts with U+FEFF: never part of the first segment's words (its
+    manifest text and captions) nor a job's text."""
+    unix = "# Title\n\nFirst paragraph.\n\nLast paragraph.\n"
+    expected = validate_document({"text": unix, "markup": "markdown"}, LIMITS).segments
+    for markup in ("markdown", "auto"):
+        plan = validate_document({"text": "\ufeff" + unix, "markup": markup}, LIMITS)
+        assert not any("\ufeff" in s.text or "\ufeff" in s.plain for s in plan.segments)
+    plan = validate_document({"text": "\ufeff" + unix, "markup": "markdown"}, LIMITS)
+    assert plan.segments == expected
+
+
 PROSE = (
     "It was a bright cold day in April, and the clocks were striking thirteen \u2014 though "
     "not quickly enough\u2026 "
