@@ -1,5 +1,5 @@
-"""Requests per minute per tenant, counted in Redis so every `cosyq serve` process and host
-shares one count.
+"""Requests per minute per tenant, and wrong keys per minute per client address, counted in
+Redis so every `cosyq serve` process and host shares one count.
 
 The `limits` library's moving window on its Redis storage: each hit is one Lua script (check
 and record at once, atomic across processes), on the front's own Redis connection pool (TLS,
@@ -13,13 +13,16 @@ import math
 import time
 
 import redis
-from limits import RateLimitItemPerMinute
+import structlog
+from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
 from shared import keys
 from shared.errors import TenantQuotaError
 from shared.settings import Settings
+
+log = structlog.get_logger("cosyq.http")
 
 MIN_RETRY_AFTER_S = 1  # a Retry-After of 0 would invite an immediate retry
 
@@ -35,10 +38,7 @@ class RequestQuota:
 
     def __init__(self, connection: redis.Redis, settings: Settings) -> None:
         self.settings = settings
-        storage = RedisStorage(
-            "redis://", connection_pool=connection.connection_pool, key_prefix=keys.QUOTA_PREFIX
-        )
-        self.limiter = MovingWindowRateLimiter(storage)
+        self.limiter = moving_window(connection, keys.QUOTA_PREFIX)
 
     def hit(self, tenant: str, *, operator: bool = False) -> None:
         counted = OPERATORS if operator else tenant
@@ -46,8 +46,7 @@ class RequestQuota:
         item = RateLimitItemPerMinute(per_minute)
         if self.limiter.hit(item, counted):
             return
-        reset_at = self.limiter.get_window_stats(item, counted).reset_time
-        wait = max(MIN_RETRY_AFTER_S, math.ceil(reset_at - time.time()))
+        wait = _wait_s(self.limiter, item, counted)
         who = "operator keys" if operator else f"tenant {tenant}"
         raise TenantQuotaError(
             f"{who} made {per_minute:,} requests in the last minute (quota "
@@ -56,3 +55,55 @@ class RequestQuota:
             quota="requests_per_minute",
             retry_after_s=wait,
         )
+
+
+class AuthFailures:
+    """Wrong keys per client address (COSYQ_HTTP_AUTH_FAILURES_PER_MINUTE; 0: not counted).
+
+    `failed(address)` counts one wrong key; once an address has sent the limit's worth within
+    a minute (a moving window, like RequestQuota's), `locked_for(address)` says how long every
+    key from it, a right one too, is refused: otherwise the limit would not stop guessing.
+    Counting a failure refuses atomically at the limit, so no number of concurrent guesses gets
+    more than the limit judged per minute."""
+
+    def __init__(self, connection: redis.Redis, settings: Settings) -> None:
+        self.per_minute = settings.http_auth_failures_per_minute
+        self.limiter = moving_window(connection, keys.AUTH_FAILURE_PREFIX)
+        self.item = RateLimitItemPerMinute(max(1, self.per_minute))
+
+    def locked_for(self, address: str) -> int:
+        """Seconds until `address` may present a key again; 0: it may now."""
+        if self.per_minute == 0 or self.limiter.test(self.item, address):
+            return 0
+        return _wait_s(self.limiter, self.item, address)
+
+    def failed(self, address: str) -> int:
+        """Count one wrong key from `address`: 0 when counted (the caller answers 401), else
+        the seconds it stays locked out (already at the limit: nothing was judged, 429).
+        The failure that fills the window logs the lock-out, once, without the key."""
+        if self.per_minute == 0:
+            return 0
+        if not self.limiter.hit(self.item, address):
+            return _wait_s(self.limiter, self.item, address)
+        if not self.limiter.test(self.item, address):
+            log.warning(
+                "http_auth_locked_out",
+                client=address,
+                failures_per_minute=self.per_minute,
+                retry_after_s=_wait_s(self.limiter, self.item, address),
+            )
+        return 0
+
+
+def moving_window(connection: redis.Redis, prefix: str) -> MovingWindowRateLimiter:
+    """The `limits` moving window on the front's own Redis pool, its keys under `prefix`."""
+    storage = RedisStorage(
+        "redis://", connection_pool=connection.connection_pool, key_prefix=prefix
+    )
+    return MovingWindowRateLimiter(storage)
+
+
+def _wait_s(limiter: MovingWindowRateLimiter, item: RateLimitItem, identifier: str) -> int:
+    """Whole seconds until the oldest hit in `identifier`'s window leaves it (at least 1)."""
+    reset_at = limiter.get_window_stats(item, identifier).reset_time
+    return max(MIN_RETRY_AFTER_S, math.ceil(reset_at - time.time()))

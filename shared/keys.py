@@ -68,6 +68,7 @@ THROUGHPUT_PREFIX = (
     PREFIX + "throughput:"
 )  # + [tenant ":"] unix minute -> hash: jobs, audio_s, failed
 QUOTA_PREFIX = PREFIX + "quota"  # + ":" + the `limits` library's key: a tenant's request window
+AUTH_FAILURE_PREFIX = PREFIX + "auth-failures"  # + ":" + `limits` key: an address's wrong keys
 
 # Dotted paths of the job functions (RQ JSON serializer: the producer never imports them).
 SYNTHESIZE_FUNCTION = "workers.tasks.synthesize"

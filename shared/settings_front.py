@@ -55,6 +55,12 @@ class FrontSettings(BaseModel):
     http_retry_after_s: int = Field(
         5, ge=0, description="the Retry-After of a 429 (a queue at COSYQ_MAX_QUEUE_DEPTH)"
     )
+    http_auth_failures_per_minute: int = Field(
+        30,
+        ge=0,
+        description="most wrong keys (API or /ui sign-in) one client address may send per "
+        "minute; past it that address is refused 429, its right keys too (0: no limit)",
+    )
     # The operator's page at /ui (producer/http/ui/)
     ui_session_ttl_s: int = Field(
         8 * 3600, gt=0, description="how long a /ui sign-in lasts (its session in Redis)"

@@ -20,7 +20,7 @@ import hmac
 from fastapi import Request
 
 from producer.http.context import context_of
-from producer.http.errors import ApiError
+from producer.http.errors import ApiError, auth_locked_out
 from shared.tenants import DEFAULT_TENANT, ApiKey
 
 _UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
@@ -77,11 +77,23 @@ class KeyCheck:
                 code="invalid_api_key",
                 headers=_UNAUTHORIZED_HEADERS,
             )
-        found = self.matching_key(given.strip())
+        found = self.checked_key(request, given.strip())
         if found is None:
             raise ApiError(
                 401, "invalid API key", code="invalid_api_key", headers=_UNAUTHORIZED_HEADERS
             )
+        return found
+
+    def checked_key(self, request: Request, given: str) -> tuple[str, bool] | None:
+        """`matching_key`, counting a wrong key against the client's address (producer/quotas.py
+        AuthFailures); 429 once that address is past COSYQ_HTTP_AUTH_FAILURES_PER_MINUTE,
+        whatever key it sends (blocking: Redis, from a sync dependency or the thread pool)."""
+        failures = context_of(request).auth_failures
+        address = client_address(request)
+        found = self.matching_key(given)
+        wait = failures.failed(address) if found is None else failures.locked_for(address)
+        if wait:
+            raise auth_locked_out(failures.per_minute, wait)
         return found
 
     def matches(self, given: str) -> bool:
@@ -109,6 +121,13 @@ class KeyCheck:
             if hmac.compare_digest(candidate, known):
                 found = (tenant, operator)
         return found
+
+
+def client_address(request: Request) -> str:
+    """The address wrong keys are counted against: the peer uvicorn reports, which is the
+    X-Forwarded-For client only when the peer is in FORWARDED_ALLOW_IPS (uvicorn's default:
+    loopback, so a proxy on the same host; README, HTTP front)."""
+    return request.client.host if request.client is not None else "unknown"
 
 
 def is_operator(request: Request) -> bool:

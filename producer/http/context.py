@@ -20,7 +20,7 @@ from rq.results import Result
 
 from producer.client import CosyqClient
 from producer.http.errors import ApiError
-from producer.quotas import RequestQuota
+from producer.quotas import AuthFailures, RequestQuota
 from producer.tracking import TERMINAL_STATES
 from shared.connection import async_redis_connection
 from shared.errors import JobNotFoundError, ResultTimeoutError
@@ -44,6 +44,7 @@ class FrontContext:
     storage: Storage
     s3: S3Access  # one boto3 client, made on first use, for relaying S3 objects
     quota: RequestQuota  # each tenant's requests per minute (producer/quotas.py)
+    auth_failures: AuthFailures  # each client address's wrong keys per minute (same module)
     operator: bool = False  # the request came with an operator key (producer/http/auth.py)
 
     @classmethod
@@ -56,6 +57,7 @@ class FrontContext:
             storage=open_storage(settings),
             s3=S3Access(settings),
             quota=RequestQuota(client.connection, settings),
+            auth_failures=AuthFailures(client.connection, settings),
         )
 
     def for_tenant(self, tenant: str, *, operator: bool = False) -> FrontContext:

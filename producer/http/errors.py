@@ -125,6 +125,19 @@ def quota_exceeded(error: TenantQuotaError) -> ApiError:
     )
 
 
+def auth_locked_out(per_minute: int, wait_s: int) -> ApiError:
+    """429 for a client address past its wrong keys (producer/quotas.py AuthFailures): the
+    same for a right key and a wrong one, so it says nothing about the key sent."""
+    return ApiError(
+        429,
+        f"too many wrong API keys from this address ({per_minute:,} a minute, "
+        f"COSYQ_HTTP_AUTH_FAILURES_PER_MINUTE); retry in {wait_s} s",
+        type_="rate_limit_error",
+        code="auth_failures_per_minute",
+        headers={"Retry-After": str(wait_s)},
+    )
+
+
 def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:
     """Our exception (or Redis's) as the API error a caller sees."""
     if isinstance(error, ApiError):

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from rq.queue import Queue
+from starlette.concurrency import run_in_threadpool
 
 from producer.http.auth import KeyCheck
 from producer.http.context import context_of
@@ -68,7 +69,7 @@ def scope_of(request: Request) -> tuple[bool, tuple[str, ...]]:
 async def _queue_families(request: Request) -> list[Metric]:
     """Queue depths: per tenant queue (and per tenant) when tenants may be named, else per
     priority queue over the queues the scrape may see (its own tenant's, or every one)."""
-    named, names = scope_of(request)  # first: a wrong key reads nothing
+    named, names = await run_in_threadpool(scope_of, request)  # first: a wrong key reads nothing
     if not names:
         return []
     aredis = context_of(request).aredis

@@ -92,12 +92,17 @@ async def sign_in_form(request: Request) -> Response:
 async def sign_in(
     request: Request, key: Annotated[str, Form()], name: Annotated[str, Form()] = ""
 ) -> Response:
-    """The key, checked in constant time, opens a session; the cookie holds only its id."""
+    """The key, checked in constant time, opens a session; the cookie holds only its id. A
+    wrong one counts against the client's address as a wrong API key does (auth.py)."""
     context, key_check = _front(request)
     origin = request.headers.get("origin")
     if origin and urlsplit(origin).netloc != request.headers.get("host", ""):
         raise ApiError(403, "a /ui form posted from another origin", code="bad_origin")
-    found = key_check.matching_key(key.strip()) if key_check.enabled else None
+    found = (
+        await run_in_threadpool(key_check.checked_key, request, key.strip())  # 429 past the limit
+        if key_check.enabled
+        else None
+    )
     if found is None:
         return render(request, "signin.html", caller=None, error="unknown key", status_code=401)
     tenant, operator = found

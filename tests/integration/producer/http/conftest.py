@@ -42,6 +42,7 @@ DATABASES = {
     "ui": 8,
     "s3": 9,
     "metrics": 10,
+    "auth": 11,
 }
 assert len(set(DATABASES.values())) == len(DATABASES)
 START_TIMEOUT_S = 30.0
