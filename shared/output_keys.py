@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from shared.documents import document_folder, segment_key
+from shared.documents import DOCUMENT_PREFIX, document_folder, segment_key
 from shared.errors import InvalidRequestError
 from shared.jobs import check_output_key
 from shared.tenants import DEFAULT_TENANT
@@ -42,6 +42,20 @@ def reserved_area(key: str) -> str | None:
 def tenant_prefix(tenant: str) -> str:
     """The prefix under which every key of `tenant` lies ("" for the default tenant)."""
     return "" if tenant == DEFAULT_TENANT else f"{TENANTS_AREA}/{tenant}/"
+
+
+def owns_key(tenant: str | None, key: str) -> bool:
+    """Whether the stored `key` (relative to the storage root, as read) lies in what `tenant`
+    owns: under its prefix, outside the reserved areas but its own documents' (the default
+    tenant's are the root's `documents/`, a named tenant's under its prefix). The front's
+    check before it relays a result's file. A job or document of nobody's (None) is read by an
+    operator key only, which reads every tenant's: any key."""
+    if tenant is None:
+        return True
+    prefix = tenant_prefix(tenant)
+    if not key.startswith(prefix):
+        return False
+    return reserved_area(key[len(prefix) :]) in (None, DOCUMENT_PREFIX)
 
 
 def place_output_key(tenant: str, key: str, limit: int) -> str:

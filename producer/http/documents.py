@@ -26,11 +26,11 @@ from producer.http.responses import (
     ErrorResponse,
     Responses,
 )
-from producer.http.storage_read import stored_response
+from producer.http.storage_read import document_not_found, stored_response
 from shared.audio import CONTENT_TYPES
 from shared.captions import CONTENT_TYPES as CAPTION_TYPES
 from shared.captions import cues_from_pieces, render
-from shared.document_state import DocumentNotFoundError, DocumentResult, load_plan, not_found
+from shared.document_state import DocumentNotFoundError, DocumentResult, load_plan
 from shared.documents import DocumentRequest
 
 router = APIRouter(responses=ERRORS)
@@ -66,10 +66,13 @@ async def submit_document(
     return DocumentAccepted(id=document_id, status="queued", location=location)
 
 
-async def check_document_owner(context: Context, document_id: str, *, change: bool = False) -> None:
-    """404 for an id never made, and the same 404 for another tenant's document (or one with
-    no tenant recorded): a key reads and cancels only its own tenant's documents, and an id
-    never tells another tenant that it exists. An operator key reaches any."""
+async def check_document_owner(
+    context: Context, document_id: str, *, change: bool = False
+) -> str | None:
+    """The document's tenant (None: nobody's). 404 for an id never made, and the same 404 for
+    another tenant's document (or one with no tenant recorded): a key reads and cancels only
+    its own tenant's documents, and an id never tells another tenant that it exists. An
+    operator key reaches any."""
     if not JOB_ID_RE.fullmatch(document_id):
         raise ApiError(404, "no such document", code="document_not_found")
     try:
@@ -77,18 +80,26 @@ async def check_document_owner(context: Context, document_id: str, *, change: bo
     except DocumentNotFoundError as e:
         raise ApiError(404, str(e), code="document_not_found") from e
     if not context.may_read(plan.tenant):
-        raise ApiError(404, str(not_found(document_id)), code="document_not_found")
+        raise document_not_found(document_id)
     if change:
         context.check_may_change(plan.tenant, "document")
+    return plan.tenant
 
 
 async def _document_status(context: Context, document_id: str) -> DocumentStatusResponse:
-    await check_document_owner(context, document_id)
+    return (await _owned_status(context, document_id))[0]
+
+
+async def _owned_status(
+    context: Context, document_id: str
+) -> tuple[DocumentStatusResponse, str | None]:
+    """The document's status and its tenant (check_document_owner)."""
+    owner = await check_document_owner(context, document_id)
     try:
         status = await run_in_threadpool(context.client.document_status, document_id)
     except DocumentNotFoundError as e:
         raise ApiError(404, str(e), code="document_not_found") from e
-    return DocumentStatusResponse.model_validate(status.as_json())
+    return DocumentStatusResponse.model_validate(status.as_json()), owner
 
 
 @router.get("/v1/documents/{document_id}")
@@ -123,8 +134,9 @@ async def retry_document(context: Context, document_id: str) -> DocumentStatusRe
     return await _document_status(context, document_id)
 
 
-async def _result(context: Context, document_id: str) -> DocumentResult:
-    status = await _document_status(context, document_id)
+async def _result(context: Context, document_id: str) -> tuple[DocumentResult, str | None]:
+    """The assembled document's result and its tenant; 409 or 422 until there is one."""
+    status, owner = await _owned_status(context, document_id)
     if status.result is None:
         code = 409 if status.state not in ("failed", "incomplete", "canceled") else 422
         message = status.message or f"document {document_id} is {status.state}"
@@ -134,7 +146,7 @@ async def _result(context: Context, document_id: str) -> DocumentResult:
             code="not_ready" if code == 409 else "document_failed",
             headers={"Location": _location(document_id)},
         )
-    return status.result
+    return status.result, owner
 
 
 @router.get(
@@ -143,10 +155,10 @@ async def _result(context: Context, document_id: str) -> DocumentResult:
     responses={200: {"content": {"audio/*": {}}}, **_NOT_READY},
 )
 async def document_audio(context: Context, document_id: str) -> StreamingResponse:
-    result = await _result(context, document_id)
+    result, owner = await _result(context, document_id)
     headers = {"X-Cosyq-Document-Id": document_id}
     media = CONTENT_TYPES[result.format]
-    return await stored_response(context, result.uri, media, headers, document_id)
+    return await stored_response(context, result.uri, media, headers, document_id, owner=owner)
 
 
 @router.get(
@@ -157,10 +169,11 @@ async def document_audio(context: Context, document_id: str) -> StreamingRespons
 async def document_captions(
     context: Context, document_id: str, format: CaptionFormat = "vtt"
 ) -> StreamingResponse:
-    result = await _result(context, document_id)
+    result, owner = await _result(context, document_id)
     uri = result.vtt_uri if format == "vtt" else result.srt_uri
     headers = {"X-Cosyq-Document-Id": document_id}
-    return await stored_response(context, uri, CAPTION_TYPES[format], headers, document_id)
+    media = CAPTION_TYPES[format]
+    return await stored_response(context, uri, media, headers, document_id, owner=owner)
 
 
 @router.get(

@@ -31,10 +31,10 @@ from producer.http.responses import (
     JobStatusResponse,
     Responses,
 )
-from producer.http.storage_read import audio_response
+from producer.http.storage_read import audio_response, job_not_found
 from producer.http.streaming import relay_response
 from producer.tracking import JobStatus, tenant_of_job
-from shared.errors import JobNotFoundError, QueueFullError
+from shared.errors import QueueFullError
 from shared.jobs import SynthesisRequest, validate_request
 from shared.keys import JOB_ID_RE, JOB_ID_RULE, SYNTHESIZE_FUNCTION
 
@@ -153,7 +153,7 @@ def check_owner(context: Context, job_id: str, tenant: str | None) -> None:
     its own tenant's jobs, and an id never tells another tenant that it exists. A job without
     a tenant tag belongs to nobody (an operator key reads any)."""
     if not context.may_read(tenant):
-        raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
+        raise job_not_found(job_id)
 
 
 async def _status(request: Request, context: Context, job_id: str) -> JobStatus:
@@ -203,7 +203,7 @@ async def job_audio(request: Request, context: Context, job_id: str) -> Response
             headers={"Location": job_location(job_id)},
             extra={"job_id": job_id},
         )
-    return await audio_response(context, status.result)
+    return await audio_response(context, status.result, status.tenant)
 
 
 @router.get(

@@ -22,6 +22,7 @@ from producer.http.context import Context, FrontContext
 from producer.http.errors import ApiError
 from producer.http.outcomes import finished_result
 from producer.http.responses import ERRORS, ErrorResponse, Responses
+from producer.http.storage_read import check_owned, job_not_found
 from producer.http.streaming import relay_response
 from shared import keys
 from shared.audio import CONTENT_TYPES
@@ -185,6 +186,7 @@ async def create_speech(
             context, job_id, speech.stream_format, speech.response_format == "wav"
         )
     result = await finished_result(context, job_id, context.settings.http_wait_timeout_s)
+    check_owned(context, result.uri, context.client.tenant, job_not_found(job_id))
     data = await run_in_threadpool(context.storage.get, result.uri)
     headers = {"X-Cosyq-Job-Id": job_id}
     if speech.response_format == "pcm":

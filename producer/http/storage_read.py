@@ -1,7 +1,10 @@
 """GET /v1/jobs/{id}/audio: a stored result relayed in chunks, from a folder or from S3.
 
 Only URIs under the configured storage (COSYQ_STORAGE_URL) are read: a result names where its
-worker wrote, and the front never reads anywhere else, whatever a Redis entry says.
+worker wrote, and the front never reads anywhere else, whatever a Redis entry says. Nor does
+it read, for a job or document, a file outside what the job's or document's tenant owns
+(`check_owned`, judged on the key as it will be opened: a file URI's path percent-decoded), so
+a result rewritten in Redis cannot hand one tenant another's audio.
 """
 
 from __future__ import annotations
@@ -10,16 +13,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import structlog
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.context import FrontContext
 from producer.http.errors import SERVER_ERROR, ApiError
 from shared.audio import CONTENT_TYPES
-from shared.errors import ObjectNotFoundError, StorageError
+from shared.document_state import not_found
+from shared.errors import JobNotFoundError, ObjectNotFoundError, StorageError
+from shared.jobs import check_output_key
+from shared.output_keys import owns_key
 from shared.results import SynthesisResult
 
+log = structlog.get_logger("cosyq.http")
+
 CHUNK_BYTES = 64 * 1024
+MAX_KEY_CHARS = 1024  # Storage.uri_for's limit: no key it wrote is longer
 
 
 def check_under_storage(context: FrontContext, uri: str) -> None:
@@ -31,6 +41,40 @@ def check_under_storage(context: FrontContext, uri: str) -> None:
             type_=SERVER_ERROR,
             code="storage_mismatch",
         )
+
+
+def check_owned(context: FrontContext, uri: str, owner: str | None, missing: Exception) -> None:
+    """`uri` lies under the storage (else 500, `check_under_storage`) and, read as `_open`
+    reads it, is a key `owner` owns (shared/output_keys.py `owns_key`). Otherwise the record
+    naming it was rewritten in Redis: a warning, and `missing` (the route's own error for an
+    unknown id, so the answer tells the caller nothing more) is raised."""
+    check_under_storage(context, uri)
+    key = stored_key(context.storage.base_uri, uri)
+    if key is None or not owns_key(owner, key):
+        log.warning("stored_uri_not_owned", owner=owner, uri=uri)
+        raise missing
+
+
+def stored_key(base_uri: str, uri: str) -> str | None:
+    """The storage key `uri` names, as `_open` will open it (a file URI's path
+    percent-decoded, an S3 key as written); None when it is not one under `base_uri` that a
+    storage could have written (`..`, `.` or empty segments, a query, another host)."""
+    base, parts = urlsplit(base_uri.rstrip("/") + "/"), urlsplit(uri)
+    if (parts.scheme, parts.netloc, parts.query, parts.fragment) != (
+        base.scheme,
+        base.netloc,
+        "",
+        "",
+    ):
+        return None
+    decoded = unquote if parts.scheme == "file" else str
+    base_path, path = decoded(base.path), decoded(parts.path)
+    if not path.startswith(base_path):
+        return None
+    try:
+        return check_output_key(path[len(base_path) :], limit=MAX_KEY_CHARS)
+    except ValueError:
+        return None
 
 
 def _open(context: FrontContext, uri: str) -> tuple[Iterator[bytes], int]:
@@ -62,8 +106,11 @@ def _open(context: FrontContext, uri: str) -> tuple[Iterator[bytes], int]:
     return s3_chunks(), size
 
 
-async def audio_response(context: FrontContext, result: SynthesisResult) -> StreamingResponse:
-    check_under_storage(context, result.uri)
+async def audio_response(
+    context: FrontContext, result: SynthesisResult, owner: str | None
+) -> StreamingResponse:
+    """A job's audio; `owner` is the job's tenant (its meta's, not the result's own field)."""
+    check_owned(context, result.uri, owner, job_not_found(result.job_id))
     try:
         chunks, size = await run_in_threadpool(_open, context, result.uri)
     except ObjectNotFoundError as e:
@@ -77,10 +124,17 @@ async def audio_response(context: FrontContext, result: SynthesisResult) -> Stre
 
 
 async def stored_response(
-    context: FrontContext, uri: str, media_type: str, headers: dict[str, str], what: str
+    context: FrontContext,
+    uri: str,
+    media_type: str,
+    headers: dict[str, str],
+    what: str,
+    *,
+    owner: str | None,
 ) -> StreamingResponse:
-    """Any stored object under the storage (a document's audio or captions), in chunks."""
-    check_under_storage(context, uri)
+    """A document's audio or captions, in chunks; `owner` is the document's (its plan's)
+    tenant, `what` its id."""
+    check_owned(context, uri, owner, document_not_found(what))
     try:
         chunks, size = await run_in_threadpool(_open, context, uri)
     except ObjectNotFoundError as e:
@@ -88,3 +142,13 @@ async def stored_response(
     return StreamingResponse(
         chunks, media_type=media_type, headers={"Content-Length": str(size), **headers}
     )
+
+
+def job_not_found(job_id: str) -> JobNotFoundError:
+    """What an unknown job answers (producer/http/jobs.py check_owner says the same)."""
+    return JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
+
+
+def document_not_found(document_id: str) -> ApiError:
+    """What an unknown document answers (producer/http/documents.py check_document_owner)."""
+    return ApiError(404, str(not_found(document_id)), code="document_not_found")

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from producer.documents import DocumentStatus
 from producer.http.context import Context
 from producer.http.documents import check_document_owner
-from producer.http.storage_read import check_under_storage, stored_response
+from producer.http.storage_read import check_owned, document_not_found, stored_response
 from producer.http.ui import listing
 from producer.http.ui.access import UiCaller, check_post
 from producer.http.ui.render import render
@@ -53,7 +53,7 @@ async def documents_page(
 def _segments(
     context: Context, plan: DocumentPlanRecord, status: DocumentStatus
 ) -> list[SegmentView]:
-    spans = _spans(context, status)
+    spans = _spans(context, status, plan.tenant)
     raw: Any = context.connection.hgetall(document_key(plan.document_id, "jobs"))
     jobs = {int(k): v.decode() for k, v in raw.items()}
     failures = {f.index: f.reason for f in status.failures}
@@ -71,14 +71,17 @@ def _segments(
     ]
 
 
-def _spans(context: Context, status: DocumentStatus) -> dict[int, tuple[float, float]]:
+def _spans(
+    context: Context, status: DocumentStatus, owner: str | None
+) -> dict[int, tuple[float, float]]:
     """Each segment's (start, end) in the assembled file, from its manifest ({} before
     assembly: each segment then plays from its own job's audio)."""
     if status.result is None:
         return {}
+    uri = status.result.manifest_uri
+    check_owned(context, uri, owner, document_not_found(status.document_id))
     try:
-        check_under_storage(context, status.result.manifest_uri)
-        manifest = json.loads(context.storage.get(status.result.manifest_uri))
+        manifest = json.loads(context.storage.get(uri))
         return {
             int(s["index"]): (float(s["start_s"]), float(s["end_s"]))
             for s in manifest.get("segments", [])
@@ -87,13 +90,14 @@ def _spans(context: Context, status: DocumentStatus) -> dict[int, tuple[float, f
         return {}
 
 
-def _captions(context: Context, status: DocumentStatus) -> str:
+def _captions(context: Context, status: DocumentStatus, owner: str | None) -> str:
     """The assembled document's WebVTT captions ("" before assembly or when unreadable)."""
     if status.result is None:
         return ""
+    uri = status.result.vtt_uri
+    check_owned(context, uri, owner, document_not_found(status.document_id))
     try:
-        check_under_storage(context, status.result.vtt_uri)
-        return context.storage.get(status.result.vtt_uri).decode("utf-8", "replace")
+        return context.storage.get(uri).decode("utf-8", "replace")
     except (ObjectNotFoundError, StorageError):
         return ""
 
@@ -106,7 +110,7 @@ async def document_page(
     plan = await run_in_threadpool(load_plan, context.connection, document_id)
     status = await run_in_threadpool(context.client.document_status, document_id)
     segments = await run_in_threadpool(_segments, context, plan, status)
-    captions = await run_in_threadpool(_captions, context, status)
+    captions = await run_in_threadpool(_captions, context, status, plan.tenant)
     return render(
         request,
         "document.html",
@@ -120,12 +124,12 @@ async def document_page(
 
 @router.get("/ui/documents/{document_id}/audio")
 async def document_audio(caller: UiCaller, context: Context, document_id: str) -> Response:
-    await check_document_owner(context, document_id)
+    owner = await check_document_owner(context, document_id)
     status = await run_in_threadpool(context.client.document_status, document_id)
     if status.result is None:
         return Response("not assembled", status_code=404, media_type="text/plain")
     media = CONTENT_TYPES[status.result.format]
-    return await stored_response(context, status.result.uri, media, {}, document_id)
+    return await stored_response(context, status.result.uri, media, {}, document_id, owner=owner)
 
 
 @router.post("/ui/documents/{document_id}/{action}")

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from producer.http.context import Context
 from producer.http.jobs import check_owner, checked_job_id
-from producer.http.storage_read import audio_response, check_under_storage
+from producer.http.storage_read import audio_response, check_owned, job_not_found
 from producer.http.ui import fleet as fleet_data
 from producer.http.ui import listing
 from producer.http.ui.access import UiCaller, check_post
@@ -105,7 +105,7 @@ async def job_audio(caller: UiCaller, context: Context, job_id: str) -> Response
     view = await _job(context, job_id)
     if view.status.result is None:
         return Response("no audio", status_code=404, media_type="text/plain")
-    return await audio_response(context, view.status.result)
+    return await audio_response(context, view.status.result, view.status.tenant)
 
 
 @router.get("/ui/jobs/{job_id}/{picture}.png")
@@ -116,7 +116,7 @@ async def job_picture(caller: UiCaller, context: Context, job_id: str, picture: 
     result = view.status.result
     if result is None:
         return Response("no audio", status_code=404, media_type="text/plain")
-    check_under_storage(context, result.uri)
+    check_owned(context, result.uri, view.status.tenant, job_not_found(job_id))
     data = await run_in_threadpool(context.storage.get, result.uri)
     samples, rate = await run_in_threadpool(decode, data)
     if picture == "waveform":

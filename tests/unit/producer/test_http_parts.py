@@ -14,7 +14,7 @@ from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext
 from producer.http.errors import ApiError, param_of
 from producer.http.speech import job_payload, parse_speech, pcm_of, renamed
-from producer.http.storage_read import check_under_storage
+from producer.http.storage_read import check_under_storage, stored_key
 from producer.http_bind import check_bind, is_loopback
 from shared.errors import SettingsError
 from shared.jobs import RequestLimits, validate_request
@@ -130,3 +130,25 @@ def test_audio_is_read_only_under_the_configured_storage(tmp_path: Path) -> None
             check_under_storage(context, uri)
         assert caught.value.code == "storage_mismatch"
     context.client.close()
+
+
+def test_a_stored_key_is_judged_as_it_will_be_opened() -> None:
+    """A file URI's path percent-decoded first (a '..' hides as %2E%2E until then); an S3
+    key as written; nothing a storage could not have written (another host, a query)."""
+    base = "file:///srv/out%20put"
+    assert stored_key(base, f"{base}/tenants/a/x.wav") == "tenants/a/x.wav"
+    assert stored_key(base + "/", f"{base}/%40x%3D1.wav") == "@x=1.wav"
+    for uri in (
+        f"{base}/tenants/a/%2E%2E/b/x.wav",
+        f"{base}/tenants/a/..%2Fb/x.wav",
+        f"{base}/a//x.wav",
+        f"{base}-other/x.wav",
+        "file://host/srv/out%20put/x.wav",
+        f"{base}/x.wav?y",
+        "s3://bucket/x.wav",
+    ):
+        assert stored_key(base, uri) is None, uri
+    assert stored_key("s3://bucket/pre", "s3://bucket/pre/tenants/a/x.wav") == "tenants/a/x.wav"
+    assert stored_key("s3://bucket", "s3://bucket/x.wav") == "x.wav"
+    for uri in ("s3://other/x.wav", "s3://bucket/pre/../x.wav", "s3://bucket/prefix/x.wav"):
+        assert stored_key("s3://bucket/pre", uri) is None, uri

@@ -13,6 +13,7 @@ from shared.output_keys import (
     RESERVED_AREAS,
     automatic_key,
     check_tenant_key,
+    owns_key,
     place_output_key,
     tenant_prefix,
 )
@@ -82,3 +83,21 @@ def test_a_segment_job_may_write_its_own_segment_only() -> None:
             check_tenant_key("beta", own, document)
     with pytest.raises(InvalidRequestError):  # the same segment, another tenant's job
         check_tenant_key("alpha", own, ("d1", 3))
+
+
+def test_a_tenant_owns_its_prefix_and_its_documents_only() -> None:
+    assert owns_key("beta", "tenants/beta/2026/12/05/j1.wav")
+    assert owns_key("beta", "tenants/beta/" + segment_key("d1", 0))
+    assert owns_key("default", "2026/12/05/j1.wav") and owns_key("default", segment_key("d1", 0))
+    assert owns_key(None, "tenants/beta/x.wav")  # nobody's: an operator's read, any tenant's
+    for tenant, key in (
+        ("beta", "tenants/alpha/x.wav"),
+        ("beta", "tenants/beta2/x.wav"),
+        ("beta", "x.wav"),
+        ("beta", "tenants/beta/voices/x.wav"),
+        ("default", "tenants/beta/x.wav"),
+        ("default", "Tenants/beta/x.wav"),
+        ("default", "tenants./beta/x.wav"),
+        ("default", "voices/beta/alice/prompt.wav"),
+    ):
+        assert not owns_key(tenant, key), (tenant, key)

@@ -8,6 +8,7 @@ tag is nobody's; /metrics names tenants only to an operator key.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import httpx
 import pytest
 import redis
 from rq.job import Job
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from shared import keys
@@ -201,3 +203,86 @@ def test_metrics_name_tenants_to_an_operator_key_only(front: Front) -> None:
         page = op.get("/metrics").text
     assert 'cosyq_tenant_queued_jobs{tenant="beta"}' in page
     assert 'cosyq_queue_depth{queue="cosyq-low.beta"}' in page
+
+
+def _rewrite_result(connection: redis.Redis, job_id: str, uri: str) -> None:
+    """The job's result as a writer with Redis access could rewrite it: another `uri`."""
+    job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    latest = job.latest_result()
+    assert latest is not None and isinstance(latest.return_value, dict)
+    rewritten = {**latest.return_value, "uri": uri}
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=600, return_value=rewritten)
+
+
+def _hidden_like_unknown(response: httpx.Response, unknown: httpx.Response, name: str) -> None:
+    """Answered exactly as an id never made is (its id aside): 404, same code, same text."""
+    never = _error(unknown, 404)
+    hidden = _error(response, 404)
+    assert hidden["code"] == never["code"]
+    assert hidden["message"] == never["message"].replace("0" * 32, name)
+
+
+def test_a_result_rewritten_in_redis_relays_nothing_outside_its_tenants_area(
+    front: Front,
+) -> None:
+    """Defense in depth: a job's audio is read only from its own tenant's area of the storage,
+    judged on the path as it is opened (percent-decoded), whatever its result in Redis says."""
+    ids: dict[str, str] = {}
+    uris: dict[str, str] = {}
+    for name, key in (("alpha", ALPHA), ("beta", BETA), ("default", PLAIN)):
+        with front.http(key) as client:
+            ids[name] = client.post("/v1/jobs", json={"text": f"Owned by {name}."}).json()["id"]
+            uris[name] = _finished(client, ids[name])["result"]["uri"]
+            assert client.get(f"/v1/jobs/{ids[name]}/audio").status_code == 200
+    beta_under_alpha = uris["beta"].replace("/tenants/beta/", "/tenants/alpha/%2E%2E/beta/")
+    assert beta_under_alpha != uris["beta"]
+    rewrites = (
+        ("alpha", ALPHA, uris["beta"]),  # another tenant's file
+        ("alpha", OPERATOR, beta_under_alpha),  # '..' only once decoded; an operator reads too
+        ("default", PLAIN, uris["beta"]),  # the default tenant owns no tenants/ prefix
+    )
+    connection = redis.Redis.from_url(front.redis_url)
+    for owner, key, uri in rewrites:
+        _rewrite_result(connection, ids[owner], uri)
+        job_id = ids[owner]
+        with front.http(key) as client:
+            for path in ("/v1/jobs/{}/audio", "/ui/jobs/{}/audio", "/ui/jobs/{}/waveform.png"):
+                unknown = client.get(path.format("0" * 32))
+                _hidden_like_unknown(client.get(path.format(job_id)), unknown, job_id)
+    connection.close()
+    warned = [e for e in front.events() if e.get("event") == "stored_uri_not_owned"]
+    assert {(e["owner"], e["uri"]) for e in warned} == {
+        ("alpha", uris["beta"]),
+        ("alpha", beta_under_alpha),
+        ("default", uris["beta"]),
+    }
+
+
+def test_a_document_result_rewritten_in_redis_relays_nothing_outside_its_tenants_area(
+    front: Front,
+) -> None:
+    with front.http(BETA) as beta:
+        job_id = beta.post("/v1/jobs", json={"text": "Beta's own words."}).json()["id"]
+        beta_uri = _finished(beta, job_id)["result"]["uri"]
+    with front.http(ALPHA) as alpha:
+        document_id = alpha.post("/v1/documents", json={"text": "A short one."}).json()["id"]
+        assert _assembled(alpha, document_id)["state"] == "assembled"
+    connection = redis.Redis.from_url(front.redis_url)
+    result_key = document_key(document_id, "result")
+    raw = connection.get(result_key)
+    assert raw is not None
+    rewritten = {**json.loads(raw), "uri": beta_uri, "vtt_uri": beta_uri}
+    connection.set(result_key, json.dumps(rewritten), keepttl=True)
+    connection.close()
+    with front.http(ALPHA) as alpha:
+        for path in (
+            "/v1/documents/{}/audio",
+            "/v1/documents/{}/captions",
+            "/ui/documents/{}",
+            "/ui/documents/{}/audio",
+        ):
+            unknown = alpha.get(path.format("0" * 32))
+            hidden = alpha.get(path.format(document_id))
+            _hidden_like_unknown(hidden, unknown, document_id)
+    warned = [e for e in front.events() if e.get("event") == "stored_uri_not_owned"]
+    assert {e["owner"] for e in warned if e["uri"] == beta_uri} >= {"alpha"}
