@@ -2,9 +2,10 @@
 
 - jobs and documents by submit time, in one sorted set for all and one per tenant
   (`keys.JOB_INDEX[:tenant]`, `keys.DOCUMENT_INDEX[:tenant]`), written by the producer in the
-  same transaction as the enqueue; entries older than the result TTL are trimmed as new ones
-  come (a document's only once it has expired: one kept alive stays listed), so a page reads a
-  range (ZREVRANGE) and never the whole set;
+  same transaction as the enqueue; entries older than the TTL are trimmed as new ones come,
+  each only once its job or document has expired (one still queued, failed or kept alive stays
+  listed), a bounded batch per submit, so a page reads a range (ZREVRANGE) and never the whole
+  set;
 - suspect results waiting for a judgement (`keys.SUSPECT_INDEX[:tenant]`) and each finished
   job's small summary (verdict, audio seconds), written by the worker as it returns a result;
 - throughput per minute (jobs, audio seconds, failures), kept two hours;
@@ -23,6 +24,7 @@ from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
+from rq.job import Job
 
 from shared import keys
 from shared.document_state import DOCUMENT_PREFIX
@@ -31,20 +33,28 @@ THROUGHPUT_KEEP_S = 2 * 3600  # the chart shows the last hour; a minute's hash l
 STOPPED_KEEP_S = 3600  # a stopped worker stays on the fleet view this long
 SUMMARY_VERDICT, SUMMARY_AUDIO_S = "verdict", "audio_s"
 JUDGEMENTS = ("accepted", "regenerated", "failed")
-# Old document index entries looked at per submit (the oldest first); one whose document still
-# lives is kept and looked at again next time.
-DOCUMENT_TRIM_BATCH = 1000
-# KEYS[1] an index; ARGV: the cutoff score, the prefix of the record key that lives as long as
-# an entry's item (+ its id), most entries looked at. Removes the entries scored before the
-# cutoff whose record is gone; returns how many it removed.
+# Old index entries looked at per submit, besides one per id the submit adds (so the trim
+# always gains on the index). One whose job or document still lives is kept and looked at
+# again when the trim comes round to it: each trim goes on where the last one stopped.
+TRIM_BATCH = 1000
+# KEYS[1] an index, KEYS[2] the trims' cursors (hash: index -> rank); ARGV: the cutoff score,
+# the prefix of the record key that lives as long as an entry's item (+ its id), most entries
+# looked at. The entries scored before the cutoff are the index's first ranks: it looks at the
+# next ARGV[3] of them from its cursor (from the first again once past the last), removes those
+# whose record is gone and keeps its place; O(log N + ARGV[3]). Returns how many it removed.
 _TRIM_EXPIRED = """
-local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[3])
+local old = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[1])
+if old == 0 then return 0 end
+local at = tonumber(redis.call('HGET', KEYS[2], KEYS[1]) or '0')
+if at >= old then at = 0 end
+local last = math.min(at + tonumber(ARGV[3]), old) - 1
 local removed = 0
-for _, id in ipairs(old) do
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], at, last)) do
   if redis.call('EXISTS', ARGV[2] .. id) == 0 then
     removed = removed + redis.call('ZREM', KEYS[1], id)
   end
 end
+redis.call('HSET', KEYS[2], KEYS[1], last + 1 - removed)
 return removed
 """
 
@@ -63,7 +73,9 @@ def index_jobs(
     at: float | None = None,
 ) -> None:
     """Add submitted jobs to the all-tenants and the tenant's index; drop entries older than
-    `keep_s` (the result TTL: their jobs are gone) from both."""
+    `keep_s` (RQ's longest TTL) whose job has expired (its RQ hash is gone) from both. A job
+    outlives its submit time + TTL while it waits in a deep queue or runs, and a failed one
+    for the failure TTL from its end, so an entry's age alone does not say it is gone."""
     _index(target, keys.JOB_INDEX, tenant, job_ids, keep_s=keep_s, at=at)
 
 
@@ -74,11 +86,7 @@ def index_document(
     than `keep_s` whose document has expired (its plan is gone) from both. A document outlives
     its submit time + TTL while a job of it waits or runs (the keepalive, a segment starting, a
     retry renew its plan), so an entry's age alone does not say it is gone."""
-    stamp = time.time()
-    for name in (keys.DOCUMENT_INDEX, owned(keys.DOCUMENT_INDEX, tenant)):
-        target.zadd(name, {document_id: stamp})
-        cutoff = repr(stamp - keep_s)
-        target.eval(_TRIM_EXPIRED, 1, name, cutoff, DOCUMENT_PREFIX, DOCUMENT_TRIM_BATCH)
+    _index(target, keys.DOCUMENT_INDEX, tenant, [document_id], keep_s=keep_s, at=None)
 
 
 def _index(
@@ -93,9 +101,11 @@ def _index(
     if not ids:
         return
     stamp = time.time() if at is None else at
+    record = Job.redis_job_namespace_prefix if key == keys.JOB_INDEX else DOCUMENT_PREFIX
     for name in (key, owned(key, tenant)):
         target.zadd(name, dict.fromkeys(ids, stamp))
-        target.zremrangebyscore(name, "-inf", f"({stamp - keep_s}")
+        cutoff, batch = repr(stamp - keep_s), TRIM_BATCH + len(ids)
+        target.eval(_TRIM_EXPIRED, 2, name, keys.INDEX_TRIM_CURSORS, cutoff, record, batch)
 
 
 def page_ids(

@@ -58,6 +58,7 @@ WEBHOOK_EVENT_SEEN_PREFIX = PREFIX + "webhooks:seen:"  # + webhook id: its event
 # tenant (+ ":" tenant), suspect results waiting for a judgement, judgements, throughput per minute
 JOB_INDEX = PREFIX + "index:jobs"  # [+ ":" tenant]: sorted set, job id -> submit time
 DOCUMENT_INDEX = PREFIX + "index:documents"  # [+ ":" tenant]: document id -> submit time
+INDEX_TRIM_CURSORS = PREFIX + "index:trim-cursors"  # hash: an index's key -> where its trim goes on
 SUSPECT_INDEX = PREFIX + "index:suspects"  # [+ ":" tenant]: suspect job id -> when it finished
 JOB_SUMMARY_PREFIX = PREFIX + "index:summary:"  # + job id -> JSON: verdict, audio s (result TTL)
 JUDGEMENT_PREFIX = PREFIX + "judgement:"  # + job id -> JSON: accepted/regenerated/failed, by, at

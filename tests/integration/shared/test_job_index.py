@@ -4,14 +4,23 @@ per minute, and stopped workers stay listed for a while."""
 
 from __future__ import annotations
 
-import redis
+import time
+from pathlib import Path
 
+import pytest
+import redis
+from rq.job import Job
+
+from producer import CosyqClient
+from producer.http.ui.listing import JobFilter, job_page
 from shared import keys
 from shared.job_index import (
+    TRIM_BATCH,
     Outcome,
     count_ids,
     index_jobs,
     judgement_of,
+    owned,
     page_ids,
     record_failure,
     record_outcome,
@@ -21,6 +30,7 @@ from shared.job_index import (
     summaries,
     throughput,
 )
+from shared.settings import load_settings
 
 
 def test_pages_are_ranges_of_the_tenant_index_newest_first(redis_url: str) -> None:
@@ -77,3 +87,49 @@ def test_stopped_workers_are_listed_for_an_hour(redis_url: str) -> None:
     found = stopped_workers(connection, now=4700.0)
     assert [(w["host"], w["jobs_done"]) for w in found] == [("h", "7")]
     assert connection.hkeys(keys.STOPPED_WORKER_STATS) == [b"w-new"]  # the old one pruned
+
+
+def test_an_old_entry_goes_only_once_its_job_has_expired(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job still queued (or failed, or running) past its submit time + the TTL stays in its
+    tenant's list and the operators'; one whose RQ hash expired is trimmed at the next submit."""
+    monkeypatch.setenv("COSYQ_REDIS_URL", redis_url)
+    monkeypatch.setenv("COSYQ_STORAGE_URL", (tmp_path / "audio").as_uri())
+    monkeypatch.setenv("COSYQ_TENANTS", "alpha")
+    monkeypatch.chdir(tmp_path)  # no stray .env
+    settings = load_settings(env_file=None)
+    with CosyqClient(settings, tenant="alpha") as alpha:
+        connection = alpha.connection
+        waiting, expired = (alpha.submit({"text": "Still waiting."}) for _ in range(2))
+        long_ago = time.time() - 2 * max(settings.result_ttl_s, settings.failure_ttl_s)
+        for index in (keys.JOB_INDEX, owned(keys.JOB_INDEX, "alpha")):
+            connection.zadd(index, dict.fromkeys((waiting, expired), long_ago))
+        connection.delete(Job.key_for(expired))  # its TTL ran out
+
+        newest = alpha.submit({"text": "The newest."})  # trims the index as it adds
+        for tenant in ("alpha", None):
+            wanted = JobFilter("", "", "", "", None)
+            page = job_page(connection, tenant, wanted, offset=0, size=50, scan_limit=100)
+            assert [row.job_id for row in page.rows] == [newest, waiting]
+            assert connection.zscore(owned(keys.JOB_INDEX, tenant), expired) is None
+
+
+def test_the_trim_goes_on_past_old_entries_whose_jobs_still_live(redis_url: str) -> None:
+    """Each submit looks at a bounded batch of old entries, from where the last one stopped:
+    more live old jobs than a batch never hide the expired ones behind them for good."""
+    connection = redis.Redis.from_url(redis_url)
+    live = [f"live{n:05d}" for n in range(TRIM_BATCH + 200)]
+    gone = [f"gone{n}" for n in range(10)]
+    pipe = connection.pipeline(transaction=False)
+    for job_id in live:
+        pipe.hset(Job.key_for(job_id), "status", "queued")
+    pipe.execute()
+    index_jobs(connection, "acme", live, keep_s=100, at=1000.0)
+    index_jobs(connection, "acme", gone, keep_s=100, at=1001.0)
+
+    index_jobs(connection, "acme", ["new1"], keep_s=100, at=2000.0)  # looks at live ones only
+    assert count_ids(connection, keys.JOB_INDEX, "acme") == len(live) + len(gone) + 1
+    index_jobs(connection, "acme", ["new2"], keep_s=100, at=2000.0)  # goes on to the rest
+    listed = page_ids(connection, keys.JOB_INDEX, "acme", offset=0, count=len(live) + 99)
+    assert {job_id for job_id, _ in listed} == {*live, "new1", "new2"}
