@@ -5,6 +5,9 @@ much of it matched. Keys are never logged. Without keys configured every request
 tenant "default"), and `cosyq serve` then refuses to bind anything but loopback
 (producer/http_bind.py). The key names the request's tenant (`request.state.tenant`, which
 `context_of` binds the client to), and the tenant's requests-per-minute quota is counted here.
+A wrong key has no tenant: it counts against the client's address instead
+(COSYQ_HTTP_AUTH_FAILURES_PER_MINUTE, producer/quotas.py `AuthFailures`), and past that limit
+every key from the address, a right one too, is refused 429 until the minute has passed.
 
 Operator keys (COSYQ_OPERATOR_KEYS) are compared in the same loop: an operator's request is
 tenant "default" for what it submits and sets `request.state.operator`, which lets it read any

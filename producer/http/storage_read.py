@@ -25,6 +25,7 @@ from shared.errors import JobNotFoundError, ObjectNotFoundError, StorageError
 from shared.jobs import check_output_key
 from shared.output_keys import owns_key
 from shared.results import SynthesisResult
+from shared.settings_env import redact_url
 
 log = structlog.get_logger("cosyq.http")
 
@@ -51,7 +52,7 @@ def check_owned(context: FrontContext, uri: str, owner: str | None, missing: Exc
     check_under_storage(context, uri)
     key = stored_key(context.storage.base_uri, uri)
     if key is None or not owns_key(owner, key):
-        log.warning("stored_uri_not_owned", owner=owner, uri=uri)
+        log.warning("stored_uri_not_owned", owner=owner, uri=redact_url(uri))
         raise missing
 
 
