@@ -316,10 +316,7 @@ class Settings(
         "process that imported the worker's modules; macOS execs: fork is unsafe after Core ML)",
     )
     orphan_after_s: float = Field(
-        30.0,
-        gt=0,
-        description="a queued job in no queue or registry this long is put back (a started one "
-        "in no registry, with no heartbeat, goes back to the reaper)",
+        30.0, gt=0, description="a job in no queue or registry this long is requeued or reaped"
     )
     orphan_sweep_batch: int = Field(
         500, gt=0, description="submitted jobs the orphan sweep checks per housekeeping tick"
