@@ -63,12 +63,27 @@ def redact_input_text(_: WrappedLogger, __: str, event_dict: EventDict) -> Event
 
 
 def redact_url_credentials(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
-    """Mask every URL's password in each text value and the traceback: a library's error may
+    """Mask every URL's password in each value and the traceback: a library's error may
     quote an endpoint with user:password@ (botocore does), a redis one ?password=."""
     for key, value in event_dict.items():
-        if isinstance(value, str):
-            event_dict[key] = redact_urls(value)
+        event_dict[key] = _masked(value)
     return event_dict
+
+
+def _masked(value: Any) -> Any:
+    """`value` with every URL's password masked: text itself, the text in a dict, list or
+    tuple at any depth, and any other object as the repr both renderers would print of it
+    (an exception passed as a value, say, quoting its endpoint)."""
+    if isinstance(value, str):
+        return redact_urls(value)
+    if value is None or isinstance(value, int | float):
+        return value
+    if isinstance(value, dict):
+        return {_masked(k): _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        masked = [_masked(v) for v in value]
+        return tuple(masked) if isinstance(value, tuple) else masked
+    return redact_urls(repr(value))
 
 
 def _use_json(settings: Settings, stream: TextIO) -> bool:

@@ -157,3 +157,24 @@ def test_synthesis_finished_line() -> None:
     line = lines(stream)[0]
     assert line["event"] == "synthesis_finished"
     assert (line["text_chars"], line["audio_s"], line["rtf"], line["llm_s"]) == (42, 2.0, 0.5, 0.5)
+
+
+@pytest.mark.parametrize("stream", [io.StringIO(), TtyStream()], ids=["json", "console"])
+def test_no_url_credentials_in_a_nested_value_or_an_object(stream: io.StringIO) -> None:
+    """A URL inside a dict or list value, or an exception passed as a value, is masked too;
+    numbers and the shape of a dict or list are kept."""
+    configure_logging(load_settings(env_file=None), stream=stream)
+    endpoint = "redis://:nest-pass-7Q@10.0.0.6:6379/0"
+    get_logger("t").warning(
+        "redis_unavailable",
+        targets={"primary": endpoint, "replicas": [endpoint, ("sentinel", endpoint)]},
+        error=ConnectionError(f"Error connecting to {endpoint}"),
+        tries=3,
+    )
+    output = stream.getvalue()
+    assert "nest-pass-7Q" not in output, output
+    assert output.count(":***@10.0.0.6:6379") == 4
+    if not isinstance(stream, TtyStream):
+        (line,) = lines(stream)
+        assert line["tries"] == 3
+        assert line["targets"]["replicas"][1] == ["sentinel", "redis://:***@10.0.0.6:6379/0"]
