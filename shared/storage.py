@@ -6,7 +6,8 @@ temporary file beside the target and are renamed into place: a reader never sees
 failed write removes its temp file, and one left by a killed writer (its name says which host
 and pid) is removed by the next write of the same key, the job's retry: at once when that pid is
 gone from this host, else once it is older than the job timeout.
-Either backend reads both kinds of URI (`get`), for prompt audio and for `cosyq say --out`.
+Either backend reads both kinds of URI (`get`), for prompt audio; a stored result is read only
+when `stored_key` finds it under the storage's own base URI (the front, `cosyq say --out`).
 Failures are StorageError (permanent: fix the configuration) or StorageUnavailableError (may
 pass: retry), decided by errno or S3 error code.
 """
@@ -43,6 +44,7 @@ from shared.s3 import S3Access
 from shared.settings import Settings
 from shared.tenants import DEFAULT_TENANT
 
+MAX_KEY_CHARS = 1024  # the longest key a storage writes (`uri_for`)
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 # errno values that may clear up by themselves: a full disk, a flaky network mount.
 _TRANSIENT_ERRNOS = frozenset(
@@ -347,6 +349,29 @@ class S3Storage(Storage):
     def _full_key(self, key: str) -> str:
         key = check_output_key(key, limit=1024)
         return f"{self.prefix}/{key}" if self.prefix else key
+
+
+def stored_key(base_uri: str, uri: str) -> str | None:
+    """The storage key `uri` names, as `Storage.get` will read it (a file URI's path
+    percent-decoded, an S3 key as written); None when it is not one under `base_uri` that a
+    storage could have written (another scheme, host or bucket, a path outside the base,
+    `..`, `.` or empty segments, a query)."""
+    base, parts = urlsplit(base_uri.rstrip("/") + "/"), urlsplit(uri)
+    if (parts.scheme, parts.netloc, parts.query, parts.fragment) != (
+        base.scheme,
+        base.netloc,
+        "",
+        "",
+    ):
+        return None
+    decoded = unquote if parts.scheme == "file" else str
+    base_path, path = decoded(base.path), decoded(parts.path)
+    if not path.startswith(base_path):
+        return None
+    try:
+        return check_output_key(path[len(base_path) :], limit=MAX_KEY_CHARS)
+    except ValueError:
+        return None
 
 
 def open_storage(settings: Settings) -> Storage:

@@ -21,6 +21,7 @@ from producer.commands.exits import EXIT_FAILED, EXIT_NOT_DONE, EXIT_NOT_FOUND
 from producer.commands.out_file import (
     audio_format_of,
     check_out_folder,
+    check_stored,
     copy_replacing,
     write_replacing,
 )
@@ -162,6 +163,8 @@ def fetch_files(context: CliContext, result: DocumentResult, out: Path) -> list[
     ]
     made = Path(urlsplit(result.uri).path).suffix.lstrip(".").lower() or None
     audio_format_of(out, made, named="the document's format")  # no WAV bytes in x.mp3
+    for uri, _ in targets:  # all four checked before any is written
+        check_stored(storage, uri)
     for uri, target in targets:
         parts = urlsplit(uri)
         if parts.scheme == "file":  # copied in blocks: an hour of audio is never read whole

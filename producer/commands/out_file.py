@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import IO
 
 from producer.commands.exits import UsageError
+from shared.errors import StorageError
 from shared.results import AUDIO_FORMATS
+from shared.settings_env import redact_url
+from shared.storage import Storage, stored_key
 
 
 def check_out_folder(path: Path | None) -> None:
@@ -63,6 +66,18 @@ def audio_format_of(out: Path | None, fmt: str | None, *, named: str = "--format
     if fmt is not None and fmt != suffix:
         raise UsageError(f"--out: .{suffix} does not match {named} {fmt}")
     return suffix
+
+
+def check_stored(storage: Storage, uri: str) -> None:
+    """A result's file is read only under this host's COSYQ_STORAGE_URL, as the front reads
+    it: StorageError (exit 1) for a URI elsewhere (a worker on another storage, or a result
+    rewritten in Redis to name any other file), before anything is read or written."""
+    if stored_key(storage.base_uri, uri) is None:
+        raise StorageError(
+            f"the result names {redact_url(uri)}, which is not under COSYQ_STORAGE_URL "
+            f"({redact_url(storage.base_uri)}): not read (a worker writing to another "
+            "storage, or a result rewritten in Redis)"
+        )
 
 
 def write_replacing(path: Path, data: bytes) -> None:

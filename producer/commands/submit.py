@@ -17,7 +17,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from producer.commands.arguments import seconds
 from producer.commands.batch_report import ResultsFile, print_summary
 from producer.commands.exits import EXIT_CANCELED, EXIT_FAILED, EXIT_NOT_DONE, UsageError
-from producer.commands.out_file import audio_format_of, check_out_folder, write_replacing
+from producer.commands.out_file import (
+    audio_format_of,
+    check_out_folder,
+    check_stored,
+    write_replacing,
+)
 from producer.commands.stream import check_stream_out, stream_to
 from producer.tracking import JobOutcome
 from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
@@ -256,7 +261,9 @@ def run_say(args: argparse.Namespace, context: CliContext) -> int:
     if args.out is None:
         context.out.print(f"{result.uri}  ({line}, job {job_id})", markup=False)
         return 0
-    data = open_storage(context.settings).get(result.uri)
+    storage = open_storage(context.settings)
+    check_stored(storage, result.uri)
+    data = storage.get(result.uri)
     write_replacing(Path(args.out), data)
     context.out.print(f"wrote {args.out}: {line} (job {job_id})", markup=False)
     return 0

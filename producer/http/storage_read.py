@@ -4,7 +4,8 @@ Only URIs under the configured storage (COSYQ_STORAGE_URL) are read: a result na
 worker wrote, and the front never reads anywhere else, whatever a Redis entry says. Nor does
 it read, for a job or document, a file outside what the job's or document's tenant owns
 (`check_owned`, judged on the key as it will be opened: a file URI's path percent-decoded), so
-a result rewritten in Redis cannot hand one tenant another's audio.
+a result rewritten in Redis cannot hand one tenant another's audio. Either way the route
+answers as it does for an id that never existed, and the front logs why.
 """
 
 from __future__ import annotations
@@ -18,64 +19,40 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.context import FrontContext
-from producer.http.errors import SERVER_ERROR, ApiError
+from producer.http.errors import ApiError
 from shared.audio import CONTENT_TYPES
 from shared.document_state import not_found
 from shared.errors import JobNotFoundError, ObjectNotFoundError, StorageError
-from shared.jobs import check_output_key
 from shared.output_keys import owns_key
 from shared.results import SynthesisResult
 from shared.settings_env import redact_url
+from shared.storage import stored_key
 
 log = structlog.get_logger("cosyq.http")
 
 CHUNK_BYTES = 64 * 1024
-MAX_KEY_CHARS = 1024  # Storage.uri_for's limit: no key it wrote is longer
-
-
-def check_under_storage(context: FrontContext, uri: str) -> None:
-    base = context.storage.base_uri.rstrip("/") + "/"
-    if not uri.startswith(base) or "/../" in uri or "/./" in uri:
-        raise ApiError(
-            500,
-            "the result's audio is not under COSYQ_STORAGE_URL (a different storage?)",
-            type_=SERVER_ERROR,
-            code="storage_mismatch",
-        )
 
 
 def check_owned(context: FrontContext, uri: str, owner: str | None, missing: Exception) -> None:
-    """`uri` lies under the storage (else 500, `check_under_storage`) and, read as `_open`
-    reads it, is a key `owner` owns (shared/output_keys.py `owns_key`). Otherwise the record
-    naming it was rewritten in Redis: a warning, and `missing` (the route's own error for an
-    unknown id, so the answer tells the caller nothing more) is raised."""
-    check_under_storage(context, uri)
-    key = stored_key(context.storage.base_uri, uri)
-    if key is None or not owns_key(owner, key):
+    """`uri`, read as `_open` reads it, is a key under the storage (`stored_key`) that `owner`
+    owns (shared/output_keys.py `owns_key`). Otherwise the record naming it was rewritten in
+    Redis, or written by a worker on another storage: a warning for the operator
+    (`stored_uri_outside_storage` or `stored_uri_not_owned`), and `missing` (the route's own
+    error for an unknown id, so the answer tells the caller nothing more) is raised."""
+    base = context.storage.base_uri
+    key = stored_key(base, uri)
+    if key is None:
+        log.warning(
+            "stored_uri_outside_storage",
+            owner=owner,
+            uri=redact_url(uri),
+            storage=redact_url(base),
+            hint="a result rewritten in Redis, or a worker on another COSYQ_STORAGE_URL",
+        )
+        raise missing
+    if not owns_key(owner, key):
         log.warning("stored_uri_not_owned", owner=owner, uri=redact_url(uri))
         raise missing
-
-
-def stored_key(base_uri: str, uri: str) -> str | None:
-    """The storage key `uri` names, as `_open` will open it (a file URI's path
-    percent-decoded, an S3 key as written); None when it is not one under `base_uri` that a
-    storage could have written (`..`, `.` or empty segments, a query, another host)."""
-    base, parts = urlsplit(base_uri.rstrip("/") + "/"), urlsplit(uri)
-    if (parts.scheme, parts.netloc, parts.query, parts.fragment) != (
-        base.scheme,
-        base.netloc,
-        "",
-        "",
-    ):
-        return None
-    decoded = unquote if parts.scheme == "file" else str
-    base_path, path = decoded(base.path), decoded(parts.path)
-    if not path.startswith(base_path):
-        return None
-    try:
-        return check_output_key(path[len(base_path) :], limit=MAX_KEY_CHARS)
-    except ValueError:
-        return None
 
 
 def _open(context: FrontContext, uri: str) -> tuple[Iterator[bytes], int]:

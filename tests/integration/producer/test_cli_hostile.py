@@ -23,13 +23,14 @@ import pytest
 import redis
 import soundfile
 from rq.job import Job
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from producer import CosyqClient
 from producer.cli import main
 from shared import audio_stream, keys
 from shared.keys import audio_stream_key
-from shared.results import JobFailure
+from shared.results import JobFailure, ModelInfo, StageTimings, SynthesisResult
 from shared.settings import Settings, load_settings
 from shared.voices import VoiceProfile, VoiceRegistry, VoiceSummary
 from tests.conftest import free_port
@@ -383,3 +384,55 @@ def register_voice(connection: redis.Redis, name: str, source_uri: str) -> None:
         embedding=rng.standard_normal(192).astype(np.float32),
     )
     VoiceRegistry(connection).save(profile)
+
+
+def finish_with_uri(connection: redis.Redis, job_id: str, uri: str) -> None:
+    """A finished job whose result, as stored in Redis, names `uri` (rewritten there)."""
+    result = SynthesisResult(
+        job_id=job_id,
+        uri=uri,
+        bytes=len(KEEP),
+        sha256="0" * 64,
+        format="wav",
+        sample_rate=RATE,
+        duration_s=1.0,
+        timings=StageTimings(total_s=1.0),
+        rtf=1.0,
+        model=ModelInfo(name="cosyq-tiny", checkpoint_hash="abc"),
+        backend="torch",
+        device="cpu",
+        worker_name="w1",
+        worker_pid=1,
+        attempt=1,
+    )
+    job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    Result.create(job, Result.Type.SUCCESSFUL, ttl=600, return_value=result.model_dump(mode="json"))
+    connection.hset(f"rq:job:{job_id}", "status", "finished")
+
+
+@pytest.mark.parametrize("where", ["outside", "sibling", "s3"])
+def test_say_refuses_a_result_outside_its_storage_and_leaves_the_file(
+    settings: Settings,
+    connection: redis.Redis,
+    tmp_path: Path,
+    where: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A result naming a file outside COSYQ_STORAGE_URL (rewritten in Redis, or a worker on
+    another storage) is not read into --out: one clear line, exit 1, the file as it was."""
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"not audio of this job")
+    uri = {
+        "outside": secret.as_uri(),
+        "sibling": (tmp_path / "audio-other" / "x.wav").as_uri(),
+        "s3": "s3://minio:s3-pass-9K@bucket/x.wav",
+    }[where]
+    keep = tmp_path / "keep.wav"
+    keep.write_bytes(KEEP)
+    worker = as_worker(connection, lambda c, job_id: finish_with_uri(c, job_id, uri))
+    assert cosyq("say", "Hello.", "--out", str(keep), "--timeout", "30") == 1
+    worker.join(timeout=30)
+    line = one_line(capsys.readouterr().err)
+    assert "not under COSYQ_STORAGE_URL" in line and "s3-pass-9K" not in line, line
+    assert keep.read_bytes() == KEEP
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keep")] == []

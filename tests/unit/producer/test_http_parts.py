@@ -14,11 +14,12 @@ from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext
 from producer.http.errors import ApiError, param_of
 from producer.http.speech import job_payload, parse_speech, pcm_of, renamed
-from producer.http.storage_read import check_under_storage, stored_key
+from producer.http.storage_read import check_owned
 from producer.http_bind import check_bind, is_loopback
 from shared.errors import SettingsError
 from shared.jobs import RequestLimits, validate_request
 from shared.settings import load_settings
+from shared.storage import stored_key
 from shared.tenants import ApiKey
 
 
@@ -121,14 +122,18 @@ def test_pcm_is_the_wav_data_as_int16_le() -> None:
 
 
 def test_audio_is_read_only_under_the_configured_storage(tmp_path: Path) -> None:
+    """A URI outside the storage raises the route's own unknown-id error, as one another
+    tenant owns does (no 500 that tells the two apart)."""
     settings = load_settings(env_file=None, storage_url=(tmp_path / "out").as_uri())
     context = FrontContext.create(settings)
     base = (tmp_path / "out").as_uri()
-    check_under_storage(context, f"{base}/2026/12/01/job.wav")
-    for uri in ("file:///etc/passwd", f"{base}/../secret.wav", f"{base}-other/x.wav"):
-        with pytest.raises(ApiError) as caught:
-            check_under_storage(context, uri)
-        assert caught.value.code == "storage_mismatch"
+    check_owned(context, f"{base}/2026/12/01/job.wav", "default", LookupError("unknown"))
+    outside = ("file:///etc/passwd", f"{base}/../secret.wav", f"{base}-other/x.wav", "s3://b/x")
+    for uri in outside:
+        unknown = LookupError("unknown")
+        with pytest.raises(LookupError) as caught:
+            check_owned(context, uri, None, unknown)  # nobody's: an operator reads any key
+        assert caught.value is unknown
     context.client.close()
 
 

@@ -253,9 +253,10 @@ def test_a_result_rewritten_in_redis_relays_nothing_outside_its_tenants_area(
     warned = [e for e in front.events() if e.get("event") == "stored_uri_not_owned"]
     assert {(e["owner"], e["uri"]) for e in warned} == {
         ("alpha", uris["beta"]),
-        ("alpha", beta_under_alpha),
         ("default", uris["beta"]),
     }
+    outside = [e for e in front.events() if e.get("event") == "stored_uri_outside_storage"]
+    assert ("alpha", beta_under_alpha) in {(e["owner"], e["uri"]) for e in outside}  # no key
 
 
 def test_a_document_result_rewritten_in_redis_relays_nothing_outside_its_tenants_area(
@@ -286,3 +287,94 @@ def test_a_document_result_rewritten_in_redis_relays_nothing_outside_its_tenants
             _hidden_like_unknown(hidden, unknown, document_id)
     warned = [e for e in front.events() if e.get("event") == "stored_uri_not_owned"]
     assert {e["owner"] for e in warned if e["uri"] == beta_uri} >= {"alpha"}
+
+
+def _outside(front: Front) -> tuple[str, ...]:
+    """URIs a result rewritten in Redis could name outside the front's storage: any file,
+    a sibling folder of the storage, another bucket (with a password, never to be logged)."""
+    sibling = front.storage.parent / (front.storage.name + "-other") / "tenants/alpha/x.wav"
+    return ("file:///etc/passwd", sibling.as_uri(), "s3://minio:s3-pass-9K@other/x.wav")
+
+
+def test_a_result_rewritten_to_outside_the_storage_answers_as_an_unknown_job(
+    front: Front,
+) -> None:
+    """A job's result naming a URI outside COSYQ_STORAGE_URL is answered exactly as a job that
+    never existed on every route that reads it (not a 500 that tells it apart), and logged for
+    the operator with the URI's password masked."""
+    with front.http(ALPHA) as client:
+        job_id = client.post("/v1/jobs", json={"text": "Outside the storage."}).json()["id"]
+        _finished(client, job_id)
+    connection = redis.Redis.from_url(front.redis_url)
+    for uri in _outside(front):
+        _rewrite_result(connection, job_id, uri)
+        for key in (ALPHA, OPERATOR):  # an operator, who reads every tenant's, neither
+            with front.http(key) as client:
+                for path in ("/v1/jobs/{}/audio", "/ui/jobs/{}/audio", "/ui/jobs/{}/waveform.png"):
+                    unknown = client.get(path.format("0" * 32))
+                    _hidden_like_unknown(client.get(path.format(job_id)), unknown, job_id)
+    connection.close()
+    warned = [e for e in front.events() if e.get("event") == "stored_uri_outside_storage"]
+    expected = {u.replace("s3-pass-9K", "***") for u in _outside(front)}
+    assert {e["uri"] for e in warned} >= expected  # the module's front logs other tests too
+    assert {e["storage"] for e in warned} == {front.storage.as_uri()}
+    assert "s3-pass-9K" not in front.log.read_text()
+
+
+DOCUMENT_READS = {  # a document result's field -> the routes that read the file it names
+    "uri": ("/v1/documents/{}/audio", "/ui/documents/{}/audio"),
+    "vtt_uri": ("/v1/documents/{}/captions", "/ui/documents/{}"),
+    "srt_uri": ("/v1/documents/{}/captions?format=srt",),
+    "manifest_uri": ("/ui/documents/{}",),
+}
+
+
+def test_a_document_result_rewritten_to_outside_the_storage_answers_as_unknown(
+    front: Front,
+) -> None:
+    """Each of a document's files (audio, captions, the manifest the /ui page reads) named
+    outside the storage: every route that reads it answers as for an unknown document."""
+    with front.http(ALPHA) as alpha:
+        document_id = alpha.post("/v1/documents", json={"text": "Kept inside."}).json()["id"]
+        assert _assembled(alpha, document_id)["state"] == "assembled"
+    connection = redis.Redis.from_url(front.redis_url)
+    result_key = document_key(document_id, "result")
+    raw = connection.get(result_key)
+    assert raw is not None
+    for field, paths in DOCUMENT_READS.items():
+        for uri in _outside(front):
+            connection.set(result_key, json.dumps({**json.loads(raw), field: uri}), keepttl=True)
+            with front.http(ALPHA) as alpha:
+                for path in paths:
+                    unknown = alpha.get(path.format("0" * 32))
+                    hidden = alpha.get(path.format(document_id))
+                    _hidden_like_unknown(hidden, unknown, document_id)
+    connection.close()
+
+
+def test_a_front_on_another_storage_answers_its_workers_results_as_unknown(
+    front: Front, tmp_path: Path
+) -> None:
+    """A front whose COSYQ_STORAGE_URL is not the workers' (a misconfiguration): their results
+    lie outside its storage, so /v1/audio/speech and a job's audio answer as an unknown job,
+    and the front logs why."""
+    elsewhere = start_front(
+        tmp_path / "elsewhere",
+        front.redis_url,
+        COSYQ_API_KEYS=f"alpha:{ALPHA},beta:{BETA},{PLAIN}",
+        COSYQ_OPERATOR_KEYS=OPERATOR,
+    )
+    try:
+        with elsewhere.http(ALPHA) as client:
+            never = _error(client.get("/v1/jobs/" + "0" * 32 + "/audio"), 404)
+            spoken = _error(client.post("/v1/audio/speech", json=_speech("default")), 404)
+            assert spoken["code"] == never["code"]
+            job_id = spoken["message"].split()[2]
+            assert spoken["message"] == never["message"].replace("0" * 32, job_id)
+            unknown = client.get("/v1/jobs/" + "0" * 32 + "/audio")
+            _hidden_like_unknown(client.get(f"/v1/jobs/{job_id}/audio"), unknown, job_id)
+        warned = [e for e in elsewhere.events() if e.get("event") == "stored_uri_outside_storage"]
+        assert len(warned) == 2 and {e["storage"] for e in warned} == {elsewhere.storage.as_uri()}
+        assert all(e["uri"].startswith(front.storage.as_uri() + "/tenants/alpha/") for e in warned)
+    finally:
+        elsewhere.stop()
