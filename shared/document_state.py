@@ -15,6 +15,9 @@ recorded segment or retry, so a document still running is never forgotten).
                                       set; removed once the assembly job is enqueued
     cosyq:document-live   sorted set: document id -> when its keys' TTL was last renewed for
                           a job of it still waiting or running (submit and retry add it)
+    cosyq:document-segments-pending   sorted set: document id -> when its file was published
+                                      with its segments' audio still to delete; removed once
+                                      deleted (`workers.documents.cleanup` finishes a crash's)
 
 The producer writes the plan and jobs once, the worker that finishes a segment records it and,
 when it was the last one, enqueues the assembly (`record_segment`: one Lua script, so two
@@ -58,6 +61,8 @@ ASSEMBLY_PENDING = PREFIX + "document-assembly-pending"  # see the module docstr
 ASSEMBLY_SWEEP_LOCK = PREFIX + "document-assembly-sweep-lock"  # one sweeper per tick
 LIVE_DOCUMENTS = PREFIX + "document-live"  # see the module docstring
 KEEPALIVE_LOCK = PREFIX + "document-keepalive-lock"  # one keeper per tick
+SEGMENTS_PENDING = PREFIX + "document-segments-pending"  # see the module docstring
+SEGMENT_CLEANUP_LOCK = PREFIX + "document-segment-cleanup-lock"  # one cleaner per tick
 DOCUMENT_META_KEY = "cosyq_document"  # job.meta of a segment's job: {"id": ..., "index": ...}
 ASSEMBLE_DOCUMENT_FUNCTION = "workers.documents.assemble_document"
 
@@ -299,6 +304,25 @@ def pending_assemblies(connection: redis.Redis, older_than_s: float, count: int)
     """Documents whose marker was set `older_than_s` ago or more, still noted pending."""
     now = float(connection.time()[0])
     found = connection.zrangebyscore(ASSEMBLY_PENDING, "-inf", now - older_than_s, 0, count)
+    return [_text(d) for d in found if isinstance(d, bytes | str)]
+
+
+def note_segments_pending(target: Any, document_id: str) -> None:
+    """Note the document's segment audio as to be deleted (queued with its published result,
+    so a crash before the deletion leaves the note for `workers.documents.cleanup`)."""
+    target.zadd(SEGMENTS_PENDING, {document_id: time.time()})
+
+
+def segments_deleted(connection: redis.Redis, document_id: str) -> None:
+    """The document's segment audio is deleted (or never will be): nothing left to do."""
+    connection.zrem(SEGMENTS_PENDING, document_id)
+
+
+def pending_segment_deletions(
+    connection: redis.Redis, older_than_s: float, count: int
+) -> list[str]:
+    """Documents noted `older_than_s` ago or more whose segment audio may still exist."""
+    found = connection.zrangebyscore(SEGMENTS_PENDING, "-inf", time.time() - older_than_s, 0, count)
     return [_text(d) for d in found if isinstance(d, bytes | str)]
 
 

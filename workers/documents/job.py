@@ -39,7 +39,9 @@ from shared.document_state import (
     load_plan,
     load_result,
     new_assembly_job_id,
+    note_segments_pending,
     record_segment,
+    segments_deleted,
 )
 from shared.errors import InvalidRequestError, ObjectNotFoundError, TransientError
 from shared.logs import get_logger
@@ -104,19 +106,27 @@ def assemble(
         time.sleep(WAIT_POLL_S)
     with claim:
         plan = load_plan(connection, document_id)
-        _check_keys(plan, tenant)
+        check_plan_keys(plan, tenant)
         done = _all_done(connection, plan)
         result = _write(
             connection, storage, settings, plan=plan, done=done, claim=claim, owner=owner
         )
     log.info("document_assembled", document_id=document_id, segments=len(done))
     if not settings.document_keep_segments:
-        for segment in plan.segments:
-            storage.delete(segment.key)
+        delete_segments(connection, storage, plan)
     return result
 
 
-def _check_keys(plan: DocumentPlanRecord, tenant: str | None) -> None:
+def delete_segments(connection: redis.Redis, storage: Storage, plan: DocumentPlanRecord) -> None:
+    """Delete the segments' audio of a document whose file is published, then its note (a
+    crash in between leaves the note: `workers.documents.cleanup` deletes them later). The
+    plan's keys were checked (`check_plan_keys`)."""
+    for segment in plan.segments:
+        storage.delete(segment.key)
+    segments_deleted(connection, plan.document_id)
+
+
+def check_plan_keys(plan: DocumentPlanRecord, tenant: str | None) -> None:
     """The plan is the job's tenant's, and names only keys its tenant may write (the worker's
     check of a plan anyone who can write to Redis could have rewritten)."""
     owner = plan.tenant or DEFAULT_TENANT  # a plan from before tenants: the root's layout
@@ -219,12 +229,15 @@ def _write(
 def _publish(
     connection: redis.Redis, settings: Settings, plan: DocumentPlanRecord, result: DocumentResult
 ) -> DocumentResult:
-    """The result and its `document.finished` event in one MULTI: both, or neither."""
+    """The result and its `document.finished` event in one MULTI: both, or neither (and the
+    note that its segments' audio is to be deleted, unless it is kept)."""
     with connection.pipeline() as pipe:
         key = document_key(plan.document_id, "result")
         pipe.set(key, result.model_dump_json(), ex=settings.result_ttl_s)
         allowed = allowed_prefixes(settings.webhook_allowed_urls)
         document_finished(pipe, plan, result, allowed, settings.webhook_allow_private)
+        if not settings.document_keep_segments:
+            note_segments_pending(pipe, plan.document_id)
         pipe.execute()
     return result
 

@@ -34,6 +34,7 @@ from shared.storage import Storage, open_storage
 from shared.storage_probe import ProbeOutcome, wait_for_storage
 from shared.storage_retry import Backoff
 from shared.voices import VoiceRegistry
+from workers.documents.cleanup import SegmentCleanup
 from workers.documents.keepalive import DocumentKeepalive
 from workers.documents.sweep import AssemblySweep
 from workers.service import control, host, metrics
@@ -115,6 +116,10 @@ class WorkerLifecycle:
             self._send(control.LOADING, name)
             log.info("worker_loading", worker=name, slot=self.identity.slot)
             storage = self._probe_storage()
+            cleanup = SegmentCleanup(
+                self.housekeeper.connection, self.settings, holder=name, storage=storage
+            )
+            self.housekeeper.extra_duties.append(cleanup)  # deletes through the probed storage
             loaded = load_engine(self.settings)
         except CosyqError as e:
             log.error("worker_start_failed", worker=name, error=str(e))
