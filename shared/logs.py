@@ -6,8 +6,10 @@ worker: rq only installs its own handler when none is in effect. Input text is n
 processor replaces any `text`, `prompt_text` or `instruction` value with its length, in case one
 slips into an event by mistake. The console prints plain tracebacks: structlog's rich ones
 would print each frame's locals, a request's text among them. The S3 client's loggers stay at
-INFO or above even at DEBUG: theirs print request headers, credentials among them. Every URL in
-a line or its traceback is shown with its password masked (`redact_urls`).
+INFO or above even at DEBUG: theirs print request headers, credentials among them. So do RQ's
+own lines (its DEBUG prints each job's return value: an add-voice job's transcript, a result's
+metadata); ours keep DEBUG. Every URL in a line or its traceback is shown with its password
+masked (`redact_urls`).
 """
 
 from __future__ import annotations
@@ -138,7 +140,13 @@ def configure_logging(settings: Settings, *, stream: TextIO | None = None) -> No
 _to_formatter = structlog.stdlib.ProcessorFormatter.wrap_for_formatter
 
 
+def _no_rq_debug(record: logging.LogRecord) -> bool:
+    """RQ's records below INFO are dropped, whatever level its `work()` set on its loggers."""
+    return record.levelno >= logging.INFO or record.name.split(".", 1)[0] != "rq"
+
+
 def _install_root_handler(handler: logging.Handler, level: str) -> None:
+    handler.addFilter(_no_rq_debug)
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
         root.removeHandler(old)

@@ -384,7 +384,7 @@ class Settings(
 
     # Logging
     log_level: str = Field(
-        "INFO", description="DEBUG, INFO, WARNING, ERROR (the S3 client's logs: INFO at most)"
+        "INFO", description="DEBUG, INFO, WARNING, ERROR (S3 client's and RQ's: INFO at most)"
     )
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="auto: JSON lines unless on a terminal"
