@@ -32,8 +32,11 @@ from shared import audio_stream, keys
 from shared.keys import audio_stream_key
 from shared.results import JobFailure, ModelInfo, StageTimings, SynthesisResult
 from shared.settings import Settings, load_settings
+from shared.storage import FileStorage
 from shared.voices import VoiceProfile, VoiceRegistry, VoiceSummary
 from tests.conftest import free_port
+from workers.documents.job import assemble
+from workers.tools.bench.document import synthetic_document
 
 COSYQ = Path(sys.executable).parent / "cosyq"
 RATE = 24000
@@ -436,3 +439,22 @@ def test_say_refuses_a_result_outside_its_storage_and_leaves_the_file(
     assert "not under COSYQ_STORAGE_URL" in line and "s3-pass-9K" not in line, line
     assert keep.read_bytes() == KEEP
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keep")] == []
+
+
+def test_document_result_refuses_a_file_outside_its_storage_and_writes_none(
+    settings: Settings, connection: redis.Redis, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One of a document's four files named outside COSYQ_STORAGE_URL: none is written."""
+    out = tmp_path / "audio"
+    document_id = synthetic_document(connection, out, minutes=1)
+    assemble(connection, FileStorage(settings, out), settings, document_id, "a")
+    capsys.readouterr()  # what the assembler logged (to a stream an earlier test configured)
+    result_key = f"cosyq:document:{document_id}:result"
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"not a caption of this document")
+    rewritten = {**json.loads(connection.get(result_key) or b""), "vtt_uri": secret.as_uri()}
+    connection.set(result_key, json.dumps(rewritten), keepttl=True)
+    target = tmp_path / "mine" / "doc.mp3"
+    assert cosyq("document", "result", document_id, "--out", str(target)) == 1
+    assert "not under COSYQ_STORAGE_URL" in one_line(capsys.readouterr().err)
+    assert not target.parent.exists() or list(target.parent.iterdir()) == []
