@@ -92,6 +92,48 @@ def tenant_of_job(job: Job) -> str | None:
     return tenant if isinstance(tenant, str) else None
 
 
+def job_status(job: Job) -> JobStatus:
+    """A fetched job's status, read from its hash and its results."""
+    raw_state = job.get_status(refresh=False)
+    state = raw_state.value if raw_state is not None else "unknown"
+    outcome: JobOutcome | None = None
+    if state == "finished":
+        outcome = result_of(job)
+    elif state in TERMINAL_STATES:
+        outcome = failure_of(job, state)
+    return JobStatus(
+        job_id=job.id,
+        state=state,
+        queue=job.origin or None,
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at,
+        ended_at=job.ended_at,
+        worker_name=job.worker_name,
+        retries_left=job.retries_left,
+        submitted=dict(job.meta.get(SUBMIT_META_KEY) or {}),
+        result=outcome if isinstance(outcome, SynthesisResult) else None,
+        failure=outcome if isinstance(outcome, JobFailure) else None,
+        tenant=tenant_of_job(job),
+    )
+
+
+def status_record(status: JobStatus) -> dict[str, Any]:
+    """A job's status as plain JSON (`GET /v1/jobs/{id}`, `cosyq result`, a job's webhook)."""
+    record: dict[str, Any] = {"job_id": status.job_id, "state": status.state}
+    record["queue"] = status.queue
+    record["tenant"] = status.tenant
+    for name in ("enqueued_at", "started_at", "ended_at"):
+        value = getattr(status, name)
+        record[name] = value.isoformat() if value is not None else None
+    record["worker_name"] = status.worker_name
+    record["submitted"] = status.submitted
+    if status.result is not None:
+        record["result"] = status.result.model_dump(mode="json")
+    if status.failure is not None:
+        record["error"] = status.failure.as_meta()
+    return record
+
+
 class JobTracker:
     """Status and result reads for one connection."""
 
@@ -107,28 +149,7 @@ class JobTracker:
             raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)") from e
 
     def status(self, job_id: str) -> JobStatus:
-        job = self.fetch(job_id)
-        raw_state = job.get_status(refresh=False)
-        state = raw_state.value if raw_state is not None else "unknown"
-        outcome: JobOutcome | None = None
-        if state == "finished":
-            outcome = result_of(job)
-        elif state in TERMINAL_STATES:
-            outcome = failure_of(job, state)
-        return JobStatus(
-            job_id=job_id,
-            state=state,
-            queue=job.origin or None,
-            enqueued_at=job.enqueued_at,
-            started_at=job.started_at,
-            ended_at=job.ended_at,
-            worker_name=job.worker_name,
-            retries_left=job.retries_left,
-            submitted=dict(job.meta.get(SUBMIT_META_KEY) or {}),
-            result=outcome if isinstance(outcome, SynthesisResult) else None,
-            failure=outcome if isinstance(outcome, JobFailure) else None,
-            tenant=tenant_of_job(job),
-        )
+        return job_status(self.fetch(job_id))
 
     def outcome(self, job_id: str) -> JobOutcome:
         """The result or failure of a job in a terminal state."""

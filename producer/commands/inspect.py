@@ -12,7 +12,7 @@ from rich.text import Text
 from producer.commands.arguments import seconds
 from producer.commands.exits import EXIT_CANCELED, EXIT_FAILED, EXIT_NOT_DONE
 from producer.monitor import failed_jobs, queue_rows, requeue_failed, worker_rows
-from producer.tracking import CANCELED_KIND, JobStatus
+from producer.tracking import CANCELED_KIND, status_record
 from producer.webhooks.store import WebhookStore
 from shared import tenants
 from shared.captions import CAPTION_FORMATS, cues_from_pieces, render
@@ -147,23 +147,6 @@ def run_failed(args: argparse.Namespace, context: CliContext) -> int:
         failures = [item for item in failures if item.job_id in set(args.job_ids)]
     _print_failures(context, failures, title=f"failed jobs ({len(failures)})")
     return 0
-
-
-def status_record(status: JobStatus) -> dict[str, Any]:
-    """A job's status as plain JSON (`cosyq result` prints it)."""
-    record: dict[str, Any] = {"job_id": status.job_id, "state": status.state}
-    record["queue"] = status.queue
-    record["tenant"] = status.tenant
-    for name in ("enqueued_at", "started_at", "ended_at"):
-        value = getattr(status, name)
-        record[name] = value.isoformat() if value is not None else None
-    record["worker_name"] = status.worker_name
-    record["submitted"] = status.submitted
-    if status.result is not None:
-        record["result"] = status.result.model_dump(mode="json")
-    if status.failure is not None:
-        record["error"] = status.failure.as_meta()
-    return record
 
 
 def run_result(args: argparse.Namespace, context: CliContext) -> int:

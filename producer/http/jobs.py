@@ -17,7 +17,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from producer.commands.inspect import status_record
 from producer.http.body import json_body, read_json, read_json_object
 from producer.http.context import Context
 from producer.http.errors import ApiError
@@ -33,7 +32,7 @@ from producer.http.responses import (
 )
 from producer.http.storage_read import audio_response, job_not_found
 from producer.http.streaming import relay_response
-from producer.tracking import JobStatus, tenant_of_job
+from producer.tracking import JobStatus, status_record, tenant_of_job
 from shared.errors import QueueFullError
 from shared.jobs import SynthesisRequest, validate_request
 from shared.keys import JOB_ID_RE, JOB_ID_RULE, SYNTHESIZE_FUNCTION
