@@ -19,6 +19,7 @@ import redis
 from rq.exceptions import InvalidJobOperation
 
 from producer.tracking import JobTracker
+from producer.webhooks.bodies import keep_body
 from shared import keys
 from shared.job_events import WebhookPolicy, job_ended
 
@@ -75,4 +76,6 @@ def cancel_job(
         job.cancel()
     except InvalidJobOperation:  # canceled by someone else meanwhile
         return CancelOutcome(job_id, "already_canceled", "canceled")
+    if webhooks is not None:
+        keep_body(connection, job, "job.canceled", webhooks)
     return CancelOutcome(job_id, "canceled", state)

@@ -119,13 +119,10 @@ def document_job_ended(
     or the assembly counts on; finished: nothing, the assembler tells).
     `connection` may be a MULTI pipeline (the reaper's): the plan is read through the job's
     own connection."""
-    meta = job.meta.get(DOCUMENT_META_KEY) if isinstance(job.meta, dict) else None
-    if isinstance(meta, dict) and isinstance(meta.get("id"), str):
-        document_id, segment = meta["id"], meta.get("index")
-    elif job.func_name == ASSEMBLE_DOCUMENT_FUNCTION:
-        document_id, segment = str((job.kwargs or {}).get("document_id")), None
-    else:
+    place = document_place(job)
+    if place is None:
         return False
+    document_id, segment = place
     outcome = OUTCOMES.get(event)
     if outcome is not None and _is_current(job, document_id, segment):
         document_ended(
@@ -137,6 +134,17 @@ def document_job_ended(
             reads=job.connection,
         )
     return True
+
+
+def document_place(job: Job) -> tuple[str, Any] | None:
+    """The document and segment index (None: the assembly) of a document's job; None for any
+    other job."""
+    meta = job.meta.get(DOCUMENT_META_KEY) if isinstance(job.meta, dict) else None
+    if isinstance(meta, dict) and isinstance(meta.get("id"), str):
+        return meta["id"], meta.get("index")
+    if job.func_name == ASSEMBLE_DOCUMENT_FUNCTION:
+        return str((job.kwargs or {}).get("document_id")), None
+    return None
 
 
 def _is_current(job: Job, document_id: str, segment: Any) -> bool:

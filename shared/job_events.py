@@ -4,8 +4,9 @@ Appended before the outcome is recorded, by whoever records it: the worker (fini
 canceled; `workers/worker.py`), the reaper (in the failure's transaction) and
 the producer's `cancel` of a waiting job, which no worker ever sees (RQ's `Job.cancel()` takes it
 out of its queue). A worker killed in between leaves an event whose job is not done yet: the
-dispatcher waits for the job to end before it sends anything. Never a network call to a
-receiver from here.
+dispatcher waits for the job to end before it sends anything. Once the outcome is recorded, the
+same recorder keeps the event's body (`producer/webhooks/bodies.py`, from `job_event`'s webhook
+id), so the event outlives its job. Never a network call to a receiver from here.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rq.job import Job
 from rq.utils import now, utcformat
 
 from shared import keys
-from shared.document_events import document_job_ended
+from shared.document_events import document_job_ended, document_place
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.tenants import TENANT_META_KEY
@@ -32,7 +33,7 @@ from shared.webhooks import (
 log = get_logger(__name__)
 
 
-def webhook_url(job: Job, policy: WebhookPolicy) -> str | None:
+def webhook_url(job: Job, policy: WebhookPolicy, *, quiet: bool = False) -> str | None:
     """The request's webhook URL when this worker's allow-list takes it, else None.
 
     Checked here again: a job that failed validation ends through here too, and the queue is
@@ -48,7 +49,8 @@ def webhook_url(job: Job, policy: WebhookPolicy) -> str | None:
     try:
         return check_webhook_url(url, policy.allowed, allow_private=policy.allow_private)
     except ValueError as e:
-        log.warning("webhook_refused", job_id=job.id, reason=str(e))
+        if not quiet:
+            log.warning("webhook_refused", job_id=job.id, reason=str(e))
         return None
 
 
@@ -75,15 +77,29 @@ def job_ended(connection: Any, job: Job, event: EventName, policy: WebhookPolicy
         return
     if document_job_ended(connection, job, event, policy.allowed, policy.allow_private):
         return  # a document's segment or assembly: the document's event instead
-    url = webhook_url(job, policy)
-    if url is None:
+    record = job_event(job, event, policy)
+    if record is None:
         return
-    tenant = job.meta.get(TENANT_META_KEY)
-    if not isinstance(tenant, str):  # no tag (its hash re-made without meta): nobody's
-        log.warning("webhook_refused", job_id=job.id, reason="the job has no tenant tag")
-        return
-    run = job.meta.get(keys.RUN_META_KEY, 1)
-    run = run if isinstance(run, int) else 1
-    record = WebhookEvent.for_job(event, job.id, url, utcformat(now()), tenant, run=run)
     append_event(connection, record, memory_s=policy.memory_s)
     log.info("webhook_event_recorded", job_id=job.id, webhook_event=event)
+
+
+def job_event(
+    job: Job, event: EventName, policy: WebhookPolicy, *, quiet: bool = False
+) -> WebhookEvent | None:
+    """The event `job` ending as `event` makes (its webhook id, URL and tenant, `at` now); None
+    when it asked for no allowed webhook, has no tenant tag, or is a document's job (the
+    document tells). Reads nothing from Redis; `quiet`: a refusal is not logged (again)."""
+    if not policy.allowed or document_place(job) is not None:
+        return None
+    url = webhook_url(job, policy, quiet=quiet)
+    if url is None:
+        return None
+    tenant = job.meta.get(TENANT_META_KEY)
+    if not isinstance(tenant, str):  # no tag (its hash re-made without meta): nobody's
+        if not quiet:
+            log.warning("webhook_refused", job_id=job.id, reason="the job has no tenant tag")
+        return None
+    run = job.meta.get(keys.RUN_META_KEY, 1)
+    run = run if isinstance(run, int) else 1
+    return WebhookEvent.for_job(event, job.id, url, utcformat(now()), tenant, run=run)

@@ -54,6 +54,7 @@ WEBHOOK_GROUP = "cosyq-webhooks"  # the dispatchers' consumer group on the outbo
 WEBHOOK_RETRY = PREFIX + "webhooks:retry"  # sorted set: delivery JSON scored by its next try
 WEBHOOK_DEAD = PREFIX + "webhooks:dead"  # hash: webhook id -> delivery JSON with why it died
 WEBHOOK_EVENT_SEEN_PREFIX = PREFIX + "webhooks:seen:"  # + webhook id: its event was appended
+WEBHOOK_BODY_PREFIX = PREFIX + "webhooks:body:"  # + webhook id: a job event's body, kept
 # The operator's page (shared/job_index.py): jobs and documents by submit time, all and per
 # tenant (+ ":" tenant), suspect results waiting for a judgement, judgements, throughput per minute
 JOB_INDEX = PREFIX + "index:jobs"  # [+ ":" tenant]: sorted set, job id -> submit time

@@ -328,7 +328,7 @@ class CosyqWorker(StopSafeWorker):
             job_events.job_ended(self.connection, job, "job.finished", self._webhooks)
             record(job, queue, started_job_registry, execution)
 
-        outcomes.when_reachable(write, job_id=job.id, step="success")
+        outcomes.record_ended(self.connection, job, write, "job.finished", self._webhooks)
 
     def handle_job_failure(
         self,
@@ -356,6 +356,7 @@ class CosyqWorker(StopSafeWorker):
         # a traceback may quote a URL with its password; its last line reaches the tenant
         exc_string = redact_urls(exc_string, keep_user=False)
         record = super().handle_job_failure
+        event: job_events.EventName | None = None if retrying else "job.failed"
 
         def write() -> None:
             # RQ logs and drops a failed write of its own: wait for Redis before it runs.
@@ -363,11 +364,11 @@ class CosyqWorker(StopSafeWorker):
                 job.save_meta()
             else:
                 self.connection.ping()
-            if not retrying:
-                job_events.job_ended(self.connection, job, "job.failed", self._webhooks)
+            if event is not None:
+                job_events.job_ended(self.connection, job, event, self._webhooks)
             record(job, queue, started_job_registry, exc_string, execution)
 
-        outcomes.when_reachable(write, job_id=job.id, step="failure")
+        outcomes.record_ended(self.connection, job, write, event, self._webhooks)
 
     # -- recycling ---------------------------------------------------------------------------
 

@@ -10,8 +10,10 @@ events wait in the retry set, no try counted), so a slow or dead receiver never 
 delivering is never taken back by it.
 
 An event is sent only while its job belongs to the event's tenant, and its body is that one
-job's status: a job whose hash was re-made (no tenant, or another one) is dead-lettered, unsent,
-and so is any event naming no tenant (a document's planned before tenants: nobody's).
+job's status, kept by whoever recorded its outcome (`bodies.py`: so it outlives the job), else
+read at the first try: a job whose hash was re-made (no tenant, or another one) is
+dead-lettered, unsent, and so is any event naming no tenant (a document's planned before
+tenants: nobody's).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from urllib.parse import urlsplit
 
 import redis
 
-from producer.commands.inspect import status_record
 from producer.tracking import TERMINAL_STATES, JobTracker
+from producer.webhooks.bodies import event_body, kept_body, tells, told_otherwise
 from producer.webhooks.delivery import Sender
 from producer.webhooks.records import Answer, Delivery
 from producer.webhooks.store import Entry, WebhookStore
@@ -54,14 +56,6 @@ class EventSuperseded(Exception):
     """A job event whose job ended otherwise: its worker appended it and died before RQ
     recorded that end, and the job then ended another way (the reaper failed it, a cancel won),
     whose own event tells the one outcome. Dropped, never sent: not an outcome at all."""
-
-
-# The job states each job event may tell (its body is the job's status at send time).
-EVENT_STATES = {
-    "job.finished": frozenset({"finished"}),
-    "job.failed": frozenset({"failed", "stopped"}),
-    "job.canceled": frozenset({"canceled"}),
-}
 
 
 def consumer_name() -> str:
@@ -230,8 +224,9 @@ class WebhookDispatcher:
                 self.stop.wait(BOOKING_PAUSE_S)
 
     def _delivery(self, fields: dict[str, str]) -> Delivery:
-        """The entry as a Delivery, its body built on the first try (EventUnsendable: never,
-        also for an event naming no tenant that came with its body: a document's of nobody's)."""
+        """The entry as a Delivery, its body taken on the first try (kept, else built;
+        EventUnsendable: never, also for an event naming no tenant that came with its body: a
+        document's of nobody's)."""
         delivery = _placeholder(fields)
         if not delivery.event.tenant:
             raise EventUnsendable("the event names no tenant: nobody's, never sent")
@@ -269,24 +264,34 @@ class WebhookDispatcher:
 
 
 def job_body(tracker: JobTracker, event: WebhookEvent) -> str | None:
-    """The JSON of `GET /v1/jobs/{id}` once the job is done; None while it is not;
-    EventSuperseded when it ended otherwise than the event says.
+    """The body its recorder kept for the event (`producer/webhooks/bodies.py`), else the JSON
+    of `GET /v1/jobs/{id}` once the job is done; None while it is not; EventSuperseded when it
+    ended otherwise than the event says.
 
-    EventUnsendable when the job is gone or does not belong to the event's tenant (a job
-    without a tenant belongs to nobody): its status never leaves for that URL."""
+    EventUnsendable when the job is still in Redis but does not belong to the event's tenant (a
+    job without a tenant belongs to nobody), or is gone and no body was kept for that tenant:
+    no status leaves for that URL but its own tenant's."""
+    kept = kept_body(tracker.connection, event)
     try:
         status = tracker.status(event.job_id)
     except JobNotFoundError as e:
-        raise EventUnsendable("the job is no longer in Redis") from e
+        if kept is not None:
+            return kept
+        other = told_otherwise(tracker.connection, event)
+        if other is not None:
+            raise EventSuperseded(f"{event.event} for a job that ended as {other}") from e
+        raise EventUnsendable("the job is no longer in Redis and no body was kept") from e
     if not event.tenant or status.tenant != event.tenant:
         raise EventUnsendable(
             f"the job does not belong to the event's tenant {event.tenant or '(none)'!r}"
         )
+    if kept is not None:
+        return kept
     if status.state not in TERMINAL_STATES:
         return None
-    if status.state not in EVENT_STATES.get(event.event, {status.state}):
+    if not tells(status, event):
         raise EventSuperseded(f"{event.event} for a job that ended {status.state}")
-    return json.dumps(status_record(status), ensure_ascii=False, sort_keys=True)
+    return event_body(status, event)
 
 
 def _receiver_of(fields: dict[str, str]) -> str:

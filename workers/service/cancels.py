@@ -22,6 +22,7 @@ from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
 from rq.utils import now, utcformat
 
+from producer.webhooks import bodies
 from shared import job_events, keys
 from shared.logs import get_logger
 from workers.service.outage import until_reachable
@@ -92,4 +93,6 @@ def record_canceled(
             pipe.execute()
 
     until_reachable(write, "job_cancel_unrecorded")
+    if webhooks is not None:
+        bodies.keep_body(connection, job, "job.canceled", webhooks)
     log.info("job_canceled", job_id=job.id, queue=queue.name)

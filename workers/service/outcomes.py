@@ -24,8 +24,10 @@ from rq.queue import Queue
 from rq.registry import StartedJobRegistry
 from rq.utils import as_text, parse_composite_key
 
+from producer.webhooks.bodies import keep_body
 from shared.job_events import WebhookPolicy
 from shared.logs import get_logger
+from shared.webhooks import EventName
 from workers.service.outage import REDIS_RETRY_FIRST_S, STOP_BOUND, refuse_or_wait
 from workers.service.reaper import release_job
 
@@ -33,6 +35,20 @@ log = get_logger(__name__)
 
 OUTCOME_RETRY_MAX_S = 2.0  # the heartbeat holds the job meanwhile: retry often, stay prompt
 UNRECORDED_KIND = "outcome_unrecorded"
+
+
+def record_ended(
+    connection: redis.Redis,
+    job: Job,
+    write: Callable[[], None],
+    event: EventName | None,
+    webhooks: WebhookPolicy,
+) -> None:
+    """Run `write`, the job's outcome and its webhook `event` (None: it tells none, a retry),
+    once Redis takes it (`when_reachable`), then keep the event's body for the dispatcher."""
+    when_reachable(write, job_id=job.id, step="success" if event == "job.finished" else "failure")
+    if event is not None:
+        keep_body(connection, job, event, webhooks)
 
 
 def when_reachable(action: Callable[[], None], *, job_id: str, step: str) -> None:

@@ -31,6 +31,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import as_text, now, parse_composite_key
 from rq.worker import SimpleWorker
 
+from producer.webhooks.bodies import keep_body
 from shared import keys
 from shared.job_events import WebhookPolicy, job_ended
 from shared.logs import get_logger
@@ -161,6 +162,8 @@ def release_job(
             if webhooks is not None:
                 job_ended(pipe, job, "job.failed", webhooks)
         pipe.execute()
+    if webhooks is not None and not retry:
+        keep_body(connection, job, "job.failed", webhooks)
     outcome: Outcome = "failed"
     if retry:
         # After the pipeline: RQ's enqueue WATCHes dependencies, so it cannot join one.

@@ -55,13 +55,14 @@ def receiver_fixture() -> Iterator[Receiver]:
 def dispatching(
     connection: redis.Redis,
     settings: Settings,
-    bodies: dict[str, Any],
+    bodies: dict[str, Any] | None,
     body_of: Callable[[WebhookEvent], str | None] | None = None,
 ):
-    """A dispatcher on a thread, the job bodies given (no jobs needed), stopped on the way out."""
-    dispatcher = WebhookDispatcher(
-        connection, settings, body_of=body_of or (lambda made: json.dumps(bodies[made.job_id]))
-    )
+    """A dispatcher on a thread, the job bodies given (no jobs needed; None: its own, the
+    bodies kept and the jobs in Redis), stopped on the way out."""
+    if body_of is None and bodies is not None:
+        body_of = lambda made: json.dumps(bodies[made.job_id])  # noqa: E731
+    dispatcher = WebhookDispatcher(connection, settings, body_of=body_of)
     stop = threading.Event()
     thread = threading.Thread(target=dispatcher.run, args=(stop,))
     thread.start()

@@ -15,9 +15,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 from rq import Retry
+from rq.job import Job
+from rq.serializers import JSONSerializer
 from standardwebhooks.webhooks import Webhook
 
 from producer.monitor import requeue_failed
+from producer.tracking import job_status, status_record
 from producer.webhooks.dispatcher import WebhookDispatcher
 from producer.webhooks.store import WebhookStore
 from shared import keys
@@ -93,6 +96,29 @@ def test_finished_and_failed_jobs_are_told_once_each(
     assert json.loads(receiver.calls[0].body)  # plain JSON on the wire
 
 
+def test_an_event_first_tried_after_its_job_expired_is_still_told(
+    cluster: Cluster, connection: redis.Redis, receiver: Receiver, redis_url: str
+) -> None:
+    """A dispatcher down longer than COSYQ_RESULT_TTL_S: the job and its result are gone when
+    the event is first tried, and the body its worker kept when it recorded the outcome goes,
+    the job's status as it was then (the same as `GET /v1/jobs/{id}`), and when it ended."""
+    cluster.overrides["COSYQ_RESULT_TTL_S"] = "2"
+    job = enqueue(connection, "fine", webhook={"url": receiver.url})
+    assert cluster.start("run", "--burst", log_name="w.log").wait(timeout=90) == 0
+    assert all_done(connection, [job], ("finished",))()
+    then = status_record(job_status(Job.fetch(job.id, connection, serializer=JSONSerializer)))
+    wait_for(lambda: not connection.exists(job.key), 30, "the job to expire")
+    deliver_all(connection, redis_url, receiver, 1)
+    (call,) = receiver.calls
+    assert call.headers["webhook-id"] == f"msg_{job.id}_finished"
+    body = Webhook(SECRET).verify(call.body, call.headers)
+    assert body.pop("occurred_at") == then["ended_at"]
+    assert body == then and then["result"]["uri"].startswith("file://")
+    assert WebhookStore(connection).dead_letters() == {}
+    kept_s = connection.ttl(keys.WEBHOOK_BODY_PREFIX + f"msg_{job.id}_finished")
+    assert 71 * 3600 < kept_s <= 72 * 3600  # as long as the id: COSYQ_WEBHOOK_EVENT_MEMORY_HOURS
+
+
 def test_a_retried_job_is_told_only_when_it_ends(
     cluster: Cluster, connection: redis.Redis, receiver: Receiver, tmp_path
 ) -> None:
@@ -115,6 +141,7 @@ def test_a_job_the_reaper_fails_is_told(
     assert cluster.start("run", log_name="a.log").wait(timeout=60) == -signal.SIGKILL
     cluster.start("run", log_name="b.log")  # its reaper fails the job: no retries left
     wait_for(lambda: job.get_status() == "failed", 30, "the reaper to fail the job")
+    connection.delete(job.key)  # as if it expired: the body the reaper kept goes
     deliver_all(connection, redis_url, receiver, 1)
     (call,) = receiver.calls
     assert call.headers["webhook-id"] == f"msg_{job.id}_failed"
@@ -136,6 +163,7 @@ def test_a_job_canceled_between_pop_and_start_is_told(
     assert all_done(connection, [running], ("finished",))()
     assert all_done(connection, [job], ("canceled",))()
     assert [(e["job_id"], e["event"]) for e in outbox(connection)] == [(job.id, "job.canceled")]
+    assert connection.exists(keys.WEBHOOK_BODY_PREFIX + f"msg_{job.id}_canceled")
 
 
 def test_a_job_that_ends_twice_is_told_once_under_one_id(
@@ -153,7 +181,10 @@ def test_a_job_that_ends_twice_is_told_once_under_one_id(
     assert job.meta[keys.ATTEMPT_META_KEY] == 2
     (only,) = outbox(connection)
     assert only["webhook_id"] == f"msg_{job.id}_finished"
+    connection.delete(job.key)  # as if it expired: the second end kept the first event's body
     deliver_all(connection, redis_url, receiver, 1)
+    body = Webhook(SECRET).verify(receiver.calls[0].body, receiver.calls[0].headers)
+    assert (body["job_id"], body["state"]) == (job.id, "finished")
 
 
 def test_an_event_goes_only_with_its_own_tenants_job(
@@ -215,19 +246,23 @@ def test_a_waiting_job_canceled_by_the_producer_is_told(
         assert client.cancel(job.id).verdict == "canceled"
         assert client.cancel(job.id).verdict == "already_canceled"
     assert [(e["job_id"], e["event"]) for e in outbox(connection)] == [(job.id, "job.canceled")]
+    connection.delete(job.key)  # as if it expired: the body the producer kept goes
     deliver_all(connection, redis_url, receiver, 1)
     (call,) = receiver.calls
     assert call.headers["webhook-id"] == f"msg_{job.id}_canceled"
     body = Webhook(SECRET).verify(call.body, call.headers)
     assert (body["job_id"], body["state"]) == (job.id, "canceled")
+    assert body["ended_at"] is None and body["occurred_at"]  # RQ's cancel sets no ended_at
 
 
+@pytest.mark.parametrize("expired", [False, True], ids=["kept", "expired"])
 def test_a_job_told_finished_that_the_reaper_fails_sends_only_its_failure(
-    cluster: Cluster, connection: redis.Redis, receiver: Receiver, redis_url: str
+    cluster: Cluster, connection: redis.Redis, receiver: Receiver, redis_url: str, expired: bool
 ) -> None:
     """The worker appended `job.finished` and died before RQ recorded it; with no retry left
     the reaper fails the job (`worker_died`) and appends `job.failed`. The job has one outcome:
-    its receiver hears `failed` once, never a `finished` whose body says failed."""
+    its receiver hears `failed` once, never a `finished` whose body says failed, also when the
+    job is gone by the first try (the `job.failed` body kept says how it ended)."""
     cluster.overrides["COSYQ_MAX_RETRIES"] = "0"
     job = enqueue(connection, "fine", webhook={"url": receiver.url})
     command = [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--burst"]
@@ -237,6 +272,8 @@ def test_a_job_told_finished_that_the_reaper_fails_sends_only_its_failure(
     cluster.start("run", log_name="b.log")  # its reaper fails the job: no retries left
     wait_for(lambda: job.get_status() == "failed", 60, "the reaper to fail the job")
     assert [e["event"] for e in outbox(connection)] == ["job.finished", "job.failed"]
+    if expired:
+        connection.delete(job.key)
     deliver_all(connection, redis_url, receiver, 1)
     (call,) = receiver.calls
     assert call.headers["webhook-id"] == f"msg_{job.id}_failed"

@@ -1,0 +1,102 @@
+"""A job event's body, fixed when the job's outcome is recorded and kept as long as its id.
+
+RQ keeps a job `COSYQ_RESULT_TTL_S` (a failed one `COSYQ_FAILURE_TTL_S`); a dispatcher that is
+down longer must still send its events. So whoever records a job's outcome (the worker, the
+reaper, the producer's cancel of a waiting job) keeps, right after, the event's body: the job's
+status JSON (`GET /v1/jobs/{id}`) and `occurred_at`, under `cosyq:webhooks:body:<webhook id>`
+for COSYQ_WEBHOOK_EVENT_MEMORY_HOURS (as long as the outbox remembers the id), with the tenant
+whose job it is. Set once (NX): every delivery of the event carries the same bytes.
+
+It is kept only when the job, read back, ended as the event says and is the event's tenant's.
+The dispatcher sends a kept body only for an event of the same tenant, and only while the job,
+if it is still in Redis, belongs to that tenant: an id that another tenant's job took after the
+first one expired never carries the first one's body to the second, nor the second's to the
+first. A recorder that dies (or loses Redis) between the outcome and the keep leaves the event
+to take its body from the job at its first try, as before: sent while the job is kept.
+
+No HTTP client here: workers import it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import redis
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.utils import utcparse
+
+from producer.tracking import JobStatus, job_status, status_record
+from shared import keys
+from shared.job_events import WebhookPolicy, job_event
+from shared.logs import get_logger
+from shared.webhooks import EventName, WebhookEvent, event_id
+
+log = get_logger(__name__)
+
+# The job states each job event may tell.
+EVENT_STATES: dict[EventName, frozenset[str]] = {
+    "job.finished": frozenset({"finished"}),
+    "job.failed": frozenset({"failed", "stopped"}),
+    "job.canceled": frozenset({"canceled"}),
+}
+
+
+def event_body(status: JobStatus, event: WebhookEvent) -> str:
+    """The JSON a job's event sends: the job's status record and `occurred_at`, when the job
+    ended (its `ended_at`; a job canceled while it waited has none: when the event was made)."""
+    record: dict[str, Any] = status_record(status)
+    record["occurred_at"] = record["ended_at"] or utcparse(event.at).isoformat()
+    return json.dumps(record, ensure_ascii=False, sort_keys=True)
+
+
+def tells(status: JobStatus, event: WebhookEvent) -> bool:
+    """Whether `status` is an end `event` tells (its state among the event's)."""
+    return status.state in EVENT_STATES.get(event.event, {status.state})
+
+
+def keep_body(connection: redis.Redis, job: Job, event: EventName, policy: WebhookPolicy) -> None:
+    """After `job`'s outcome was recorded: keep its `event`'s body (when it has a webhook, ended
+    so and is still its tenant's). Best effort: a Redis error is logged, the outcome stands and
+    the event takes its body from the job while it is kept."""
+    made = job_event(job, event, policy, quiet=True)
+    if made is None:
+        return
+    try:
+        read = Job.fetch(job.id, connection=connection, serializer=JSONSerializer)
+        status = job_status(read)
+        if status.tenant != made.tenant or not tells(status, made):
+            log.info("webhook_body_not_kept", job_id=job.id, state=status.state)
+            return
+        kept = json.dumps({"tenant": made.tenant, "body": event_body(status, made)})
+        key = keys.WEBHOOK_BODY_PREFIX + made.webhook_id
+        connection.set(key, kept, nx=True, ex=max(1, policy.memory_s))
+    except (redis.RedisError, NoSuchJobError) as e:
+        log.warning("webhook_body_unkept", job_id=job.id, error=str(e))
+
+
+def told_otherwise(connection: redis.Redis, event: WebhookEvent) -> str | None:
+    """Another outcome of the same run of `event`'s job whose body was kept for its tenant (the
+    event's worker died after appending it, and the job then ended so); None when there is
+    none."""
+    suffix = event.webhook_id.removeprefix(event_id(event.job_id, event.event))
+    for other in EVENT_STATES:
+        sibling = replace(event, webhook_id=event_id(event.job_id, other) + suffix, event=other)
+        if other != event.event and kept_body(connection, sibling) is not None:
+            return other
+    return None
+
+
+def kept_body(connection: redis.Redis, event: WebhookEvent) -> str | None:
+    """The body kept for `event`; None when none was, or it was kept for another tenant."""
+    raw = connection.get(keys.WEBHOOK_BODY_PREFIX + event.webhook_id)
+    if raw is None or not event.tenant:
+        return None
+    kept = json.loads(raw)
+    if not isinstance(kept, dict) or kept.get("tenant") != event.tenant:
+        return None
+    body = kept.get("body")
+    return body if isinstance(body, str) else None

@@ -1,0 +1,93 @@
+"""A job event's kept body (producer/webhooks/bodies.py) against a real Redis, real RQ jobs and
+the real dispatcher and receiver: kept only for an end the event tells, once (the same bytes
+however often it is kept), and sent only for an event of the tenant it was kept for and only
+while the job, if it is still in Redis, is that tenant's."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import redis
+from rq.job import Job, JobStatus
+
+from producer.webhooks.bodies import keep_body
+from producer.webhooks.store import WebhookStore
+from shared import keys
+from shared.job_events import WebhookPolicy
+from shared.settings import Settings
+from shared.tenants import TENANT_META_KEY
+from shared.webhooks import WebhookEvent
+from tests.doubles.harness import json_queue, wait_for
+from tests.doubles.webhook_receiver import Receiver
+from tests.integration.producer.webhook_rig import (  # noqa: F401 (fixtures used by name)
+    append,
+    connection_fixture,
+    dispatching,
+    receiver_fixture,
+    settings_fixture,
+)
+
+
+def job_of(connection: redis.Redis, tenant: str, url: str, job_id: str | None = None) -> Job:
+    request = {"text": "fine", "webhook": {"url": url}}
+    queue = json_queue(connection)
+    meta = {TENANT_META_KEY: tenant}
+    return queue.enqueue("workers.tasks.synthesize", request=request, meta=meta, job_id=job_id)
+
+
+def kept(connection: redis.Redis, webhook_id: str) -> dict[str, str] | None:
+    raw = connection.get(keys.WEBHOOK_BODY_PREFIX + webhook_id)
+    return json.loads(raw) if raw is not None else None
+
+
+def test_a_body_is_kept_once_and_only_for_an_end_the_event_tells(
+    connection: redis.Redis, receiver: Receiver
+) -> None:
+    policy = WebhookPolicy(allowed=(receiver.url,), memory_s=600, allow_private=True)
+    job = job_of(connection, "alpha", receiver.url)
+    keep_body(connection, job, "job.finished", policy)  # still queued: no end yet
+    assert kept(connection, f"msg_{job.id}_finished") is None
+    job.set_status(JobStatus.CANCELED)
+    keep_body(connection, job, "job.finished", policy)  # canceled: not what the event tells
+    assert kept(connection, f"msg_{job.id}_finished") is None
+    keep_body(connection, job, "job.canceled", policy)
+    first = kept(connection, f"msg_{job.id}_canceled")
+    assert first is not None and first["tenant"] == "alpha"
+    body = json.loads(first["body"])
+    assert (body["job_id"], body["state"], body["tenant"]) == (job.id, "canceled", "alpha")
+    moment = datetime.fromisoformat(body["occurred_at"])  # no ended_at: when it was kept
+    assert moment.utcoffset() == timedelta(0)
+    assert 0 < connection.ttl(keys.WEBHOOK_BODY_PREFIX + f"msg_{job.id}_canceled") <= 600
+    job.meta["cosyq_submit"] = {"changed": True}  # kept again later: the first stays
+    job.save_meta()
+    keep_body(connection, job, "job.canceled", policy)
+    assert kept(connection, f"msg_{job.id}_canceled") == first
+
+
+def test_a_kept_body_goes_only_with_its_own_tenants_event_and_job(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """`gone`: the job expired, its body kept: sent. `taken`: the job expired and beta's job
+    took its id: alpha's event is not sent (the job is beta's now). `overwritten`: only a body
+    kept for beta under the id: alpha's event is not sent with it."""
+    bodies = {"gone": "alpha", "taken": "alpha", "overwritten": "beta"}
+    for job_id, tenant in bodies.items():
+        made = WebhookEvent.for_job("job.finished", job_id, receiver.url, "2026-12-01Z", "alpha")
+        append(connection, made)
+        body = json.dumps({"job_id": job_id, "state": "finished", "tenant": tenant})
+        connection.set(
+            keys.WEBHOOK_BODY_PREFIX + made.webhook_id, json.dumps({"tenant": tenant, "body": body})
+        )
+    job_of(connection, "beta", receiver.url, job_id="taken")
+    with dispatching(connection, settings, None):
+        wait_for(lambda: WebhookStore(connection).counts() == (0, 2), 30, "two dead letters")
+        wait_for(lambda: len(receiver.calls) == 1, 10, "the kept body")
+    (call,) = receiver.calls
+    assert call.headers["webhook-id"] == "msg_gone_finished"
+    assert json.loads(call.body) == {"job_id": "gone", "state": "finished", "tenant": "alpha"}
+    dead = {
+        k: json.loads(v)["dead_reason"] for k, v in WebhookStore(connection).dead_letters().items()
+    }
+    assert "does not belong to the event's tenant 'alpha'" in dead["msg_taken_finished"]
+    assert "no body was kept" in dead["msg_overwritten_finished"]
