@@ -4,7 +4,8 @@ A document's webhook (the `webhook` of its request, kept in the plan's job templ
 about the document, never about its segments: a segment's job or the assembly job ending sends
 no `job.*` event (`document_job_ended`, called where any job's event would be appended). The
 document's event carries its body, frozen when it is made (the document's status: state, the
-DocumentResult with the file's, manifest's and captions' URIs, the segment verdicts), so the
+DocumentResult with the file's, manifest's and captions' URIs, the segment verdicts, and
+`occurred_at`, when the event was made, by which a receiver orders a document's events), so the
 dispatcher sends it as it is.
 
 Who tells: the assembler (`document.finished`, in the MULTI that publishes the result), the
@@ -83,10 +84,12 @@ def append_document_event(
     url: str,
     body: dict[str, Any],
 ) -> None:
-    """Run the once-per-outcome script (on a client or a MULTI pipeline)."""
-    document_id = plan.document_id
-    fields = {"event": outcome, "job_id": document_id, "url": url, "at": utcformat(now())}
+    """Run the once-per-outcome script (on a client or a MULTI pipeline); the body gets
+    `occurred_at`, when the event was made (ISO 8601 UTC)."""
+    document_id, moment = plan.document_id, now()
+    fields = {"event": outcome, "job_id": document_id, "url": url, "at": utcformat(moment)}
     fields["tenant"] = plan.tenant or ""  # whose document (none: nobody's, never sent)
+    body = {**body, "occurred_at": moment.isoformat()}  # as a job's: receivers order by it
     fields["body"] = json.dumps(body, ensure_ascii=False, sort_keys=True)
     prefix = f"msg_{document_id}_{outcome.split('.')[1]}_"
     key_names = [event_guard_key(document_id), document_key(document_id, "event-seq")]

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -246,6 +247,14 @@ def test_a_document_tells_its_webhook_of_its_ends_never_of_its_segments(
     told = finished["result"]
     assert (told["uri"], told["manifest_uri"]) == (result.uri, result.manifest_uri)
     assert (told["srt_uri"], told["vtt_uri"]) == (result.srt_uri, result.vtt_uri)
+    assert occurred(failed) < occurred(finished)  # a receiver orders a document's events so
+
+
+def occurred(body: dict[str, object]) -> datetime:
+    """The event's `occurred_at`, ISO 8601 in UTC as every time the API shows."""
+    moment = datetime.fromisoformat(str(body["occurred_at"]))
+    assert moment.utcoffset() == timedelta(0)
+    return moment
 
 
 def client_index(body: dict[str, object]) -> object:
@@ -267,6 +276,7 @@ def test_a_canceled_document_is_told_once(cluster: Cluster, settings: Settings) 
     assert len(outcomes) > 1 and {o.verdict for o in outcomes.values()} == {"canceled"}
     assert {o.verdict for o in again.values()} == {"already_canceled"}
     assert [(e["event"], e["job_id"]) for e in events] == [("document.canceled", document_id)]
+    assert occurred(json.loads(events[0]["body"])) <= datetime.now(UTC)
 
 
 def test_a_superseded_segment_job_ending_tells_nothing(

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 import redis
@@ -216,8 +217,10 @@ def test_an_event_goes_only_with_its_own_tenants_job(
 
 
 def test_a_failed_job_requeued_by_hand_is_told_again_under_a_new_id(
-    cluster: Cluster, connection: redis.Redis, receiver: Receiver
+    cluster: Cluster, connection: redis.Redis, receiver: Receiver, redis_url: str
 ) -> None:
+    """Each end told with its own body, the second one's `occurred_at` later: a receiver orders
+    the two by it, whenever they are sent."""
     job = enqueue(connection, "invalid please", webhook={"url": receiver.url})
     assert cluster.start("run", "--burst", log_name="a.log").wait(timeout=90) == 0
     assert all_done(connection, [job], ("failed",))()
@@ -226,6 +229,12 @@ def test_a_failed_job_requeued_by_hand_is_told_again_under_a_new_id(
     assert all_done(connection, [job], ("failed",))()
     ids = [e["webhook_id"] for e in outbox(connection)]
     assert ids == [f"msg_{job.id}_failed", f"msg_{job.id}_failed_r2"]
+    deliver_all(connection, redis_url, receiver, 2)
+    told = {
+        c.headers["webhook-id"]: Webhook(SECRET).verify(c.body, c.headers) for c in receiver.calls
+    }
+    first, second = (told[name]["occurred_at"] for name in ids)
+    assert datetime.fromisoformat(first) < datetime.fromisoformat(second)
 
 
 def test_a_waiting_job_canceled_by_the_producer_is_told(
