@@ -111,7 +111,8 @@ class FrontSettings(BaseModel):
         72.0,
         gt=0,
         description="how long an event's webhook id is remembered, so a job that ends twice "
-        "(its worker killed mid-record) is told once",
+        "(its worker killed mid-record) is told once, and how long a job event's body is kept "
+        "for a dispatcher that is down",
     )
     webhook_claim_idle_s: float = Field(
         60.0, gt=0, description="a delivery read by a dispatcher that died is taken over after"
