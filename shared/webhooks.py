@@ -10,8 +10,9 @@ carries the same `webhook-id`, and the outbox takes one event per id (a marker k
 COSYQ_WEBHOOK_EVENT_MEMORY_HOURS), so a receiver is told once and can drop any duplicate that
 at-least-once delivery brings.
 
-An event names the tenant whose job ended; the dispatcher sends it only while that job still
-belongs to that tenant, and its body is that one job's status, signed with that tenant's own
+An event names the tenant whose job ended; the dispatcher sends it only while that job, if it
+is still in Redis, belongs to that tenant, and its body is that one job's status (kept when its
+outcome was recorded: `producer/webhooks/bodies.py`), signed with that tenant's own
 secret (`tenant_secret`): a tenant's receiver holds its secret, and one secret for all would let
 any tenant sign events of its own making as another's.
 """

@@ -9,11 +9,11 @@ events wait in the retry set, no try counted), so a slow or dead receiver never 
 (workers only append to the outbox) or the other receivers. An entry this dispatcher is
 delivering is never taken back by it.
 
-An event is sent only while its job belongs to the event's tenant, and its body is that one
-job's status, kept by whoever recorded its outcome (`bodies.py`: so it outlives the job), else
-read at the first try: a job whose hash was re-made (no tenant, or another one) is
-dead-lettered, unsent, and so is any event naming no tenant (a document's planned before
-tenants: nobody's).
+An event is sent only while its job, if it is still in Redis, belongs to the event's tenant,
+and its body is that one job's status, kept by whoever recorded its outcome (`bodies.py`: so it
+outlives the job), else read at the first try: a job whose hash was re-made (no tenant, or
+another one) is dead-lettered, unsent, and so is any event naming no tenant (a document's
+planned before tenants: nobody's).
 """
 
 from __future__ import annotations
