@@ -12,7 +12,9 @@ The dispatcher sends a kept body only for an event of the same tenant, and only 
 if it is still in Redis, belongs to that tenant: an id that another tenant's job took after the
 first one expired never carries the first one's body to the second, nor the second's to the
 first. A recorder that dies (or loses Redis) between the outcome and the keep leaves the event
-to take its body from the job at its first try, as before: sent while the job is kept.
+to take its body from the job at its first try, as before (sent while the job is kept); the
+dispatcher keeps that body the same way (`settle`: the first kept wins), so a delivery taken
+over from a dispatcher that died carries the same bytes whoever kept it.
 
 No HTTP client here: workers import it.
 """
@@ -49,8 +51,16 @@ def event_body(status: JobStatus, event: WebhookEvent) -> str:
     """The JSON a job's event sends: the job's status record and `occurred_at`, when the job
     ended (its `ended_at`; a job canceled while it waited has none: when the event was made)."""
     record: dict[str, Any] = status_record(status)
-    record["occurred_at"] = record["ended_at"] or utcparse(event.at).isoformat()
+    record["occurred_at"] = record["ended_at"] or _iso(event.at)
     return json.dumps(record, ensure_ascii=False, sort_keys=True)
+
+
+def _iso(at: str) -> str:
+    """RQ's UTC format (`...Z`) as the API shows times (`...+00:00`); as it is when not."""
+    try:
+        return utcparse(at).isoformat()
+    except ValueError:
+        return at
 
 
 def tells(status: JobStatus, event: WebhookEvent) -> bool:
@@ -71,11 +81,18 @@ def keep_body(connection: redis.Redis, job: Job, event: EventName, policy: Webho
         if status.tenant != made.tenant or not tells(status, made):
             log.info("webhook_body_not_kept", job_id=job.id, state=status.state)
             return
-        kept = json.dumps({"tenant": made.tenant, "body": event_body(status, made)})
-        key = keys.WEBHOOK_BODY_PREFIX + made.webhook_id
-        connection.set(key, kept, nx=True, ex=max(1, policy.memory_s))
+        settle(connection, made, event_body(status, made), policy.memory_s)
     except (redis.RedisError, NoSuchJobError) as e:
         log.warning("webhook_body_unkept", job_id=job.id, error=str(e))
+
+
+def settle(connection: redis.Redis, event: WebhookEvent, body: str, memory_s: int) -> str:
+    """Keep `body` for `event` unless a body was kept first; the one kept (for the event's
+    tenant) wins, so whoever builds it, every delivery of the event carries the same bytes."""
+    kept = json.dumps({"tenant": event.tenant, "body": body})
+    key = keys.WEBHOOK_BODY_PREFIX + event.webhook_id
+    connection.set(key, kept, nx=True, ex=max(1, memory_s))
+    return kept_body(connection, event) or body
 
 
 def told_otherwise(connection: redis.Redis, event: WebhookEvent) -> str | None:

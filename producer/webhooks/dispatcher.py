@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import redis
 
 from producer.tracking import TERMINAL_STATES, JobTracker
-from producer.webhooks.bodies import event_body, kept_body, tells, told_otherwise
+from producer.webhooks.bodies import event_body, kept_body, settle, tells, told_otherwise
 from producer.webhooks.delivery import Sender
 from producer.webhooks.records import Answer, Delivery
 from producer.webhooks.store import Entry, WebhookStore
@@ -79,7 +79,8 @@ class WebhookDispatcher:
             connections=settings.webhook_concurrency,
         )
         tracker = JobTracker(connection, settings)
-        self.body_of = body_of or (lambda event: job_body(tracker, event))
+        memory_s = int(settings.webhook_event_memory_hours * 3600)
+        self.body_of = body_of or (lambda event: job_body(tracker, event, memory_s))
         self.consumer = consumer_name()
         # longest one read of the outbox waits: how soon a stop or a due retry is noticed
         self.read_block_ms = max(1, round(settings.webhook_poll_s * 1000))
@@ -263,10 +264,11 @@ class WebhookDispatcher:
         self.store.dead(entry_id, delivery.event.webhook_id, json.dumps(record, ensure_ascii=False))
 
 
-def job_body(tracker: JobTracker, event: WebhookEvent) -> str | None:
+def job_body(tracker: JobTracker, event: WebhookEvent, memory_s: int) -> str | None:
     """The body its recorder kept for the event (`producer/webhooks/bodies.py`), else the JSON
-    of `GET /v1/jobs/{id}` once the job is done; None while it is not; EventSuperseded when it
-    ended otherwise than the event says.
+    of `GET /v1/jobs/{id}` once the job is done, kept then for `memory_s` (unless its recorder
+    kept one meanwhile: that one); None while it is not; EventSuperseded when it ended
+    otherwise than the event says.
 
     EventUnsendable when the job is still in Redis but does not belong to the event's tenant (a
     job without a tenant belongs to nobody), or is gone and no body was kept for that tenant:
@@ -291,7 +293,7 @@ def job_body(tracker: JobTracker, event: WebhookEvent) -> str | None:
         return None
     if not tells(status, event):
         raise EventSuperseded(f"{event.event} for a job that ended {status.state}")
-    return event_body(status, event)
+    return settle(tracker.connection, event, event_body(status, event), memory_s)
 
 
 def _receiver_of(fields: dict[str, str]) -> str:

@@ -91,3 +91,24 @@ def test_a_kept_body_goes_only_with_its_own_tenants_event_and_job(
     }
     assert "does not belong to the event's tenant 'alpha'" in dead["msg_taken_finished"]
     assert "no body was kept" in dead["msg_overwritten_finished"]
+
+
+def test_a_body_the_dispatcher_builds_is_kept_and_wins_over_a_later_keep(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """The dispatcher tried the event before its recorder kept a body (between the outcome and
+    the keep): the body it built is kept, and the recorder's keep leaves it, so a delivery of
+    the event taken over after a dead dispatcher carries the same bytes."""
+    job = job_of(connection, "alpha", receiver.url)
+    job.set_status(JobStatus.CANCELED)
+    at = "2026-12-01T00:00:00.000000Z"  # RQ's format, as every entry's
+    append(connection, WebhookEvent.for_job("job.canceled", job.id, receiver.url, at, "alpha"))
+    with dispatching(connection, settings, None):
+        wait_for(lambda: len(receiver.calls) == 1, 30, "the event")
+    (call,) = receiver.calls
+    assert json.loads(call.body)["occurred_at"] == "2026-12-01T00:00:00+00:00"
+    first = kept(connection, f"msg_{job.id}_canceled")
+    assert first == {"tenant": "alpha", "body": call.body}
+    policy = WebhookPolicy(allowed=(receiver.url,), memory_s=600, allow_private=True)
+    keep_body(connection, job, "job.canceled", policy)
+    assert kept(connection, f"msg_{job.id}_canceled") == first
