@@ -97,23 +97,46 @@ def settle(connection: redis.Redis, event: WebhookEvent, body: str, memory_s: in
 
 def told_otherwise(connection: redis.Redis, event: WebhookEvent) -> str | None:
     """Another outcome of the same run of `event`'s job whose body was kept for its tenant (the
-    event's worker died after appending it, and the job then ended so); None when there is
-    none."""
+    event's worker died after appending it, and the job then ended so), sent or not; None when
+    there is none."""
     suffix = event.webhook_id.removeprefix(event_id(event.job_id, event.event))
     for other in EVENT_STATES:
         sibling = replace(event, webhook_id=event_id(event.job_id, other) + suffix, event=other)
-        if other != event.event and kept_body(connection, sibling) is not None:
+        if other != event.event and _kept(connection, sibling) is not None:
             return other
     return None
 
 
 def kept_body(connection: redis.Redis, event: WebhookEvent) -> str | None:
-    """The body kept for `event`; None when none was, or it was kept for another tenant."""
+    """The body kept for `event`; None when none was, it was kept for another tenant, or the
+    event was delivered (`spend`)."""
+    kept = _kept(connection, event)
+    body = kept.get("body") if kept is not None else None
+    return body if isinstance(body, str) else None
+
+
+def spend(connection: redis.Redis, event: WebhookEvent) -> None:
+    """After the receiver took `event`: its kept body gives way to a marker of the same life
+    (the tenant and `sent`), so a delivered event holds a few bytes in Redis for the rest of
+    COSYQ_WEBHOOK_EVENT_MEMORY_HOURS, not its body, and is never sent again."""
+    if _kept(connection, event) is not None:
+        marker = json.dumps({"tenant": event.tenant, "sent": True})
+        connection.set(keys.WEBHOOK_BODY_PREFIX + event.webhook_id, marker, xx=True, keepttl=True)
+
+
+def was_sent(connection: redis.Redis, event: WebhookEvent) -> bool:
+    """Whether `event` was delivered and booked (`spend`)."""
+    kept = _kept(connection, event)
+    return kept is not None and kept.get("sent") is True
+
+
+def _kept(connection: redis.Redis, event: WebhookEvent) -> dict[str, Any] | None:
+    """What was kept for `event` (a body, or the marker of one sent) when it was kept for the
+    event's tenant; None otherwise."""
     raw = connection.get(keys.WEBHOOK_BODY_PREFIX + event.webhook_id)
     if raw is None or not event.tenant:
         return None
     kept = json.loads(raw)
     if not isinstance(kept, dict) or kept.get("tenant") != event.tenant:
         return None
-    body = kept.get("body")
-    return body if isinstance(body, str) else None
+    return kept

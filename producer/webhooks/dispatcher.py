@@ -30,7 +30,15 @@ from urllib.parse import urlsplit
 import redis
 
 from producer.tracking import TERMINAL_STATES, JobTracker
-from producer.webhooks.bodies import event_body, kept_body, settle, tells, told_otherwise
+from producer.webhooks.bodies import (
+    event_body,
+    kept_body,
+    settle,
+    spend,
+    tells,
+    told_otherwise,
+    was_sent,
+)
 from producer.webhooks.delivery import Sender
 from producer.webhooks.records import Answer, Delivery
 from producer.webhooks.store import Entry, WebhookStore
@@ -72,6 +80,7 @@ class WebhookDispatcher:
             raise SettingsError("COSYQ_WEBHOOK_SECRET: required to sign webhooks (whsec_...)")
         self.settings = settings
         self.store = WebhookStore(connection)
+        self.connection = connection
         self.sender = Sender(
             settings.webhook_secret.get_secret_value(),
             timeout_s=settings.webhook_timeout_s,
@@ -205,6 +214,7 @@ class WebhookDispatcher:
             log.info(
                 "webhook_delivered", webhook_id=delivery.event.webhook_id, tries=delivery.tries + 1
             )
+            self._spend(delivery)
         elif answer.permanent:
             self._dead(entry_id, delivery.failed(answer.error), answer.error)
         else:
@@ -223,6 +233,14 @@ class WebhookDispatcher:
                     raise
                 log.warning("webhook_booking_waits", entry_id=entry_id, error=str(e))
                 self.stop.wait(BOOKING_PAUSE_S)
+
+    def _spend(self, delivery: Delivery) -> None:
+        """A job event's kept body gives way to the marker of one sent (best effort: left, it
+        only holds its bytes until COSYQ_WEBHOOK_EVENT_MEMORY_HOURS ends)."""
+        try:
+            spend(self.connection, delivery.event)
+        except redis.RedisError as e:
+            log.warning("webhook_body_unspent", webhook_id=delivery.event.webhook_id, error=str(e))
 
     def _delivery(self, fields: dict[str, str]) -> Delivery:
         """The entry as a Delivery, its body taken on the first try (kept, else built;
@@ -273,6 +291,8 @@ def job_body(tracker: JobTracker, event: WebhookEvent, memory_s: int) -> str | N
     EventUnsendable when the job is still in Redis but does not belong to the event's tenant (a
     job without a tenant belongs to nobody), or is gone and no body was kept for that tenant:
     no status leaves for that URL but its own tenant's."""
+    if was_sent(tracker.connection, event):  # taken over from a dispatcher that booked it
+        raise EventSuperseded(f"{event.event} was delivered already")
     kept = kept_body(tracker.connection, event)
     try:
         status = tracker.status(event.job_id)

@@ -107,8 +107,35 @@ def test_a_body_the_dispatcher_builds_is_kept_and_wins_over_a_later_keep(
         wait_for(lambda: len(receiver.calls) == 1, 30, "the event")
     (call,) = receiver.calls
     assert json.loads(call.body)["occurred_at"] == "2026-12-01T00:00:00+00:00"
-    first = kept(connection, f"msg_{job.id}_canceled")
-    assert first == {"tenant": "alpha", "body": call.body}
+    sent = kept(connection, f"msg_{job.id}_canceled")  # delivered: the marker took its place
+    assert sent == {"tenant": "alpha", "sent": True}
     policy = WebhookPolicy(allowed=(receiver.url,), memory_s=600, allow_private=True)
     keep_body(connection, job, "job.canceled", policy)
-    assert kept(connection, f"msg_{job.id}_canceled") == first
+    assert kept(connection, f"msg_{job.id}_canceled") == sent
+
+
+def test_a_delivered_event_holds_a_marker_not_its_body_and_is_never_sent_again(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """The receiver took the event: its kept body (kilobytes per job for the event memory's
+    72 h) gives way to a marker with the same time to live, and an entry of the same event
+    read again (a dispatcher that claimed it while the first one was booking it) is booked, not
+    sent; its job's other outcome is still known to be told."""
+    policy = WebhookPolicy(allowed=(receiver.url,), memory_s=600, allow_private=True)
+    job = job_of(connection, "alpha", receiver.url)
+    job.set_status(JobStatus.CANCELED)
+    made = WebhookEvent.for_job("job.canceled", job.id, receiver.url, "2026-12-01Z", "alpha")
+    append(connection, made)
+    keep_body(connection, job, "job.canceled", policy)
+    body = kept(connection, made.webhook_id)
+    assert body is not None and "body" in body
+    with dispatching(connection, settings, None):
+        wait_for(lambda: len(receiver.calls) == 1, 30, "the event")
+        wait_for(lambda: kept(connection, made.webhook_id) != body, 10, "the marker")
+        assert kept(connection, made.webhook_id) == {"tenant": "alpha", "sent": True}
+        assert 0 < connection.ttl(keys.WEBHOOK_BODY_PREFIX + made.webhook_id) <= 600
+        flat = [part for pair in made.fields().items() for part in pair]
+        connection.execute_command("XADD", keys.WEBHOOK_OUTBOX, "*", *flat)  # the same again
+        wait_for(lambda: WebhookStore(connection).counts() == (0, 0), 30, "the copy booked")
+    assert len(receiver.calls) == 1
+    assert receiver.calls[0].body == body["body"]
