@@ -58,6 +58,9 @@ def _problem(item: Any, fields: Mapping[str, FieldInfo]) -> str:
     loc = item["loc"]
     field = str(loc[0]) if len(loc) == 1 else None
     message = redact_urls(item["msg"])  # a rule's message may quote a URL it refused
+    if loc and str(loc[0]) in fields and len(loc) > 1:  # inside one setting (JSON): its name
+        inside = ".".join(str(part) for part in loc[1:])
+        return f"{ENV_PREFIX}{str(loc[0]).upper()}: {inside}: {message}"
     if field is None or field not in fields:  # a rule over several settings: no input shown
         where = ".".join(str(part) for part in loc) or "settings"
         return f"{where}: {message}"

@@ -87,8 +87,10 @@ def test_quotas_default_and_per_tenant_overrides() -> None:
         settings.max_queued_jobs("billing") == 50 and settings.requests_per_minute("billing") == 3
     )
     assert settings.requests_per_minute("search") == settings.tenant_requests_per_minute
-    with pytest.raises(SettingsError, match=r"tenant_quotas\.billing\.requests_per_hour"):
+    with pytest.raises(SettingsError, match=r"COSYQ_TENANT_QUOTAS: billing\.requests_per_hour"):
         load_settings(None, tenant_quotas={"billing": {"requests_per_hour": 3}})
+    with pytest.raises(SettingsError, match=r"^invalid settings: COSYQ_TENANT_QUOTAS: a\.max_q"):
+        load_settings(None, tenant_quotas={"a": {"max_queued_jobs": -1}})
 
 
 def test_queue_names_keep_the_old_names_for_default_and_priorities_first() -> None:
