@@ -95,7 +95,9 @@ def enqueue_add_voice(
     check_voice_name(name)
     check_owner(owner)
     transcript = check_transcript(transcript, settings.max_text_chars)
-    samples, rate = decode_prompt_audio(audio, where=filename)
+    samples, rate = decode_prompt_audio(
+        audio, where=filename, max_seconds=settings.max_prompt_seconds
+    )
     check_prompt_audio(samples, rate, settings.max_prompt_seconds)
     storage = open_storage(settings)
     key = new_upload_key(owner, name, audio)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,17 +104,60 @@ def encode_audio(
     )
 
 
-def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+DECODE_BLOCK_SAMPLES = 1 << 20  # samples of all channels together decoded at a time (4 MiB)
+UNKNOWN_FRAMES = 2**63 - 1  # libsndfile's frame count for a file that does not state it
+
+
+def audio_header(data: bytes) -> tuple[int, int | None]:
+    """(sample rate, frames) as the file's header states them (None: it does not, as a FLAC
+    written by a streaming encoder), nothing decoded; AudioDecodeError for bytes no decoder
+    accepts. The frames are the header's claim, which may be wrong."""
+    try:
+        info = sf.info(io.BytesIO(data))
+    except (sf.SoundFileError, RuntimeError, TypeError) as e:
+        raise _unreadable(e) from e
+    frames = int(info.frames)
+    return int(info.samplerate), None if frames == UNKNOWN_FRAMES else frames
+
+
+def decode_audio(data: bytes, *, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     """Any file soundfile reads -> (mono float32 samples (N,), sample rate); channels averaged.
 
-    Raises AudioDecodeError for bytes no decoder accepts.
+    Decoded a block at a time, each block mixed down as it comes, so memory follows the mono
+    result, never the file's channel count. With `max_seconds` decoding stops one sample past
+    it (a caller tells a longer file by the length it gets back): a well-compressed file (a
+    FLAC of silence decodes to about 2,000 times its size) never decodes to more than that,
+    whatever its header claims. Raises AudioDecodeError for bytes no decoder accepts.
     """
     try:
-        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with sf.SoundFile(io.BytesIO(data)) as audio:
+            rate = int(audio.samplerate)
+            limit = None if max_seconds is None else math.floor(max_seconds * rate) + 1
+            mono = _read_mono(audio, limit)
     except (sf.SoundFileError, RuntimeError, TypeError) as e:
-        reason = getattr(e, "error_string", None) or str(e)
-        raise AudioDecodeError(f"not a readable audio file ({reason})") from e
-    if samples.shape[0] == 0:
+        raise _unreadable(e) from e
+    if mono.shape[0] == 0:
         raise AudioDecodeError("the audio file holds no samples")
-    mono = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
-    return np.ascontiguousarray(mono, dtype=np.float32), int(rate)
+    return mono, rate
+
+
+def _read_mono(audio: sf.SoundFile, limit: int | None) -> np.ndarray:
+    """Up to `limit` frames (None: all) of `audio`, mixed down to mono block by block."""
+    block = max(1, DECODE_BLOCK_SAMPLES // max(1, audio.channels))
+    parts: list[np.ndarray] = []
+    count = 0
+    while limit is None or count < limit:
+        wanted = block if limit is None else min(block, limit - count)
+        samples = audio.read(wanted, dtype="float32", always_2d=True)
+        if samples.shape[0] == 0:
+            break
+        mixed = samples.mean(axis=1, dtype=np.float32) if samples.shape[1] > 1 else samples[:, 0]
+        parts.append(mixed)
+        count += samples.shape[0]
+    mono = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def _unreadable(error: Exception) -> AudioDecodeError:
+    reason = getattr(error, "error_string", None) or str(error)
+    return AudioDecodeError(f"not a readable audio file ({reason})")

@@ -33,7 +33,7 @@ import numpy as np
 import redis
 
 from shared import keys
-from shared.audio import decode_audio
+from shared.audio import audio_header, decode_audio
 from shared.errors import (
     AudioDecodeError,
     InvalidRequestError,
@@ -51,6 +51,7 @@ from shared.text_markup import MarkupError, parse_markup
 
 PROFILE_FORMAT = 1  # bump when the stored layout changes
 MIN_PROMPT_SAMPLE_RATE = 16000  # the prompt models work at 16 kHz; nothing is upsampled
+MAX_PROMPT_SAMPLE_RATE = 192000  # no microphone records more; bounds what a prompt decodes to
 MIN_PROMPT_SECONDS = 0.5  # shorter gives at most a dozen speech tokens: too little voice to copy
 PROMPT_SILENCE_DBFS = -60.0  # RMS below this (re full scale) counts as silence
 _ARRAY_DTYPES = {"float32": np.dtype("<f4"), "int32": np.dtype("<i4")}
@@ -128,26 +129,58 @@ def check_voice_name(name: str) -> str:
     return name
 
 
-def decode_prompt_audio(data: bytes, where: str = "prompt audio") -> tuple[np.ndarray, int]:
-    """Any file soundfile reads -> (mono float32 samples, rate); PromptUnreadableError if not."""
+def decode_prompt_audio(
+    data: bytes, where: str = "prompt audio", *, max_seconds: float
+) -> tuple[np.ndarray, int]:
+    """Any file soundfile reads -> (mono float32 samples, rate); PromptUnreadableError if not.
+
+    A prompt is at most `max_seconds` long at MAX_PROMPT_SAMPLE_RATE, so nothing past that is
+    decoded: a header saying longer, or not saying, or a rate above it, is refused before
+    decoding, and a file holding more than its header said stops decoding there. A small upload
+    that decompresses to gigabytes (a FLAC of silence: about 2,000 times) costs no more memory
+    than a real prompt."""
     try:
-        return decode_audio(data)
+        rate, frames = audio_header(data)
+        check_prompt_rate(rate)
+        if frames is None:  # soundfile cannot read past the first block of such a file
+            raise AudioDecodeError(
+                "the file does not state its length (a FLAC from a streaming encoder?); "
+                "export it again as WAV or FLAC"
+            )
+        if frames / rate > max_seconds:
+            raise PromptTooLongError(_too_long(f"{frames / rate:.1f} s", max_seconds))
+        samples, rate = decode_audio(data, max_seconds=max_seconds)
     except AudioDecodeError as e:
         raise PromptUnreadableError(f"{where}: {e}") from e
+    if samples.shape[0] > max_seconds * rate:
+        raise PromptTooLongError(_too_long(f"more than {max_seconds:g} s", max_seconds))
+    return samples, rate
 
 
-def check_prompt_audio(samples: np.ndarray, sample_rate: int, max_seconds: float) -> None:
-    """Raise the PromptAudioError subclass naming what is wrong with a mono recording."""
+def check_prompt_rate(sample_rate: int) -> None:
+    """PromptSampleRateError for a rate below MIN_PROMPT_SAMPLE_RATE or above the maximum."""
     if sample_rate < MIN_PROMPT_SAMPLE_RATE:
         raise PromptSampleRateError(
             f"prompt audio: {sample_rate} Hz, need at least {MIN_PROMPT_SAMPLE_RATE} Hz "
             "(record or export at 16 kHz or more; upsampling adds no voice detail)"
         )
+    if sample_rate > MAX_PROMPT_SAMPLE_RATE:
+        raise PromptSampleRateError(
+            f"prompt audio: {sample_rate} Hz, at most {MAX_PROMPT_SAMPLE_RATE} Hz "
+            "(the prompt models work at 16 kHz)"
+        )
+
+
+def _too_long(length: str, max_seconds: float) -> str:
+    return f"prompt audio: {length}, limit {max_seconds:g} s (COSYQ_MAX_PROMPT_SECONDS)"
+
+
+def check_prompt_audio(samples: np.ndarray, sample_rate: int, max_seconds: float) -> None:
+    """Raise the PromptAudioError subclass naming what is wrong with a mono recording."""
+    check_prompt_rate(sample_rate)
     seconds = samples.shape[-1] / sample_rate
     if seconds > max_seconds:
-        raise PromptTooLongError(
-            f"prompt audio: {seconds:.1f} s, limit {max_seconds:g} s (COSYQ_MAX_PROMPT_SECONDS)"
-        )
+        raise PromptTooLongError(_too_long(f"{seconds:.1f} s", max_seconds))
     if seconds < MIN_PROMPT_SECONDS:
         raise PromptAudioError(
             f"prompt audio: {seconds:.2f} s, need at least {MIN_PROMPT_SECONDS} s"

@@ -99,6 +99,7 @@ def add_voice(
             prompt_audio=prompt_audio,
             transcript=transcript,
             max_transcript_chars=runtime.limits.max_text_chars,
+            max_prompt_seconds=runtime.settings.max_prompt_seconds,
         )
         log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
         return summary

@@ -101,7 +101,7 @@ class VoiceBook:
             return prompt_from_profile(cached, self.engine.identity)
         prompt = self._extract(data, transcript, field=f"voice 'default' ({audio})")
         if self.cache_ttl_s:
-            samples, rate = decode_prompt_audio(data)
+            samples, rate = decode_prompt_audio(data, max_seconds=self.max_prompt_seconds)
             profile = profile_from_prompt(
                 DEFAULT_VOICE,
                 prompt,
@@ -115,6 +115,6 @@ class VoiceBook:
 
     def _extract(self, data: bytes, transcript: str, *, field: str) -> VoicePrompt:
         """Decode and check here (the worker never trusts the queue, whatever the engine)."""
-        samples, rate = decode_prompt_audio(data, where=field)
+        samples, rate = decode_prompt_audio(data, where=field, max_seconds=self.max_prompt_seconds)
         check_prompt_audio(samples, rate, self.max_prompt_seconds)
         return self.engine.extract_voice(samples, rate, transcript)

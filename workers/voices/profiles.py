@@ -113,6 +113,7 @@ def add_voice(
     prompt_audio: str,
     transcript: str,
     max_transcript_chars: int = 2000,
+    max_prompt_seconds: float,
 ) -> dict[str, Any]:
     """The add-voice job: check, read, extract, store in `registry` (its owner's); returns the
     profile's summary as JSON."""
@@ -121,7 +122,9 @@ def add_voice(
     own_upload = upload_key(storage.uri_for, owner, name, prompt_audio)
     try:
         transcript = check_transcript(transcript, max_transcript_chars)
-        samples, rate = decode_prompt_audio(storage.get(prompt_audio), where=prompt_audio)
+        samples, rate = decode_prompt_audio(
+            storage.get(prompt_audio), where=prompt_audio, max_seconds=max_prompt_seconds
+        )
         prompt = engine.extract_voice(samples, rate, transcript)
     except InvalidRequestError:
         if own_upload is not None:  # refused for good: the recording is of no further use

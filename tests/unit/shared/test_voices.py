@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import json
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
+import soundfile as sf
 
 from shared import keys
-from shared.errors import InvalidRequestError, PromptUnreadableError, UnknownVoiceError
+from shared.errors import (
+    InvalidRequestError,
+    PromptAudioError,
+    PromptSampleRateError,
+    PromptUnreadableError,
+    UnknownVoiceError,
+)
 from shared.voices import (
     VoiceProfile,
     VoiceRegistry,
@@ -27,6 +36,11 @@ from shared.voices import (
     load_voice,
     voice_exists,
 )
+from tests.doubles.audio_bombs import decoded_bytes, silent_flac
+
+BOMB_MINUTES = 15  # of stereo 48 kHz silence: ~170 KB of FLAC, ~350 MB decoded
+DECODE_PEAK_BYTES = 40 * 1024 * 1024  # what decoding a refused prompt may hold at most
+REFUSALS = {True: r"900\.0 s, limit 30 s", False: "does not state its length"}
 
 
 def profile(n: int = 3) -> VoiceProfile:
@@ -108,7 +122,30 @@ def test_voice_names(name: str) -> None:
 
 def test_unreadable_prompt_names_the_file() -> None:
     with pytest.raises(PromptUnreadableError, match=r"x\.mp3: not a readable audio file"):
-        decode_prompt_audio(b"\x00" * 100, where="x.mp3")
+        decode_prompt_audio(b"\x00" * 100, where="x.mp3", max_seconds=30)
+
+
+@pytest.mark.parametrize("state_length", [True, False], ids=["stated", "unstated"])
+def test_a_prompt_that_decompresses_to_gigabytes_is_refused_without_decoding_it(
+    state_length: bool,
+) -> None:
+    bomb = silent_flac(BOMB_MINUTES * 60, state_length=state_length)
+    assert decoded_bytes(BOMB_MINUTES * 60) > 1000 * len(bomb)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PromptAudioError, match=REFUSALS[state_length]):
+            decode_prompt_audio(bomb, where="bomb.flac", max_seconds=30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < DECODE_PEAK_BYTES, f"{peak:,} bytes held decoding a {len(bomb):,}-byte file"
+
+
+def test_a_prompt_rate_above_192_khz_is_refused_before_decoding() -> None:
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros(384000, dtype=np.float32), 384000, format="WAV")
+    with pytest.raises(PromptSampleRateError, match="384000 Hz, at most 192000 Hz"):
+        decode_prompt_audio(buffer.getvalue(), max_seconds=30)
 
 
 def test_shared_voices_imports_without_torch() -> None:

@@ -1,6 +1,7 @@
 """Requests a hostile or broken client sends to the real front (`cosyq serve`, uvicorn), read
 back from its log: a JSON number past Python's digit limit, a body cut off by a disconnect, a
-request trickled in a byte at a time (slow-loris), a voice transcript in a broken encoding. Each
+request trickled in a byte at a time (slow-loris), a voice transcript in a broken encoding, a
+voice recording that decompresses to a gigabyte. Each
 is the client's doing: a 4xx or a log line that says so, never `http_internal_error` with a
 traceback (issue 45 items 10 and 12)."""
 
@@ -10,6 +11,7 @@ import io
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,12 +19,15 @@ import pytest
 import soundfile
 
 from tests.conftest import RedisServer
+from tests.doubles.audio_bombs import decoded_bytes, silent_flac
 from tests.doubles.harness import named, wait_for
 from tests.integration.producer.http.conftest import Front, start_front
 
 pytestmark = pytest.mark.slow
 
 READ_TIMEOUT_S = 1  # five 0.2 s drips of a slow request, each too quick for a read timeout
+BOMB_S = 30 * 60  # of stereo 48 kHz silence: ~340 KB of FLAC, ~690 MB of float32 samples
+PEAK_GROWTH_BYTES = 200 * 1024 * 1024  # what one refused upload may add to the front's peak
 HUGE_NUMBER = "1" + "0" * 5000  # 5,001 digits: past Python's 4,300 for int()
 BODIES = {
     "/v1/jobs": '{"text": "Hello.", "seed": %s}',
@@ -177,3 +182,34 @@ def test_a_utf8_transcript_still_goes_through(front: Front) -> None:
     )
     assert response.status_code == 504, response.text  # no worker here: stored, then the wait
     assert len(list((front.storage / "voices" / "default" / "gruesse").iterdir())) == 1
+
+
+def peak_rss_bytes(front: Front) -> int:
+    """The front process's resident-memory high-water mark (Linux: /proc's VmHWM)."""
+    status = Path(f"/proc/{front.process.pid}/status")
+    if not status.exists():
+        pytest.skip("no /proc: the front's peak memory cannot be read here")
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM in {status}")
+
+
+def test_a_recording_that_decompresses_to_a_gigabyte_is_refused_before_it_is_decoded(
+    front: Front,
+) -> None:
+    bomb = silent_flac(BOMB_S)
+    assert decoded_bytes(BOMB_S) > 1000 * len(bomb)
+    before = peak_rss_bytes(front)
+    response = httpx.post(
+        front.url + "/v1/audio/voices",
+        data={"name": "bomb", "transcript": "Hi."},
+        files={"file": ("bomb.flac", bomb, "audio/flac")},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert "1800.0 s, limit 30 s" in response.json()["error"]["message"]
+    grown = peak_rss_bytes(front) - before
+    assert grown < PEAK_GROWTH_BYTES, f"the front's peak grew {grown:,} bytes for {len(bomb):,}"
+    assert not (front.storage / "voices" / "default" / "bomb").exists()
+    no_internal_error(front)
