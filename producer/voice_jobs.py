@@ -91,7 +91,8 @@ def enqueue_add_voice(
 ) -> str:
     """Check, upload, enqueue (in `tenant`'s high queue, for `owner`: the tenant, or
     keys.SHARED_VOICES, within the tenant's quota); returns the job id. Refused for room
-    (TenantQuotaError, QueueFullError), the upload is deleted again."""
+    (TenantQuotaError, QueueFullError), the upload is deleted again. A new name past the
+    owner's max_voices is refused (VoiceQuotaError) before anything is uploaded."""
     check_voice_name(name)
     check_owner(owner)
     transcript = check_transcript(transcript, settings.max_text_chars)
@@ -99,6 +100,8 @@ def enqueue_add_voice(
         audio, where=filename, max_seconds=settings.max_prompt_seconds
     )
     check_prompt_audio(samples, rate, settings.max_prompt_seconds)
+    if owner != keys.SHARED_VOICES:  # the worker checks again as it stores the voice
+        VoiceRegistry(connection, owner).check_room(name, settings.max_voices(owner))
     storage = open_storage(settings)
     key = new_upload_key(owner, name, audio)
     stored = storage.put(key, audio, UPLOAD_CONTENT_TYPE, {"voice": name})

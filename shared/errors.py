@@ -142,6 +142,11 @@ class UnknownTenantError(InvalidRequestError):
     """A tenant name that is malformed or that this deployment does not configure."""
 
 
+class VoiceQuotaError(InvalidRequestError):
+    """A tenant already keeps its max_voices voices: a new one is refused until one is removed
+    (waiting does not help, so it is no TransientError, unlike the other quotas)."""
+
+
 class VoiceMismatchError(InvalidRequestError):
     """A voice profile was computed with other model weights than the worker runs."""
 

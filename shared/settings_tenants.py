@@ -4,7 +4,11 @@
 The tenants are "default", those named in COSYQ_API_KEYS and those in COSYQ_TENANTS (for
 workers, which need the names but never the keys). Quotas are per tenant; COSYQ_TENANT_QUOTAS
 overrides the defaults for the tenants it names, as JSON:
-`{"billing": {"max_queued_jobs": 500, "requests_per_minute": 60, "max_priority": "default"}}`.
+`{"billing": {"max_queued_jobs": 500, "requests_per_minute": 60, "max_priority": "default",
+"max_voices": 20}}`. A voice stays in Redis until it is removed (up to a megabyte for a 30 s
+prompt), so a tenant's voices are counted too: the front refuses an upload past the count and a
+worker refuses to store one, so concurrent uploads never pass it (shared voices, an operator's,
+are not counted).
 A tenant's highest priority matters because workers serve priorities first, every tenant's
 `high` queue before any tenant's `default`: a tenant that may send `high` can hold back every
 other tenant's `default` and `low` jobs for as long as its backlog lasts.
@@ -33,6 +37,7 @@ class TenantQuota(BaseModel):
     max_queued_jobs: int | None = Field(None, gt=0)
     requests_per_minute: int | None = Field(None, gt=0)
     max_priority: MaxPriority | None = None
+    max_voices: int | None = Field(None, gt=0)
 
 
 class TenantSettings(BaseModel):
@@ -49,6 +54,9 @@ class TenantSettings(BaseModel):
     )
     tenant_max_priority: MaxPriority = Field(
         "high", description="highest priority a tenant's requests may ask for (high or default)"
+    )
+    tenant_max_voices: int = Field(
+        100, gt=0, description="most voices one tenant may keep (shared voices are not counted)"
     )
     tenant_quotas: dict[str, TenantQuota] = Field(
         {}, description="per-tenant overrides of the quotas (JSON)"
@@ -80,6 +88,12 @@ class TenantSettings(BaseModel):
         if override is not None and override.requests_per_minute is not None:
             return override.requests_per_minute
         return self.tenant_requests_per_minute
+
+    def max_voices(self, tenant: str) -> int:
+        override = self.tenant_quotas.get(tenant)
+        if override is not None and override.max_voices is not None:
+            return override.max_voices
+        return self.tenant_max_voices
 
     def max_priority(self, tenant: str) -> MaxPriority:
         override = self.tenant_quotas.get(tenant)

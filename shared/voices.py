@@ -44,6 +44,7 @@ from shared.errors import (
     PromptUnreadableError,
     UnknownTenantError,
     UnknownVoiceError,
+    VoiceQuotaError,
 )
 from shared.jobs import DEFAULT_VOICE, VOICE_NAME_RE
 from shared.tenants import DEFAULT_TENANT, check_tenant_name
@@ -349,18 +350,48 @@ class VoiceRegistry:
             raise UnknownVoiceError(f"voice: no voice named {name!r} is registered")
         return keys.voice_key(name, self.owner)
 
-    def save(self, profile: VoiceProfile) -> VoiceSummary | None:
+    def save(self, profile: VoiceProfile, *, max_voices: int | None = None) -> VoiceSummary | None:
         """Store (replacing) a profile; the summary of the one it replaced, read in the same
-        transaction (two concurrent adds of one name: the second sees the first)."""
+        transaction (two concurrent adds of one name: the second sees the first). With
+        `max_voices`, a new name is refused (VoiceQuotaError) once the owner has that many:
+        the count is read under WATCH in the same transaction, so concurrent saves never
+        pass it together."""
         check_voice_name(profile.name)
         profile.check_shapes()
-        pipe = self.connection.pipeline()  # MULTI: the hash and the set change together
         meta, arrays = _stored_fields(profile)
-        pipe.hget(self._key(profile.name), "meta")
-        pipe.hset(self._key(profile.name), mapping={"meta": meta, "arrays": arrays})
-        pipe.sadd(keys.voices_set(self.owner), profile.name)
-        previous = pipe.execute()[0]
-        return None if previous is None else _summary_or_unreadable(profile.name, previous)
+        names = keys.voices_set(self.owner)
+        with self.connection.pipeline() as pipe:  # MULTI: the hash and the set change together
+            while True:
+                try:
+                    pipe.watch(names)
+                    if max_voices is not None:
+                        self._check_room(pipe, profile.name, max_voices)
+                    pipe.multi()
+                    pipe.hget(self._key(profile.name), "meta")
+                    pipe.hset(self._key(profile.name), mapping={"meta": meta, "arrays": arrays})
+                    pipe.sadd(names, profile.name)
+                    previous = pipe.execute()[0]
+                except redis.WatchError:
+                    continue  # another save or removal changed the names: count again
+                return None if previous is None else _summary_or_unreadable(profile.name, previous)
+
+    def _check_room(self, connection: Any, name: str, max_voices: int) -> None:
+        """VoiceQuotaError when `name` would be a new voice past `max_voices`."""
+        names = keys.voices_set(self.owner)
+        if connection.sismember(names, name):
+            return  # replacing one: the count stays
+        count = int(connection.scard(names))
+        if count >= max_voices:
+            raise VoiceQuotaError(
+                f"voices: tenant {self.owner} has {count:,} voices (quota max_voices "
+                f"{max_voices:,}, COSYQ_TENANT_MAX_VOICES, COSYQ_TENANT_QUOTAS); remove one "
+                "(DELETE /v1/audio/voices/{name}, cosyq voices rm) or replace one by its name"
+            )
+
+    def check_room(self, name: str, max_voices: int) -> None:
+        """VoiceQuotaError now when storing `name` would pass `max_voices` (the producer's
+        early answer; `save` checks again atomically)."""
+        self._check_room(self.connection, name, max_voices)
 
     def cache(self, key: str, profile: VoiceProfile, ttl_s: int) -> None:
         """Keep an unlisted profile (the default voice) under `key` for `ttl_s` seconds."""

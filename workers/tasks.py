@@ -100,6 +100,7 @@ def add_voice(
             transcript=transcript,
             max_transcript_chars=runtime.limits.max_text_chars,
             max_prompt_seconds=runtime.settings.max_prompt_seconds,
+            max_voices=None if owner == keys.SHARED_VOICES else runtime.settings.max_voices(owner),
         )
         log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
         return summary

@@ -3,7 +3,8 @@
 `{"error": {"message", "type", "param", "code"}}`: OpenAI's SDKs parse this shape into their
 exception classes (`BadRequestError`, `AuthenticationError`, ...). Our own exceptions map to
 statuses here, in one table, so a route raises what the producer raises and never builds a
-response by hand: InvalidRequestError 400 (UnknownVoiceError 404), JobNotFoundError 404,
+response by hand: InvalidRequestError 400 (UnknownVoiceError 404; VoiceQuotaError 400 with the
+code max_voices), JobNotFoundError 404,
 QueueFullError 429 with Retry-After, TenantQuotaError 429 with Retry-After and the quota as
 its code, TransientError or a Redis error 503, and a failed job by
 its failure kind (FAILED_JOB_STATUS).
@@ -31,6 +32,7 @@ from shared.errors import (
     TenantQuotaError,
     TransientError,
     UnknownVoiceError,
+    VoiceQuotaError,
 )
 from shared.settings_env import redact_urls
 from shared.validation_messages import describe_errors
@@ -144,6 +146,8 @@ def from_exception(error: Exception, *, retry_after_s: int = 5) -> ApiError:
         return error
     if isinstance(error, UnknownVoiceError):
         return ApiError(404, str(error), param="voice", code="voice_not_found")
+    if isinstance(error, VoiceQuotaError):
+        return ApiError(400, str(error), param="name", code="max_voices")
     if isinstance(error, InvalidRequestError):
         return ApiError(400, str(error), param=param_of(str(error)), code="invalid_value")
     if isinstance(error, JobNotFoundError):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from shared import keys
-from shared.errors import InvalidRequestError, VoiceMismatchError
+from shared.errors import InvalidRequestError, VoiceMismatchError, VoiceQuotaError
 from shared.storage import Storage
 from shared.voices import (
     VoiceProfile,
@@ -114,9 +114,10 @@ def add_voice(
     transcript: str,
     max_transcript_chars: int = 2000,
     max_prompt_seconds: float,
+    max_voices: int | None = None,
 ) -> dict[str, Any]:
-    """The add-voice job: check, read, extract, store in `registry` (its owner's); returns the
-    profile's summary as JSON."""
+    """The add-voice job: check, read, extract, store in `registry` (its owner's, holding at
+    most `max_voices`: None for the shared voices); returns the profile's summary as JSON."""
     check_voice_name(name)
     owner = registry.owner
     own_upload = upload_key(storage.uri_for, owner, name, prompt_audio)
@@ -139,7 +140,12 @@ def add_voice(
         source_uri=prompt_audio,
         shared=owner == keys.SHARED_VOICES,
     )
-    previous = registry.save(profile)
+    try:
+        previous = registry.save(profile, max_voices=max_voices)
+    except VoiceQuotaError:
+        if own_upload is not None:  # refused for good, as above
+            storage.delete(own_upload)
+        raise
     if previous is not None and previous.source_uri != prompt_audio:
         replaced_upload = upload_key(storage.uri_for, owner, name, previous.source_uri)
         if replaced_upload is not None:  # keep exactly the current recording

@@ -332,3 +332,26 @@ def test_voices_are_per_tenant_old_ones_stay_defaults_and_the_cli_shares(
         assert uploads(settings, "narrator", owner="_shared") == []
         default.remove_voice("old")
         assert not legacy.exists()  # its upload from before tenants goes with it
+
+
+def test_uploads_queued_together_never_pass_max_voices_at_the_worker(
+    settings: Settings, prompt_bytes: bytes
+) -> None:
+    """Both uploads pass the producer's count (nothing stored yet); the worker counts again
+    as it stores, in the same transaction: one voice is kept, the other job fails naming the
+    quota and its recording is deleted."""
+    limited = settings.model_copy(update={"tenant_max_voices": 1})
+    with CosyqClient(limited) as client:
+        jobs = {name: client.add_voice(name, prompt_bytes, "Hi.") for name in ("hal", "ida")}
+        run_cosyq_burst(limited)
+        outcomes = {}
+        for name, job_id in jobs.items():
+            try:
+                outcomes[name] = client.wait_for_voice(job_id, timeout=5).name
+            except JobFailedError as e:
+                assert "quota max_voices 1" in str(e)
+                outcomes[name] = "refused"
+        kept = [v.name for v in client.list_voices()]
+    assert sorted(outcomes.values()) == sorted([*kept, "refused"]) and len(kept) == 1
+    [refused] = [name for name, outcome in outcomes.items() if outcome == "refused"]
+    assert uploads(settings, refused) == [] and len(uploads(settings, kept[0])) == 1

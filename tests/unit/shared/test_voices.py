@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from shared.errors import (
     PromptSampleRateError,
     PromptUnreadableError,
     UnknownVoiceError,
+    VoiceQuotaError,
 )
 from shared.voices import (
     VoiceProfile,
@@ -207,4 +209,55 @@ def test_a_name_holding_an_owner_never_reaches_that_owners_voice(
         assert not voice_exists(connection, "default", name)
     assert VoiceRegistry(connection, owner).load("alice").name == "alice"
     assert VoiceRegistry(connection, owner).names() == ["alice"]
+    connection.close()
+
+
+def named(name: str) -> VoiceProfile:
+    p = profile()
+    return dataclasses.replace(p, summary=dataclasses.replace(p.summary, name=name))
+
+
+def test_a_tenant_keeps_at_most_max_voices_and_may_still_replace_one(redis_url: str) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    alpha = VoiceRegistry(connection, "alpha")
+    for name in ("v0", "v1"):
+        assert alpha.save(named(name), max_voices=2) is None
+    with pytest.raises(VoiceQuotaError, match=r"tenant alpha has 2 voices \(quota max_voices 2"):
+        alpha.save(named("v2"), max_voices=2)
+    with pytest.raises(VoiceQuotaError):
+        alpha.check_room("v2", 2)
+    alpha.check_room("v0", 2)  # a replacement keeps the count
+    assert alpha.save(named("v0"), max_voices=2) is not None
+    VoiceRegistry(connection, "beta").save(named("v2"), max_voices=2)  # beta's count is its own
+    alpha.remove("v1")
+    alpha.save(named("v2"), max_voices=2)
+    assert alpha.names() == ["v0", "v2"]
+    connection.close()
+
+
+def test_concurrent_saves_never_pass_max_voices(redis_url: str) -> None:
+    """Every save reads the count under WATCH in its own transaction: however the threads
+    interleave, exactly max_voices of the new names are stored and the rest refused."""
+    names = [f"v{n}" for n in range(12)]
+    outcomes: dict[str, str] = {}
+
+    def save(name: str) -> None:
+        connection = redis.Redis.from_url(redis_url)
+        try:
+            VoiceRegistry(connection, "alpha").save(named(name), max_voices=3)
+            outcomes[name] = "stored"
+        except VoiceQuotaError:
+            outcomes[name] = "refused"
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=save, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    stored = sorted(name for name, outcome in outcomes.items() if outcome == "stored")
+    assert len(outcomes) == len(names) and len(stored) == 3
+    connection = redis.Redis.from_url(redis_url)
+    assert VoiceRegistry(connection, "alpha").names() == stored
     connection.close()

@@ -1,5 +1,6 @@
 """Tenants over HTTP: the key names the tenant (its queue, its name on the job), and each
-quota is a 429 with Retry-After naming it, counted in Redis across `--workers 2`."""
+quota is a 429 with Retry-After naming it, counted in Redis across `--workers 2` (but for
+max_voices, a count that waiting does not lower: 400)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import redis
 import soundfile as sf
 
 from shared import keys
+from shared.voices import VoiceProfile, VoiceRegistry, VoiceSummary
 from tests.doubles.harness import REPO_ROOT
 from tests.integration.producer.http.conftest import Front, front_env, start_front
 
@@ -214,6 +216,67 @@ def test_voice_uploads_wait_within_the_tenants_queued_jobs_quota(
     assert connection.llen("rq:queue:cosyq-high.alpha") == 2
     uploads = sorted(p.parent.name for p in (front.storage / "voices" / "alpha").rglob("*.wav"))
     assert uploads == ["voice0", "voice1"]  # the refused one left nothing behind
+    connection.close()
+
+
+def _stored_voice(name: str) -> VoiceProfile:
+    """A voice as a worker stores it (tiny arrays: only the count matters here)."""
+    summary = VoiceSummary(
+        name=name,
+        transcript="A tone.",
+        speech_tokens=2,
+        source_sample_rate=16000,
+        source_seconds=1.0,
+        model_name="tiny",
+        checkpoint_hash="-",
+        created_at="-",
+    )
+    return VoiceProfile(
+        summary=summary,
+        speech_tokens=np.zeros(2, dtype=np.int32),
+        mel=np.zeros((4, 80), dtype=np.float32),
+        embedding=np.zeros(192, dtype=np.float32),
+    )
+
+
+def test_past_max_voices_a_new_voice_is_refused_and_a_replacement_goes_on(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A voice stays in Redis until it is removed, so a tenant's count is a quota: past it a
+    new name is refused before anything is uploaded (400, code max_voices: waiting does not
+    help); replacing one of its voices, and another tenant's uploads, go on. No worker runs
+    here (an accepted upload waits: 504)."""
+    connection = redis.Redis.from_url(redis_url)
+    for name in ("v0", "v1"):
+        VoiceRegistry(connection, "alpha").save(_stored_voice(name))
+    front = start_front(
+        tmp_path / "front",
+        redis_url,
+        COSYQ_API_KEYS=f"alpha:{ALPHA_KEY},beta:{BETA_KEY}",
+        COSYQ_TENANT_QUOTAS=json.dumps({"alpha": {"max_voices": 2}}),
+        COSYQ_HTTP_WAIT_TIMEOUT_S="1",
+    )
+    audio = _recording()
+
+    def upload(key: str, name: str) -> httpx.Response:
+        with front.http(key=key) as http:
+            return http.post(
+                "/v1/audio/voices",
+                data={"name": name, "transcript": "A tone."},
+                files={"file": ("tone.wav", audio, "audio/wav")},
+            )
+
+    try:
+        refused = _error(upload(ALPHA_KEY, "v2"), 400)
+        assert (refused["code"], refused["param"]) == ("max_voices", "name")
+        assert "tenant alpha has 2 voices (quota max_voices 2" in refused["message"]
+        assert upload(ALPHA_KEY, "v0").status_code == 504  # a replacement: queued
+        assert upload(BETA_KEY, "v2").status_code == 504  # beta's count is its own
+    finally:
+        front.stop()
+    uploads = sorted(p.parent.name for p in (front.storage / "voices" / "alpha").rglob("*.wav"))
+    assert uploads == ["v0"]  # the refused one was never stored
+    assert VoiceRegistry(connection, "alpha").names() == ["v0", "v1"]
     connection.close()
 
 
