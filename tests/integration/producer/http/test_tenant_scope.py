@@ -134,6 +134,24 @@ def test_another_tenants_document_key_does_not_name_its_document(scope: Scope) -
         assert _submitted(alpha.post("/v1/documents", json=document)) == alphas
 
 
+def test_a_key_sent_again_with_another_body_names_the_first_job_whatever_it_asks(
+    scope: Scope,
+) -> None:
+    """Within a tenant the key is the request's identity: the body is not compared, so a
+    resubmit asking for something else gets the first job (README, Idempotency keys), in a
+    batch too; a document's key is apart from a job's."""
+    first = {"text": "The first words.", "idempotency_key": "order-44", "format": "wav"}
+    other = {"text": "Other words.", "idempotency_key": "order-44", "format": "mp3"}
+    with scope.http("alpha") as alpha:
+        job_id = _submitted(alpha.post("/v1/jobs", json=first))
+        assert _submitted(alpha.post("/v1/jobs", json=other)) == job_id
+        batch = alpha.post("/v1/jobs:batch", json={"requests": [other, {**other, "seed": 1}]})
+        assert batch.status_code == 202 and batch.json()["ids"] == [job_id, job_id]
+        assert _ended(alpha, job_id)["result"]["format"] == "wav"  # the first request's
+        document = _submitted(alpha.post("/v1/documents", json=other))
+        assert document != job_id
+
+
 # ---- item 2: output keys
 
 
