@@ -230,6 +230,46 @@ def test_readyz_names_no_user_or_password_of_redis_or_the_s3_endpoint(
         assert "127.0.0.1" in error["message"] and "-5F" not in error["message"], error
 
 
+def test_readyz_tells_an_anonymous_caller_which_check_failed_and_an_operator_why(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """With keys on, /readyz (no key needed) says only which check failed: where the Redis or
+    the storage is, and why it failed, is the deployment's, for an operator key and the log
+    (with Redis down no key can be judged: the log only)."""
+    folder = tmp_path / "storage-folder-7Q"
+    folder.write_text("a file where the storage folder should be")
+    tenant, operator = "alpha-key-" + "7" * 12, "op-key-" + "7" * 12
+    keyed = {"COSYQ_API_KEYS": f"alpha:{tenant}", "COSYQ_OPERATOR_KEYS": operator}
+    down = f"127.0.0.1:{free_port()}"
+    fronts = {
+        "storage": start_front(
+            tmp_path / "s", redis_url, COSYQ_STORAGE_URL=folder.as_uri(), **keyed
+        ),
+        "redis": start_front(tmp_path / "r", f"redis://{down}/0", **keyed),
+    }
+    answers: dict[tuple[str, str | None], dict] = {}
+    try:
+        for name, front in fronts.items():
+            for key in (None, tenant, operator):
+                with front.http(key=key) as http:
+                    answers[name, key] = error_of(http.get("/readyz"), 503)
+        with fronts["storage"].http(key="wrong-key-7Q") as http:
+            assert error_of(http.get("/readyz"), 401)["code"] == "invalid_api_key"
+    finally:
+        for front in fronts.values():
+            front.stop()
+    for key in (None, tenant):
+        assert answers["storage", key]["message"] == "not ready: the storage cannot be read"
+        assert answers["redis", key]["message"] == "not ready: Redis is unreachable"
+    assert answers["redis", operator]["message"] == "not ready: Redis is unreachable"
+    assert "storage-folder-7Q" in answers["storage", operator]["message"]
+    assert {answer["code"] for (name, _), answer in answers.items() if name == "redis"} == {
+        "redis_unreachable"
+    }
+    logged = [e["detail"] for e in fronts["redis"].events() if e["event"] == "readyz_not_ready"]
+    assert logged and all(down in detail for detail in logged)
+
+
 def test_serve_with_two_processes_shares_the_queue(redis_url: str, tmp_path: Path) -> None:
     front = start_front(tmp_path / "front", redis_url, "--workers", "2")
     try:
