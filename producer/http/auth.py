@@ -20,11 +20,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+import redis
+import structlog
 from fastapi import Request
 
 from producer.http.context import context_of
-from producer.http.errors import ApiError, auth_locked_out
+from producer.http.errors import SERVER_ERROR, ApiError, auth_locked_out
+from shared.settings_env import redact_urls
 from shared.tenants import DEFAULT_TENANT, ApiKey
+
+log = structlog.get_logger("cosyq.http")
 
 _UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 _DIGEST_LABEL = b"cosyq-ui-session-key:"
@@ -90,11 +95,21 @@ class KeyCheck:
     def checked_key(self, request: Request, given: str) -> tuple[str, bool] | None:
         """`matching_key`, counting a wrong key against the client's address (producer/quotas.py
         AuthFailures); 429 once that address is past COSYQ_HTTP_AUTH_FAILURES_PER_MINUTE,
-        whatever key it sends (blocking: Redis, from a sync dependency or the thread pool)."""
+        whatever key it sends (blocking: Redis, from a sync dependency or the thread pool).
+        Redis failing here is a 503 that names no address: the caller is not judged yet."""
         failures = context_of(request).auth_failures
         address = client_address(request)
         found = self.matching_key(given)
-        wait = failures.failed(address) if found is None else failures.locked_for(address)
+        try:
+            wait = failures.failed(address) if found is None else failures.locked_for(address)
+        except redis.RedisError as e:  # the caller is nobody yet: where Redis is is not theirs
+            log.warning("http_key_unjudged", error=redact_urls(str(e), keep_user=False))
+            raise ApiError(
+                503,
+                "temporarily unavailable: the key cannot be checked now; retry",
+                type_=SERVER_ERROR,
+                code="unavailable",
+            ) from e
         if wait:
             raise auth_locked_out(failures.per_minute, wait)
         return found
