@@ -196,14 +196,38 @@ def _without_source(loc: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(loc[1:]) if loc and loc[0] in _SOURCES else tuple(loc)
 
 
+def _judged(request: Request) -> bool:
+    """Whether the caller is someone: its key or session was judged (the key check, or /ui's,
+    set its tenant), or the front has no keys (loopback only: everyone is "default")."""
+    key_check = getattr(request.app.state, "key_check", None)
+    enabled = getattr(key_check, "enabled", True)
+    return not enabled or getattr(request.state, "tenant", None) is not None
+
+
+def _unjudged(request: Request, mapped: ApiError) -> ApiError:
+    """A server error for a caller who is nobody yet (no key, a wrong one, a stale cookie on a
+    route that failed before judging it): where Redis or the storage is, and why it failed,
+    go to the log (`http_unjudged_error`), the answer keeps only its status and code."""
+    log.warning("http_unjudged_error", path=request.url.path, error=redact_urls(mapped.message))
+    return ApiError(
+        mapped.status,
+        "temporarily unavailable; retry" if mapped.status == 503 else "internal server error",
+        type_=SERVER_ERROR,
+        code=mapped.code,
+        headers=mapped.headers,
+    )
+
+
 def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
     """Route every exception to an OpenAI-shaped JSON response."""
 
-    async def api_error(_: Request, error: Exception) -> JSONResponse:
+    async def api_error(request: Request, error: Exception) -> JSONResponse:
         mapped = from_exception(error, retry_after_s=retry_after_s)
         expected = isinstance(error, ApiError | TransientError | redis.RedisError)
         if mapped.status >= 500 and not expected:
             log.error("http_internal_error", error_type=type(error).__name__)
+        if mapped.status >= 500 and mapped is not error and not _judged(request):
+            return _unjudged(request, mapped).response()
         return mapped.response()
 
     async def http_error(_: Request, error: Exception) -> JSONResponse:

@@ -193,9 +193,9 @@ def test_503_when_redis_is_unreachable(dead: Front) -> None:
         assert http.get("/healthz").status_code == 200
 
 
-def test_a_key_that_cannot_be_checked_is_a_503_naming_no_address(tmp_path: Path) -> None:
-    """Redis down with keys on: a caller sending any key, a wrong one too, is not judged yet,
-    so its 503 says the key cannot be checked, never where Redis is (the log says it)."""
+def test_a_caller_not_judged_yet_gets_a_503_naming_no_address(tmp_path: Path) -> None:
+    """Redis down with keys on: a caller sending any key, a wrong one too, a stale /ui cookie
+    or nothing (/metrics) is nobody yet, so its 503 never says where Redis is (the log does)."""
     down = f"127.0.0.1:{free_port()}"
     right = "alpha-key-" + "8" * 12
     front = start_front(tmp_path / "front", f"redis://{down}/0", COSYQ_API_KEYS=f"alpha:{right}")
@@ -207,13 +207,17 @@ def test_a_key_that_cannot_be_checked_is_a_503_naming_no_address(tmp_path: Path)
                 answers.append(http.post("/v1/jobs", json={"text": "hi"}))
         with front.http(key=None) as http:
             answers.append(http.post("/ui/signin", data={"key": "wrong-key-8Q"}))
+            answers.append(http.get("/metrics"))
+            http.cookies.set("cosyq_ui", "made-up-session-8Q")
+            answers.append(http.get("/ui/jobs"))
     finally:
         front.stop()
     for answer in answers:
         assert error_of(answer, 503)["code"] == "unavailable"
         assert down.split(":")[1] not in answer.text, answer.text
-    logged = [e["error"] for e in front.events() if e["event"] == "http_key_unjudged"]
-    assert logged and all(down in error for error in logged)
+    events = ("http_key_unjudged", "http_unjudged_error")
+    logged = [e["error"] for e in front.events() if e["event"] in events]
+    assert len(logged) == len(answers) and all(down in error for error in logged)
 
 
 def test_503_when_the_storage_cannot_be_read(redis_url: str, tmp_path: Path) -> None:
