@@ -4,7 +4,8 @@ Producers have no model: `cosyq voices add` checks the recording with the same r
 applies (readable, >= 16 kHz, not too long, not silent) so mistakes show at once, stores it under
 `voices/<owner>/<name>/` in the configured storage (where every worker can read it; the owner
 is the tenant, or `_shared`), and enqueues `workers.tasks.add_voice(name, prompt_audio=<uri>,
-transcript, owner)` on the tenant's high-priority queue, tagged with the tenant. The worker
+transcript, owner)` on the tenant's queue of its highest priority (`high`, unless
+COSYQ_TENANT_MAX_PRIORITY holds it to `default`), tagged with the tenant. The worker
 computes the features and stores the profile in the owner's registry; the job returns its
 summary.
 """
@@ -89,7 +90,7 @@ def enqueue_add_voice(
     tenant: str,
     owner: str,
 ) -> str:
-    """Check, upload, enqueue (in `tenant`'s high queue, for `owner`: the tenant, or
+    """Check, upload, enqueue (in `tenant`'s highest queue, for `owner`: the tenant, or
     keys.SHARED_VOICES, within the tenant's quota); returns the job id. Refused for room
     (TenantQuotaError, QueueFullError), the upload is deleted again. A new name past the
     owner's max_voices is refused (VoiceQuotaError) before anything is uploaded."""
@@ -128,7 +129,7 @@ def enqueue_add_voice(
 def _enqueue_in_room(
     connection: redis.Redis, settings: Settings, tenant: str, data: EnqueueData
 ) -> str:
-    """The add-voice job into `tenant`'s high queue, in a MULTI/EXEC that WATCHes the tenant's
+    """The add-voice job into `tenant`'s highest queue, in a MULTI/EXEC that WATCHes the tenant's
     queues and checks their depths first (as `CosyqClient._take_room`): an upload is a queued
     job like any other, within the tenant's max_queued_jobs and the queue's depth."""
     room = Room.for_tenant(settings, tenant)
@@ -136,7 +137,9 @@ def _enqueue_in_room(
         name: Queue(name, connection=connection, serializer=JSONSerializer)
         for name in tenants.tenant_queues(tenant)
     }
-    target = tenants.queue_name(keys.QUEUE_HIGH, tenant)
+    # its highest priority: a tenant held to `default` (COSYQ_TENANT_MAX_PRIORITY) would hold
+    # back every tenant's default jobs with uploads in `high`, workers' first queue
+    target = tenants.queue_name(keys.queue_for(settings.max_priority(tenant)), tenant)
     with connection.pipeline() as pipe:
         while True:
             pipe.watch(*(queue.key for queue in queues.values()))

@@ -219,6 +219,41 @@ def test_voice_uploads_wait_within_the_tenants_queued_jobs_quota(
     connection.close()
 
 
+def test_a_tenant_held_to_default_priority_uploads_voices_into_its_default_queue(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Workers take every tenant's `high` jobs first: a tenant held to `default` uploading
+    into `high` would hold back every other tenant's default work for as long as its uploads
+    last. Its add-voice jobs wait in its own default queue; a tenant free to use `high` keeps
+    it. No worker runs here (an accepted upload waits: 504)."""
+    front = start_front(
+        tmp_path / "front",
+        redis_url,
+        COSYQ_API_KEYS=f"alpha:{ALPHA_KEY},beta:{BETA_KEY}",
+        COSYQ_TENANT_QUOTAS=json.dumps({"alpha": {"max_priority": "default"}}),
+        COSYQ_HTTP_WAIT_TIMEOUT_S="1",
+    )
+    audio = _recording()
+    try:
+        for key in (ALPHA_KEY, BETA_KEY):
+            with front.http(key=key) as http:
+                reply = http.post(
+                    "/v1/audio/voices",
+                    data={"name": "tone", "transcript": "A tone."},
+                    files={"file": ("tone.wav", audio, "audio/wav")},
+                )
+                assert reply.status_code == 504, reply.text  # queued, no worker
+    finally:
+        front.stop()
+    connection = redis.Redis.from_url(redis_url)
+    depths = {
+        name: connection.llen(f"rq:queue:{name}")
+        for name in ("cosyq-high.alpha", "cosyq-default.alpha", "cosyq-high.beta")
+    }
+    assert depths == {"cosyq-high.alpha": 0, "cosyq-default.alpha": 1, "cosyq-high.beta": 1}
+    connection.close()
+
+
 def _stored_voice(name: str) -> VoiceProfile:
     """A voice as a worker stores it (tiny arrays: only the count matters here)."""
     summary = VoiceSummary(
