@@ -43,7 +43,12 @@ class FrontSettings(BaseModel):
         2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
     )
     http_max_upload_bytes: int = Field(
-        16 * 1024 * 1024, gt=0, description="largest voice upload (POST /v1/audio/voices)"
+        16 * 1024 * 1024,
+        gt=0,
+        description=(
+            "largest voice upload (POST /v1/audio/voices) from a caller with a key (without: "
+            "COSYQ_HTTP_MAX_BODY_BYTES, and answered from its headers)"
+        ),
     )
     http_request_read_timeout_s: float = Field(
         60.0,

@@ -114,6 +114,12 @@ class KeyCheck:
             raise auth_locked_out(failures.per_minute, wait)
         return found
 
+    def knows_header(self, authorization: str) -> bool:
+        """Whether an Authorization header's value is `Bearer <one of the keys>` (no Redis, no
+        count: the body cap's question, asked before the route judges the caller)."""
+        scheme, _, given = authorization.partition(" ")
+        return scheme.lower() == "bearer" and self.matches(given.strip())
+
     def matches(self, given: str) -> bool:
         return self.matching_key(given) is not None
 

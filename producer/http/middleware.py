@@ -2,7 +2,10 @@
 
 `BodyLimit` answers 413 before the app sees a body over the cap: at once from Content-Length,
 or as soon as a chunked body grows past it (the body is read ahead, so a route never works on a
-partial upload). Voice uploads get their own, larger cap. `AccessLog` writes one structlog line
+partial upload). Voice uploads get their own, larger cap, only from a caller whose key is one of
+the front's: any other upload is not read ahead (its route answers 401 from the headers, the
+body unread) and is held to the JSON cap, so nobody without a key makes the front hold 16 MB
+per connection. `AccessLog` writes one structlog line
 per request (method, path, status, duration, job id when a route set `request.state.job_id`);
 never the body, so never the text.
 """
@@ -10,6 +13,7 @@ never the body, so never the text.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -26,16 +30,31 @@ CLIENT_CLOSED = 499  # the access log's status for a client gone before its body
 class BodyLimit:
     """413 for a body over `max_body_bytes` (`max_upload_bytes` on upload paths)."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, max_upload_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        max_upload_bytes: int,
+        keyed: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`keyed(bearer)`: whether the Authorization header's value names one of the front's
+        keys (None: no keys, every caller may upload)."""
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes
+        self.keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_upload_bytes if scope["path"] in UPLOAD_PATHS else self.max_body_bytes
+        limit = self.max_body_bytes
+        if scope["path"] in UPLOAD_PATHS:
+            if self.keyed is not None and not self.keyed(_header(scope, b"authorization")):
+                await self.app(scope, _capped(receive, limit), send)
+                return  # the route refuses it from its headers; what it reads stays capped
+            limit = self.max_upload_bytes
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             await _too_large(scope, send, limit)
@@ -71,14 +90,32 @@ def _client_went_away(scope: Scope, received: int) -> None:
     log.info("http_client_disconnected", path=scope["path"], received_bytes=received)
 
 
-def _content_length(scope: Scope) -> int | None:
+def _capped(receive: Receive, limit: int) -> Receive:
+    """`receive` that reads as a client gone once the body read passes `limit` (nothing read
+    ahead: a route that answers from the headers reads nothing)."""
+    size = 0
+
+    async def capped() -> Message:
+        nonlocal size
+        message = await receive()
+        size += len(message.get("body", b""))
+        return {"type": "http.disconnect"} if size > limit else message
+
+    return capped
+
+
+def _header(scope: Scope, wanted: bytes) -> str:
     for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+        if name == wanted:
+            return value.decode("latin-1")
+    return ""
+
+
+def _content_length(scope: Scope) -> int | None:
+    try:
+        return int(_header(scope, b"content-length")) if _header(scope, b"content-length") else None
+    except ValueError:
+        return None
 
 
 async def _too_large(scope: Scope, send: Send, limit: int) -> None:

@@ -213,3 +213,30 @@ def test_a_recording_that_decompresses_to_a_gigabyte_is_refused_before_it_is_dec
     assert grown < PEAK_GROWTH_BYTES, f"the front's peak grew {grown:,} bytes for {len(bomb):,}"
     assert not (front.storage / "voices" / "default" / "bomb").exists()
     no_internal_error(front)
+
+
+@pytest.mark.parametrize("authorization", ["", "Bearer sk-not-a-key", "Basic c2stYWxwaGE="])
+def test_an_upload_without_a_key_is_answered_from_its_headers_not_read_ahead(
+    redis_server: RedisServer, tmp_path: Path, authorization: str
+) -> None:
+    """A voice upload may be 16 MB (COSYQ_HTTP_MAX_UPLOAD_BYTES), and the front read an upload
+    whole before its route judged the key: anybody could make it hold 16 MB per connection for
+    the read deadline. Sent with no key or a wrong one, 10 MB declared and 1 KB sent, the
+    answer is the 401 at once: the front did not wait for the rest of the body."""
+    started = start_front(tmp_path, redis_server.url, COSYQ_API_KEYS="alpha:sk-alpha-0123456789")
+    try:
+        head = (
+            "POST /v1/audio/voices HTTP/1.1\r\nHost: x\r\n"
+            "content-type: multipart/form-data; boundary=b\r\n"
+            f"content-length: {10 * 1024 * 1024}\r\n"
+            + (f"authorization: {authorization}\r\n" if authorization else "")
+            + "\r\n"
+        )
+        with connect(started) as client:
+            client.settimeout(20)  # well inside the read deadline (60 s): no wait for the body
+            client.sendall(head.encode() + b"x" * 1024)
+            answer = client.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        no_internal_error(started)
+    finally:
+        started.stop()
