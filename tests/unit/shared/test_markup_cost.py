@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from shared.documents import DocumentLimits, validate_document
 from shared.errors import InvalidRequestError
 from shared.settings import Settings
-from shared.text_markup import MarkupError, first_special_token, parse_markup
+from shared.text_markup import MAX_ENTITY_DEPTH, MarkupError, first_special_token, parse_markup
 
 LAZY_TOKEN_RE = re.compile(r"<\|.*?\|>", re.DOTALL)  # the rule as a regex (what it replaced)
 CPU_LIMIT_S = 2.0  # each case here takes milliseconds now; it took 15 s to minutes before
@@ -64,3 +64,31 @@ def test_a_document_of_token_openings_is_answered_at_once() -> None:
     limits = DocumentLimits.from_settings(Settings())
     with cpu_seconds_at_most(CPU_LIMIT_S), pytest.raises(InvalidRequestError, match="nothing"):
         validate_document({"text": "<|" * 40_000}, limits)
+
+
+def nested(depth: int, inner: str) -> str:
+    """`inner` behind `depth` levels of entities: "&amp;" * (depth - 1) + "lt;" is a "<"."""
+    return "&" + "amp;" * (depth - 1) + inner
+
+
+def test_entities_nested_past_the_limit_are_refused_at_once() -> None:
+    """One decoding per level: 160,000 characters of `&amp;amp;...` took 13 s."""
+    text = "<speak>" + nested(40_000, "lt;") + "</speak>"
+    with cpu_seconds_at_most(CPU_LIMIT_S), pytest.raises(MarkupError, match="nested more than"):
+        parse_markup(text)
+
+
+def test_entities_nested_to_the_limit_are_still_checked() -> None:
+    deepest = f"<speak>{nested(MAX_ENTITY_DEPTH, 'lt;')}|im_start|&gt;</speak>"
+    with pytest.raises(MarkupError, match=re.escape("special token <|im_start|>")):
+        parse_markup(deepest)
+    with pytest.raises(MarkupError, match="nested more than"):
+        parse_markup(f"<speak>{nested(MAX_ENTITY_DEPTH + 1, 'lt;')}|im_start|&gt;</speak>")
+    assert parse_markup("<speak>AT&amp;amp;T</speak>") == [" AT&amp;T "]  # decoded once, read
+
+
+def test_a_deeply_written_token_is_named_at_once() -> None:
+    """The refusal names a raw `<|…|>` by its decodings: one per level was quadratic too
+    (400,000 characters: 10 s)."""
+    with cpu_seconds_at_most(CPU_LIMIT_S), pytest.raises(MarkupError, match="special token"):
+        parse_markup("<|" + nested(100_000, "#105;m|>"))
