@@ -30,7 +30,10 @@ out as they are made): it runs at the next step boundary, ahead of every row, wh
 meanwhile; a streamed job never waits for the batch to drain. Nor for a long batched call: the
 model thread also takes such tasks between the batched flow's Euler steps, between the pieces
 that finished in one step and between admissions (eight rows' flow is ~10 s on the full model
-on a CPU, eight prefills a few).
+on a CPU, eight prefills a few). Tasks and rows take turns: after tasks ran for d seconds, the
+rows in flight have the model thread for the next d seconds before another task starts, so
+streamed jobs sent back to back (one tenant's) at most halve the rows' pace: run whenever
+they came, each row got one step per task, and the rows' jobs ran past their deadlines.
 
 Stage seconds per request are its share of each batched call (call time / rows in it; its own
 prefill counts whole), so the requests' stage seconds add up to the model's busy time, and a
@@ -98,6 +101,7 @@ class PipelineBatchSession:
         self._close_seen = False  # the model thread took the close marker off the queue
         self._serving_first = False
         self._first_s = 0.0  # seconds of `run_first` tasks, nested ones included
+        self._rows_turn_until = 0.0  # perf_counter: the rows' turn after the last tasks ran
         self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
         release_thread_team()  # the model moves to its own thread: one OpenMP team
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-alone")
@@ -150,7 +154,7 @@ class PipelineBatchSession:
 
     def _loop(self) -> None:
         while True:
-            idle = not self._jobs and not self._waiting
+            idle = not self._jobs and not self._waiting and not self._first
             if idle and self._queue.empty():
                 # nothing to run: give the team back before waiting, so a job the worker runs
                 # on another thread meanwhile (alone) is not slowed by this parked team
@@ -168,7 +172,7 @@ class PipelineBatchSession:
             if self._jobs:
                 self._step()
             self.busy_s += time.perf_counter() - start
-            if self._close_seen and not self._jobs and not self._waiting:
+            if self._close_seen and not self._jobs and not self._waiting and not self._first:
                 return
 
     def _take(self, *, block: bool) -> None:
@@ -189,13 +193,17 @@ class PipelineBatchSession:
             return
 
     def _serve_first(self) -> None:
-        """Run every `run_first` task queued so far. Also called from inside long batched work
-        (between flow steps, between pieces): jobs that come in meanwhile wait in `_waiting`
-        for the next step boundary; a task never runs inside another task."""
+        """Run every `run_first` task queued so far, unless it is the rows' turn (rows in
+        flight, and tasks ran for d seconds less than d seconds ago). Also called from inside
+        long batched work (between flow steps, between pieces): jobs that come in meanwhile wait
+        in `_waiting` for the next step boundary; a task never runs inside another task."""
         if self._serving_first:
             return
         self._take(block=False)
+        if not self._first or (self._jobs and time.perf_counter() < self._rows_turn_until):
+            return
         self._serving_first = True
+        began = time.perf_counter()
         try:
             while self._first:
                 start = time.perf_counter()
@@ -203,6 +211,8 @@ class PipelineBatchSession:
                 self._first_s += time.perf_counter() - start
         finally:
             self._serving_first = False
+            ended = time.perf_counter()
+            self._rows_turn_until = ended + (ended - began)
 
     def _drain_all(self) -> list[Job]:
         jobs: list[Job] = []

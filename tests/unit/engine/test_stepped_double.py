@@ -96,6 +96,33 @@ def test_a_task_run_first_runs_between_steps_while_the_rows_wait() -> None:
     assert [o.batch_size for o in outputs] == [2, 2]
 
 
+def test_tasks_sent_back_to_back_take_turns_with_the_rows() -> None:
+    """Streamed jobs one after another (one tenant's, each a task ahead of the rows) leave the
+    rows at least half the model thread, and still run while the rows decode: each row used to
+    get a few steps per task, so another tenant's batched job hardly moved while the streams
+    kept coming."""
+    engine = BatchingScriptedEngine()
+    session = open_batch_session(engine, 2)
+    seen: list[bool] = []  # per task: whether the row was done when it ran
+    stop = threading.Event()
+
+    def streams() -> None:
+        while not stop.is_set():
+            seen.append(session.run_first(lambda: time.sleep(0.4) or row.done()).result(60))
+
+    row = session.submit(request("seconds:4 row", seed=0))  # 100 steps of 0.02 s
+    thread = threading.Thread(target=streams, daemon=True)
+    try:
+        thread.start()
+        row.result(timeout=60)
+    finally:
+        stop.set()
+        thread.join(60)
+        session.close()
+    during = seen.count(False)
+    assert 2 <= during <= 9  # ~5: 0.4 s turns each way (it was ~27: a few steps per task)
+
+
 def test_the_sequential_session_runs_a_first_task_before_the_requests_still_queued() -> None:
     order: list[str] = []
 
