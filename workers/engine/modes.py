@@ -15,6 +15,11 @@ that holds a `<|…|>` token, so:
 - instruct2: "You are a helpful assistant. <instruction><|endofprompt|>" as prompt text (the
   system sentence added unless the instruction starts with it), no prompt speech.
 The flow always gets the voice's trimmed prompt tokens, mel and speaker embedding.
+
+The prompt text goes into every piece's LLM input again, so its length is bounded in tokens
+(`MAX_PROMPT_TEXT_TOKENS`): the speech bound counts only the TTS text, and a 2,000-character
+instruction (emoji are several tokens each) made each piece's prefill thousands of positions
+for a job estimated at a few seconds of speech, and sent each piece past a batch row (alone).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from workers.engine.text_frontend import TextFrontend, TextPiece
 _NO_SPEECH = np.zeros(0, dtype=np.int32)
 FAMILIES = ("cosyvoice2", "cosyvoice3")
 SYSTEM_PROMPT = "You are a helpful assistant."  # CosyVoice 3's, before every <|endofprompt|>
+# An instruction is a sentence or two (~10-40 tokens); a transcript of the longest prompt the
+# speech tokenizer takes (30 s) ~100-200.
+MAX_PROMPT_TEXT_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,19 @@ def with_text_prefix(pieces: list[TextPiece], prompt: LLMPrompt) -> list[TextPie
 def llm_prompt(
     frontend: TextFrontend, request: SynthesisInput, family: str = "cosyvoice2"
 ) -> LLMPrompt:
-    """The mode's LLM prompt; InvalidRequestError for a combination the mode cannot use."""
+    """The mode's LLM prompt; InvalidRequestError for a combination the mode cannot use, or a
+    prompt text over `MAX_PROMPT_TEXT_TOKENS`."""
+    prompt = _mode_prompt(frontend, request, family)
+    if len(prompt.text_ids) > MAX_PROMPT_TEXT_TOKENS:
+        field = "instruction" if request.mode == "instruct2" else "prompt_text"
+        raise InvalidRequestError(
+            f"{field}: {len(prompt.text_ids):,} tokens, limit {MAX_PROMPT_TEXT_TOKENS} (every "
+            "piece of the text repeats it to the model)"
+        )
+    return prompt
+
+
+def _mode_prompt(frontend: TextFrontend, request: SynthesisInput, family: str) -> LLMPrompt:
     mode, instruction = request.mode, request.instruction
     if (problem := instruction_problem(mode, instruction)) is not None:
         raise InvalidRequestError(problem)

@@ -182,6 +182,21 @@ def test_zero_shot_needs_a_transcript(tiny_engine: SynthesisPipeline, voice: Voi
     assert tiny_engine.synthesize(request(untranscribed, mode="cross_lingual")).speech_tokens
 
 
+def test_a_prompt_text_every_piece_repeats_is_bounded_in_tokens(
+    tiny_engine: SynthesisPipeline, voice: VoicePrompt
+) -> None:
+    """The speech bound counts the TTS text only: a 2,000-character instruction (or voice
+    transcript) went into every piece's LLM input, thousands of positions each, for a job
+    estimated at a few seconds of speech. Refused before any synthesis, naming the field."""
+    long = "Speak slowly and calmly. " * 80  # the gate's 2,000 characters; ~1,400 tiny tokens
+    with pytest.raises(InvalidRequestError, match=r"instruction: 1,\d{3} tokens, limit 512"):
+        tiny_engine.synthesize(request(voice, mode="instruct2", instruction=long))
+    transcribed = dataclasses.replace(voice, transcript=long)
+    with pytest.raises(InvalidRequestError, match=r"prompt_text: 1,\d{3} tokens, limit 512"):
+        tiny_engine.synthesize(request(transcribed))
+    assert tiny_engine.synthesize(request(voice, mode="instruct2", instruction=long[:400]))
+
+
 def test_normalisation_setting_reaches_the_text(tiny_model_dir: Path) -> None:
     from workers.engine.pipeline import build_engine  # noqa: PLC0415
 
