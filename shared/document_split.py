@@ -61,6 +61,7 @@ class SplitLimits:
     max_chars: int = 1000
     max_speech_s: float = 90.0
     max_break_s: float = 10.0
+    max_breaks: int = 50  # pauses between words (a job's COSYQ_MAX_BREAKS)
 
 
 @dataclass(frozen=True)
@@ -158,15 +159,23 @@ class Size:
     parts: int = 0
     counts: TextCounts = field(default_factory=TextCounts)
     pauses_s: float = 0.0
+    breaks: int = 0  # pauses between words (`text_markup.words_breaks`)
+    words: bool = False  # words so far
+    paused: bool = False  # a pause since the last words
 
     def plus(self, part: str | Pause, *, ssml: bool) -> Size:
         chars = self.chars + len(_render_part(part, ssml)) + (1 if self.parts else 0)
         if isinstance(part, Pause):
-            return Size(chars, self.parts + 1, self.counts, self.pauses_s + part.seconds)
-        return Size(chars, self.parts + 1, self.counts + TextCounts.of(part), self.pauses_s)
+            seconds = self.pauses_s + part.seconds
+            return Size(chars, self.parts + 1, self.counts, seconds, self.breaks, self.words, True)
+        breaks = self.breaks + (1 if self.words and self.paused else 0)
+        counts = self.counts + TextCounts.of(part)
+        return Size(chars, self.parts + 1, counts, self.pauses_s, breaks, True, False)
 
     def within(self, limits: SplitLimits, *, ssml: bool) -> bool:
         if self.chars + len(_render([], ssml=ssml)) > limits.max_chars:
+            return False
+        if self.breaks > limits.max_breaks:
             return False
         seconds = speech_seconds(self.counts.estimated_tokens(), self.pauses_s)
         return seconds <= limits.max_speech_s

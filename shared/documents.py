@@ -72,6 +72,7 @@ class DocumentLimits:
             max_chars=min(settings.document_segment_chars, settings.max_text_chars),
             max_speech_s=min(settings.document_segment_speech_s, settings.max_speech_seconds),
             max_break_s=settings.max_break_seconds,
+            max_breaks=settings.max_breaks,
         )
         pauses = Pauses(
             sentence=settings.document_sentence_pause_ms / 1000,

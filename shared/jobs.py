@@ -36,6 +36,7 @@ from shared.text_markup import (
     minimum_text_tokens,
     parse_markup,
     pause_seconds,
+    refuse_many_breaks,
     refuse_special_tokens,
     speech_limit_message,
     speech_seconds,
@@ -125,6 +126,7 @@ class RequestLimits:
     max_output_key_chars: int = 512
     max_speech_seconds: float = 150.0
     max_break_seconds: float = 10.0
+    max_breaks: int = 50
     webhook_allowed_urls: tuple[str, ...] = ()  # URL prefixes a webhook may name
     webhook_allow_private: bool = False  # a webhook may name a loopback/private address
     webhook_resolve_names: bool = False  # resolve a webhook's host name (the producer only)
@@ -140,6 +142,7 @@ class RequestLimits:
             max_output_key_chars=settings.max_output_key_chars,
             max_speech_seconds=settings.max_speech_seconds,
             max_break_seconds=settings.max_break_seconds,
+            max_breaks=settings.max_breaks,
             webhook_allowed_urls=allowed_prefixes(settings.webhook_allowed_urls),
             webhook_allow_private=settings.webhook_allow_private,
             webhook_resolve_names=resolve_names,
@@ -185,6 +188,7 @@ def _check_markup(text: str, limits: RequestLimits) -> str:
     exactly, words at their floor of one token (the worker checks again with real counts)."""
     try:
         segments = parse_markup(text, max_break_s=limits.max_break_seconds)
+        refuse_many_breaks(segments, limits.max_breaks)
     except MarkupError as e:
         raise _rule(str(e)) from e
     floor = minimum_text_tokens(" ".join(s for s in segments if isinstance(s, str)))
@@ -469,8 +473,7 @@ def _combination_problems(request: SynthesisRequest) -> list[str]:
 
 
 def nested_deeper(value: object, limit: int) -> bool:
-    """True if `value` has lists or objects more than `limit` levels deep (itself: 1), found
-    without recursion."""
+    """True if `value` has lists or objects over `limit` levels deep (itself: 1), no recursion."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()

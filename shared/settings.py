@@ -212,6 +212,7 @@ class Settings(
         " default 600 s job timeout)",
     )
     max_break_seconds: float = Field(10.0, ge=0, description="longest SSML <break> pause")
+    max_breaks: int = Field(50, ge=0, description="most SSML <break>s between words in a text")
     max_prompt_seconds: float = Field(
         30.0, gt=0, description="longest prompt audio (the speech tokenizer's limit)"
     )

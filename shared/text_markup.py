@@ -281,6 +281,24 @@ def parse_markup(
     return segments
 
 
+def words_breaks(segments: list[Segment]) -> int:
+    """How many places pauses cut the words into stretches (each stretch is a piece of its
+    own; pauses side by side are one gap)."""
+    return max(0, sum(isinstance(s, str) for s in segments) - 1)
+
+
+def refuse_many_breaks(segments: list[Segment], limit: int) -> None:
+    """More than `limit` pauses between words: each stretch of words is a piece the model
+    conditions on the whole voice prompt again (100 one-word pieces: 4x the CPU per second of
+    audio of the same words as one text, on the tiny model), at no cost to the speech bound."""
+    breaks = words_breaks(segments)
+    if breaks > limit:
+        raise MarkupError(
+            f"{breaks:,} <break>s between words, limit {limit:,} (COSYQ_MAX_BREAKS): each starts "
+            "a piece the model conditions on the whole voice prompt again"
+        )
+
+
 def pause_seconds(segments: list[Segment]) -> float:
     return sum(s.seconds for s in segments if isinstance(s, Pause))
 

@@ -151,3 +151,14 @@ def test_splitting_reads_each_character_a_few_times_not_once_per_word(
     assert " ".join(s.plain for s in segments).split() == text.split()
     assert all(len(s.text) <= SplitLimits().max_chars for s in segments)
     assert counting.scanned <= 8 * len(text)  # each word a few times (was 150-230 times)
+
+
+def test_segments_keep_within_the_breaks_a_job_may_hold() -> None:
+    """A paragraph boundary inside a segment is a <break>: a list of short paragraphs is cut
+    into segments that each pass the job gate's COSYQ_MAX_BREAKS (and SSML's own breaks too)."""
+    limits = DocumentLimits(split=SplitLimits(max_breaks=10), request=RequestLimits(max_breaks=10))
+    for text in ("Yes.\n\n" * 200, "<speak>" + 'Yes.<break time="0ms"/>' * 200 + "</speak>"):
+        plan = validate_document({"text": text}, limits)  # every segment's job validated
+        assert all(len(parse_markup(s.text)) <= 2 * 10 + 1 for s in plan.segments)
+        assert max(text_markup.words_breaks(parse_markup(s.text)) for s in plan.segments) == 10
+        assert sum(s.plain.count("Yes.") for s in plan.segments) == 200

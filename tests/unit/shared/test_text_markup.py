@@ -161,3 +161,17 @@ def test_the_tokenizer_gives_each_control_tag_one_id(tiny_model_dir: Any) -> Non
     assert ids[0] == tokenizer.token_id("<|endofprompt|>") + 1
     for tag in CONTROL_TAGS:
         assert tokenizer.encode(f"a{tag}b").count(tokenizer.token_id(tag)) == 1
+
+
+def test_breaks_between_words_are_bounded_and_the_bound_is_a_setting() -> None:
+    """Each stretch of words between breaks is a piece the model conditions on the whole voice
+    prompt again: `a<break time="0ms"/>` 100 times fit the speech bound (0 s of pauses) and
+    cost several times the CPU of the same words in one piece."""
+
+    def broken(breaks: int, gap: str = '<break time="0ms"/>') -> str:
+        return "<speak>" + ("a" + gap) * breaks + "a</speak>"
+
+    assert validate_request({"text": broken(50)}, LIMITS)
+    assert "51 <break>s between words, limit 50 (COSYQ_MAX_BREAKS)" in rejected(text=broken(51))
+    assert validate_request({"text": broken(50, '<break time="0ms"/><break/>')}, LIMITS)
+    assert validate_request({"text": broken(60)}, RequestLimits(max_breaks=60))
