@@ -9,17 +9,17 @@ and the worker is seen only through a narrow `WindowGate`. Threads:
 - the engine's model thread (`BatchSession`): the model only;
 - a small I/O pool: validation and voice lookup before the model, encoding and storage after.
 Timeouts are per-job deadlines checked here (SIGALRM cannot time one of several jobs): a job
-past its deadline fails as timed out and the worker retires; its audio, if the model still
-makes it, is dropped (the retry owns the key). A streamed job (`stream: true`) runs on the
-model thread ahead of the rows, which pause meanwhile (workers/service/streamed_first.py), so
-its first chunk never waits for the window (a full window still takes one from a queue's head
-every COSYQ_BATCH_STREAM_PEEK_MS). A job that cannot join at all (`add_voice`) goes straight
-back to the head of its queue and admission closes: once the rows in flight are done,
-the worker takes it next, alone. A stop closes admission too: popped jobs not
-yet started go back to the head of their queue in order, started ones are finished; so does a
-row whose store failed for good (the worker probes storage once the window drained). A cold stop
-waits (`guard`) while a job moves from popped to registered, so it finds each job in one place:
-its queue, or the started registry under a live heartbeat.
+past its deadline fails as timed out and the worker retires; its audio, if the model still makes
+it, is dropped (the retry owns the key). A streamed job (`stream: true`) runs on the model
+thread ahead of the rows, which pause meanwhile and then get as long again before the next one
+(workers/service/streamed_first.py), so its first chunk never waits for the window (a full
+window still takes one from a queue's head every COSYQ_BATCH_STREAM_PEEK_MS). A job that cannot
+join at all (`add_voice`) goes straight back to the head of its queue and admission closes: once
+the rows in flight are done, the worker takes it next, alone. A stop closes admission too:
+popped jobs not yet started go back to the head of their queue in order, started ones are
+finished; so does a row whose store failed for good (the worker probes storage once the window
+drained). A cold stop waits (`guard`) while a job moves from popped to registered, so it finds
+each job in one place: its queue, or the started registry under a live heartbeat.
 """
 
 from __future__ import annotations
