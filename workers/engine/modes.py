@@ -80,6 +80,22 @@ def llm_prompt(
     return prompt
 
 
+def check_voice_transcript(frontend: TextFrontend, transcript: str, family: str) -> None:
+    """Refuse, when a voice is added, a transcript over `MAX_PROMPT_TEXT_TOKENS` as zero_shot
+    gives it to the model: such a voice would fail every zero_shot job that names it."""
+    if not transcript:
+        return
+    if family == "cosyvoice3":
+        ids = frontend.instruction_ids(SYSTEM_PROMPT) + frontend.raw_prompt_text_ids(transcript)
+    else:
+        ids = frontend.prompt_text_ids(transcript)
+    if len(ids) > MAX_PROMPT_TEXT_TOKENS:
+        raise InvalidRequestError(
+            f"transcript: {len(ids):,} tokens, limit {MAX_PROMPT_TEXT_TOKENS} (every piece of "
+            "a zero_shot job repeats it to the model)"
+        )
+
+
 def _mode_prompt(frontend: TextFrontend, request: SynthesisInput, family: str) -> LLMPrompt:
     mode, instruction = request.mode, request.instruction
     if (problem := instruction_problem(mode, instruction)) is not None:

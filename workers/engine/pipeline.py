@@ -1,7 +1,7 @@
 """The synthesis engine: text in, 24 kHz samples out, for every mode, deterministic when seeded.
 
 `build_engine` loads one from plain values (the service layer maps Settings onto them and picks
-the backend). One request runs as:
+the backend); `extract_voice` refuses a transcript the modes could not use. One request runs as:
   frontend  normalise + split the text into pieces, token ids of the mode's LLM prompt
   per piece LLM speech tokens -> flow mel (speed change) -> HiFT samples
   join      the pieces' audio with short fades and a pause (`assembly`)
@@ -39,7 +39,7 @@ from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, one_at_a_time
 from workers.engine.causal_stages import CausalPieceStream
 from workers.engine.devices import resolve_device, resolve_dtype
-from workers.engine.modes import llm_prompt, raw_text, with_text_prefix
+from workers.engine.modes import check_voice_transcript, llm_prompt, raw_text, with_text_prefix
 from workers.engine.prompt_models import PromptModels
 from workers.engine.requests import RequestPlan, RequestState
 from workers.engine.stages import (
@@ -113,11 +113,8 @@ class SynthesisPipeline:
         prompt_dims: tuple[int, int] = (80, 192),  # mel bins, speaker embedding size
         family: str = "cosyvoice2",  # the model directory's: cosyvoice2 or cosyvoice3
     ) -> None:
-        self.frontend = frontend
-        self.voices = voices
-        self.llm = llm
-        self.flow = flow
-        self.vocoder = vocoder
+        self.frontend, self.voices = frontend, voices
+        self.llm, self.flow, self.vocoder = llm, flow, vocoder
         self.identity = identity
         self.sample_rate = sample_rate
         self.options = options
@@ -372,6 +369,7 @@ class SynthesisPipeline:
         return PipelineBatchSession(self, decoder, max_batch)
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
+        check_voice_transcript(self.frontend, transcript, self.family)  # before the work
         return self.voices.extract(samples, sample_rate, transcript)
 
     def warm_up(self) -> None:

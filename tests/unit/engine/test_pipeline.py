@@ -197,6 +197,18 @@ def test_a_prompt_text_every_piece_repeats_is_bounded_in_tokens(
     assert tiny_engine.synthesize(request(voice, mode="instruct2", instruction=long[:400]))
 
 
+def test_a_voice_whose_transcript_no_job_could_use_is_refused_when_added(
+    tiny_engine: SynthesisPipeline, tiny_model_dir: Path
+) -> None:
+    """A voice added with a transcript over the prompt text's bound in tokens would fail every
+    zero_shot job naming it: refused when it is added, naming the transcript."""
+    samples, rate = soundfile.read(tiny_model_dir / "prompt.wav", dtype="float32")
+    long = "Speak slowly and calmly. " * 80
+    with pytest.raises(InvalidRequestError, match=r"transcript: 1,\d{3} tokens, limit 512"):
+        tiny_engine.extract_voice(samples, int(rate), long)
+    assert tiny_engine.extract_voice(samples, int(rate), long[:400]).transcript.strip()
+
+
 def test_normalisation_setting_reaches_the_text(tiny_model_dir: Path) -> None:
     from workers.engine.pipeline import build_engine  # noqa: PLC0415
 
