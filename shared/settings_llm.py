@@ -29,3 +29,10 @@ class LLMSettings(BaseModel):
         default_factory=_default_ort_cache_dir,
         description="built int8 LLM graphs, one per checkpoint (a recycled worker reuses it)",
     )
+    max_prompt_text_tokens: int = Field(
+        512,
+        ge=16,
+        le=2048,
+        description="longest instruction or zero_shot transcript in tokens: every piece repeats "
+        "it to the LLM (a job's is refused before synthesis, a voice's when it is added)",
+    )

@@ -17,7 +17,7 @@ that holds a `<|…|>` token, so:
 The flow always gets the voice's trimmed prompt tokens, mel and speaker embedding.
 
 The prompt text goes into every piece's LLM input again, so its length is bounded in tokens
-(`MAX_PROMPT_TEXT_TOKENS`): the speech bound counts only the TTS text, and a 2,000-character
+(COSYQ_MAX_PROMPT_TEXT_TOKENS): the speech bound counts only the TTS text, and a 2,000-character
 instruction (emoji are several tokens each) made each piece's prefill thousands of positions
 for a job estimated at a few seconds of speech, and sent each piece past a batch row (alone).
 """
@@ -66,33 +66,38 @@ def with_text_prefix(pieces: list[TextPiece], prompt: LLMPrompt) -> list[TextPie
 
 
 def llm_prompt(
-    frontend: TextFrontend, request: SynthesisInput, family: str = "cosyvoice2"
+    frontend: TextFrontend,
+    request: SynthesisInput,
+    family: str = "cosyvoice2",
+    limit: int = MAX_PROMPT_TEXT_TOKENS,
 ) -> LLMPrompt:
     """The mode's LLM prompt; InvalidRequestError for a combination the mode cannot use, or a
-    prompt text over `MAX_PROMPT_TEXT_TOKENS`."""
+    prompt text over `limit` tokens."""
     prompt = _mode_prompt(frontend, request, family)
-    if len(prompt.text_ids) > MAX_PROMPT_TEXT_TOKENS:
+    if len(prompt.text_ids) > limit:
         field = "instruction" if request.mode == "instruct2" else "prompt_text"
         raise InvalidRequestError(
-            f"{field}: {len(prompt.text_ids):,} tokens, limit {MAX_PROMPT_TEXT_TOKENS} (every "
-            "piece of the text repeats it to the model)"
+            f"{field}: {len(prompt.text_ids):,} tokens, limit {limit} (every piece of the text "
+            "repeats it to the model; COSYQ_MAX_PROMPT_TEXT_TOKENS)"
         )
     return prompt
 
 
-def check_voice_transcript(frontend: TextFrontend, transcript: str, family: str) -> None:
-    """Refuse, when a voice is added, a transcript over `MAX_PROMPT_TEXT_TOKENS` as zero_shot
-    gives it to the model: such a voice would fail every zero_shot job that names it."""
+def check_voice_transcript(
+    frontend: TextFrontend, transcript: str, family: str, limit: int = MAX_PROMPT_TEXT_TOKENS
+) -> None:
+    """Refuse, when a voice is added, a transcript over `limit` tokens as zero_shot gives it to
+    the model: such a voice would fail every zero_shot job that names it."""
     if not transcript:
         return
     if family == "cosyvoice3":
         ids = frontend.instruction_ids(SYSTEM_PROMPT) + frontend.raw_prompt_text_ids(transcript)
     else:
         ids = frontend.prompt_text_ids(transcript)
-    if len(ids) > MAX_PROMPT_TEXT_TOKENS:
+    if len(ids) > limit:
         raise InvalidRequestError(
-            f"transcript: {len(ids):,} tokens, limit {MAX_PROMPT_TEXT_TOKENS} (every piece of "
-            "a zero_shot job repeats it to the model)"
+            f"transcript: {len(ids):,} tokens, limit {limit} (every piece of a zero_shot job "
+            "repeats it to the model; COSYQ_MAX_PROMPT_TEXT_TOKENS)"
         )
 
 

@@ -25,7 +25,7 @@ import torch
 
 from shared.errors import InvalidRequestError
 from shared.text_markup import speech_limit_message, speech_seconds
-from workers.engine import family_stages
+from workers.engine import family_stages, modes
 from workers.engine.api import (
     ChunkSink,
     ModelIdentity,
@@ -39,15 +39,10 @@ from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import BatchSession, one_at_a_time
 from workers.engine.causal_stages import CausalPieceStream
 from workers.engine.devices import resolve_device, resolve_dtype
-from workers.engine.modes import check_voice_transcript, llm_prompt, raw_text, with_text_prefix
+from workers.engine.modes import MAX_PROMPT_TEXT_TOKENS, raw_text, with_text_prefix
 from workers.engine.prompt_models import PromptModels
 from workers.engine.requests import RequestPlan, RequestState
-from workers.engine.stages import (
-    FlowStage,
-    ModuleFlow,
-    SpeechTokenStage,
-    VocoderStage,
-)
+from workers.engine.stages import FlowStage, ModuleFlow, SpeechTokenStage, VocoderStage
 from workers.engine.stream_join import StreamJoiner
 from workers.engine.streaming import PieceStream, StreamSchedule
 from workers.engine.text_frontend import TextFrontend, TextPiece
@@ -77,6 +72,7 @@ class EngineOptions:
     split: SplitConfig = field(default_factory=SplitConfig)
     join: JoinConfig = field(default_factory=JoinConfig)
     max_prompt_seconds: float = MAX_TOKENIZER_SECONDS
+    max_prompt_text_tokens: int = MAX_PROMPT_TEXT_TOKENS  # instruction or transcript (`modes`)
     max_speech_seconds: float = math.inf  # refused before any synthesis when estimated above
     forced_speech_tokens: int | None = None  # benchmarks: exactly this many tokens per piece
     flow_steps: int | None = None  # benchmarks and tests: Euler steps instead of the model's 10
@@ -259,7 +255,8 @@ class SynthesisPipeline:
         state = RequestState.start(request.seed)
         with state.clock.timed("frontend"):
             pieces = self.text_pieces(request)
-            prompt = llm_prompt(self.frontend, request, self.family)
+            limit = self.options.max_prompt_text_tokens
+            prompt = modes.llm_prompt(self.frontend, request, self.family, limit)
             pieces = with_text_prefix(pieces, prompt)
         state.text_tokens = sum(len(piece.ids) for piece in pieces)
         return RequestPlan(request, state, pieces, prompt)
@@ -369,7 +366,8 @@ class SynthesisPipeline:
         return PipelineBatchSession(self, decoder, max_batch)
 
     def extract_voice(self, samples: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
-        check_voice_transcript(self.frontend, transcript, self.family)  # before the work
+        limit = self.options.max_prompt_text_tokens  # refused before the work
+        modes.check_voice_transcript(self.frontend, transcript, self.family, limit)
         return self.voices.extract(samples, sample_rate, transcript)
 
     def warm_up(self) -> None:

@@ -59,6 +59,7 @@ def engine_options(settings: Settings, *, llm_precision: str = "native") -> Engi
         split=SplitConfig(max_piece_tokens=settings.max_piece_tokens),
         join=JoinConfig(gap_s=settings.piece_gap_ms / 1000),
         max_prompt_seconds=settings.max_prompt_seconds,
+        max_prompt_text_tokens=settings.max_prompt_text_tokens,
         max_speech_seconds=settings.max_speech_seconds,
         max_batch=settings.batch_size,
         batch_max_positions=settings.batch_max_positions,
