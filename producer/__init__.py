@@ -8,6 +8,7 @@ from producer.tracking import JobOutcome, JobStatus
 from shared.audio_stream import AudioChunk
 from shared.errors import (
     InvalidRequestError,
+    JobCanceledError,
     JobFailedError,
     JobNotFoundError,
     QueueFullError,
@@ -16,6 +17,7 @@ from shared.errors import (
     StreamFailedError,
     StreamNotRequestedError,
     StreamTimeoutError,
+    UnknownTenantError,
 )
 from shared.jobs import SynthesisRequest
 from shared.results import JobFailure, SynthesisResult
@@ -25,6 +27,7 @@ __all__ = [
     "AudioChunk",
     "CosyqClient",
     "InvalidRequestError",
+    "JobCanceledError",
     "JobFailedError",
     "JobFailure",
     "JobNotFoundError",
@@ -39,5 +42,6 @@ __all__ = [
     "StreamTimeoutError",
     "SynthesisRequest",
     "SynthesisResult",
+    "UnknownTenantError",
     "load_settings",
 ]

@@ -1,5 +1,5 @@
 """README.md stays true of the code: its configuration table is the one Settings prints, it
-names no unknown variable, and every name and path it quotes exists."""
+names no unknown variable, and every name, error class and path it quotes exists."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import producer
 from shared.settings import Settings
 from shared.settings_env import ENV_PREFIX, NON_SETTINGS_VARIABLES
 
@@ -126,3 +127,10 @@ def test_every_quoted_dotted_path_names_a_module_or_what_it_defines() -> None:
 def test_every_quoted_repository_path_exists() -> None:
     missing = sorted(p for p in set(QUOTED_PATH.findall(_docs())) if not (ROOT / p).exists())
     assert missing == []
+
+
+def test_every_error_the_readme_names_is_importable_from_producer() -> None:
+    """`from producer import JobCanceledError` works for each error class the README names."""
+    named = set(re.findall(r"\b([A-Z][A-Za-z]*Error)\b", README.read_text()))
+    assert "JobCanceledError" in named
+    assert sorted(name for name in named if not hasattr(producer, name)) == []
