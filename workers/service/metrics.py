@@ -85,7 +85,7 @@ STAGES = ("queue_wait", "frontend", "llm", "flow", "hift", "encode", "store")
 
 
 def record_job(queue: str, outcome: str, seconds: float | None = None) -> None:
-    """One attempt ended: finished, failed, retried (will run again) or refused."""
+    """One attempt ended: finished, failed, retried (will run again), refused or canceled."""
     JOBS.labels(queue=queue, outcome=outcome).inc()
     if seconds is not None:
         JOB_SECONDS.observe(seconds)
