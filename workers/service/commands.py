@@ -43,9 +43,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     pool = subparsers.add_parser(
         "pool",
         help="K workers as fresh processes, restarted when they exit, loading one at a time",
-        description="Start K workers (each a fresh interpreter, never a fork), restart any that "
-        "exit, let at most one slot load at a time, back off on crash loops, and forward "
-        "SIGTERM/SIGINT as a warm shutdown.",
+        description="Start K workers (each a fresh interpreter, or with COSYQ_POOL_START=template "
+        "on Linux a fork of one template process that imported the worker's modules), restart "
+        "any that exit, let at most one slot load at a time, back off on crash loops, and "
+        "forward SIGTERM/SIGINT as a warm shutdown.",
     )
     pool.add_argument("-n", "--workers", type=int, help="number of slots K (COSYQ_POOL_SIZE)")
     pool.add_argument("queues", nargs="*", metavar="QUEUE", help="queues, highest priority first")

@@ -15,6 +15,7 @@ import pytest
 
 from shared.errors import SettingsError
 from shared.settings import Settings, load_settings
+from workers.cli import build_parser
 from workers.service.template import (
     EXEC,
     QUALITY_MODULES,
@@ -32,6 +33,15 @@ def test_exec_is_the_default_everywhere() -> None:
     assert Settings().pool_start == EXEC
     assert start_mode(Settings(), platform="linux") == EXEC
     assert start_mode(Settings(), platform="darwin") == EXEC
+
+
+def test_the_pools_help_names_the_template_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cosyq-worker pool --help` said every worker was a fresh interpreter, never a fork."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["pool", "--help"])
+    described = " ".join(capsys.readouterr().out.split())
+    assert "never a fork" not in described
+    assert "COSYQ_POOL_START=template" in described
 
 
 def test_the_template_is_linux_only_and_macos_keeps_exec() -> None:
