@@ -155,7 +155,7 @@ class Settings(
     )
 
     # Model and backend (worker)
-    model_dir: Path | None = Field(None, description="a CosyVoice2-0.5B-layout model folder")
+    model_dir: Path | None = Field(None, description="a CosyVoice2-0.5B or Fun-CosyVoice3-0.5B dir")
     backend: Literal["auto", "torch", "coreml"] = Field("auto", description="auto, torch or coreml")
     device: Literal["auto", "cpu", "mps", "cuda"] = Field(
         "auto", description="torch device: auto, cpu, mps or cuda"
