@@ -18,6 +18,12 @@ recorded segment or retry, so a document still running is never forgotten).
     cosyq:document-segments-pending   sorted set: document id -> when its file was published
                                       with its segments' audio still to delete; removed once
                                       deleted (`workers.documents.cleanup` finishes a crash's)
+    cosyq:document-segment-records   hash: document id -> SegmentsRecord (its tenant, how many
+                                     segments), written with the plan, no TTL: what deleting
+                                     its segments' audio needs once the plan is gone
+    cosyq:document-segments-due   sorted set: document id -> when its plan expires (as last
+                                  seen); `workers.documents.expiry` looks then, and deletes the
+                                  audio of a document whose plan is gone (no retry can reuse it)
 
 The producer writes the plan and jobs once, the worker that finishes a segment records it and,
 when it was the last one, enqueues the assembly (`record_segment`: one Lua script, so two
@@ -32,6 +38,11 @@ when it starts (`start_segment`) and when it is recorded, and every worker's hou
 (`workers.documents.keepalive`) renews it for a document noted live whose jobs still wait in a
 queue however deep. A segment job that starts after its document expired all the same (no
 worker anywhere for longer than the TTL) fails as an invalid request naming the document.
+
+A document never assembled (failed for good, canceled, expired) keeps its segments' audio while
+its plan lives, for `retry`; `save_plan` also writes a record that outlives the plan (tenant,
+segment count) and notes when the plan expires, and once it has, any worker's housekeeping
+(`workers.documents.expiry`) deletes that audio.
 """
 
 from __future__ import annotations
@@ -63,6 +74,9 @@ LIVE_DOCUMENTS = PREFIX + "document-live"  # see the module docstring
 KEEPALIVE_LOCK = PREFIX + "document-keepalive-lock"  # one keeper per tick
 SEGMENTS_PENDING = PREFIX + "document-segments-pending"  # see the module docstring
 SEGMENT_CLEANUP_LOCK = PREFIX + "document-segment-cleanup-lock"  # one cleaner per tick
+SEGMENT_RECORDS = PREFIX + "document-segment-records"  # see the module docstring
+SEGMENTS_DUE = PREFIX + "document-segments-due"  # see the module docstring
+SEGMENT_EXPIRY_LOCK = PREFIX + "document-segment-expiry-lock"  # one expirer per tick
 DOCUMENT_META_KEY = "cosyq_document"  # job.meta of a segment's job: {"id": ..., "index": ...}
 ASSEMBLE_DOCUMENT_FUNCTION = "workers.documents.assemble_document"
 
@@ -133,6 +147,17 @@ class DocumentPlanRecord(BaseModel):
     tenant: str | None = None  # who submitted it; None (a plan from before tenants): nobody's
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     segments: list[SegmentPlan]
+
+
+class SegmentsRecord(BaseModel):
+    """What deleting a document's segment audio needs once its plan is gone: whose it is and
+    how many segments it has. Their keys are never stored: `workers.documents.expiry` derives
+    them as the producer did, so a record rewritten in Redis names no other file."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    tenant: str | None = None  # the plan's (None: a plan from before tenants, the root's)
+    segments: int = Field(ge=1)
 
 
 class SegmentDone(BaseModel):
@@ -220,6 +245,9 @@ def save_plan(pipe: Any, plan: DocumentPlanRecord, job_ids: list[str], ttl_s: in
     pipe.hset(jobs, mapping={str(i): job_id for i, job_id in enumerate(job_ids)})
     pipe.expire(jobs, ttl_s)
     note_live(pipe, plan.document_id)
+    record = SegmentsRecord(tenant=plan.tenant, segments=len(plan.segments))
+    pipe.hset(SEGMENT_RECORDS, plan.document_id, record.model_dump_json())
+    pipe.zadd(SEGMENTS_DUE, {plan.document_id: time.time() + ttl_s})
 
 
 def note_live(target: Any, document_id: str) -> None:
@@ -316,6 +344,37 @@ def note_segments_pending(target: Any, document_id: str) -> None:
 def segments_deleted(connection: redis.Redis, document_id: str) -> None:
     """The document's segment audio is deleted (or never will be): nothing left to do."""
     connection.zrem(SEGMENTS_PENDING, document_id)
+
+
+def segments_forgotten(connection: redis.Redis, document_id: str) -> None:
+    """The document's segment audio is deleted, or is left to whoever keeps it: its record
+    goes, and with it `workers.documents.expiry`'s look at its plan's end."""
+    with connection.pipeline() as pipe:
+        pipe.hdel(SEGMENT_RECORDS, document_id)
+        pipe.zrem(SEGMENTS_DUE, document_id)
+        pipe.execute()
+
+
+def segments_record(connection: redis.Redis, document_id: str) -> SegmentsRecord | None:
+    """The document's record (None: none, or one that does not read as a record)."""
+    raw = connection.hget(SEGMENT_RECORDS, document_id)
+    if raw is None:
+        return None
+    try:
+        return SegmentsRecord.model_validate_json(raw)
+    except ValueError:
+        return None
+
+
+def due_segment_records(connection: redis.Redis, count: int) -> list[str]:
+    """Documents whose plan's expiry, as last seen, has come."""
+    found = connection.zrangebyscore(SEGMENTS_DUE, "-inf", time.time(), 0, count)
+    return [_text(d) for d in found if isinstance(d, bytes | str)]
+
+
+def segments_due_in(connection: redis.Redis, document_id: str, seconds: float) -> None:
+    """Look at the document's plan again in `seconds` (its TTL now: a retry renewed it)."""
+    connection.zadd(SEGMENTS_DUE, {document_id: time.time() + seconds}, xx=True)
 
 
 def pending_segment_deletions(

@@ -42,6 +42,7 @@ from shared.document_state import (
     note_segments_pending,
     record_segment,
     segments_deleted,
+    segments_forgotten,
 )
 from shared.errors import InvalidRequestError, ObjectNotFoundError, TransientError
 from shared.logs import get_logger
@@ -118,12 +119,14 @@ def assemble(
 
 
 def delete_segments(connection: redis.Redis, storage: Storage, plan: DocumentPlanRecord) -> None:
-    """Delete the segments' audio of a document whose file is published, then its note (a
-    crash in between leaves the note: `workers.documents.cleanup` deletes them later). The
-    plan's keys were checked (`check_plan_keys`)."""
+    """Delete the segments' audio of a document whose file is published, then its note and
+    its record (a crash in between leaves both: `workers.documents.cleanup` deletes them
+    later, `workers.documents.expiry` at the latest when its plan expires). The plan's keys
+    were checked (`check_plan_keys`)."""
     for segment in plan.segments:
         storage.delete(segment.key)
     segments_deleted(connection, plan.document_id)
+    segments_forgotten(connection, plan.document_id)
 
 
 def check_plan_keys(plan: DocumentPlanRecord, tenant: str | None) -> None:

@@ -35,6 +35,7 @@ from shared.storage_probe import ProbeOutcome, wait_for_storage
 from shared.storage_retry import Backoff
 from shared.voices import VoiceRegistry
 from workers.documents.cleanup import SegmentCleanup
+from workers.documents.expiry import ExpiredSegments
 from workers.documents.keepalive import DocumentKeepalive
 from workers.documents.sweep import AssemblySweep
 from workers.service import control, host, metrics
@@ -120,6 +121,11 @@ class WorkerLifecycle:
                 self.housekeeper.connection, self.settings, holder=name, storage=storage
             )
             self.housekeeper.extra_duties.append(cleanup)  # deletes through the probed storage
+            self.housekeeper.extra_duties.append(
+                ExpiredSegments(
+                    self.housekeeper.connection, self.settings, holder=name, storage=storage
+                )
+            )
             loaded = load_engine(self.settings)
         except CosyqError as e:
             log.error("worker_start_failed", worker=name, error=str(e))

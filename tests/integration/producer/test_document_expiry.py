@@ -1,0 +1,70 @@
+"""A document that ends unassembled (a segment refused for good, or canceled) with the scripted
+test engine, real Redis and real worker processes: its done segments' audio stays while it can
+be retried, and is deleted by the workers once its plan has expired (COSYQ_RESULT_TTL_S after
+its last progress), with nothing of the document left in storage but what it published."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producer import CosyqClient
+from shared.document_state import SEGMENT_RECORDS, document_key
+from tests.doubles.harness import client_settings, pool_of_two, wait_for
+
+PARAGRAPH = (
+    "The first sentence is short. The second one says a little more, and then it stops. "
+    "A third sentence ends the paragraph, or would, but a fourth comes after it."
+)
+TTL_S = 8  # the plan's TTL from the last progress (the keepalive renews it while jobs wait)
+
+
+@pytest.fixture
+def short_marker() -> Iterator[Path]:
+    """A `refuse:` marker path short enough for one segment of 100 characters."""
+    folder = Path(tempfile.mkdtemp(prefix="cq"))
+    try:
+        yield folder / "m"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ending", ["failed", "canceled"])
+def test_an_unassembled_documents_segments_are_deleted_once_it_expires(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    short_marker: Path,
+    ending: str,
+) -> None:
+    """Whichever way it ends (a cancel may come after every segment is done: then it is
+    assembled, and its assembler deletes them), no segment audio is left once the plan is
+    gone, and no record of it either."""
+    if ending == "failed":
+        last = [f"Then refuse:{short_marker} happens."]
+    else:  # slow ones: two run while the cancel comes, the rest still wait
+        last = [f"Then sleep:5 happens {n}." for n in range(4)]
+    text = "\n\n".join([PARAGRAPH, PARAGRAPH, *last])
+    overrides = {"COSYQ_DOCUMENT_SEGMENT_CHARS": "100", "COSYQ_RESULT_TTL_S": str(TTL_S)}
+    with (
+        pool_of_two(redis_url, tmp_path, overrides) as cluster,
+        CosyqClient(client_settings(cluster, monkeypatch)) as client,
+    ):
+        document_id = client.submit_document({"text": text})
+        folder = cluster.root / "out" / "documents" / document_id / "segments"
+        if ending == "failed":
+            wait_for(lambda: client.document_status(document_id).state == "failed", 120, "it")
+        else:
+            wait_for(lambda: client.document_status(document_id).done >= 1, 120, "a segment")
+            client.cancel_document(document_id)
+        wait_for(lambda: client.document_status(document_id).running == 0, 60, "the rest")
+        assert client.document_status(document_id).done >= 1
+        connection = client.connection
+        wait_for(lambda: not connection.exists(document_key(document_id)), 60, "the plan gone")
+        wait_for(lambda: not folder.exists() or not any(folder.iterdir()), 60, "audio deleted")
+        wait_for(lambda: connection.hget(SEGMENT_RECORDS, document_id) is None, 10, "no record")
