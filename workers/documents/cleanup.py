@@ -9,7 +9,8 @@ segments' audio deleted, after the assembler's own check of the plan's keys (`ch
 each segment's key exactly its own under the plan's tenant prefix, so a plan rewritten in Redis
 cannot name another tenant's file, nor another document's). A note whose plan is gone or
 unreadable, whose document has no result (expired), or whose plan fails that check is dropped,
-nothing deleted (the last logged as an error: someone rewrote the plan).
+nothing deleted (the last logged as an error: someone rewrote the plan); the segments' record
+(`workers.documents.expiry`) still deletes them once the plan has expired.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ in Redis deletes nothing outside the document's own segments."""
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,20 @@ from shared.document_state import (
     SEGMENT_EXPIRY_LOCK,
     SEGMENT_RECORDS,
     SEGMENTS_DUE,
+    DocumentPlanRecord,
+    SegmentPlan,
     document_key,
     job_ids,
     load_plan,
     renew,
     save_plan,
 )
+from shared.documents import segment_key
 from shared.settings import Settings, load_settings
-from shared.storage import FileStorage
+from shared.storage import FileStorage, open_storage
 from tests.doubles.harness import Cluster, read_events, wait_for
+from tests.integration.conftest import S3Endpoint
+from tests.integration.shared.test_storage import make_bucket, s3_settings
 from workers.documents.expiry import ExpiredSegments
 from workers.documents.job import assemble
 from workers.tools.bench.document import synthetic_document
@@ -197,3 +203,42 @@ def test_a_running_worker_deletes_an_expired_documents_segments(
     assert connection.hget(SEGMENT_RECORDS, document_id) is None
     events = [e.get("event") for e in read_events(tmp_path / "w.log")]
     assert "document_segments_expired" in events
+
+
+def test_on_s3_only_the_documents_own_segments_under_its_tenant_are_deleted(
+    redis_url: str, s3_endpoint: S3Endpoint
+) -> None:
+    """The same on S3 (moto's server over HTTP), for a named tenant's document: its segments
+    under `tenants/alpha/` go, the same keys under another tenant's prefix and another
+    document's stay."""
+    bucket = f"expiry-{uuid.uuid4().hex[:8]}"
+    client: Any = make_bucket(s3_endpoint, bucket)
+    settings = s3_settings(s3_endpoint, f"s3://{bucket}/p", redis_url=redis_url)
+    connection, storage = redis.Redis.from_url(redis_url), open_storage(settings)
+    document_id = uuid.uuid4().hex
+    keys = [f"tenants/alpha/{segment_key(document_id, i)}" for i in range(3)]
+    kept = [
+        f"tenants/beta/{segment_key(document_id, 0)}",
+        f"{segment_key(document_id, 0)}",
+        f"tenants/alpha/{segment_key('other', 0)}",
+        f"tenants/alpha/documents/{document_id}/{document_id}.mp3",
+    ]
+    for key in keys + kept:
+        storage.put(key, b"audio", "audio/wav", {})
+    plan = DocumentPlanRecord(
+        document_id=document_id, created_at="2026-01-01T00:00:00+00:00", seed=0, job={},
+        format="mp3", sample_format="pcm16", sample_rate=24000, priority="default",
+        output_key=f"tenants/alpha/documents/{document_id}/{document_id}", tenant="alpha",
+        segments=[SegmentPlan(index=i, text="x", plain="x", pause_before_s=0, seed=i, key=k)
+                  for i, k in enumerate(keys)],
+    )  # fmt: skip
+    with connection.pipeline() as pipe:
+        save_plan(pipe, plan, ["j0", "j1", "j2"], 1)
+        pipe.execute()
+    expire(connection, document_id)
+    connection.delete(SEGMENT_EXPIRY_LOCK)
+    assert ExpiredSegments(connection, settings, holder="w", storage=storage).tick() == [
+        document_id
+    ]
+    listed = client.list_objects_v2(Bucket=bucket)
+    assert sorted(o["Key"] for o in listed.get("Contents", [])) == sorted(f"p/{k}" for k in kept)
