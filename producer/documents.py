@@ -45,8 +45,7 @@ from shared.document_state import (
     load_plan,
     load_result,
     new_assembly_job_id,
-    note_live,
-    renew,
+    revive,
     save_plan,
 )
 from shared.documents import (
@@ -381,8 +380,7 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
             pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
             pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
             pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
-            renew(pipe, document_id, client.settings.result_ttl_s)  # a TTL from now
-            note_live(pipe, document_id)  # and for as long as its new jobs wait
+            revive(pipe, plan, client.settings.result_ttl_s)  # a TTL from now, and longer
             try:
                 pipe.execute()
             except redis.WatchError:

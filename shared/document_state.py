@@ -245,9 +245,15 @@ def save_plan(pipe: Any, plan: DocumentPlanRecord, job_ids: list[str], ttl_s: in
     pipe.hset(jobs, mapping={str(i): job_id for i, job_id in enumerate(job_ids)})
     pipe.expire(jobs, ttl_s)
     note_live(pipe, plan.document_id)
+    note_segments(pipe, plan, ttl_s)
+
+
+def note_segments(target: Any, plan: DocumentPlanRecord, ttl_s: int) -> None:
+    """Record what deleting the document's segments' audio needs once its plan is gone, and
+    look at the plan when it expires in `ttl_s` (`workers.documents.expiry`)."""
     record = SegmentsRecord(tenant=plan.tenant, segments=len(plan.segments))
-    pipe.hset(SEGMENT_RECORDS, plan.document_id, record.model_dump_json())
-    pipe.zadd(SEGMENTS_DUE, {plan.document_id: time.time() + ttl_s})
+    target.hset(SEGMENT_RECORDS, plan.document_id, record.model_dump_json())
+    target.zadd(SEGMENTS_DUE, {plan.document_id: time.time() + ttl_s})
 
 
 def note_live(target: Any, document_id: str) -> None:
@@ -260,6 +266,15 @@ def renew(target: Any, document_id: str, ttl_s: int) -> None:
     stays missing)."""
     for part in ("", "jobs", "done", "assembly"):
         target.expire(document_key(document_id, part), ttl_s)
+
+
+def revive(pipe: Any, plan: DocumentPlanRecord, ttl_s: int) -> None:
+    """A retry: the document's keys live `ttl_s` from now and for as long as its new jobs
+    wait (`note_live`), and its segments' record looks at the plan's new expiry (a document
+    submitted before records were written gets one)."""
+    renew(pipe, plan.document_id, ttl_s)
+    note_live(pipe, plan.document_id)
+    note_segments(pipe, plan, ttl_s)
 
 
 def start_segment(

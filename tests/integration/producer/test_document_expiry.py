@@ -5,16 +5,19 @@ its last progress), with nothing of the document left in storage but what it pub
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from producer import CosyqClient
-from shared.document_state import SEGMENT_RECORDS, document_key
-from tests.doubles.harness import client_settings, pool_of_two, wait_for
+from shared.document_state import SEGMENT_RECORDS, SEGMENTS_DUE, document_key, job_ids
+from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
+from tests.integration.producer.test_document_faults import fail
 
 PARAGRAPH = (
     "The first sentence is short. The second one says a little more, and then it stops. "
@@ -68,3 +71,24 @@ def test_an_unassembled_documents_segments_are_deleted_once_it_expires(
         wait_for(lambda: not connection.exists(document_key(document_id)), 60, "the plan gone")
         wait_for(lambda: not folder.exists() or not any(folder.iterdir()), 60, "audio deleted")
         wait_for(lambda: connection.hget(SEGMENT_RECORDS, document_id) is None, 10, "no record")
+
+
+def test_a_retried_document_from_before_records_gets_one(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document submitted before its segments had a record (none in Redis) gets one when
+    it is retried, due at the plan's renewed expiry (no worker runs here)."""
+    cluster = Cluster(redis_url=redis_url, root=tmp_path)
+    with CosyqClient(client_settings(cluster, monkeypatch)) as client:
+        connection = client.connection
+        document_id = client.submit_document({"text": PARAGRAPH})
+        segments = len(job_ids(connection, document_id))
+        connection.hdel(SEGMENT_RECORDS, document_id)  # as one from before records has none
+        connection.zrem(SEGMENTS_DUE, document_id)
+        fail(connection, job_ids(connection, document_id)[0])
+        assert client.retry_document(document_id) == [0]
+        record = json.loads(connection.hget(SEGMENT_RECORDS, document_id) or "{}")
+        due = connection.zscore(SEGMENTS_DUE, document_id) or 0.0
+        left = connection.ttl(document_key(document_id))
+    assert record == {"tenant": "default", "segments": segments}
+    assert abs(due - (time.time() + left)) < 5  # looked at when the renewed plan expires
