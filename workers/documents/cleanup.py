@@ -15,7 +15,6 @@ nothing deleted (the last logged as an error: someone rewrote the plan); the seg
 
 from __future__ import annotations
 
-import redis
 from pydantic import ValidationError
 
 from shared.document_state import (
@@ -28,26 +27,17 @@ from shared.document_state import (
 )
 from shared.errors import InvalidRequestError
 from shared.logs import get_logger
-from shared.settings import Settings
-from shared.storage import Storage
-from workers.documents.duty import LockedDuty
+from workers.documents.duty import StorageDuty
 from workers.documents.job import check_plan_keys, delete_segments
 
 log = get_logger(__name__)
 CLEANUP_BATCH = 20  # documents looked at per tick (a crash leaves one; the rest wait a tick)
 
 
-class SegmentCleanup(LockedDuty):
-    """A housekeeping duty: `tick()` once per heartbeat interval, one holder per tick; deletes
-    through `storage` (the worker's own)."""
+class SegmentCleanup(StorageDuty):
+    """A housekeeping duty: `tick()` once per heartbeat interval, one holder per tick."""
 
     lock_key = SEGMENT_CLEANUP_LOCK
-
-    def __init__(
-        self, connection: redis.Redis, settings: Settings, *, holder: str, storage: Storage
-    ) -> None:
-        super().__init__(connection, settings, holder=holder)
-        self.storage = storage
 
     def tick(self) -> list[str]:
         """The documents whose segments' audio this tick deleted."""

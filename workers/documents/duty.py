@@ -1,5 +1,6 @@
 """A housekeeping duty every worker runs and one holds per tick (`LockedDuty`): the assembly
-sweep and the document keepalive. Each tick first takes the duty's short Redis lock (one
+sweep, the document keepalive and, deleting through the worker's storage (`StorageDuty`), the
+segment audio cleanups. Each tick first takes the duty's short Redis lock (one
 heartbeat interval); a worker that does not get it does nothing this tick."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import redis
 
 from shared.settings import Settings
+from shared.storage import Storage
 
 
 class LockedDuty:
@@ -29,3 +31,13 @@ class LockedDuty:
         """Whether this worker took the duty's lock for this tick."""
         lock_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
         return bool(self.connection.set(self.lock_key, self.holder, nx=True, px=lock_ms))
+
+
+class StorageDuty(LockedDuty):
+    """A duty that deletes through `storage` (the worker's own)."""
+
+    def __init__(
+        self, connection: redis.Redis, settings: Settings, *, holder: str, storage: Storage
+    ) -> None:
+        super().__init__(connection, settings, holder=holder)
+        self.storage = storage

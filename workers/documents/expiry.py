@@ -22,8 +22,6 @@ COSYQ_DOCUMENT_KEEP_SEGMENTS keeps every document's segments: a due record is dr
 
 from __future__ import annotations
 
-import redis
-
 from shared.document_state import (
     SEGMENT_EXPIRY_LOCK,
     SegmentsRecord,
@@ -38,10 +36,8 @@ from shared.errors import InvalidRequestError
 from shared.keys import JOB_ID_RE
 from shared.logs import get_logger
 from shared.output_keys import check_document_keys, tenant_prefix
-from shared.settings import Settings
-from shared.storage import Storage
 from shared.tenants import DEFAULT_TENANT, check_tenant_name
-from workers.documents.duty import LockedDuty
+from workers.documents.duty import StorageDuty
 
 log = get_logger(__name__)
 EXPIRY_BATCH = 20  # documents looked at per tick (the rest wait a tick)
@@ -67,17 +63,10 @@ def record_keys(document_id: str, record: SegmentsRecord, max_segments: int) -> 
     return keys
 
 
-class ExpiredSegments(LockedDuty):
-    """A housekeeping duty: `tick()` once per heartbeat interval, one holder per tick; deletes
-    through `storage` (the worker's own)."""
+class ExpiredSegments(StorageDuty):
+    """A housekeeping duty: `tick()` once per heartbeat interval, one holder per tick."""
 
     lock_key = SEGMENT_EXPIRY_LOCK
-
-    def __init__(
-        self, connection: redis.Redis, settings: Settings, *, holder: str, storage: Storage
-    ) -> None:
-        super().__init__(connection, settings, holder=holder)
-        self.storage = storage
 
     def tick(self) -> list[str]:
         """The documents whose segments' audio this tick deleted."""
