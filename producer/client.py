@@ -33,7 +33,7 @@ from producer.cancel import CancelOutcome, cancel_job
 from producer.idempotency import mark_enqueued
 from producer.idempotency import release as release_idempotency_key
 from producer.idempotency import reserve as reserve_idempotency_keys
-from producer.planned import OnSubmitted, PlannedJob, Prelude, submit_meta
+from producer.planned import OnSubmitted, PlannedJob, Prelude, require_voices, submit_meta
 from producer.room import Room, check_priority, interrupted
 from producer.streaming import read_stream
 from producer.tracking import JobOutcome, JobStatus, JobTracker
@@ -163,6 +163,7 @@ class CosyqClient:
         `whole`: all of them in one transaction or none (a document's segments), refused at
         once when they could never fit; `prelude` adds its writes (a document's plan) to the
         first chunk's transaction, so they exist exactly when the jobs do."""
+        require_voices(self.connection, self.tenant, planned, indexed=False)
         return self._submit(planned, on_submitted, whole=whole, prelude=prelude)
 
     def _submit(
@@ -194,7 +195,7 @@ class CosyqClient:
         return job_ids
 
     def _plan(self, requests: Iterable[RequestLike], *, indexed: bool = True) -> list[_PlannedJob]:
-        """Validate each request; an error names its index (`requests[3]: ...`) when `indexed`."""
+        """Validate each request and its voice; errors name its index (`requests[3]`) if indexed."""
         planned = []
         for index, raw in enumerate(requests):
             try:
@@ -205,6 +206,7 @@ class CosyqClient:
                     raise
                 raise InvalidRequestError(f"requests[{index}]: {e}") from e
             planned.append(_PlannedJob(index, uuid.uuid4().hex, queue, request))
+        require_voices(self.connection, self.tenant, planned, indexed=indexed)
         return planned
 
     def _placed(self, request: SynthesisRequest) -> SynthesisRequest:

@@ -1,13 +1,18 @@
-"""One job the client is about to enqueue: validated, with its id and queue chosen."""
+"""One job the client is about to enqueue: validated, with its id and queue chosen; and the
+checks that need Redis before it is (its voice is registered)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.jobs import SynthesisRequest, voice_label
+import redis
+
+from shared.errors import UnknownVoiceError
+from shared.jobs import DEFAULT_VOICE, SynthesisRequest, voice_label
+from shared.voices import missing_voices, unknown_voice
 
 
 @dataclass(frozen=True)
@@ -33,3 +38,19 @@ def submit_meta(request: SynthesisRequest) -> dict[str, Any]:
         "priority": request.priority,
         "idempotency_key": request.idempotency_key,
     }
+
+
+def require_voices(
+    connection: redis.Redis, tenant: str, planned: Sequence[PlannedJob], *, indexed: bool
+) -> None:
+    """UnknownVoiceError, before anything is enqueued, for the first job naming a voice the
+    tenant has not registered and no shared voice has (the worker checks again: a voice may
+    be removed while its jobs wait). Another tenant's voice is never found."""
+    names = {job.request.voice for job in planned} - {None, DEFAULT_VOICE}
+    missing = missing_voices(connection, tenant, [name for name in names if name])
+    for job in planned:
+        if job.request.voice in missing:
+            error = unknown_voice(tenant, job.request.voice)
+            if indexed:
+                error = UnknownVoiceError(f"requests[{job.index}]: {error}")
+            raise error

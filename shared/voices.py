@@ -24,7 +24,7 @@ import base64
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -461,7 +461,12 @@ def load_voice(connection: redis.Redis, tenant: str, name: str) -> VoiceProfile:
             return VoiceRegistry(connection, owner).load(name)
         except UnknownVoiceError:
             continue
-    raise UnknownVoiceError(
+    raise unknown_voice(tenant, name)
+
+
+def unknown_voice(tenant: str, name: str) -> UnknownVoiceError:
+    """The error for a voice `load_voice` cannot find (the producer's and the worker's)."""
+    return UnknownVoiceError(
         f"voice: no voice named {name!r} is registered for tenant {tenant} or shared "
         "(cosyq voices list, GET /v1/audio/voices)"
     )
@@ -469,12 +474,21 @@ def load_voice(connection: redis.Redis, tenant: str, name: str) -> VoiceProfile:
 
 def voice_exists(connection: redis.Redis, tenant: str, name: str) -> bool:
     """Whether `load_voice` would find `name` for `tenant` (one round trip)."""
-    if not VOICE_NAME_RE.fullmatch(name):
-        return False  # no voice's name (`alpha:alice` would reach alpha's key)
-    pipe = connection.pipeline(transaction=False)
-    for owner in (tenant, keys.SHARED_VOICES):
-        pipe.exists(keys.voice_key(name, owner))
-    return any(pipe.execute())
+    return not missing_voices(connection, tenant, [name])
+
+
+def missing_voices(connection: redis.Redis, tenant: str, names: Iterable[str]) -> set[str]:
+    """The names `load_voice` would not find for `tenant`, all looked up in one round trip."""
+    wanted = sorted(set(names))
+    missing = {name for name in wanted if not VOICE_NAME_RE.fullmatch(name)}
+    wanted = [name for name in wanted if name not in missing]  # `alpha:alice`: alpha's key
+    if wanted:
+        pipe = connection.pipeline(transaction=False)
+        for name in wanted:
+            pipe.exists(*(keys.voice_key(name, owner) for owner in (tenant, keys.SHARED_VOICES)))
+        found = pipe.execute()
+        missing.update(name for name, seen in zip(wanted, found, strict=True) if not seen)
+    return missing
 
 
 def _summary_or_unreadable(name: str, meta: Any) -> VoiceSummary:

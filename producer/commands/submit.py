@@ -26,9 +26,10 @@ from producer.commands.out_file import (
 from producer.commands.stream import check_stream_out, stream_to
 from producer.tracking import JobOutcome
 from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
-from shared.jobs import RequestLimits, SynthesisRequest, validate_request
+from shared.jobs import DEFAULT_VOICE, RequestLimits, SynthesisRequest, validate_request
 from shared.results import AUDIO_FORMATS
 from shared.storage import open_storage
+from shared.voices import missing_voices, unknown_voice
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -140,10 +141,11 @@ def run_submit(args: argparse.Namespace, context: CliContext) -> int:
     source = _open_input(args.file)
     with source:
         lines, problems = read_requests(source, RequestLimits.from_settings(settings))
-    for problem in problems:
-        context.err.print(problem, markup=False)
     started = time.monotonic()
     with context.make_client(settings) as client:
+        lines, problems = _known_voices(client, lines, problems)
+        for problem in problems:
+            context.err.print(problem, markup=False)
         job_ids, submitted = _submit_lines(client, lines, context)
         context.err.print(
             f"submitted {len(job_ids)} job(s); {len(problems)} bad line(s) skipped", markup=False
@@ -166,6 +168,21 @@ def run_submit(args: argparse.Namespace, context: CliContext) -> int:
     if tally.canceled:
         return EXIT_CANCELED
     return EXIT_NOT_DONE if tally.pending else 0
+
+
+def _known_voices(
+    client: Any, lines: list[Line], problems: list[str]
+) -> tuple[list[Line], list[str]]:
+    """Lines naming a voice the client's tenant cannot use join the bad lines (looked up in one
+    round trip), so the rest go in: submit_many would refuse them all for one such line."""
+    names = {line.request.voice for line in lines} - {None, DEFAULT_VOICE}
+    missing = missing_voices(client.connection, client.tenant, [name for name in names if name])
+    unknown = [line for line in lines if line.request.voice in missing]
+    problems = problems + [
+        f"line {line.number}: {unknown_voice(client.tenant, str(line.request.voice))}"
+        for line in unknown
+    ]
+    return [line for line in lines if line not in unknown], problems
 
 
 def _submit_lines(

@@ -46,12 +46,13 @@ def cosyq(*argv: str) -> int:
 
 
 def write_batch(path: Path) -> dict[int, str]:
-    """100 lines, 5 of them bad; returns line number -> expected problem."""
+    """100 lines, 6 of them bad; returns line number -> expected problem."""
     bad = {
         7: ("{not json", "line 7: not JSON (Expecting property name enclosed in double quotes"),
         23: (json.dumps({"text": "   "}), "line 23: text: must not be empty"),
         48: (json.dumps({"text": "hi", "speed": 9}), "line 48: speed: 9.0 is outside 0.5-2.0"),
         61: (json.dumps({"text": "hi", "colour": "red"}), "line 61: colour: unknown field"),
+        77: (json.dumps({"text": "hi", "voice": "nobody"}), "line 77: voice: no voice named"),
         90: (json.dumps({"text": "hi", "output_key": "../x"}), "line 90: output_key: '..'"),
     }
     lines = []
@@ -80,12 +81,12 @@ def test_submit_100_lines_with_bad_ones_and_wait(
     assert status == 1  # bad lines make the run unclean, the rest was done
     for message in bad.values():
         assert message in captured.err
-    assert "submitted 95 job(s); 5 bad line(s) skipped" in captured.err
+    assert "submitted 94 job(s); 6 bad line(s) skipped" in captured.err
     summary = captured.out
     for column in ("ok", "failed", "audio s", "wall s", "audio s / wall s", "jobs / s"):
         assert column in summary
-    row = [line for line in summary.splitlines() if line.strip().startswith("│ 95")]
-    assert row and row[0].split("│")[2].strip() == "0"  # ok 95, failed 0
+    row = [line for line in summary.splitlines() if line.strip().startswith("│ 94")]
+    assert row and row[0].split("│")[2].strip() == "0"  # ok 94, failed 0
     records = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert sorted(r["line"] for r in records) == [n for n in range(1, 101) if n not in bad]
     assert all(r["status"] == "ok" for r in records)
@@ -101,9 +102,9 @@ def test_submit_without_wait_prints_one_id_per_submitted_line(
     write_batch(tmp_path / "batch.jsonl")
     assert cosyq("submit", str(tmp_path / "batch.jsonl")) == 1
     ids = capsys.readouterr().out.split()
-    assert len(ids) == 95 and len(set(ids)) == 95
+    assert len(ids) == 94 and len(set(ids)) == 94
     client = redis.Redis.from_url(settings.redis_url)
-    assert client.llen("rq:queue:cosyq-default") + client.llen("rq:queue:cosyq-low") == 95
+    assert client.llen("rq:queue:cosyq-default") + client.llen("rq:queue:cosyq-low") == 94
 
 
 def test_failures_are_reported_with_reasons(

@@ -156,6 +156,8 @@ def test_failure_without_a_reason_falls_back_to_the_exception(client: CosyqClien
 
 def test_job_is_stored_as_json_by_dotted_path_without_text(settings: Settings) -> None:
     with CosyqClient(settings) as client:  # the product's default function path
+        # a registered voice, as far as the producer looks (it only asks that its key exists)
+        client.connection.hset(keys.voice_key("alice", keys.DEFAULT_TENANT), "meta", "{}")
         job_id = client.submit({"text": "Secret words.", "voice": "alice", "seed": 3})
     raw = redis.Redis.from_url(settings.redis_url).hgetall(f"rq:job:{job_id}")
     func, _, args, kwargs = json.loads(zlib.decompress(raw[b"data"]))

@@ -114,12 +114,25 @@ def test_add_list_use_remove(
         client.remove_voice("alice")
 
 
-def test_a_job_naming_a_missing_voice_fails_clearly(
-    client: CosyqClient, settings: Settings
+def test_a_missing_voice_is_refused_at_submit_and_again_at_the_worker(
+    client: CosyqClient, settings: Settings, prompt_bytes: bytes
 ) -> None:
-    status = client.status(speak(client, settings, "nobody").id)
+    """The producer refuses a voice nobody registered, nothing queued (in a list: naming the
+    request); a voice removed while its job waits fails that job clearly at the worker."""
+    with pytest.raises(UnknownVoiceError, match="no voice named 'nobody' is registered"):
+        client.submit({"text": "Hello there.", "voice": "nobody"})
+    with pytest.raises(UnknownVoiceError, match=r"^requests\[1\]: voice: no voice named 'nobody'"):
+        client.submit_many([{"text": "Hi."}, {"text": "Hi.", "voice": "nobody"}])
+    assert client.queue_depths()[keys.QUEUE_DEFAULT] == 0
+    run = client.add_voice("gone", prompt_bytes, "Gone soon.")
+    run_cosyq_burst(settings)
+    client.wait_for_voice(run, timeout=5)
+    job_id = client.submit({"text": "Hello there.", "voice": "gone"})
+    client.remove_voice("gone")
+    run_cosyq_burst(settings)
+    status = client.status(job_id)
     assert status.state == "failed" and status.failure is not None
-    assert "no voice named 'nobody' is registered" in status.failure.message
+    assert "no voice named 'gone' is registered" in status.failure.message
 
 
 def test_profile_from_other_weights_is_refused(
@@ -313,16 +326,14 @@ def test_voices_are_per_tenant_old_ones_stay_defaults_and_the_cli_shares(
         VoiceRegistry(default.connection).save(dataclasses.replace(profile, summary=summary))
         assert [(v.name, v.shared) for v in alpha.list_voices()] == [("narrator", True)]
         assert [v.name for v in default.list_voices()] == ["old", "narrator"]
+        with pytest.raises(UnknownVoiceError, match=r"no voice named 'old' .* tenant alpha"):
+            alpha.submit({"text": "Hello there.", "voice": "old"})  # default's, not alpha's
         jobs = [
             default.submit({"text": "Hello there.", "voice": "old"}),
-            alpha.submit({"text": "Hello there.", "voice": "old"}),
             alpha.submit({"text": "Hello there.", "voice": "narrator"}),
         ]
         run_cosyq_burst(settings, queues)
-        states = [alpha.status(job_id) for job_id in jobs]
-        assert [s.state for s in states] == ["finished", "failed", "finished"]
-        failure = states[1].failure
-        assert failure is not None and "no voice named 'old'" in failure.message
+        assert [alpha.status(job_id).state for job_id in jobs] == ["finished", "finished"]
 
         capsys.readouterr()
         assert main(["voices", "list"]) == 0 and "narrator (shared)" in capsys.readouterr().out

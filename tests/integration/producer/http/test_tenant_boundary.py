@@ -98,6 +98,16 @@ def test_voices_are_per_tenant_and_shared_voices_are_an_operators(
         spoken = beta.post("/v1/audio/speech", json=_speech("alice"))
         assert _error(spoken, 404)["code"] == "voice_not_found"  # ... nor speaks with them
         assert _error(beta.delete("/v1/audio/voices/alice"), 404)["code"] == "voice_not_found"
+        for name in ("alice", "zed"):  # alpha's voice answers as one nobody registered
+            refusals = [
+                beta.post("/v1/jobs", json={"text": "Hi.", "voice": name}),
+                beta.post("/v1/jobs:batch", json={"requests": [{"text": "Hi.", "voice": name}]}),
+                beta.post("/v1/documents", json={"text": "Hi. Bye.", "voice": name}),
+            ]
+            for refused in refusals:
+                error = _error(refused, 404)
+                assert error["code"] == "voice_not_found" and "for tenant beta" in error["message"]
+        assert connection.llen("rq:queue:cosyq-default.beta") == 0  # nothing queued
         own = _upload(beta, "alice", prompt, "Beta's Alice.")  # beta's own, alpha's untouched
         assert own.status_code == 201 and own.json()["voice"]["replaced"] is False
         kept = VoiceRegistry(connection, "alpha").load("alice").summary
