@@ -18,6 +18,7 @@ from shared.errors import (
     StreamNotRequestedError,
     StreamTimeoutError,
     UnknownTenantError,
+    UnknownVoiceError,
 )
 from shared.jobs import SynthesisRequest
 from shared.results import JobFailure, SynthesisResult
@@ -43,5 +44,6 @@ __all__ = [
     "SynthesisRequest",
     "SynthesisResult",
     "UnknownTenantError",
+    "UnknownVoiceError",
     "load_settings",
 ]
