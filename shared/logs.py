@@ -9,7 +9,10 @@ would print each frame's locals, a request's text among them. The S3 client's lo
 INFO or above even at DEBUG: theirs print request headers, credentials among them. So do RQ's
 own lines (its DEBUG prints each job's return value: an add-voice job's transcript, a result's
 metadata); ours keep DEBUG. Every URL in a line or its traceback is shown with its password
-masked (`redact_urls`).
+masked (`redact_urls`). On the console every control character and bidi override in a value
+is written as its `\\uXXXX` escape (`escape_for_terminal`): a URL path, a receiver's answer
+or an error message a tenant chose never drives the operator's terminal or forges a line.
+JSON lines need nothing: the JSON encoder escapes the same characters.
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ from structlog.typing import EventDict, Processor, WrappedLogger  # noqa: E402
 from shared.results import SynthesisResult  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 from shared.settings_env import redact_urls  # noqa: E402
+from shared.terminal import shown  # noqa: E402
 
 JOB_CONTEXT_KEYS = ("job_id", "queue", "voice", "worker", "attempt", "tenant")
 REDACTED_KEYS = frozenset({"text", "prompt_text", "instruction"})
+MULTILINE_KEYS = frozenset({"exception", "stack"})  # a traceback's lines are its own
 _HANDLER_NAME = "cosyq"
 # Never below INFO, whatever COSYQ_LOG_LEVEL: at DEBUG they print each request's headers
 # (botocore: Authorization with the S3 key id, X-Amz-Security-Token, the session token itself).
@@ -88,6 +93,16 @@ def _masked(value: Any) -> Any:
     return redact_urls(repr(value))
 
 
+def escape_for_terminal(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """The console's last step before rendering: each text value with its terminal controls
+    escaped, newlines too; a traceback keeps its newlines (its own lines), nothing else.
+    Other values are printed as their repr, which escapes the same characters."""
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            event_dict[key] = shown(value, one_line=key not in MULTILINE_KEYS)
+    return event_dict
+
+
 def _use_json(settings: Settings, stream: TextIO) -> bool:
     if settings.log_format != "auto":
         return settings.log_format == "json"
@@ -123,6 +138,8 @@ def configure_logging(settings: Settings, *, stream: TextIO | None = None) -> No
         structlog.processors.format_exc_info,  # the traceback as text, then masked
         redact_url_credentials,
     ]
+    if not json_lines:
+        final.append(escape_for_terminal)
     structlog.configure(
         processors=[structlog.stdlib.filter_by_level, *shared, _to_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),

@@ -178,3 +178,26 @@ def test_no_url_credentials_in_a_nested_value_or_an_object(stream: io.StringIO) 
         (line,) = lines(stream)
         assert line["tries"] == 3
         assert line["targets"]["replicas"][1] == ["sentinel", "redis://:***@10.0.0.6:6379/0"]
+
+
+HOSTILE = "\x1b]52;c;cHduZWQ\x1b\\\x1b[2J\x9b2J\u202eab\x07"  # clipboard, clear, C1 CSI, bidi, BEL
+
+
+@pytest.mark.parametrize("stream", [io.StringIO(), TtyStream()], ids=["json", "console"])
+def test_terminal_controls_in_a_value_or_traceback_are_escaped(stream: io.StringIO) -> None:
+    """A receiver's answer, a path, an error message: what a tenant chose never reaches the
+    reader's terminal as a control; on the console a value's newline starts no forged line."""
+    configure_logging(load_settings(env_file=None), stream=stream)
+    get_logger("t").warning("webhook_dead", reason=HOSTILE, path="/x\n2026 [info] forged")
+    logging.getLogger("uvicorn.error").warning("bad %s", HOSTILE)
+    try:
+        raise ValueError(HOSTILE)
+    except ValueError:
+        get_logger("t").exception("job_failed")
+    output = stream.getvalue()
+    for control in ("\x1b", "\x9b", "\u202e", "\x07"):
+        assert control not in output
+    assert not any(line.startswith("2026 [info] forged") for line in output.splitlines())
+    if isinstance(stream, TtyStream):
+        assert output.count("\\u001b]52;c;cHduZWQ\\u001b") == 3  # value, message, traceback
+        assert output.count("Traceback (most recent call last):\n") == 1  # its lines kept

@@ -43,6 +43,7 @@ DATABASES = {
     "s3": 9,
     "metrics": 10,
     "auth": 11,
+    "readback": 12,
 }
 assert len(set(DATABASES.values())) == len(DATABASES)
 START_TIMEOUT_S = 30.0
