@@ -24,7 +24,7 @@ from rich.console import Console
 from producer.client import CosyqClient
 from producer.commands.exits import exit_status, quiet_broken_pipe
 from shared.connection import settings_error
-from shared.console import CommandConsole
+from shared.console import CommandConsole, EscapingConsole
 from shared.errors import CosyqError, SettingsError
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | N
     `client_factory` lets tests (and embedding code) choose how the client is built.
     """
     args = build_parser().parse_args(argv)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = EscapingConsole(stderr=True, highlight=False, soft_wrap=True)
     try:
         settings = load_settings(env_file=args.env_file)
     except SettingsError as e:

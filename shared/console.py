@@ -5,14 +5,23 @@ rich's own `Console.on_broken_pipe` exits 1 at once when the reader of stdout go
 its first chunk and report failure after submitting part of the file. `CommandConsole` instead
 stops writing quietly and lets the command finish its work; the entry point then exits
 `EXIT_BROKEN_PIPE` (141, 128 + SIGPIPE, as `cat` in `| head`) where it would have exited 0.
+
+Everything it prints passes `shared.terminal.shown`: a tenant's text in a table cell, an error
+message or JSON (a webhook receiver's error answer, say) reaches the operator's terminal with
+its escape sequences and bidi overrides written out, never obeyed. rich itself drops only BEL,
+BS, VT, FF and CR; ESC it writes as is.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 
 from rich.console import Console
+from rich.segment import Segment
+
+from shared.terminal import shown
 
 EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE
 
@@ -29,7 +38,19 @@ def point_stdout_at_devnull() -> None:
         os.close(devnull)
 
 
-class CommandConsole(Console):
+class EscapingConsole(Console):
+    """A console whose printed text is escaped for the terminal (`shared.terminal.shown`);
+    its own styles and cursor controls (rich's control segments) are not."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        # rich's one place where segments become the characters written (styles added here)
+        return super()._render_buffer(
+            segment if segment.control else Segment(shown(segment.text), segment.style)
+            for segment in buffer
+        )
+
+
+class CommandConsole(EscapingConsole):
     """A command's stdout; `closed` once its reader went away (nothing is written after)."""
 
     closed = False

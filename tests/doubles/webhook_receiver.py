@@ -33,6 +33,7 @@ class Receiver:
     answers: list[int] = field(default_factory=list)  # next statuses to send, then 200
     delay_s: float = 0.0
     echo_path: bool = False  # a failed answer's body quotes the path it was posted to
+    error_body: bytes = b""  # a failed answer's body (unless echo_path)
     trickle_s: float = 0.0  # > 0: answer one byte per this many seconds, never finishing
     on_post: Callable[[], None] | None = None  # run once a POST is read, before it is recorded
     holding: dict[str, int] = field(default_factory=dict)  # webhook-id -> POSTs held now
@@ -93,7 +94,11 @@ def webhook_receiver(tls: tuple[Path, Path] | None = None) -> Iterator[Receiver]
             self.send_response(status)
             if 300 <= status < 400:
                 self.send_header("Location", receiver.url + "redirected")
-            said = f"no route for POST {self.path}".encode() if receiver.echo_path else b""
+            said = (
+                f"no route for POST {self.path}".encode()
+                if receiver.echo_path
+                else receiver.error_body
+            )
             self.send_header("content-length", str(len(said) if status >= 300 else 0))
             self.end_headers()
             if status >= 300:

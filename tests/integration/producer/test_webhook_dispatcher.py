@@ -41,6 +41,10 @@ from tests.integration.producer.webhook_rig import (  # noqa: F401 (fixtures use
     settings_fixture,
 )
 
+# A receiver's error answer: clear the screen, set the clipboard (OSC 52), a hidden link (OSC
+# 8), C1's CSI and a bidi override.
+HOSTILE_ANSWER = "\x1b[2J\x1b]52;c;cHduZWQ\x1b\\\x1b]8;;https://evil.example/\x1b\\x\x9b2J\u202eab"
+
 
 def test_each_event_is_signed_and_redelivered_under_the_same_id(
     connection: redis.Redis, settings: Settings, receiver: Receiver
@@ -166,6 +170,33 @@ def test_dead_webhooks_are_listed_with_their_urls_query_masked(
     record = json.loads(dead)  # its event keeps the URL whole, to be redelivered
     for shown in (listed, record["last_error"], record["dead_reason"]):
         assert "AZ-CODE-4Kq" not in shown and "TOK-9Lw" not in shown
+
+
+def test_a_receivers_terminal_escapes_are_listed_escaped(
+    connection: redis.Redis,
+    settings: Settings,
+    receiver: Receiver,
+    capsys: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant runs its receiver: its error answer is kept in the dead letter as it came, and
+    `cosyq webhooks failed` shows it to the operator with ESC (clear the screen, OSC 52 set
+    the clipboard, OSC 8 hide a link), C1 CSI and bidi overrides written as escapes."""
+    settings = settings.model_copy(update={"webhook_retry_hours": 1 / 3600})
+    receiver.answers = [500] * 1000
+    receiver.error_body = HOSTILE_ANSWER.encode()
+    append(connection, event(receiver))
+    with dispatching(connection, settings, {"job-1": {"job_id": "job-1"}}):
+        wait_for(lambda: WebhookStore(connection).counts() == (0, 1), 30, "the event dead")
+    (dead,) = WebhookStore(connection).dead_letters().values()
+    assert HOSTILE_ANSWER in json.loads(dead)["dead_reason"]  # kept as it came
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "400")
+    assert cosyq(["--env-file", "/nonexistent", "webhooks", "failed"]) == 0
+    listed = capsys.readouterr().out
+    for control in ("\x1b", "\x9b", "\u202e"):
+        assert control not in listed
+    assert "\\u001b]52;c;cHduZWQ\\u001b" in listed and "\\u202e" in listed
 
 
 def test_a_private_address_is_never_called_unless_allowed(
