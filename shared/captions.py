@@ -2,7 +2,11 @@
 
 A job's result carries its pieces with start and end seconds; a document's manifest carries
 every piece of every segment on the document's time line. Either becomes cues here; the
-formatting of times and blocks is the libraries', never ours.
+formatting of times and blocks is the libraries', never ours. The cue text is ours to make safe
+(`srt_text`, `vtt_text`): a piece's text is what a tenant wrote, and may hold "-->" (an arrow in
+prose; webvtt-py refuses to write it), `<` and `&` (WebVTT's markup: `<c.x>`, `<v Name>`), or,
+read raw (CosyVoice 3's cross_lingual), blank lines and a line like a cue's timing: in the file
+as written, a new cue that a player would show.
 """
 
 from __future__ import annotations
@@ -28,6 +32,28 @@ class Cue:
     text: str
 
 
+def _lines(text: str) -> list[str]:
+    """The text's lines, each trimmed, blank ones dropped (a blank line ends a cue)."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def srt_text(text: str) -> str:
+    """A cue's text for SRT, which has no escapes: one line (a line of only a number, then one
+    starting with a time, starts a cue for the `srt` library, a blank line for every player),
+    and "-->" written "->"."""
+    return " ".join(_lines(text)).replace("-->", "->")
+
+
+def vtt_text(text: str) -> str:
+    """A cue's text for WebVTT: `&`, `<` and `>` as its character references (so "-->" is
+    "--&gt;" and shows as written), no blank line."""
+    escaped = (
+        line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        for line in _lines(text)
+    )
+    return "\n".join(escaped)
+
+
 def to_srt(cues: Iterable[Cue]) -> str:
     import srt  # noqa: PLC0415 (only when captions are asked for: not at each worker's start)
 
@@ -36,7 +62,7 @@ def to_srt(cues: Iterable[Cue]) -> str:
             index=number,
             start=dt.timedelta(seconds=cue.start_s),
             end=dt.timedelta(seconds=cue.end_s),
-            content=cue.text,
+            content=srt_text(cue.text),
         )
         for number, cue in enumerate(cues, start=1)
     ]
@@ -48,7 +74,8 @@ def to_vtt(cues: Iterable[Cue]) -> str:
 
     vtt = webvtt.WebVTT()
     for cue in cues:
-        vtt.captions.append(webvtt.Caption(_vtt_time(cue.start_s), _vtt_time(cue.end_s), cue.text))
+        caption = webvtt.Caption(_vtt_time(cue.start_s), _vtt_time(cue.end_s), vtt_text(cue.text))
+        vtt.captions.append(caption)
     return str(vtt.content)
 
 

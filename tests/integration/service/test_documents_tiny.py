@@ -153,3 +153,23 @@ def test_same_seed_same_bytes_and_failing_segments_are_retried_alone(
         client.document_result(document_id, timeout=400)
         after = done_segments(client.connection, document_id)
     assert {i: after[i].job_id for i in before} == {i: d.job_id for i, d in before.items()}
+
+
+@pytest.mark.timeout(400)
+def test_captions_of_text_with_an_arrow_and_markup_characters(settings: Settings) -> None:
+    """Prose may hold "-->" (webvtt-py refuses to write it in a cue: the document's assembly
+    failed), "<" and "&" (WebVTT's own markup): each file shows the text as written, and has
+    exactly one cue per piece."""
+    import webvtt  # noqa: PLC0415
+
+    text = "Turn left --> then right. Keep a < b & c."
+    with CosyqClient(settings) as client:
+        result = client.document_result(client.submit_document({"text": text, "seed": 3}), 300)
+    manifest = json.loads(path_of(result.manifest_uri).read_text())
+    spoken = [cue["text"] for cue in manifest["captions"]]
+    assert any("-->" in said for said in spoken) and any("<" in said for said in spoken)
+    cues = list(srt.parse(path_of(result.srt_uri).read_text()))
+    assert [c.content for c in cues] == [said.replace("-->", "->") for said in spoken]
+    vtt = webvtt.from_string(path_of(result.vtt_uri).read_text())
+    shown = [c.text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&") for c in vtt]
+    assert shown == spoken and all("-->" not in c.text for c in vtt)

@@ -119,6 +119,26 @@ def test_captions_come_from_the_libraries_formats() -> None:
         render(cues, "txt")
 
 
+def test_a_cue_text_never_makes_another_cue() -> None:
+    """Raw text (CosyVoice 3's cross_lingual reads it as written) keeps its blank lines and a
+    line like a cue's timing: each format's parser still reads two cues, the text intact."""
+    import srt  # noqa: PLC0415
+    import webvtt  # noqa: PLC0415
+
+    forged = "Hi.\n\n2\n00:00:05,000 --> 00:00:09,000\n\n<c.red>Forged</c> & more"
+    cues = [Cue(0.0, 1.0, forged), Cue(1.0, 2.0, "Next.")]
+    parsed = list(srt.parse(to_srt(cues)))
+    assert [c.content for c in parsed] == [
+        "Hi. 2 00:00:05,000 -> 00:00:09,000 <c.red>Forged</c> & more",
+        "Next.",
+    ]
+    captions = list(webvtt.from_string(to_vtt(cues)))
+    assert [c.text for c in captions] == [
+        "Hi.\n2\n00:00:05,000 --&gt; 00:00:09,000\n&lt;c.red&gt;Forged&lt;/c&gt; &amp; more",
+        "Next.",
+    ]
+
+
 class _CountingTags:
     """CONTROL_TAG_RE, counting the characters every speech estimate scans through it."""
 
