@@ -18,8 +18,11 @@ import re
 # C0 but tab and newline (ESC, CR, BEL, BS ...), DEL, C1 (U+0080-U+009F: CSI, OSC, ST ...), and
 # Unicode's bidi embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069, U+061C).
 UNSAFE_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u202a-\u202e\u2066-\u2069]")
-# The same and newline: a value in a log line, where a newline would start a forged line.
-UNSAFE_IN_LINE_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u202a-\u202e\u2066-\u2069]")
+# The same, newline and Unicode's line and paragraph separators (U+2028, U+2029: a line break to
+# Python's `splitlines`): a value in a log line, where a line break would start a forged line.
+UNSAFE_IN_LINE_RE = re.compile(
+    r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 
 
 def _escaped(match: re.Match[str]) -> str:

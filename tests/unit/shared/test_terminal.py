@@ -18,6 +18,7 @@ HOSTILE = "\x1b]52;c;cHduZWQ\x1b\\\x1b[2J\x9b2J\u202eab\u2066c\x7fd\x00e"
 def test_shown_escapes_controls_and_bidi_and_keeps_tab_and_newline() -> None:
     assert shown("a\tb\nc") == "a\tb\nc"
     assert shown("a\tb\r\nc", one_line=True) == "a\tb\\u000d\\u000ac"
+    assert shown("a\u2028b", one_line=True) == "a\\u2028b" and shown("a\u2028b") == "a\u2028b"
     assert shown(HOSTILE) == (
         "\\u001b]52;c;cHduZWQ\\u001b\\\\u001b[2J\\u009b2J\\u202eab\\u2066c\\u007fd\\u0000e"
     )
