@@ -2,12 +2,13 @@
 
 `BodyLimit` answers 413 before the app sees a body over the cap: at once from Content-Length,
 or as soon as a chunked body grows past it (the body is read ahead, so a route never works on a
-partial upload). Voice uploads get their own, larger cap, only from a caller whose key is one of
-the front's: any other upload is not read ahead (its route answers 401 from the headers, the
-body unread) and is held to the JSON cap, so nobody without a key makes the front hold 16 MB
-per connection. `AccessLog` writes one structlog line
-per request (method, path, status, duration, job id when a route set `request.state.job_id`);
-never the body, so never the text.
+partial upload). Voice uploads get their own, larger cap. A request to a keyed route (under
+KEYED_PREFIX) whose Authorization header names none of the front's keys is not read ahead: its
+route's key check answers 401 (or 429, the address locked out) from the headers, counting a
+wrong key against the address, the body unread and held to the JSON cap; so nobody without a key
+makes the front wait for, or hold, a body (2 MB of JSON, 16 MB of upload) per connection.
+`AccessLog` writes one structlog line per request (method, path, status, duration, job id when
+a route set `request.state.job_id`); never the body, so never the text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from producer.http.errors import ApiError
 log = structlog.get_logger("cosyq.http")
 
 UPLOAD_PATHS = frozenset({"/v1/audio/voices"})
+KEYED_PREFIX = "/v1/"  # every route behind the key check (app.KEYED_ROUTERS), and only those
 CLIENT_CLOSED = 499  # the access log's status for a client gone before its body was in (nginx's)
 
 
@@ -39,7 +41,7 @@ class BodyLimit:
         keyed: Callable[[str], bool] | None = None,
     ) -> None:
         """`keyed(bearer)`: whether the Authorization header's value names one of the front's
-        keys (None: no keys, every caller may upload)."""
+        keys (None: no keys, every caller's body is read ahead, an upload to its own cap)."""
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes
@@ -50,10 +52,10 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_body_bytes
+        if self._unkeyed(scope):
+            await self.app(scope, _capped(receive, limit), send)
+            return  # its key check refuses it from its headers; what it reads stays capped
         if scope["path"] in UPLOAD_PATHS:
-            if self.keyed is not None and not self.keyed(_header(scope, b"authorization")):
-                await self.app(scope, _capped(receive, limit), send)
-                return  # the route refuses it from its headers; what it reads stays capped
             limit = self.max_upload_bytes
         declared = _content_length(scope)
         if declared is not None and declared > limit:
@@ -82,6 +84,12 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _unkeyed(self, scope: Scope) -> bool:
+        """A request to a keyed route whose Authorization header names none of the keys."""
+        if self.keyed is None or not scope["path"].startswith(KEYED_PREFIX):
+            return False
+        return not self.keyed(_header(scope, b"authorization"))
 
 
 def _client_went_away(scope: Scope, received: int) -> None:

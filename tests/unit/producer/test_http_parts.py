@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from starlette.routing import BaseRoute
 
 from producer.cli import main
+from producer.http.app import KEYED_ROUTERS, create_app
 from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext
 from producer.http.errors import ApiError, param_of
+from producer.http.middleware import KEYED_PREFIX
 from producer.http.speech import job_payload, parse_speech, pcm_of, renamed
 from producer.http.storage_read import check_owned
 from producer.http_bind import check_bind, is_loopback
@@ -157,3 +161,21 @@ def test_a_stored_key_is_judged_as_it_will_be_opened() -> None:
     assert stored_key("s3://bucket", "s3://bucket/x.wav") == "x.wav"
     for uri in ("s3://other/x.wav", "s3://bucket/pre/../x.wav", "s3://bucket/prefix/x.wav"):
         assert stored_key("s3://bucket/pre", uri) is None, uri
+
+
+def test_the_body_cap_answers_from_the_headers_exactly_on_the_keyed_routes() -> None:
+    """BodyLimit does not read ahead a body to a KEYED_PREFIX path whose key is none of the
+    front's (its key check answers 401 from the headers): every route behind the key check is
+    under that prefix, and no route without it (probes, /metrics, /ui, the schema) is."""
+    app = create_app(load_settings(env_file=None, api_keys="alpha:sk-alpha-0123456789"))
+    keyed = {route.path for router in KEYED_ROUTERS for route in router.routes}
+    paths = set(_paths(app.routes))
+    assert keyed and keyed <= paths
+    assert {path for path in paths if path.startswith(KEYED_PREFIX)} == keyed
+
+
+def _paths(routes: Sequence[BaseRoute]) -> Iterator[str]:
+    """Every route's path, through FastAPI's included routers (which wrap theirs)."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        yield from _paths(included.routes) if included is not None else [getattr(route, "path", "")]

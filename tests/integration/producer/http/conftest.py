@@ -44,6 +44,7 @@ DATABASES = {
     "metrics": 10,
     "auth": 11,
     "readback": 12,
+    "unkeyed": 13,
 }
 assert len(set(DATABASES.values())) == len(DATABASES)
 START_TIMEOUT_S = 30.0
