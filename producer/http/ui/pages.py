@@ -84,8 +84,8 @@ def _hours(raw: str) -> float | None:
     return hours if 0 < hours < 1e6 else None
 
 
-async def _job(context: Context, job_id: str) -> JobView:
-    checked_job_id(job_id)
+async def _job(request: Request, context: Context, job_id: str) -> JobView:
+    request.state.job_id = checked_job_id(job_id)  # the access log names it, as the API's does
     job = await run_in_threadpool(context.client.tracker.fetch, job_id)
     status = await run_in_threadpool(context.client.status, job_id)
     check_owner(context, job_id, status.tenant)  # another tenant's: no such job
@@ -96,23 +96,25 @@ async def _job(context: Context, job_id: str) -> JobView:
 async def job_page(
     request: Request, caller: UiCaller, context: Context, job_id: str, queue: int = 0
 ) -> Response:
-    view = await _job(context, job_id)
+    view = await _job(request, context, job_id)
     return render(request, "job.html", caller=caller, view=view, queue=bool(queue))
 
 
 @router.get("/ui/jobs/{job_id}/audio")
-async def job_audio(caller: UiCaller, context: Context, job_id: str) -> Response:
-    view = await _job(context, job_id)
+async def job_audio(request: Request, caller: UiCaller, context: Context, job_id: str) -> Response:
+    view = await _job(request, context, job_id)
     if view.status.result is None:
         return Response("no audio", status_code=404, media_type="text/plain")
     return await audio_response(context, view.status.result, view.status.tenant)
 
 
 @router.get("/ui/jobs/{job_id}/{picture}.png")
-async def job_picture(caller: UiCaller, context: Context, job_id: str, picture: str) -> Response:
+async def job_picture(
+    request: Request, caller: UiCaller, context: Context, job_id: str, picture: str
+) -> Response:
     if picture not in ("waveform", "spectrogram"):
         return Response("no such picture", status_code=404, media_type="text/plain")
-    view = await _job(context, job_id)
+    view = await _job(request, context, job_id)
     result = view.status.result
     if result is None:
         return Response("no audio", status_code=404, media_type="text/plain")
@@ -137,8 +139,9 @@ async def judge_job(
     csrf: Annotated[str, Form()] = "",
     queue: Annotated[int, Form()] = 0,
 ) -> Response:
+    request.state.job_id = checked_job_id(job_id)
     check_post(request, caller, csrf)
-    view = await _job(context, job_id)
+    view = await _job(request, context, job_id)
     job = await run_in_threadpool(context.client.tracker.fetch, job_id)
     await run_in_threadpool(judge, context.client, job, view, action, caller.who)
     if queue:

@@ -55,12 +55,20 @@ def test_submit_status_and_audio_from_storage(live: Front) -> None:
         result = doc["result"]
         assert result["metadata"] == {"order": 7} and result["format"] == "flac"
         audio = http.get(f"/v1/jobs/{job_id}/audio")
+        pages = [
+            f"/ui/jobs/{job_id}",
+            f"/ui/jobs/{job_id}/audio",
+            f"/ui/jobs/{job_id}/waveform.png",
+        ]
+        assert [http.get(page).status_code for page in pages] == [200, 200, 200]
     assert audio.status_code == 200
     assert audio.headers["content-type"] == "audio/flac"
     assert hashlib.sha256(audio.content).hexdigest() == result["sha256"]
     assert len(audio.content) == result["bytes"]
-    # One log line per request, with the job id; the text never reaches the log.
+    # One log line per request, with the job id (the /ui job pages' too); the text never
+    # reaches the log.
     wanted = {("POST", "/v1/jobs", 202), ("GET", f"/v1/jobs/{job_id}/audio", 200)}
+    wanted |= {("GET", page, 200) for page in pages}
 
     def logged() -> list[dict]:
         lines = [e for e in live.events() if e.get("event") == "http_request"]
