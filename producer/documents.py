@@ -61,6 +61,7 @@ from shared.errors import InvalidRequestError, JobNotFoundError, ResultTimeoutEr
 from shared.job_index import index_document
 from shared.jobs import RequestLimits, validate_request
 from shared.output_keys import place_output_key, tenant_prefix
+from shared.plurals import counted
 from shared.settings import Settings
 from shared.tenants import DEFAULT_TENANT
 from shared.webhooks import allowed_prefixes
@@ -342,7 +343,7 @@ def _message(document_id: str, state: str, failures: list[SegmentFailure]) -> st
         return ""
     if state == "canceled":
         return (
-            f"document {document_id}: canceled ({len(failures)} segments did not run); "
+            f"document {document_id}: canceled ({counted(len(failures), 'segment')} did not run); "
             f"`cosyq document retry {document_id}` runs them after all"
         )
     first = failures[0]

@@ -20,6 +20,7 @@ from limits.strategies import MovingWindowRateLimiter
 
 from shared import keys
 from shared.errors import TenantQuotaError
+from shared.plurals import counted
 from shared.settings import Settings
 
 log = structlog.get_logger("cosyq.http")
@@ -41,15 +42,15 @@ class RequestQuota:
         self.limiter = moving_window(connection, keys.QUOTA_PREFIX)
 
     def hit(self, tenant: str, *, operator: bool = False) -> None:
-        counted = OPERATORS if operator else tenant
-        per_minute = self.settings.requests_per_minute(counted)
+        bucket = OPERATORS if operator else tenant
+        per_minute = self.settings.requests_per_minute(bucket)
         item = RateLimitItemPerMinute(per_minute)
-        if self.limiter.hit(item, counted):
+        if self.limiter.hit(item, bucket):
             return
-        wait = _wait_s(self.limiter, item, counted)
+        wait = _wait_s(self.limiter, item, bucket)
         who = "operator keys" if operator else f"tenant {tenant}"
         raise TenantQuotaError(
-            f"{who} made {per_minute:,} requests in the last minute (quota "
+            f"{who} made {counted(per_minute, 'request')} in the last minute (quota "
             f"requests_per_minute {per_minute:,}, COSYQ_TENANT_QUOTAS); retry in {wait} s",
             tenant=tenant,
             quota="requests_per_minute",

@@ -21,6 +21,7 @@ from shared.errors import (
     SubmitInterruptedError,
     TenantQuotaError,
 )
+from shared.plurals import counted
 from shared.settings import Settings
 
 
@@ -82,9 +83,13 @@ class Room:
         queued = sum(depths.values())
         needed = len(planned) - start if whole else 1
         if whole:
-            outcome = f"these {needed:,} jobs go in together or not at all: none was submitted"
+            outcome = (
+                f"these {needed:,} jobs go in together or not at all: none was submitted"
+                if needed > 1
+                else "it was not submitted"
+            )
         else:
-            outcome = f"{len(submitted)} submitted"
+            outcome = f"{len(submitted):,} submitted"
         if self.max_queued_jobs - queued < needed:
             return self.quota_error(queued, outcome, submitted)
         full = planned[start].queue  # a document's segments all wait in one queue
@@ -94,7 +99,7 @@ class Room:
         self, queued: int, outcome: str, submitted: Sequence[str] = ()
     ) -> TenantQuotaError:
         return TenantQuotaError(
-            f"tenant {self.tenant} has {queued:,} jobs queued (quota max_queued_jobs "
+            f"tenant {self.tenant} has {counted(queued, 'job')} queued (quota max_queued_jobs "
             f"{self.max_queued_jobs:,}, COSYQ_TENANT_QUOTAS); {outcome}",
             tenant=self.tenant,
             quota="max_queued_jobs",
@@ -106,8 +111,8 @@ class Room:
         self, queue: str, depth: int, outcome: str, submitted: Sequence[str] = ()
     ) -> QueueFullError:
         return QueueFullError(
-            f"{queue} holds {depth:,} jobs (COSYQ_MAX_QUEUE_DEPTH {self.max_queue_depth:,}); "
-            f"{outcome}",
+            f"{queue} holds {counted(depth, 'job')} "
+            f"(COSYQ_MAX_QUEUE_DEPTH {self.max_queue_depth:,}); {outcome}",
             queue=queue,
             depth=depth,
             submitted=tuple(submitted),
@@ -138,7 +143,7 @@ def interrupted(
         what = f"Redis failed ({type(error).__name__}): the chunk of requests {first:,}-{last:,}"
         what += " was not confirmed (it may be queued)"
     return SubmitInterruptedError(
-        f"{what}; {len(submitted):,} of {total:,} job(s) were submitted before it",
+        f"{what}; {len(submitted):,} of the {counted(total, 'job')} went in before it",
         submitted=tuple(submitted),
     )
 

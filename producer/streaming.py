@@ -31,6 +31,7 @@ from shared.errors import (
     StreamTimeoutError,
 )
 from shared.keys import audio_stream_key
+from shared.plurals import counted
 
 READ_COUNT = 64  # entries per XREAD reply
 
@@ -44,7 +45,7 @@ class _Seen:
     def describe(self) -> str:
         if not self.chunks:
             return "no chunk arrived"
-        return f"{self.chunks} chunk(s), {self.seconds:.2f} s of audio arrived"
+        return f"{counted(self.chunks, 'chunk')}, {self.seconds:.2f} s of audio arrived"
 
 
 def read_stream(

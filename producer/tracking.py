@@ -28,6 +28,7 @@ from shared.errors import (
     ResultTimeoutError,
 )
 from shared.keys import ERROR_META_KEY, SUBMIT_META_KEY, check_job_id
+from shared.plurals import counted
 from shared.results import JobFailure, SynthesisResult
 from shared.settings import Settings
 from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
@@ -82,7 +83,9 @@ def result_of(job: Job) -> SynthesisResult | JobFailure:
     try:
         return SynthesisResult.model_validate(latest.return_value)
     except ValidationError as e:
-        return JobFailure(kind="internal", message=f"unreadable result: {e.error_count()} errors")
+        return JobFailure(
+            kind="internal", message=f"unreadable result: {counted(e.error_count(), 'error')}"
+        )
 
 
 def tenant_of_job(job: Job) -> str | None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from producer.tracking import CANCELED_KIND, PENDING_KIND, JobOutcome
+from shared.plurals import counted
 from shared.results import JobFailure, SynthesisResult
 
 if TYPE_CHECKING:
@@ -123,8 +124,8 @@ def print_summary(
     _print_failures(context, line_numbers, job_ids, outcomes)
     if tally.pending:
         context.err.print(
-            f"{tally.pending} job(s) still queued or running when the wait ended: they stay "
-            "queued and run later (cosyq result JOB_ID)",
+            f"{counted(tally.pending, 'job')} still queued or running when the wait ended: left "
+            "queued, to run later (cosyq result JOB_ID)",
             markup=False,
         )
     context.out.print(_table(results, tally, wall_s))
@@ -148,7 +149,8 @@ def _print_failures(
             markup=False,
         )
     if len(failures) > MAX_FAILURES_SHOWN:
-        context.err.print(f"... and {len(failures) - MAX_FAILURES_SHOWN} more failures")
+        more = len(failures) - MAX_FAILURES_SHOWN
+        context.err.print(f"... and {counted(more, 'more failure')}", markup=False)
 
 
 def _table(results: list[SynthesisResult], tally: Tally, wall_s: float) -> Table:

@@ -28,6 +28,7 @@ from pydantic import SecretStr
 from shared import keys
 from shared.errors import SettingsError
 from shared.job_index import Outcome, index_jobs, record_outcome
+from shared.plurals import counted
 from shared.settings import Settings
 from shared.tenants import TENANT_META_KEY
 
@@ -199,7 +200,9 @@ def _print_table(context: CliContext, report: dict[str, Any]) -> None:
 
     load = ", ".join(f"{value:.2f}" for value in report["load"])
     context.out.print(f"CPU: {report['cpu']}  ISA: {' '.join(report['isa'])}", markup=False)
-    context.out.print(f"load average: {load}; {report['jobs']:,} jobs in Redis", markup=False)
+    context.out.print(
+        f"load average: {load}; {counted(report['jobs'], 'job')} in Redis", markup=False
+    )
     table = Table(title=f"/ui page loads (target p95 < {TARGET_MS:.0f} ms)")
     for column in ("page", "p50 ms", "p95 ms", "max ms"):
         table.add_column(column, justify="left" if column == "page" else "right")

@@ -17,6 +17,7 @@ from producer.webhooks.store import WebhookStore
 from shared import tenants
 from shared.captions import CAPTION_FORMATS, cues_from_pieces, render
 from shared.keys import check_job_id
+from shared.plurals import counted
 from shared.results import SynthesisResult
 from shared.start_failures import StartFailure, start_failures
 
@@ -138,7 +139,7 @@ def run_failed(args: argparse.Namespace, context: CliContext) -> int:
         if args.requeue:
             requeued = requeue_failed(connection, args.job_ids or None, queue_names)
             missing = set(args.job_ids) - set(requeued)
-            context.out.print(f"requeued {len(requeued)} job(s)", markup=False)
+            context.out.print(f"requeued {counted(len(requeued), 'job')}", markup=False)
             for job_id in sorted(missing):
                 context.err.print(f"{job_id}: not among the failed jobs", markup=False)
             return 1 if missing else 0

@@ -23,6 +23,7 @@ from producer.commands.exits import UsageError
 from producer.commands.out_file import replacing
 from shared.audio_stream import AudioChunk
 from shared.keys import check_job_id
+from shared.plurals import counted
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -99,7 +100,7 @@ def stream_to(
     uri = seen[-1].uri if seen else None
     where = "stdout" if out == "-" else out
     context.err.print(
-        f"streamed {len(seen)} chunk(s), {seconds:.2f} s at {rate} Hz to {where} "
+        f"streamed {counted(len(seen), 'chunk')}, {seconds:.2f} s at {rate} Hz to {where} "
         f"(job {job_id}; stored at {uri})",
         markup=False,
     )

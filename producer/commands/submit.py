@@ -27,6 +27,7 @@ from producer.commands.stream import check_stream_out, stream_to
 from producer.tracking import JobOutcome
 from shared.errors import InvalidRequestError, QueueFullError, SubmitInterruptedError
 from shared.jobs import DEFAULT_VOICE, RequestLimits, SynthesisRequest, validate_request
+from shared.plurals import counted
 from shared.results import AUDIO_FORMATS
 from shared.storage import open_storage
 from shared.voices import missing_voices, unknown_voice
@@ -147,8 +148,9 @@ def run_submit(args: argparse.Namespace, context: CliContext) -> int:
         for problem in problems:
             context.err.print(problem, markup=False)
         job_ids, submitted = _submit_lines(client, lines, context)
+        skipped = counted(len(problems), "bad line")
         context.err.print(
-            f"submitted {len(job_ids)} job(s); {len(problems)} bad line(s) skipped", markup=False
+            f"submitted {counted(len(job_ids), 'job')}; {skipped} skipped", markup=False
         )
         if not args.wait:
             return 1 if problems or len(submitted) < len(lines) else 0

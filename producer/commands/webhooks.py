@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.errors import SettingsError, UnknownTenantError
+from shared.plurals import counted
 from shared.settings_env import redact_url
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def run_failed(args: argparse.Namespace, context: CliContext) -> int:
         chosen = {key: json.loads(dead[key]) for key in sorted(wanted & set(dead))}
         if args.redeliver:
             sent = sum(store.redeliver(key, _fresh(record)) for key, record in chosen.items())
-            context.out.print(f"queued {sent} webhook(s) for delivery again", markup=False)
+            context.out.print(f"queued {counted(sent, 'webhook')} for delivery again", markup=False)
         else:
             _print_dead(context, chosen)
     for key in missing:

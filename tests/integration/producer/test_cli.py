@@ -81,7 +81,7 @@ def test_submit_100_lines_with_bad_ones_and_wait(
     assert status == 1  # bad lines make the run unclean, the rest was done
     for message in bad.values():
         assert message in captured.err
-    assert "submitted 94 job(s); 6 bad line(s) skipped" in captured.err
+    assert "submitted 94 jobs; 6 bad lines skipped" in captured.err
     summary = captured.out
     for column in ("ok", "failed", "audio s", "wall s", "audio s / wall s", "jobs / s"):
         assert column in summary
@@ -139,10 +139,21 @@ def test_failures_are_reported_with_reasons(
     )
     stop_worker_process(worker)  # nothing may run the requeued job before we look
     assert cosyq("failed", "--requeue") == 0
-    assert "requeued 1 job(s)" in capsys.readouterr().out
+    assert "requeued 1 job\n" in capsys.readouterr().out
     assert redis.Redis.from_url(settings.redis_url).lrange("rq:queue:cosyq-default", 0, -1) == [
         job_id.encode()
     ]
+
+
+def test_a_canceled_document_counts_its_segments_in_the_singular_too(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cosyq document status` of a canceled one-segment document said "1 segments"."""
+    with CosyqClient(settings) as client:  # no worker: the segment is canceled while queued
+        document_id = client.submit_document({"text": "One short sentence."})
+        client.cancel_document(document_id)
+    assert cosyq("document", "status", document_id) == 1
+    assert f"document {document_id}: canceled (1 segment did not run)" in capsys.readouterr().err
 
 
 def test_say_writes_the_audio(

@@ -170,7 +170,7 @@ def test_submit_reports_undecodable_lines_by_number_and_submits_the_rest(
     assert "line 2: not UTF-8 (byte 0xe9 at byte 14)" in captured.err
     assert "line 3: not UTF-8 (byte 0xff at byte 2)" in captured.err
     assert "line 1:" not in captured.err and "Traceback" not in captured.err
-    assert "submitted 2 job(s); 2 bad line(s) skipped" in captured.err
+    assert "submitted 2 jobs; 2 bad lines skipped" in captured.err
     ids = captured.out.split()
     assert len(ids) == 2 and connection.llen(f"rq:queue:{keys.QUEUE_DEFAULT}") == 2
     texts = [CosyqClient(settings).tracker.fetch(i).kwargs["request"]["text"] for i in ids]
@@ -184,7 +184,7 @@ def test_submit_from_stdin_with_a_bom_and_a_latin1_line(settings: Settings) -> N
     )
     err = done.stderr.decode()
     assert done.returncode == 1 and "Traceback" not in err
-    assert "line 2: not UTF-8" in err and "submitted 2 job(s); 1 bad line(s) skipped" in err
+    assert "line 2: not UTF-8" in err and "submitted 2 jobs; 1 bad line skipped" in err
     assert len(done.stdout.split()) == 2
 
 

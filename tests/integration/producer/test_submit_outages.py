@@ -100,8 +100,8 @@ def test_out_of_memory_names_the_chunk_and_prints_every_id_that_went_in(
         assert printed == queued  # every id that went in, and only those, in order
         assert (
             f"Redis is out of memory (maxmemory): the chunk of requests {len(printed) + 1:,}-"
-            f"{len(printed) + 100:,} was refused; {len(printed):,} of 2,000 job(s) were "
-            "submitted before it"
+            f"{len(printed) + 100:,} was refused; {len(printed):,} of the 2,000 jobs went in "
+            "before it"
         ) in captured.err
         assert f"not submitted: lines {len(printed) + 1}-2000" in captured.err
         assert "HSET" not in captured.err and "data" not in captured.err  # no job bytes
@@ -175,7 +175,7 @@ def test_summary_counts_still_running_apart_from_failed(
     columns = [c.strip() for c in header.split("┃")][1:-1]
     cells = dict(zip(columns, (c.strip() for c in row.split("│")[1:-1]), strict=True))
     assert (cells["ok"], cells["failed"], cells["still running"]) == ("1", "0", "1")
-    assert "1 job(s) still queued or running when the wait ended" in captured.err
+    assert "1 job still queued or running when the wait ended" in captured.err
     assert "failed:" not in captured.err
     records = {r["line"]: r for r in map(json.loads, results.read_text().splitlines())}
     assert records[1]["status"] == "ok" and records[1]["job_id"] == done
