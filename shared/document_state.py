@@ -42,7 +42,8 @@ worker anywhere for longer than the TTL) fails as an invalid request naming the 
 A document never assembled (failed for good, canceled, expired) keeps its segments' audio while
 its plan lives, for `retry`; `save_plan` also writes a record that outlives the plan (tenant,
 segment count) and notes when the plan expires, and once it has, any worker's housekeeping
-(`workers.documents.expiry`) deletes that audio.
+(`workers.documents.expiry`) deletes that audio. A plan from before records gets its record
+from a retry or from `cosyq document backfill-records` (`producer.segment_records`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
-"""`cosyq document submit|status|retry|result`: long texts as one file with captions.
+"""`cosyq document submit|status|retry|cancel|result|backfill-records`: long texts as one
+file with captions.
 
 `submit FILE --out chapter.mp3` splits FILE into segments, enqueues them, shows a progress bar
 (segments done, audio seconds so far), then writes chapter.mp3, chapter.srt, chapter.vtt and
 the manifest chapter.json; `--no-wait` prints the document id and returns. `result ID --out`
 fetches a finished one; `retry ID` reruns only the failed (or lost) segments.
+`backfill-records` (an operator's, once after an upgrade) writes the segments' record of every
+live document submitted before records existed (producer/segment_records.py).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from producer.commands.out_file import (
     write_replacing,
 )
 from producer.documents import DocumentStatus
+from producer.segment_records import backfill_segment_records
 from shared.document_state import DocumentFailedError, DocumentNotFoundError, DocumentResult
 from shared.errors import InvalidRequestError, ResultTimeoutError
+from shared.plurals import counted
 from shared.results import AUDIO_FORMATS
 from shared.storage import open_storage
 
@@ -83,6 +88,24 @@ def register(subparsers: Any) -> None:
             command.add_argument("--out", type=Path, help="write the audio, captions, manifest")
             command.add_argument("--wait", type=seconds, default=0.0, help="seconds to wait")
         command.set_defaults(handler=handler)
+    backfill = commands.add_parser(
+        "backfill-records",
+        help="write the segments' record of each live document submitted before records "
+        "existed, so its segment audio is deleted once its plan expires",
+    )
+    backfill.set_defaults(handler=run_backfill)
+
+
+def run_backfill(args: argparse.Namespace, context: CliContext) -> int:
+    """Prints the id of each document given a record, then how many on stderr."""
+    with context.make_client(context.settings) as client:
+        written = backfill_segment_records(client.connection, context.settings.result_ttl_s)
+    for document_id in written:
+        context.out.print(document_id, markup=False)
+    context.err.print(
+        f"wrote the segments' record of {counted(len(written), 'document')}", markup=False
+    )
+    return 0
 
 
 def document_request(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,9 +15,19 @@ from pathlib import Path
 import pytest
 
 from producer import CosyqClient
-from shared.document_state import SEGMENT_RECORDS, SEGMENTS_DUE, document_key, job_ids
+from producer.cli import main
+from shared.document_state import (
+    SEGMENT_EXPIRY_LOCK,
+    SEGMENT_RECORDS,
+    SEGMENTS_DUE,
+    document_key,
+    job_ids,
+)
+from shared.documents import segment_key
+from shared.storage import open_storage
 from tests.doubles.harness import Cluster, client_settings, pool_of_two, wait_for
 from tests.integration.producer.test_document_faults import fail
+from workers.documents.expiry import ExpiredSegments
 
 PARAGRAPH = (
     "The first sentence is short. The second one says a little more, and then it stops. "
@@ -92,3 +102,46 @@ def test_a_retried_document_from_before_records_gets_one(
         left = connection.ttl(document_key(document_id))
     assert record == {"tenant": "default", "segments": segments}
     assert abs(due - (time.time() + left)) < 5  # looked at when the renewed plan expires
+
+
+def test_backfill_records_the_documents_from_before_records_so_their_audio_goes(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`cosyq document backfill-records` writes the record of a live plan written the old way
+    (none in Redis), due at the plan's expiry, and nothing else: once the plan is gone the
+    expiry duty deletes that document's segment audio (no worker runs here: the duty is
+    ticked by the test)."""
+    cluster = Cluster(redis_url=redis_url, root=tmp_path)
+    settings = client_settings(cluster, monkeypatch)
+    storage = open_storage(settings)
+    with CosyqClient(settings) as client:
+        connection = client.connection
+        old, new = (client.submit_document({"text": text}) for text in (PARAGRAPH, "New one."))
+        connection.hdel(SEGMENT_RECORDS, old)  # as a plan from before records: none
+        connection.zrem(SEGMENTS_DUE, old)
+        new_record = connection.hget(SEGMENT_RECORDS, new)
+        done = storage.put(segment_key(old, 0), b"RIFF a done segment", "audio/wav", {})
+        audio = Path(done.uri.removeprefix("file://"))  # the default tenant's: no prefix
+        assert main(["document", "backfill-records"]) == 0
+        captured = capsys.readouterr()
+        assert captured.out.split() == [old]
+        assert "wrote the segments' record of 1 document" in captured.err
+        record = json.loads(connection.hget(SEGMENT_RECORDS, old) or "{}")
+        assert record == {"tenant": "default", "segments": len(job_ids(connection, old))}
+        due = connection.zscore(SEGMENTS_DUE, old) or 0.0
+        assert abs(due - (time.time() + connection.ttl(document_key(old)))) < 5
+        assert connection.hget(SEGMENT_RECORDS, new) == new_record  # its own is left as it was
+        assert main(["document", "backfill-records"]) == 0  # a second walk finds none lacking
+        assert capsys.readouterr().out.split() == []
+
+        duty = ExpiredSegments(connection, settings, holder="test", storage=storage)
+        assert duty.tick() == [] and audio.exists()  # not due yet
+        connection.delete(document_key(old))  # the plan expires
+        connection.zadd(SEGMENTS_DUE, {old: time.time() - 1})
+        connection.delete(SEGMENT_EXPIRY_LOCK)  # the next tick
+        assert duty.tick() == [old]
+        assert not audio.exists()
+        assert connection.hget(SEGMENT_RECORDS, old) is None
