@@ -55,6 +55,9 @@ WEBHOOK_RETRY = PREFIX + "webhooks:retry"  # sorted set: delivery JSON scored by
 WEBHOOK_DEAD = PREFIX + "webhooks:dead"  # hash: webhook id -> delivery JSON with why it died
 WEBHOOK_EVENT_SEEN_PREFIX = PREFIX + "webhooks:seen:"  # + webhook id: its event was appended
 WEBHOOK_BODY_PREFIX = PREFIX + "webhooks:body:"  # + webhook id: a job event's body, kept
+WEBHOOK_UNKEPT = PREFIX + "webhooks:unkept"  # sorted set: a job event with no body kept yet ->
+# when to look at it (appended with the event; producer/webhooks/bodies.py removes it)
+WEBHOOK_UNKEPT_LOCK = PREFIX + "webhooks:unkept-lock"  # one keeper per housekeeping tick
 # The operator's page (shared/job_index.py): jobs and documents by submit time, all and per
 # tenant (+ ":" tenant), suspect results waiting for a judgement, judgements, throughput per minute
 JOB_INDEX = PREFIX + "index:jobs"  # [+ ":" tenant]: sorted set, job id -> submit time

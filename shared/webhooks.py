@@ -22,6 +22,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
@@ -185,10 +187,12 @@ def event_id(subject_id: str, event: str, run: int = 1) -> str:
 
 
 # One event per webhook id: the marker and the XADD in one step, so a job that ends twice
-# (its worker killed between the two writes of its outcome) is told once.
+# (its worker killed between the two writes of its outcome) is told once; and in the same step
+# the event is noted as having no body kept yet (ZADD, scored by when it was appended).
 _APPEND_ONCE = """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[1])) then return 0 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
+redis.call('ZADD', KEYS[3], tonumber(ARGV[2]), ARGV[3])
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))
 return 1
 """
 
@@ -196,7 +200,19 @@ return 1
 def append_event(connection: Any, event: WebhookEvent, *, memory_s: int) -> None:
     """XADD the event to the outbox (a redis client or pipeline) unless an event with its id
     was appended in the last `memory_s` seconds. No MAXLEN: an entry leaves only once it was
-    delivered or dead-lettered."""
+    delivered or dead-lettered. The event is noted unkept (`keys.WEBHOOK_UNKEPT`) until its
+    body is kept: when its recorder dies before keeping it, the workers' housekeeping keeps it
+    (`workers.service.webhook_bodies`)."""
     flat = [part for pair in event.fields().items() for part in pair]
     marker = keys.WEBHOOK_EVENT_SEEN_PREFIX + event.webhook_id
-    connection.eval(_APPEND_ONCE, 2, marker, keys.WEBHOOK_OUTBOX, max(1, memory_s), *flat)
+    key_names = (marker, keys.WEBHOOK_OUTBOX, keys.WEBHOOK_UNKEPT)
+    connection.eval(
+        _APPEND_ONCE, 3, *key_names, max(1, memory_s), time.time(), unkept_member(event), *flat
+    )
+
+
+def unkept_member(event: WebhookEvent) -> str:
+    """The event's entry in `keys.WEBHOOK_UNKEPT`: what keeping its body needs (its id, job,
+    outcome and tenant; never when it was made, so whoever keeps the body finds the entry)."""
+    fields = {"webhook_id": event.webhook_id, "event": event.event, "job_id": event.job_id}
+    return json.dumps(fields | {"tenant": event.tenant}, sort_keys=True)

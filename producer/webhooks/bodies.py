@@ -11,10 +11,15 @@ It is kept only when the job, read back, ended as the event says and is the even
 The dispatcher sends a kept body only for an event of the same tenant, and only while the job,
 if it is still in Redis, belongs to that tenant: an id that another tenant's job took after the
 first one expired never carries the first one's body to the second, nor the second's to the
-first. A recorder that dies (or loses Redis) between the outcome and the keep leaves the event
-to take its body from the job at its first try, as before (sent while the job is kept); the
-dispatcher keeps that body the same way (`settle`: the first kept wins), so a delivery taken
-over from a dispatcher that died carries the same bytes whoever kept it.
+first. The event is noted unkept when it is appended (before the outcome, in the same step:
+`shared.webhooks.append_event`), and keeping its body removes the note in the same transaction
+(`settle`). A recorder that dies (or loses Redis) between the outcome and the keep leaves the
+note, and the workers' housekeeping keeps the body from it once the job has ended
+(`keep_unkept`, workers/service/webhook_bodies.py), a heartbeat or two later, long before the
+job expires. With no worker running, the event takes its body from the job at its first try
+(sent while the job is kept); the dispatcher keeps that body the same way (`settle`: the first
+kept wins), so a delivery taken over from a dispatcher that died carries the same bytes whoever
+kept it.
 
 No HTTP client here: workers import it.
 """
@@ -23,19 +28,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
-from rq.utils import utcparse
+from rq.utils import utcformat, utcparse
 
-from producer.tracking import JobStatus, job_status, status_record
+from producer.tracking import TERMINAL_STATES, JobStatus, job_status, status_record
 from shared import keys
 from shared.job_events import WebhookPolicy, job_event
 from shared.logs import get_logger
-from shared.webhooks import EventName, WebhookEvent, event_id
+from shared.webhooks import EventName, WebhookEvent, event_id, unkept_member
 
 log = get_logger(__name__)
 
@@ -71,27 +77,62 @@ def tells(status: JobStatus, event: WebhookEvent) -> bool:
 def keep_body(connection: redis.Redis, job: Job, event: EventName, policy: WebhookPolicy) -> None:
     """After `job`'s outcome was recorded: keep its `event`'s body (when it has a webhook, ended
     so and is still its tenant's). Best effort: a Redis error is logged, the outcome stands and
-    the event takes its body from the job while it is kept."""
+    the housekeeping keeps the body later (`keep_unkept`), else the dispatcher at its first try."""
     made = job_event(job, event, policy, quiet=True)
     if made is None:
         return
     try:
-        read = Job.fetch(job.id, connection=connection, serializer=JSONSerializer)
-        status = job_status(read)
-        if status.tenant != made.tenant or not tells(status, made):
-            log.info("webhook_body_not_kept", job_id=job.id, state=status.state)
-            return
-        settle(connection, made, event_body(status, made), policy.memory_s)
+        _keep(connection, made, policy.memory_s)
     except (redis.RedisError, NoSuchJobError) as e:
         log.warning("webhook_body_unkept", job_id=job.id, error=str(e))
 
 
+def keep_unkept(connection: redis.Redis, member: str, noted_at: float, memory_s: int) -> bool:
+    """The workers' housekeeping looks at an event noted unkept (`shared.webhooks.unkept_member`,
+    appended with the event before its outcome, `noted_at`): keeps its body from the job as
+    `keep_body` would have. True when done with it (kept, or never to be: the job gone, ended
+    otherwise, rerun, not the event's tenant's: the entry is dropped); False while the job has
+    not ended (its recorder may still be writing the outcome: looked at again later)."""
+    fields = json.loads(member)
+    at = utcformat(datetime.fromtimestamp(noted_at, UTC))
+    event = WebhookEvent(
+        fields["webhook_id"], fields["event"], fields["job_id"], "", at, fields["tenant"]
+    )
+    try:
+        return _keep(connection, event, memory_s) is not None
+    except NoSuchJobError:
+        log.warning("webhook_body_lost", webhook_id=event.webhook_id, job_id=event.job_id)
+        connection.zrem(keys.WEBHOOK_UNKEPT, member)
+        return True
+
+
+def _keep(connection: redis.Redis, event: WebhookEvent, memory_s: int) -> bool | None:
+    """Keep `event`'s body from its job as it is now: True (kept, or kept first by another),
+    False when it never will be (the entry is dropped), None while the job has not ended."""
+    read = Job.fetch(event.job_id, connection=connection, serializer=JSONSerializer)
+    status = job_status(read)
+    run = read.meta.get(keys.RUN_META_KEY, 1)
+    this_run = event_id(read.id, event.event, run if isinstance(run, int) else 1)
+    if status.state not in TERMINAL_STATES and this_run == event.webhook_id:
+        return None
+    if status.tenant != event.tenant or not tells(status, event) or this_run != event.webhook_id:
+        log.info("webhook_body_not_kept", job_id=event.job_id, state=status.state)
+        connection.zrem(keys.WEBHOOK_UNKEPT, unkept_member(event))
+        return False
+    settle(connection, event, event_body(status, event), memory_s)
+    return True
+
+
 def settle(connection: redis.Redis, event: WebhookEvent, body: str, memory_s: int) -> str:
     """Keep `body` for `event` unless a body was kept first; the one kept (for the event's
-    tenant) wins, so whoever builds it, every delivery of the event carries the same bytes."""
+    tenant) wins, so whoever builds it, every delivery of the event carries the same bytes. The
+    event is no longer noted unkept (in the same transaction)."""
     kept = json.dumps({"tenant": event.tenant, "body": body})
     key = keys.WEBHOOK_BODY_PREFIX + event.webhook_id
-    connection.set(key, kept, nx=True, ex=max(1, memory_s))
+    with connection.pipeline() as pipe:
+        pipe.set(key, kept, nx=True, ex=max(1, memory_s))
+        pipe.zrem(keys.WEBHOOK_UNKEPT, unkept_member(event))
+        pipe.execute()
     return kept_body(connection, event) or body
 
 

@@ -1,7 +1,8 @@
 """A housekeeping duty every worker runs and one holds per tick (`LockedDuty`): the assembly
-sweep, the document keepalive and, deleting through the worker's storage (`StorageDuty`), the
-segment audio cleanups. Each tick first takes the duty's short Redis lock (one
-heartbeat interval); a worker that does not get it does nothing this tick."""
+sweep, the document keepalive, the webhook bodies' keeper (workers/service/webhook_bodies.py)
+and, deleting through the worker's storage (`StorageDuty`), the segment audio cleanups. Each
+tick first takes the duty's short Redis lock (one heartbeat interval); a worker that does not
+get it does nothing this tick."""
 
 from __future__ import annotations
 

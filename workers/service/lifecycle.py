@@ -46,6 +46,7 @@ from workers.service.job_runtime import WorkerRuntime, install_runtime, prompt_r
 from workers.service.orphans import OrphanSweep
 from workers.service.outage import wait_for_redis
 from workers.service.reaper import Reaper, release_job
+from workers.service.webhook_bodies import UnkeptBodies
 from workers.voices.book import VoiceBook
 
 log = get_logger(__name__)
@@ -109,6 +110,9 @@ class WorkerLifecycle:
             )
             self.housekeeper.extra_duties.append(
                 DocumentKeepalive(self.housekeeper.connection, self.settings, holder=name)
+            )
+            self.housekeeper.extra_duties.append(
+                UnkeptBodies(self.housekeeper.connection, self.settings, holder=name)
             )
             if self.channel is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)

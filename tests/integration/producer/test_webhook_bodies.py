@@ -14,10 +14,10 @@ from rq.job import Job, JobStatus
 from producer.webhooks.bodies import keep_body
 from producer.webhooks.store import WebhookStore
 from shared import keys
-from shared.job_events import WebhookPolicy
+from shared.job_events import WebhookPolicy, job_ended, job_event
 from shared.settings import Settings
 from shared.tenants import TENANT_META_KEY
-from shared.webhooks import WebhookEvent
+from shared.webhooks import WebhookEvent, unkept_member
 from tests.doubles.harness import json_queue, wait_for
 from tests.doubles.webhook_receiver import Receiver
 from tests.integration.producer.webhook_rig import (  # noqa: F401 (fixtures used by name)
@@ -27,6 +27,7 @@ from tests.integration.producer.webhook_rig import (  # noqa: F401 (fixtures use
     receiver_fixture,
     settings_fixture,
 )
+from workers.service.webhook_bodies import UnkeptBodies
 
 
 def job_of(connection: redis.Redis, tenant: str, url: str, job_id: str | None = None) -> Job:
@@ -139,3 +140,46 @@ def test_a_delivered_event_holds_a_marker_not_its_body_and_is_never_sent_again(
         wait_for(lambda: WebhookStore(connection).counts() == (0, 0), 30, "the copy booked")
     assert len(receiver.calls) == 1
     assert receiver.calls[0].body == body["body"]
+
+
+def test_a_body_whose_recorder_died_before_keeping_it_is_kept_by_the_housekeeping(
+    connection: redis.Redis, settings: Settings, receiver: Receiver
+) -> None:
+    """A waiting job canceled, its recorder dead after the outcome and before the keep, and the
+    job expired before any dispatcher ran: the event went dead-lettered unsent (no body kept,
+    no job to take one from). Now the event is noted unkept with its append, and a heartbeat
+    later the workers' housekeeping keeps its body: the event is sent. A note whose job has
+    not ended stays (looked at again); one whose job is gone is dropped."""
+    policy = WebhookPolicy(allowed=(receiver.url,), memory_s=600, allow_private=True)
+    canceled, running, gone = (job_of(connection, "alpha", receiver.url) for _ in range(3))
+    job_ended(connection, canceled, "job.canceled", policy)
+    canceled.cancel()  # the outcome; its recorder dies here, before keep_body
+    for job in (running, gone):
+        job_ended(connection, job, "job.finished", policy)
+    gone.delete()
+    member = {
+        job.id: unkept_member(made)
+        for job, name in (
+            (canceled, "job.canceled"),
+            (running, "job.finished"),
+            (gone, "job.finished"),
+        )
+        if (made := job_event(job, name, policy)) is not None
+    }
+    notes = dict(connection.zrange(keys.WEBHOOK_UNKEPT, 0, -1, withscores=True))
+    assert {m.decode() for m in notes} == set(member.values())
+    a_beat_ago = {m: at - settings.heartbeat_interval_s - 1 for m, at in notes.items()}
+    connection.zadd(keys.WEBHOOK_UNKEPT, a_beat_ago)  # as one heartbeat later
+
+    done = UnkeptBodies(connection, settings, holder="test").tick()
+    assert sorted(done) == sorted([member[canceled.id], member[gone.id]])
+    assert connection.zrange(keys.WEBHOOK_UNKEPT, 0, -1) == [member[running.id].encode()]
+    webhook_id = f"msg_{canceled.id}_canceled"
+    assert (kept(connection, webhook_id) or {}).get("tenant") == "alpha"
+    canceled.delete()  # the job expires before a dispatcher runs
+    with dispatching(connection, settings, None):
+        sent = lambda: [c for c in receiver.calls if c.headers["webhook-id"] == webhook_id]  # noqa: E731
+        (call,) = wait_for(sent, 30, "the kept body sent")
+    body = json.loads(call.body)
+    assert (body["job_id"], body["state"], body["tenant"]) == (canceled.id, "canceled", "alpha")
+    assert webhook_id not in WebhookStore(connection).dead_letters()
