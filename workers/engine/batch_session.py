@@ -1,13 +1,15 @@
 """The PyTorch pipeline's `BatchSession`: continuous batching on one model thread.
 
-Each admitted request is planned (front end) and its first piece joins the LLM's row
-decoder (`BatchDecoder`, or the int8 ONNX Runtime step's `OrtBatchDecoder`, handed in as a
-`RowDecoder`: the tests drive this very session with a scripted one); every loop turn is one
-batched decode step for all rows, after which the rows that finished go through flow and HiFT
-and their request either joins again with its next piece (pieces stay in order, one row per
-request, so the request's generator is drawn in exactly the order of the alone path) or
-completes its future. Newcomers are admitted at every step boundary, up to `max_batch`
-requests in flight.
+Each submitted request is planned (its front end: number spelling, splitting, tokens) on a
+preparation thread of its own (`cosyq-model-prepare`, one request at a time), never on the model
+thread: a hostile 2,000-character text took ~1.2 s there, which every row of the batch waited
+out. Planned, its first piece joins the LLM's row decoder (`BatchDecoder`, or the int8 ONNX
+Runtime step's `OrtBatchDecoder`, handed in as a `RowDecoder`: the tests drive this very session
+with a scripted one); every loop turn is one batched decode step for all rows, after which the
+rows that finished go through flow and HiFT and their request either joins again with its next
+piece (pieces stay in order, one row per request, so the request's generator is drawn in exactly
+the order of the alone path) or completes its future. Newcomers are admitted at every step
+boundary, up to `max_batch` requests in flight.
 
 Rows that finish in the same step share one padded flow call (`ModuleFlow.mels`: each row its
 own prompt and noise slice, CFG doubling it to 2B rows); HiFT runs per piece on the request's
@@ -21,9 +23,10 @@ its own future. An exception inside a batched decode step drops the rows it touc
 each of their requests alone from the start (same seed, so the same answer as alone), so one
 poisoned input cannot fail its neighbours; a failed batched flow call reruns each piece's flow
 alone. A piece longer than a batch row holds runs its whole request alone. Whole-request reruns
-go to a thread of their own (`cosyq-model-alone`, one at a time, its front end made on the
-model thread first), so the batch keeps decoding and admitting beside them: a long request
-never stalls the others.
+go to a thread of their own (`cosyq-model-alone`, one at a time, its front end made afresh on
+the preparation thread first), so the batch keeps decoding and admitting beside them: a long
+request never stalls the others, and holds no row meanwhile (`alone()` counts these, so the
+worker fills their places with other jobs).
 
 `run_first` hands the model thread a whole task (a streamed job's synthesis, whose chunks go
 out as they are made): it runs at the next step boundary, ahead of every row, which pause
@@ -50,37 +53,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
 from workers.engine.api import SynthesisCanceled, SynthesisInput, SynthesisOutput
+from workers.engine.batch_jobs import FirstTask, Job, capped, job_of, plan_of
 from workers.engine.batch_protocols import PlannedPipeline, RowDecoder
 from workers.engine.openmp_pool import release_thread_team
 from workers.engine.requests import RequestPlan
 from workers.engine.stages import ModuleVocoder
 from workers.model.llm.batch import FinishedRow, RowTooLong
-from workers.model.llm.cosyvoice3 import cap_silent_runs
 
 T = TypeVar("T")
-
-
-@dataclass(eq=False)
-class FirstTask:
-    """A task for the model thread ahead of the rows (`run_first`)."""
-
-    task: Callable[[], Any]
-    future: Future[Any]
-
-
-@dataclass(eq=False)  # identity: a job is the key of its LLM row
-class Job:
-    request: SynthesisInput
-    future: Future[SynthesisOutput]
-    plan: RequestPlan | None = None
-    audio: list[np.ndarray] = field(default_factory=list)
-    batch_size: int = 1
 
 
 class PipelineBatchSession:
@@ -94,6 +79,7 @@ class PipelineBatchSession:
         self._queue: queue.Queue[Job | FirstTask | None] = queue.Queue()
         self._first: deque[FirstTask] = deque()
         self._pending = 0
+        self._alone_n = 0  # requests handed to the alone lane, not yet settled
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # admitted, each with exactly one row in the decoder
         self._waiting: deque[Job] = deque()
@@ -104,39 +90,71 @@ class PipelineBatchSession:
         self._rows_turn_until = 0.0  # perf_counter: the rows' turn after the last tasks ran
         self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
         release_thread_team()  # the model moves to its own thread: one OpenMP team
+        # every front end (`begin`) runs here, one at a time, never on the model thread
+        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-prepare")
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-alone")
         self._thread = threading.Thread(target=self._run, name="cosyq-model", daemon=True)
         self._thread.start()
 
     def submit(self, request: SynthesisInput) -> Future[SynthesisOutput]:
         future: Future[SynthesisOutput] = Future()
-        self._enqueue(Job(request, future))
+        job = Job(request, future)
+        self._count_in()
+        self._prepare.submit(self._prepared, job)
         return future
 
     def run_first(self, task: Callable[[], T]) -> Future[T]:
         """Run `task` on the model thread at the next step boundary, ahead of every row."""
         future: Future[T] = Future()
-        self._enqueue(FirstTask(task, future))
+        self._count_in()
+        self._queue.put(FirstTask(task, future))
         return future
 
-    def _enqueue(self, item: Job | FirstTask) -> None:
-        """Count the item in flight and hand it to the model thread (refused once closing)."""
+    def _count_in(self) -> None:
+        """Count one more item in flight (refused once closing)."""
         with self._lock:
             if self._closing:
                 raise RuntimeError("the batch session is closed")
             self._pending += 1
-        self._queue.put(item)
 
     def in_flight(self) -> int:
         with self._lock:
             return self._pending
 
+    def alone(self) -> int:
+        """Requests in flight that hold no row: run, or waiting to run, beside the batch."""
+        with self._lock:
+            return self._alone_n
+
     def close(self) -> None:
         with self._lock:
             self._closing = True
-        self._queue.put(None)
+        # the close marker follows every submitted request through the preparation thread
+        self._prepare.submit(self._queue.put, None)
         self._thread.join()
+        self._prepare.shutdown(wait=True)  # alone reruns the model thread handed it last
         self._beside.shutdown(wait=True)  # requests still running alone finish first
+
+    # --- the preparation thread ---------------------------------------------------------
+
+    def _prepared(self, job: Job) -> None:
+        """The job's front end (number spelling, splitting, tokens: up to a second or more for
+        a long text) here, beside the model thread, which keeps stepping the rows meanwhile;
+        then the job waits for its row. Its error, if any, is settled on the model thread."""
+        if not job.future.cancelled():
+            try:
+                job.plan = self.pipeline.begin(job.request)
+            except BaseException as e:  # the request's own: its future's exception
+                job.error = e
+        self._queue.put(job)
+
+    def _plan_alone(self, job: Job, request: SynthesisInput) -> None:
+        """A rerun's front end, afresh, then the request on the alone lane."""
+        try:
+            plan = self.pipeline.begin(request)
+            self._beside.submit(self._run_alone, job, plan)
+        except BaseException as e:
+            self._settle(job, error=e)
 
     # --- the model thread -------------------------------------------------------------
 
@@ -242,17 +260,15 @@ class PipelineBatchSession:
         if not job.future.set_running_or_notify_cancel():
             self._done(job)
             return
-        try:
-            job.plan = self.pipeline.begin(job.request)
-        except BaseException as e:
-            self._done(job, error=e)
+        if job.error is not None:  # its front end failed on the preparation thread
+            self._done(job, error=job.error)
             return
         self._jobs.append(job)
         self._join(job)
 
     def _join(self, job: Job) -> None:
         """Give the job's next piece a row (or finish the job alone / with its error)."""
-        plan = _plan(job)
+        plan = plan_of(job)
         piece = plan.pieces[len(job.audio)]
         try:
             with plan.state.clock.timed("llm"):  # the row's own prefill: all its own
@@ -293,7 +309,7 @@ class PipelineBatchSession:
         share = (time.perf_counter() - start) / max(len(rows), 1)
         for key in rows:
             assert isinstance(key, Job)
-            _plan(key).state.clock.seconds["llm"] += share
+            plan_of(key).state.clock.seconds["llm"] += share
         self._pieces_done(finished)
 
     def _pieces_done(self, rows: list[FinishedRow]) -> None:
@@ -309,7 +325,7 @@ class PipelineBatchSession:
             try:
                 made = many(
                     [
-                        (np.asarray(rows[i].tokens, np.int32), _job(rows[i]).request.prompt)
+                        (np.asarray(rows[i].tokens, np.int32), job_of(rows[i]).request.prompt)
                         for i in batch
                     ],
                     between_steps=self._serve_first,
@@ -321,7 +337,7 @@ class PipelineBatchSession:
             for i, mel in zip(batch, made, strict=True):
                 mels[i] = mel
                 if mel is not None:
-                    _plan(_job(rows[i])).state.clock.seconds["flow"] += share
+                    plan_of(job_of(rows[i])).state.clock.seconds["flow"] += share
         vocoder = self.pipeline.vocoder
         if len(batch) > 1 and isinstance(vocoder, ModuleVocoder) and vocoder.batches:
             self._vocode_together(vocoder, rows, mels)
@@ -338,10 +354,10 @@ class PipelineBatchSession:
         for row, mel in zip(rows, mels, strict=True):
             try:
                 speech = self.pipeline.piece_mel(
-                    np.asarray(row.tokens, np.int32), _plan(_job(row)), mel
+                    np.asarray(row.tokens, np.int32), plan_of(job_of(row)), mel
                 )
             except BaseException as e:
-                self._done(_job(row), error=e)
+                self._done(job_of(row), error=e)
                 continue
             if speech is None:
                 self._piece_audio(row, np.zeros(0, dtype=np.float32))
@@ -350,14 +366,14 @@ class PipelineBatchSession:
         if not ready:
             return
         start = time.perf_counter()
-        noises = [vocoder.noise(mel, _plan(_job(row)).state.generator) for row, mel in ready]
+        noises = [vocoder.noise(mel, plan_of(job_of(row)).state.generator) for row, mel in ready]
         try:
             made: list[np.ndarray | None] = list(vocoder.waveforms([m for _, m in ready], noises))
         except Exception:  # each piece alone, on the draws it already made
             made = [None] * len(ready)
         share = (time.perf_counter() - start) / len(ready)
         for (row, mel), noise, wav in zip(ready, noises, made, strict=True):
-            clock = _plan(_job(row)).state.clock
+            clock = plan_of(job_of(row)).state.clock
             if wav is not None:
                 clock.seconds["hift"] += share
                 self._piece_audio(row, wav)
@@ -366,24 +382,24 @@ class PipelineBatchSession:
                 with clock.timed("hift"):
                     alone = vocoder.waveform_with(mel, noise)
             except BaseException as e:
-                self._done(_job(row), error=e)
+                self._done(job_of(row), error=e)
                 continue
             self._piece_audio(row, alone)
 
     def _piece_done(self, row: FinishedRow, mel: np.ndarray | None) -> None:
         try:
             ids = np.asarray(row.tokens, np.int32)
-            audio = self.pipeline.piece_audio(ids, _plan(_job(row)), mel)
+            audio = self.pipeline.piece_audio(ids, plan_of(job_of(row)), mel)
         except BaseException as e:
-            self._done(_job(row), error=e)
+            self._done(job_of(row), error=e)
             return
         self._piece_audio(row, audio)
 
     def _piece_audio(self, row: FinishedRow, audio: np.ndarray) -> None:
         """One piece's samples: the job's next piece joins, or the job completes."""
-        job = _job(row)
+        job = job_of(row)
         job.batch_size = max(job.batch_size, row.batch_size)
-        plan = _plan(job)
+        plan = plan_of(job)
         try:
             plan.state.record_stop(row.tokens, row.stop)
             job.audio.append(audio)
@@ -397,7 +413,7 @@ class PipelineBatchSession:
         self._done(job, output=self._output(samples, job))
 
     def _output(self, samples: np.ndarray, job: Job) -> SynthesisOutput:
-        state = _plan(job).state
+        state = plan_of(job).state
         return SynthesisOutput(
             samples=samples,
             sample_rate=self.pipeline.sample_rate,
@@ -411,17 +427,17 @@ class PipelineBatchSession:
 
     def _alone(self, job: Job) -> None:
         """Rerun the whole request on its own from the start, with the seed it was given, on
-        the thread beside the batch; its front end runs here (the model thread's), afresh."""
+        the thread beside the batch; its front end runs afresh on the preparation thread. It
+        holds no row from now on (`alone()` counts it until it settles)."""
         if job in self._jobs:
             self._jobs.remove(job)
         request = job.request
         if job.plan is not None:
             request = dataclasses.replace(request, seed=job.plan.state.seed)
-        try:
-            plan = self.pipeline.begin(request)
-            self._beside.submit(self._run_alone, job, plan)
-        except BaseException as e:
-            self._done(job, error=e)
+        with self._lock:
+            job.alone = True
+            self._alone_n += 1
+        self._prepare.submit(self._plan_alone, job, request)
 
     def _run_alone(self, job: Job, plan: RequestPlan) -> None:
         """On the thread beside the batch: the planned request alone, then its future."""
@@ -458,22 +474,5 @@ class PipelineBatchSession:
                 job.future.set_result(output)
         with self._lock:
             self._pending -= 1
-
-
-def capped(row: FinishedRow, llm: object) -> FinishedRow:
-    """The row's tokens as the alone path hands them on: CosyVoice 3's silent-run cap
-    (`cap_silent_runs`; nothing changes for CosyVoice 2, which has no silent tokens)."""
-    config = getattr(getattr(llm, "model", None), "config", None)
-    if config is None or not getattr(config, "silent_tokens", ()):
-        return row
-    return dataclasses.replace(row, tokens=list(cap_silent_runs(row.tokens, config)))
-
-
-def _job(row: FinishedRow) -> Job:
-    assert isinstance(row.key, Job)
-    return row.key
-
-
-def _plan(job: Job) -> RequestPlan:
-    assert job.plan is not None
-    return job.plan
+            if job.alone:
+                self._alone_n -= 1

@@ -46,6 +46,11 @@ class BatchSession(Protocol):
         """Requests and tasks submitted whose futures are not done yet."""
         ...
 
+    def alone(self) -> int:
+        """Requests in flight that hold no row (too long for one, or rerun after a failed
+        step): they run one at a time beside the batch, which may take others in their place."""
+        ...
+
     def close(self) -> None:
         """Finish every submitted request, then stop the model thread."""
         ...
@@ -90,6 +95,9 @@ class SequentialSession:
     def in_flight(self) -> int:
         with self._lock:
             return self._pending
+
+    def alone(self) -> int:
+        return 0  # no rows: every request runs one at a time
 
     def close(self) -> None:
         self._queue.put(None)

@@ -6,17 +6,29 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from tests.doubles.stepped import BatchingScriptedEngine, decode_steps
+from shared.errors import InvalidRequestError
+from tests.doubles.stepped import BatchingScriptedEngine, ScriptedPlan, decode_steps
 from workers.engine.api import StopCheck, SynthesisCanceled, SynthesisInput, SynthesisOutput
 from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.batching import SequentialSession, open_batch_session
 
 pytestmark = pytest.mark.timeout(120)
 VOICE = BatchingScriptedEngine().extract_voice(np.zeros(24000, np.float32), 24000, "a voice")
+
+
+def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
+    """Whether `condition` held within `timeout_s` (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 class StopAfter:
@@ -79,6 +91,40 @@ def test_a_failing_and_a_canceled_request_leave_their_neighbour_as_alone() -> No
     assert np.array_equal(output.samples, alone.samples)
     with pytest.raises(RuntimeError, match="closed"):
         session.submit(kept)
+
+
+def test_a_request_being_prepared_does_not_hold_the_rows_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The front end (number spelling, splitting, tokens: ~1.2 s for a hostile 2,000-character
+    text) runs beside the model thread: while one request's preparation is held, a row decodes
+    to its end; a request whose preparation fails still gets its own error."""
+    engine = BatchingScriptedEngine()
+    entered, gate = threading.Event(), threading.Event()
+    begin = engine.pipeline.begin
+
+    def held_begin(r: SynthesisInput) -> ScriptedPlan:
+        if r.text.startswith("held"):
+            entered.set()
+            assert gate.wait(60)
+        return begin(r)
+
+    monkeypatch.setattr(engine.pipeline, "begin", held_begin)
+    session = engine.open_batch_session(3)
+    try:
+        row = session.submit(request("seconds:1 row", seed=1))
+        held = session.submit(request("held seconds:1", seed=2))
+        assert entered.wait(30)
+        row.result(timeout=30)  # it decoded (25 steps) while "held" was being prepared
+        assert not held.done()
+        gate.set()
+        assert held.result(timeout=30).seed == 2
+        with pytest.raises(InvalidRequestError):
+            session.submit(request("invalid", seed=3)).result(timeout=30)
+    finally:
+        gate.set()
+        session.close()
+    assert session.in_flight() == 0
 
 
 def test_a_task_run_first_runs_between_steps_while_the_rows_wait() -> None:
@@ -178,13 +224,13 @@ def test_a_task_run_first_runs_inside_a_batched_flow_call_and_is_not_the_rows_fl
     session = open_batch_session(engine, 2)
     task_s = 3.0
     try:
-        # hold the model thread in a task so both rows are admitted at one boundary and
-        # finish their decode in the same step: their flow is one `mels` call
-        gate = threading.Event()
-        holding = session.run_first(lambda: gate.wait(60))
+        # hold the model thread in a task until both rows are prepared (queued for it), so
+        # they are admitted at one boundary and finish their decode in the same step: their
+        # flow is one `mels` call
+        assert isinstance(session, PipelineBatchSession)
+        holding = session.run_first(lambda: until(lambda: session._queue.qsize() >= 2))
         rows = [session.submit(request(f"seconds:0.2 row {i}", seed=i)) for i in range(2)]
-        gate.set()
-        holding.result(timeout=60)
+        assert holding.result(timeout=60)
         assert flow.started.wait(60)
 
         def inside() -> tuple[int, list[bool]]:
