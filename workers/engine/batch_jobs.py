@@ -53,3 +53,18 @@ def job_of(row: FinishedRow) -> Job:
 def plan_of(job: Job) -> RequestPlan:
     assert job.plan is not None
     return job.plan
+
+
+def output_of(job: Job, samples: np.ndarray, sample_rate: int) -> SynthesisOutput:
+    """The finished job's output: its samples, with its plan's counters and stage seconds."""
+    state = plan_of(job).state
+    return SynthesisOutput(
+        samples=samples,
+        sample_rate=sample_rate,
+        stage_seconds=dict(state.clock.seconds),
+        speech_tokens=state.speech_tokens,
+        batch_size=job.batch_size,
+        pieces=list(state.spans),
+        text_tokens=state.text_tokens,
+        seed=state.seed,
+    )

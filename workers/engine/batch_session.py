@@ -46,6 +46,7 @@ request alone (n = 1) gets each stage's wall time: one definition for both paths
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -53,12 +54,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
 
 from workers.engine.api import SynthesisCanceled, SynthesisInput, SynthesisOutput
-from workers.engine.batch_jobs import FirstTask, Job, capped, job_of, plan_of
+from workers.engine.batch_jobs import FirstTask, Job, capped, job_of, output_of, plan_of
 from workers.engine.batch_protocols import PlannedPipeline, RowDecoder
 from workers.engine.openmp_pool import release_thread_team
 from workers.engine.requests import RequestPlan
@@ -76,7 +78,7 @@ class PipelineBatchSession:
         self.pipeline = pipeline
         self.max_batch = max_batch
         self.decoder = decoder
-        self._queue: queue.Queue[Job | FirstTask | None] = queue.Queue()
+        self._queue: queue.Queue[list[Job] | FirstTask | None] = queue.Queue()
         self._first: deque[FirstTask] = deque()
         self._pending = 0
         self._alone_n = 0  # requests handed to the alone lane, not yet settled
@@ -90,8 +92,12 @@ class PipelineBatchSession:
         self._rows_turn_until = 0.0  # perf_counter: the rows' turn after the last tasks ran
         self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
         release_thread_team()  # the model moves to its own thread: one OpenMP team
-        # every front end (`begin`) runs here, one at a time, never on the model thread
-        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-prepare")
+        # every front end (`begin`) runs there, one at a time, never on the model thread
+        self._preparing: queue.Queue[Job | Callable[[], None] | None] = queue.Queue()
+        self._preparer = threading.Thread(
+            target=self._prepare_loop, name="cosyq-model-prepare", daemon=True
+        )
+        self._preparer.start()
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-alone")
         self._thread = threading.Thread(target=self._run, name="cosyq-model", daemon=True)
         self._thread.start()
@@ -100,7 +106,7 @@ class PipelineBatchSession:
         future: Future[SynthesisOutput] = Future()
         job = Job(request, future)
         self._count_in()
-        self._prepare.submit(self._prepared, job)
+        self._preparing.put(job)
         return future
 
     def run_first(self, task: Callable[[], T]) -> Future[T]:
@@ -130,23 +136,47 @@ class PipelineBatchSession:
         with self._lock:
             self._closing = True
         # the close marker follows every submitted request through the preparation thread
-        self._prepare.submit(self._queue.put, None)
+        self._preparing.put(partial(self._queue.put, None))
         self._thread.join()
-        self._prepare.shutdown(wait=True)  # alone reruns the model thread handed it last
+        self._preparing.put(None)  # after the alone reruns the model thread handed it last
+        self._preparer.join()
         self._beside.shutdown(wait=True)  # requests still running alone finish first
 
     # --- the preparation thread ---------------------------------------------------------
 
-    def _prepared(self, job: Job) -> None:
+    def _prepare_loop(self) -> None:
+        """Front ends in the order they came: what was submitted together is handed to the
+        model thread together (admitted at one step boundary, as when the model thread made
+        them: rows that start together finish together and share their flow calls)."""
+        while True:
+            items = [self._preparing.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    items.append(self._preparing.get_nowait())
+            group: list[Job] = []
+            for item in items:
+                if isinstance(item, Job):
+                    self._prepare_job(item)
+                    group.append(item)
+                    continue
+                if group:
+                    self._queue.put(group)
+                    group = []
+                if item is None:
+                    return
+                item()  # an alone rerun's front end, or the close marker
+            if group:
+                self._queue.put(group)
+
+    def _prepare_job(self, job: Job) -> None:
         """The job's front end (number spelling, splitting, tokens: up to a second or more for
-        a long text) here, beside the model thread, which keeps stepping the rows meanwhile;
-        then the job waits for its row. Its error, if any, is settled on the model thread."""
+        a long text) here, beside the model thread, which keeps stepping the rows meanwhile.
+        Its error, if any, is settled on the model thread."""
         if not job.future.cancelled():
             try:
                 job.plan = self.pipeline.begin(job.request)
             except BaseException as e:  # the request's own: its future's exception
                 job.error = e
-        self._queue.put(job)
 
     def _plan_alone(self, job: Job, request: SynthesisInput) -> None:
         """A rerun's front end, afresh, then the request on the alone lane."""
@@ -205,7 +235,7 @@ class PipelineBatchSession:
                 elif isinstance(item, FirstTask):
                     self._first.append(item)
                 else:
-                    self._waiting.append(item)
+                    self._waiting.extend(item)
                 item = self._queue.get_nowait()
         except queue.Empty:
             return
@@ -242,7 +272,7 @@ class PipelineBatchSession:
             if isinstance(item, FirstTask):
                 self._first.append(item)
             elif item is not None:
-                jobs.append(item)
+                jobs.extend(item)
 
     def _run_first(self, first: FirstTask) -> None:
         """A task ahead of the rows, whole; its outcome (or exception) on its future."""
@@ -410,20 +440,7 @@ class PipelineBatchSession:
         except BaseException as e:
             self._done(job, error=e)
             return
-        self._done(job, output=self._output(samples, job))
-
-    def _output(self, samples: np.ndarray, job: Job) -> SynthesisOutput:
-        state = plan_of(job).state
-        return SynthesisOutput(
-            samples=samples,
-            sample_rate=self.pipeline.sample_rate,
-            stage_seconds=dict(state.clock.seconds),
-            speech_tokens=state.speech_tokens,
-            batch_size=job.batch_size,
-            pieces=list(state.spans),
-            text_tokens=state.text_tokens,
-            seed=state.seed,
-        )
+        self._done(job, output=output_of(job, samples, self.pipeline.sample_rate))
 
     def _alone(self, job: Job) -> None:
         """Rerun the whole request on its own from the start, with the seed it was given, on
@@ -437,7 +454,7 @@ class PipelineBatchSession:
         with self._lock:
             job.alone = True
             self._alone_n += 1
-        self._prepare.submit(self._plan_alone, job, request)
+        self._preparing.put(partial(self._plan_alone, job, request))
 
     def _run_alone(self, job: Job, plan: RequestPlan) -> None:
         """On the thread beside the batch: the planned request alone, then its future."""

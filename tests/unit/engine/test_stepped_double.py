@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from shared.errors import InvalidRequestError
+from tests.doubles.harness import wait_for
 from tests.doubles.stepped import BatchingScriptedEngine, ScriptedPlan, decode_steps
 from workers.engine.api import StopCheck, SynthesisCanceled, SynthesisInput, SynthesisOutput
 from workers.engine.batch_session import PipelineBatchSession
@@ -19,16 +19,6 @@ from workers.engine.batching import SequentialSession, open_batch_session
 
 pytestmark = pytest.mark.timeout(120)
 VOICE = BatchingScriptedEngine().extract_voice(np.zeros(24000, np.float32), 24000, "a voice")
-
-
-def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> bool:
-    """Whether `condition` held within `timeout_s` (polled)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 class StopAfter:
@@ -113,6 +103,7 @@ def test_a_request_being_prepared_does_not_hold_the_rows_back(
     session = engine.open_batch_session(3)
     try:
         row = session.submit(request("seconds:1 row", seed=1))
+        wait_for(row.running, 30, "the row on the model thread", 0.005)
         held = session.submit(request("held seconds:1", seed=2))
         assert entered.wait(30)
         row.result(timeout=30)  # it decoded (25 steps) while "held" was being prepared
@@ -228,9 +219,15 @@ def test_a_task_run_first_runs_inside_a_batched_flow_call_and_is_not_the_rows_fl
         # they are admitted at one boundary and finish their decode in the same step: their
         # flow is one `mels` call
         assert isinstance(session, PipelineBatchSession)
-        holding = session.run_first(lambda: until(lambda: session._queue.qsize() >= 2))
+
+        def queued() -> bool:  # prepared, in the model thread's queue (one group, or two)
+            return (
+                sum(len(item) for item in list(session._queue.queue) if isinstance(item, list)) >= 2
+            )
+
+        holding = session.run_first(lambda: wait_for(queued, 60, "both rows prepared", 0.005))
         rows = [session.submit(request(f"seconds:0.2 row {i}", seed=i)) for i in range(2)]
-        assert holding.result(timeout=60)
+        holding.result(timeout=60)
         assert flow.started.wait(60)
 
         def inside() -> tuple[int, list[bool]]:
