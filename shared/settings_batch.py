@@ -39,6 +39,14 @@ class BatchSettings(BaseModel):
         description="LLM KV positions per batch row (prompt + text + speech); longer pieces "
         "run alone. Memory: 24 KiB per position per row on the full model (fp32)",
     )
+    batch_alone_jobs: int = Field(
+        4,
+        ge=0,
+        le=128,
+        description="jobs too long for a batch row (they run one at a time beside the batch) "
+        "that hold no row's place while they run or wait their turn, so other jobs fill the "
+        "batch; past this many they hold one",
+    )
     batch_poll_ms: float = Field(
         10.0, gt=0, le=1000, description="how often a batching worker looks for jobs to add"
     )

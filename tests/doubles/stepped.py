@@ -10,7 +10,8 @@ the model is scripted:
 - `SteppedDecoder` is the session's `RowDecoder`: every step takes `step_s` however many rows
   share it (as a batched forward reads the weights once for all rows), advances each row by
   one of its piece's ids, and reports for each finished row the most rows that shared a step
-  with it.
+  with it; with `row_steps` set, a piece of more steps is too long for a row (`RowTooLong`:
+  its request runs alone).
 Alone (`synthesize`) the same plan decodes its steps one after another, each after asking
 `should_stop`, as the real engine's LLM loop does.
 """
@@ -35,7 +36,7 @@ from workers.engine.modes import LLMPrompt
 from workers.engine.requests import RequestPlan, RequestState
 from workers.engine.stages import FlowStage, VocoderStage
 from workers.engine.text_frontend import TextPiece
-from workers.model.llm.batch import FinishedRow
+from workers.model.llm.batch import FinishedRow, RowTooLong
 
 
 def decode_steps(output: SynthesisOutput) -> int:
@@ -135,9 +136,10 @@ class SteppedRow:
 class SteppedDecoder:
     """The session's `RowDecoder` in the tests: `rows` rows at most, one step per `step_s`."""
 
-    def __init__(self, rows: int, step_s: float) -> None:
+    def __init__(self, rows: int, step_s: float, row_steps: int | None = None) -> None:
         self.capacity = rows
         self.step_s = step_s
+        self.row_steps = row_steps  # a piece of more steps is too long for a row (runs alone)
         self.rows: list[SteppedRow] = []
 
     def add(
@@ -150,6 +152,8 @@ class SteppedDecoder:
         generator: torch.Generator,
         forced_length: int | None = None,
     ) -> None:
+        if self.row_steps is not None and len(text) > self.row_steps:
+            raise RowTooLong(f"{len(text)} steps > {self.row_steps} per batch row")
         if len(self.rows) >= self.capacity:
             raise ValueError("no free row in the batch")
         self.rows.append(SteppedRow(key, tuple(text)))
@@ -182,6 +186,7 @@ class BatchingScriptedEngine(ScriptedEngine):
         # read when the engine loads, not at import: a worker forked from the test template
         # (tests/doubles/harness.py) has its own environment, the template imported with its own
         self.step_s = float(os.environ.get("TESTENGINE_STEP_S", "0.02"))
+        self.row_steps: int | None = None  # set: longer pieces are too long for a row
         self.pipeline = ScriptedPipeline(self)
 
     def synthesize(self, request: SynthesisInput) -> SynthesisOutput:
@@ -196,5 +201,5 @@ class BatchingScriptedEngine(ScriptedEngine):
         return output
 
     def open_batch_session(self, max_batch: int) -> PipelineBatchSession:
-        decoder = SteppedDecoder(max_batch, self.step_s)
+        decoder = SteppedDecoder(max_batch, self.step_s, self.row_steps)
         return PipelineBatchSession(self.pipeline, decoder, max_batch)

@@ -250,10 +250,13 @@ class BatchDequeue:
             log.info("job_pushed_back", job_id=job_id, queue=queue.name)
 
 
-def admission_room(*, batch_size: int, held: int, jobs_left: int, open_: bool) -> int:
-    """How many more jobs may join now: the batch size and the jobs this process may still
-    take (recycling budget) both count every job held, so a worker never takes a job it would
-    have to give back for recycling."""
+def admission_room(
+    *, batch_size: int, held: int, jobs_left: int, open_: bool, beside: int = 0
+) -> int:
+    """How many more jobs may join now: the batch size counts every job held but the `beside`
+    ones (run, or waiting their turn, alone beside the batch: they hold no row), and the jobs
+    this process may still take (recycling budget) count every job held, so a worker never
+    takes a job it would have to give back for recycling."""
     if not open_:
         return 0
-    return max(0, min(batch_size, jobs_left) - held)
+    return max(0, min(batch_size + beside, jobs_left) - held)

@@ -10,16 +10,18 @@ and the worker is seen only through a narrow `WindowGate`. Threads:
 - a small I/O pool: validation and voice lookup before the model, encoding and storage after.
 Timeouts are per-job deadlines checked here (SIGALRM cannot time one of several jobs): a job
 past its deadline fails as timed out and the worker retires; its audio, if the model still makes
-it, is dropped (the retry owns the key). A streamed job (`stream: true`) runs on the model
-thread ahead of the rows, which pause meanwhile and then get as long again before the next one
-(workers/service/streamed_first.py), so its first chunk never waits for the window (a full
-window still takes one from a queue's head every COSYQ_BATCH_STREAM_PEEK_MS). A job that cannot
-join at all (`add_voice`) goes straight back to the head of its queue and admission closes: once
-the rows in flight are done, the worker takes it next, alone. A stop closes admission too:
-popped jobs not yet started go back to the head of their queue in order, started ones are
-finished; so does a row whose store failed for good (the worker probes storage once the window
-drained). A cold stop waits (`guard`) while a job moves from popped to registered, so it finds
-each job in one place: its queue, or the started registry under a live heartbeat.
+it, is dropped (the retry owns the key). Jobs too long for a row run alone beside the batch and
+hold no place in it (up to COSYQ_BATCH_ALONE_JOBS of them), so other jobs take their places. A
+streamed job (`stream: true`) runs on the model thread ahead of the rows, which pause meanwhile
+and then get as long again before the next one (workers/service/streamed_first.py), so its first
+chunk never waits for the window (a full window still takes one from a queue's head every
+COSYQ_BATCH_STREAM_PEEK_MS). A job that cannot join at all (`add_voice`) goes straight back to
+the head of its queue and admission closes: once the rows in flight are done, the worker takes
+it next, alone. A stop closes admission too: popped jobs not yet started go back to the head of
+their queue in order, started ones are finished; so does a row whose store failed for good (the
+worker probes storage once the window drained). A cold stop waits (`guard`) while a job moves
+from popped to registered, so it finds each job in one place: its queue, or the started registry
+under a live heartbeat.
 """
 
 from __future__ import annotations
@@ -166,7 +168,15 @@ class BatchRunner:
             held=len(self.jobs) + len(self.popped.held),
             jobs_left=self.gate.jobs_left(),
             open_=self._admitting(),
+            beside=self._beside(),
         )
+
+    def _beside(self) -> int:
+        """Jobs the session runs alone (too long for a row), up to COSYQ_BATCH_ALONE_JOBS:
+        they hold no row, so their places take other jobs (they used to keep them while they
+        waited their turn on the one alone lane, leaving the batch empty)."""
+        alone = self.session.alone() if self.session is not None else 0
+        return min(alone, self.settings.batch_alone_jobs)
 
     def _top_up(self) -> None:
         room = self._room()
