@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers import tasks
-from workers.engine.api import SynthesisOutput
+from workers.engine.api import StopCheck, SynthesisOutput
 from workers.service.attempts import Attempt
 
 
@@ -45,6 +45,16 @@ class BatchJob:
                 return False
             self.storing = True
             return True
+
+    def stop_check(self, canceled: StopCheck | None) -> StopCheck:
+        """The row's `should_stop`: canceled, or expired (failed as timed out by the window).
+        The session drops an expired row at its next step (the alone lane stops it at its next
+        LLM step), so a job past its deadline no longer decodes on to its end for nothing."""
+
+        def stop() -> bool:
+            return self.expired or (canceled is not None and canceled())
+
+        return stop
 
     def expire(self) -> bool:
         """On the window's thread: False when the row is already being stored."""

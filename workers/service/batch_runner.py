@@ -9,12 +9,13 @@ and the worker is seen only through a narrow `WindowGate`. Threads:
 - the engine's model thread (`BatchSession`): the model only;
 - a small I/O pool: validation and voice lookup before the model, encoding and storage after.
 Timeouts are per-job deadlines checked here (SIGALRM cannot time one of several jobs): a job
-past its deadline fails as timed out and the worker retires; its audio, if the model still makes
-it, is dropped (the retry owns the key). Jobs too long for a row run alone beside the batch and
-hold no place in it (up to COSYQ_BATCH_ALONE_JOBS of them), so other jobs take their places. A
-streamed job (`stream: true`) runs on the model thread ahead of the rows, which pause meanwhile
-and then get as long again before the next one (workers/service/streamed_first.py), so its first
-chunk never waits for the window (a full window still takes one from a queue's head every
+past its deadline fails as timed out and the worker retires; its row stops at the model's next
+step (its `should_stop` says so: `BatchJob.stop_check`) and no audio of it is stored (the retry
+owns the key). Jobs too long for a row run alone beside the batch and hold no place in it (up to
+COSYQ_BATCH_ALONE_JOBS of them), so other jobs take their places. A streamed job (`stream:
+true`) runs on the model thread ahead of the rows, which pause meanwhile and then get as long
+again before the next one (workers/service/streamed_first.py), so its first chunk never waits
+for the window (a full window still takes one from a queue's head every
 COSYQ_BATCH_STREAM_PEEK_MS). A job that cannot join at all (`add_voice`) goes straight back to
 the head of its queue and admission closes: once the rows in flight are done, the worker takes
 it next, alone. A stop closes admission too: popped jobs not yet started go back to the head of
@@ -380,7 +381,9 @@ class BatchRunner:
         for entry in self.waiting:
             assert entry.prepared is not None
             self.clock.enter()
-            entry.future = self.session.submit(entry.prepared.engine_input)
+            request = entry.prepared.engine_input
+            stop = entry.stop_check(request.should_stop)  # canceled, or past its deadline
+            entry.future = self.session.submit(dataclasses.replace(request, should_stop=stop))
             entry.future.add_done_callback(partial(self._on_synthesized, entry))
         self.waiting = []
 

@@ -4,13 +4,15 @@
 one `run_first` task of the window's BatchSession: the rows in flight pause while it runs, so
 its first chunk comes about as soon as an idle worker's would (plus at most the step under
 way), instead of after the whole window. Its chunks go out from the model thread as they are
-made. Once its attempt is past its deadline nothing more of it is written: the next chunk, or
-the store claim after the model, raises `AttemptDropped`, and the retry owns the stream and
+made. Once its attempt is past its deadline nothing more of it is written and the model stops
+at its next LLM step (its `should_stop` says so): that step, the next chunk, or the store claim
+after the model, raises `AttemptDropped`, and the retry owns the stream and
 the key (the same rule as a batched row's, workers/service/batch_rows.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -19,6 +21,7 @@ from workers.engine.api import (
     ChunkSink,
     ModelIdentity,
     StreamingEngine,
+    SynthesisCanceled,
     SynthesisEngine,
     SynthesisInput,
     SynthesisOutput,
@@ -64,10 +67,22 @@ class StreamedFirst:
                 raise AttemptDropped("past its deadline: the retry owns its stream")
             on_chunk(samples)
 
+        canceled = request.should_stop
+
+        def stop() -> bool:  # past its deadline, the model stops at its next LLM step too
+            return not self.owned() or (canceled is not None and canceled())
+
+        request = dataclasses.replace(request, should_stop=stop)
+
         def task() -> SynthesisOutput:
-            if isinstance(self.engine, StreamingEngine):
-                return self.engine.synthesize_streaming(request, sink)
-            output = self.engine.synthesize(request)  # an engine that cannot stream: one chunk
+            try:
+                if isinstance(self.engine, StreamingEngine):
+                    return self.engine.synthesize_streaming(request, sink)
+                output = self.engine.synthesize(request)  # cannot stream: one chunk
+            except SynthesisCanceled:
+                if not self.owned():
+                    raise AttemptDropped("past its deadline: the retry owns its stream") from None
+                raise
             sink(output.samples)
             return output
 
