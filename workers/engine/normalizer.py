@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from typing import Any, Literal
 
 from shared.text_markup import CONTROL_TAG_RE
@@ -91,6 +92,12 @@ def _middle_space(text: str) -> int | None:
     return min(candidates, key=lambda i: abs(i - len(text) // 2))
 
 
+# wetext keeps its grammars in module globals loaded on first use, and its thread safety is not
+# documented: a batching worker prepares texts on a preparation thread while a streamed job's
+# text is prepared on the model thread, so one call at a time, process-wide.
+_WETEXT_LOCK = threading.Lock()
+
+
 class _Wetext:
     """One wetext normaliser for one language, with its extra escape level undone."""
 
@@ -101,7 +108,8 @@ class _Wetext:
         self.double_escapes = '\\"' in str(self.normalizer.normalize(_ESCAPE_PROBE))
 
     def __call__(self, text: str) -> str:
-        spoken = str(self.normalizer.normalize(text))
+        with _WETEXT_LOCK:
+            spoken = str(self.normalizer.normalize(text))
         return _EXTRA_ESCAPE_RE.sub(r"\1", spoken) if self.double_escapes else spoken
 
 
@@ -117,9 +125,10 @@ class TextNormalizer:
         self._wetext: dict[Language, _Wetext] = {}
 
     def _for(self, language: Language) -> _Wetext:
-        if language not in self._wetext:
-            self._wetext[language] = _Wetext(language)
-        return self._wetext[language]
+        with _WETEXT_LOCK:
+            if language not in self._wetext:
+                self._wetext[language] = _Wetext(language)
+            return self._wetext[language]
 
     def __call__(
         self, text: str, language: str = "auto", *, no_letters: Language | None = None
