@@ -1,7 +1,8 @@
 """A long document -> segments that each fit one ordinary job, at natural boundaries.
 
 Reading: plain text is paragraphs separated by blank lines; Markdown (markdown-it-py) gives
-headings and paragraphs (list items and quotes are paragraphs; code blocks are not read aloud);
+headings and paragraphs (list items and quotes are paragraphs; code blocks are not read aloud;
+a code span's angle brackets are characters, never markup);
 SSML goes through the one markup parser (`shared.text_markup.parse_markup`), its blank lines
 separating paragraphs and its `<break>`s kept as pauses. Every paragraph of plain text and
 Markdown goes through the same parser, so refused markup is refused here, at submit.
@@ -40,6 +41,9 @@ Boundary = Literal["start", "sentence", "paragraph", "heading"]
 _BLANK_LINE_RE = re.compile(r"\n[ \t]*\n+")
 _CLAUSE_RE = re.compile(r"(?<=[,，、;；:：])\s*")
 _WORD_RE = re.compile(r"(?<=\s)(?=\S)")
+# Markdown's code is literal: a "<" before a name, "/" or "|" there ("Vector<int>", "<div>",
+# "<|endoftext|>") is a character, not markup to refuse; a space after it keeps it one.
+_CODE_ANGLE_RE = re.compile(r"<(?=[A-Za-z/|])")
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,10 @@ def _markdown_blocks(text: str) -> list[tuple[str, str]]:
             continue
         words = []
         for child in token.children or []:
-            if child.type in ("text", "code_inline"):
+            if child.type == "text":
                 words.append(child.content)
+            elif child.type == "code_inline":
+                words.append(_CODE_ANGLE_RE.sub("< ", child.content))
             elif child.type in ("softbreak", "hardbreak"):
                 words.append(" ")
             elif child.type == "image":

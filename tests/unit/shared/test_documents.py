@@ -42,6 +42,17 @@ def test_markdown_headings_pause_longer_and_inline_markup_is_dropped() -> None:
     assert segments[1].pause_before_s == 0.9 and segments[1].boundary == "heading"
 
 
+def test_markdown_code_spans_are_characters_never_markup() -> None:
+    """A README's `Vector<int>`, `<div>` or `<|endoftext|>` in backticks is code, read as its
+    characters: the document was refused ("markup <int> is not supported")."""
+    text = "# API\n\nA `Vector<int>` in a `<div>`; see `</b>` and `<|endoftext|>` tokens."
+    plan = validate_document({"text": text, "markup": "markdown"}, DocumentLimits())
+    spoken = " ".join(s.plain for s in plan.segments)
+    assert spoken == "API A Vector< int> in a < div>; see < /b> and < |endoftext|> tokens."
+    for job in plan.jobs:
+        assert validate_request(job, RequestLimits()) == job
+
+
 def test_a_sentence_too_long_alone_is_cut_at_clauses_then_words() -> None:
     sentence = ", ".join(f"clause number {i} goes on" for i in range(30)) + "."
     segments = split_document(sentence, "plain", SplitLimits(max_chars=100), PAUSES)
