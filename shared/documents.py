@@ -34,6 +34,7 @@ from shared.jobs import (
     SynthesisRequest,
     _check_text_like,
     _rule,
+    text_file_lines,
     validate_request,
 )
 from shared.settings import Settings
@@ -99,9 +100,7 @@ class DocumentRequest(SynthesisRequest):
     def _check_text(cls, value: str, info: ValidationInfo) -> str:
         context = info.context or {}
         limit = context.get("max_document_chars", 1_000_000)
-        value = value.replace("\r\n", "\n").replace("\r", "\n")  # a Windows text file's lines
-        value = value.removeprefix("\ufeff")  # its byte order mark: not text, nor a caption's
-        return _check_text_like(value, limit, required=True)
+        return _check_text_like(text_file_lines(value), limit, required=True)
 
     @field_validator("stream")
     @classmethod

@@ -159,6 +159,13 @@ def _limits(info: ValidationInfo) -> RequestLimits:
     return limits if isinstance(limits, RequestLimits) else RequestLimits()
 
 
+def text_file_lines(value: str) -> str:
+    """A text as a file saved on Windows or an old Mac holds it: its byte order mark dropped
+    and its `\r\n` or `\r` line ends read as `\n` (a job's text and a document's alike; a
+    carriage return is refused everywhere else)."""
+    return value.replace("\r\n", "\n").replace("\r", "\n").removeprefix("\ufeff")
+
+
 def _check_text_like(value: str, limit: int, *, required: bool) -> str:
     value = value.strip()
     if required and not value:
@@ -280,7 +287,7 @@ class SynthesisRequest(BaseModel):
     @classmethod
     def _check_text(cls, value: str, info: ValidationInfo) -> str:
         limits = _limits(info)
-        value = _check_text_like(value, limits.max_text_chars, required=True)
+        value = _check_text_like(text_file_lines(value), limits.max_text_chars, required=True)
         return _check_markup(value, limits)
 
     @field_validator("prompt_text", "instruction")

@@ -47,8 +47,8 @@ CONTROL_TAGS = (
     "[mn]",
 )
 CONTROL_TAG_RE = re.compile("|".join(re.escape(tag) for tag in CONTROL_TAGS))
-# C0 controls but tab and newline, DEL, and C1 (U+0080-U+009F: NEL, CSI ...); "\r" too, so a
-# CRLF text is refused rather than read with a stray carriage return.
+# C0 controls but tab and newline, DEL, and C1 (U+0080-U+009F: NEL, CSI ...); "\r" too (a
+# request's `text` reads CRLF and CR line ends as "\n" first: `shared.jobs.text_file_lines`).
 CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SSML_RE = re.compile(r"<speak\b", re.IGNORECASE)
 _SHOWN_TOKEN_CHARS = 40

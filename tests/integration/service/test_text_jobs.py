@@ -77,7 +77,7 @@ def test_special_tokens_smuggled_as_entities_fail_at_the_worker(
             {"text": entity},
             {"text": "Hello.", "prompt_audio": prompt, "prompt_text": entity},
             {"text": "<speak>&lt;prosody rate='slow'&gt;hi&lt;/prosody&gt;</speak>"},
-            {"text": "Hello\r\nthere."},
+            {"text": "Hello\x1b[2Jthere."},
         ]
         jobs = [queue.enqueue(keys.SYNTHESIZE_FUNCTION, kwargs={"request": r}).id for r in requests]
         high = Queue(keys.QUEUE_HIGH, connection=client.connection, serializer=JSONSerializer)
@@ -90,7 +90,7 @@ def test_special_tokens_smuggled_as_entities_fail_at_the_worker(
             "text: contains the model's special token <|im_start|>",
             "prompt_text: contains the model's special token <|im_start|>",
             "text: markup <prosody rate='slow'> written with XML entities",
-            "text: contains control character U+000D",
+            "text: contains control character U+001B",
         ]
         for job_id, rule in zip(jobs, rules, strict=True):
             state, reason, _ = failure(client, job_id)
