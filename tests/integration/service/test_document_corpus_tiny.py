@@ -1,0 +1,147 @@
+"""Ordinary texts people send as documents (tests/data/corpus: a README, a blog post, a
+contract, a changelog, a transcript, a poem, a run-on sentence, a list of lines, a Windows
+file, mixed scripts, symbols and code-like prose, an e-mail, one with a base64 attachment and a
+long URL) on the real engine (tiny model,
+every piece forced to a few speech tokens). Each is assembled, never stuck or crashed; its
+manifest is JSON with the document's segments; its SRT and WebVTT parse, have a cue per
+caption, and show every word the manifest says was spoken. The same texts cut to a job's
+length are accepted as single jobs. One text is refused, and its reason names what to change:
+the model's own special token written in prose."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import srt
+
+from producer import CosyqClient
+from shared.errors import InvalidRequestError
+from shared.jobs import RequestLimits, validate_request
+from shared.settings import Settings
+from tests.conftest import RedisServer
+from tests.doubles.harness import Cluster, clean_database, client_settings, pool_of_two
+
+CORPUS = Path(__file__).parents[2] / "data" / "corpus"
+TEXTS = sorted(p.name for p in CORPUS.iterdir())
+# Refused as documents and as jobs: the model's special token, and tags in plain text (SSML's
+# rule: markup is never read aloud); each reason names what to change.
+REFUSED = {"special_token.txt": "special token <|user|>", "tags.txt": "markup <String>"}
+# Refused as raw jobs only: the README's special token is inside a code span, which the
+# document's Markdown reading keeps as characters; 2,000 characters of base64 are spelled out
+# letter by letter, longer than a job may speak (a document splits them).
+REFUSED_JOB = {
+    **REFUSED,
+    "readme.md": "special token <|endoftext|>",
+    "attachment.txt": "of speech (at least 527 words or numbers",
+}
+# Words each text must be heard saying (its captions show them), beyond the manifest's own.
+MUST_SAY = {
+    "readme.md": ["Installation", "Vector", "endoftext"],  # not <details>'s HTML
+    "attachment.txt": ["logo", "Thanks", "Mia"],
+    "scripts.txt": ["Καλημέρα", "שלום"],
+    "blog.txt": ["prototype", "eventually"],
+    "legal.txt": ["Licensee", "Territory", "Smith"],
+    "changelog.md": ["Latency", "tolerances"],
+    "transcript.txt": ["ALICE", "adjourned"],
+    "poem.txt": ["diverged", "difference"],
+    "longsentence.txt": ["children"],
+    "newlines.txt": ["Milk", "flights"],
+    "windows.txt": ["Meeting", "Windows"],
+    "mixed.txt": ["München", "Добро", "مرحبا", "formidable"],
+    "symbols.txt": ["Jerry", "Templates", "redirect"],
+    "email.txt": ["Thursday", "Alex"],
+}
+WORD_RE = re.compile(r"\w+")
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("corpus")
+    overrides = {
+        "COSYQ_ENGINE": "tests.doubles.engines:tiny_directed",
+        "COSYQ_MODEL_DIR": str(tiny_model_dir),
+        "COSYQ_DEVICE": "cpu",
+        "COSYQ_HASH_CACHE_DIR": str(root / "hashes"),
+        "COSYQ_THREADS": "1",
+        "TESTENGINE_FORCED_TOKENS": "4",
+        "TESTENGINE_FLOW_STEPS": "1",  # the captions are checked here, not the audio
+        "COSYQ_MAX_PIECE_TOKENS": "400",  # fewer pieces (each a whole pass of the tiny model)
+    }
+    with clean_database(redis_server.url) as url, pool_of_two(url, root, overrides) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def settings(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    return client_settings(cluster, monkeypatch)
+
+
+def path_of(uri: str) -> Path:
+    return Path(unquote(urlsplit(uri).path))
+
+
+def request_of(name: str) -> dict[str, object]:
+    text = (CORPUS / name).read_bytes().decode("utf-8")
+    markup = "markdown" if name.endswith(".md") else "auto"  # as `cosyq document submit`
+    return {"text": text, "markup": markup, "seed": 7}
+
+
+def unescaped(vtt_text: str) -> str:
+    return vtt_text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+@pytest.mark.timeout(300)
+def test_each_ordinary_text_is_assembled_with_valid_manifest_and_captions(
+    settings: Settings,
+) -> None:
+    """All at once, so the two workers share the corpus's segments (one wait, not twelve)."""
+    import webvtt  # noqa: PLC0415
+
+    with CosyqClient(settings) as client:
+        submitted = {}
+        for name in TEXTS:
+            if name in REFUSED:
+                with pytest.raises(InvalidRequestError, match=re.escape(REFUSED[name])):
+                    client.submit_document(request_of(name))
+                continue
+            submitted[name] = client.submit_document(request_of(name))
+        results = {name: client.document_result(d, timeout=240) for name, d in submitted.items()}
+    assert set(results) == set(MUST_SAY)
+    missing = {}
+    for name, result in results.items():
+        manifest = json.loads(path_of(result.manifest_uri).read_text())
+        assert len(manifest["segments"]) == result.segments >= 1, name
+        cues = manifest["captions"]
+        subtitles = list(srt.parse(path_of(result.srt_uri).read_text()))
+        vtt = webvtt.from_string(path_of(result.vtt_uri).read_text())
+        assert len(subtitles) == len(vtt) == len(cues) >= result.segments, name
+        shown_srt = " ".join(s.content for s in subtitles)
+        shown_vtt = unescaped(" ".join(c.text for c in vtt))
+        assert shown_srt == shown_vtt.replace("-->", "->").replace("\n", " "), name
+        spoken = " ".join(s["text"] for s in manifest["segments"])
+        # every word of letters (units such as "ms" or "GB" are spelled out)
+        words = {w.lower() for w in WORD_RE.findall(spoken) if w.isalpha() and len(w) > 3} | {
+            w.lower() for w in MUST_SAY[name]
+        }
+        missing[name] = sorted(w for w in words if w not in shown_vtt.lower())
+    assert not any(missing.values()), missing
+
+
+@pytest.mark.parametrize("name", TEXTS)
+def test_each_text_cut_to_a_job_is_a_valid_job(name: str) -> None:
+    limits = RequestLimits()
+    text = request_of(name)["text"]
+    assert isinstance(text, str)
+    cut = text[: limits.max_text_chars]
+    if name in REFUSED_JOB:
+        with pytest.raises(InvalidRequestError, match=re.escape(REFUSED_JOB[name])):
+            validate_request({"text": cut}, limits)
+        return
+    validate_request({"text": cut}, limits)
