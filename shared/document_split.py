@@ -1,8 +1,9 @@
 """A long document -> segments that each fit one ordinary job, at natural boundaries.
 
-Reading: plain text is paragraphs separated by blank lines; Markdown (markdown-it-py) gives
-headings and paragraphs (list items and quotes are paragraphs; code blocks are not read aloud;
-a code span's angle brackets are characters, never markup);
+Reading: plain text is paragraphs separated by blank lines (sent as `plain`, not `auto`, its
+angle brackets are characters: "List<String>" is read, not refused as markup); Markdown
+(markdown-it-py) gives headings and paragraphs (list items and quotes are paragraphs; code
+blocks are not read aloud; a code span's angle brackets are characters, never markup);
 SSML goes through the one markup parser (`shared.text_markup.parse_markup`), its blank lines
 separating paragraphs and its `<break>`s kept as pauses. Every paragraph of plain text and
 Markdown goes through the same parser, so refused markup is refused here, at submit.
@@ -41,9 +42,10 @@ Boundary = Literal["start", "sentence", "paragraph", "heading"]
 _BLANK_LINE_RE = re.compile(r"\n[ \t]*\n+")
 _CLAUSE_RE = re.compile(r"(?<=[,，、;；:：])\s*")
 _WORD_RE = re.compile(r"(?<=\s)(?=\S)")
-# Markdown's code is literal: a "<" before a name, "/" or "|" there ("Vector<int>", "<div>",
-# "<|endoftext|>") is a character, not markup to refuse; a space after it keeps it one.
-_CODE_ANGLE_RE = re.compile(r"<(?=[A-Za-z/|])")
+# Markdown's code and a text sent as `plain` are literal: a "<" before a name, "/" or "|"
+# there ("Vector<int>", "<div>", "<|endoftext|>") is a character, not markup to refuse (nor a
+# control tag or pause to obey); a space after it keeps it one.
+_LITERAL_ANGLE_RE = re.compile(r"<(?=[A-Za-z/|])")
 
 
 @dataclass(frozen=True)
@@ -105,10 +107,16 @@ def read_blocks(text: str, markup: Markup, *, max_break_s: float = 10.0) -> list
         raw = [("paragraph", part) for part in _BLANK_LINE_RE.split(text)]
     blocks = []
     for block_kind, words in raw:
-        parts = parse_markup(" ".join(words.split()), max_break_s=max_break_s)
+        written = literal(words) if markup == "plain" else words
+        parts = parse_markup(" ".join(written.split()), max_break_s=max_break_s)
         if parts:
             blocks.append(Block(block_kind, parts))  # type: ignore[arg-type]
     return blocks
+
+
+def literal(text: str) -> str:
+    """`text` with every "<" that could open markup made a character (`_LITERAL_ANGLE_RE`)."""
+    return _LITERAL_ANGLE_RE.sub("< ", text)
 
 
 def _ssml_blocks(text: str, max_break_s: float) -> list[Block]:
@@ -147,7 +155,7 @@ def _markdown_blocks(text: str) -> list[tuple[str, str]]:
             if child.type == "text":
                 words.append(child.content)
             elif child.type == "code_inline":
-                words.append(_CODE_ANGLE_RE.sub("< ", child.content))
+                words.append(literal(child.content))
             elif child.type in ("softbreak", "hardbreak"):
                 words.append(" ")
             elif child.type == "image":

@@ -26,6 +26,7 @@ from shared.document_split import (
     Markup,
     Pauses,
     SplitLimits,
+    detect_markup,
     split_document,
 )
 from shared.errors import InvalidRequestError
@@ -160,7 +161,7 @@ def validate_document(
     try:
         segments = split_document(request.text, request.markup, limits.split, limits.pauses)
     except MarkupError as e:
-        raise InvalidRequestError(f"text: {e}") from e
+        raise InvalidRequestError(f"text: {e}{_plain_hint(request)}") from e
     if not segments:
         raise InvalidRequestError("text: nothing to speak (only markup, spaces or punctuation)")
     if len(segments) > limits.max_segments:
@@ -169,6 +170,18 @@ def validate_document(
             "(COSYQ_MAX_DOCUMENT_SEGMENTS)"
         )
     return DocumentPlan(request, segments, [_job(request, s, limits) for s in segments])
+
+
+def _plain_hint(request: DocumentRequest) -> str:
+    """For markup refused in a text read as `auto`, what to send if that text reads as `plain`
+    (its angle brackets as characters: "List<String>", "<b>")."""
+    if request.markup != "auto" or detect_markup(request.text, "auto") != "plain":
+        return ""
+    try:
+        split_document(request.text, "plain", SplitLimits(), Pauses())
+    except MarkupError:
+        return ""
+    return ' (send markup "plain" to read its angle brackets as written)'
 
 
 def _job(

@@ -5,8 +5,7 @@ long URL) on the real engine (tiny model,
 every piece forced to a few speech tokens). Each is assembled, never stuck or crashed; its
 manifest is JSON with the document's segments; its SRT and WebVTT parse, have a cue per
 caption, and show every word the manifest says was spoken. The same texts cut to a job's
-length are accepted as single jobs. One text is refused, and its reason names what to change:
-the model's own special token written in prose."""
+length are accepted as single jobs, or refused with a reason that names what to change."""
 
 from __future__ import annotations
 
@@ -28,14 +27,16 @@ from tests.doubles.harness import Cluster, clean_database, client_settings, pool
 
 CORPUS = Path(__file__).parents[2] / "data" / "corpus"
 TEXTS = sorted(p.name for p in CORPUS.iterdir())
-# Refused as documents and as jobs: the model's special token, and tags in plain text (SSML's
-# rule: markup is never read aloud); each reason names what to change.
-REFUSED = {"special_token.txt": "special token <|user|>", "tags.txt": "markup <String>"}
-# Refused as raw jobs only: the README's special token is inside a code span, which the
-# document's Markdown reading keeps as characters; 2,000 characters of base64 are spelled out
-# letter by letter, longer than a job may speak (a document splits them).
+# Angle brackets in prose ("List<String>", "<b>", the model's "<|user|>"): sent as `plain`,
+# read as written (as `auto`, refused as markup, the reason naming `plain`); a job has no
+# `plain`, so as jobs they are refused, each reason naming what to change. The README's
+# special token is inside a code span, which the document's Markdown reading keeps as
+# characters; 2,000 characters of base64 are spelled out letter by letter, longer than a job
+# may speak (a document splits them).
+PLAIN = {"special_token.txt", "tags.txt"}
 REFUSED_JOB = {
-    **REFUSED,
+    "special_token.txt": "special token <|user|>",
+    "tags.txt": "markup <String>",
     "readme.md": "special token <|endoftext|>",
     "attachment.txt": "of speech (at least 527 words or numbers",
 }
@@ -55,6 +56,8 @@ MUST_SAY = {
     "mixed.txt": ["München", "Добро", "مرحبا", "formidable"],
     "symbols.txt": ["Jerry", "Templates", "redirect"],
     "email.txt": ["Thursday", "Alex"],
+    "special_token.txt": ["user", "template"],
+    "tags.txt": ["String", "bold"],
 }
 WORD_RE = re.compile(r"\w+")
 
@@ -89,7 +92,7 @@ def path_of(uri: str) -> Path:
 
 def request_of(name: str) -> dict[str, object]:
     text = (CORPUS / name).read_bytes().decode("utf-8")
-    markup = "markdown" if name.endswith(".md") else "auto"  # as `cosyq document submit`
+    markup = "markdown" if name.endswith(".md") else "plain" if name in PLAIN else "auto"
     return {"text": text, "markup": markup, "seed": 7}
 
 
@@ -105,13 +108,7 @@ def test_each_ordinary_text_is_assembled_with_valid_manifest_and_captions(
     import webvtt  # noqa: PLC0415
 
     with CosyqClient(settings) as client:
-        submitted = {}
-        for name in TEXTS:
-            if name in REFUSED:
-                with pytest.raises(InvalidRequestError, match=re.escape(REFUSED[name])):
-                    client.submit_document(request_of(name))
-                continue
-            submitted[name] = client.submit_document(request_of(name))
+        submitted = {name: client.submit_document(request_of(name)) for name in TEXTS}
         results = {name: client.document_result(d, timeout=240) for name, d in submitted.items()}
     assert set(results) == set(MUST_SAY)
     missing = {}

@@ -53,6 +53,24 @@ def test_markdown_code_spans_are_characters_never_markup() -> None:
         assert validate_request(job, RequestLimits()) == job
 
 
+def test_plain_text_reads_angle_brackets_as_written_and_auto_names_plain() -> None:
+    """Prose with "List<String>", "<b>" or the model's "<|user|>" had no way in: refused as
+    markup, as `auto` and `plain` alike. As `plain` it is read as written (the worker takes its
+    jobs); as `auto` the refusal names `plain`."""
+    text = "A List<String> and <b>bold</b> text, then <|user|> and <break time='1s'/>."
+    plan = validate_document({"text": text, "markup": "plain"}, DocumentLimits())
+    assert [s.plain for s in plan.segments] == [
+        "A List< String> and < b>bold< /b> text, then < |user|> and < break time='1s'/>."
+    ]
+    for job in plan.jobs:
+        assert validate_request(job, RequestLimits()) == job
+    with pytest.raises(InvalidRequestError, match=r'token <\|user\|>.*send markup "plain"'):
+        validate_document({"text": text}, DocumentLimits())
+    with pytest.raises(InvalidRequestError) as refused:  # no hint where plain cannot help
+        validate_document({"text": "<speak><prosody>x</prosody></speak>"}, DocumentLimits())
+    assert "plain" not in str(refused.value)
+
+
 def test_a_sentence_too_long_alone_is_cut_at_clauses_then_words() -> None:
     sentence = ", ".join(f"clause number {i} goes on" for i in range(30)) + "."
     segments = split_document(sentence, "plain", SplitLimits(max_chars=100), PAUSES)
