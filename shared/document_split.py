@@ -290,8 +290,23 @@ def _units(sentence: str, limits: SplitLimits, ssml: bool) -> list[str]:
         if len(parts) > 1:
             out = _joined(parts, limits, ssml)
             return [unit for part in out for unit in _units(part, limits, ssml)]
-    step = max(1, limits.max_chars // 2)  # one unbroken string: cut between characters
-    return [sentence[i : i + step] for i in range(0, len(sentence), step)]
+    return _cut(sentence, max(1, limits.max_chars // 2), limits, ssml)
+
+
+def _cut(text: str, step: int, limits: SplitLimits, ssml: bool) -> list[str]:
+    """One unbroken string cut between characters into chunks of `step`, a chunk that does not
+    fit (its speech estimate: 500 Chinese or Thai characters are ~150 s) cut again at half the
+    step: each chunk within the segment's limits, each character measured a few times."""
+    chunks = [text[i : i + step] for i in range(0, len(text), step)]
+    if step == 1:
+        return chunks
+    return [
+        part
+        for chunk in chunks
+        for part in (
+            [chunk] if fits([chunk], limits, ssml=ssml) else _cut(chunk, step // 2, limits, ssml)
+        )
+    ]
 
 
 def _joined(parts: list[str], limits: SplitLimits, ssml: bool) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from shared import text_markup
 from shared.captions import Cue, render, to_srt, to_vtt
-from shared.document_split import Pauses, SplitLimits, split_document
+from shared.document_split import Pauses, SplitLimits, fits, split_document
 from shared.documents import DocumentLimits, segment_seed, validate_document
 from shared.errors import InvalidRequestError
 from shared.jobs import RequestLimits, validate_request
@@ -80,6 +80,17 @@ def test_a_sentence_too_long_alone_is_cut_at_clauses_then_words() -> None:
     assert (
         all(len(s.text) <= 60 for s in words) and sum(s.plain.count("word") for s in words) == 200
     )
+
+
+def test_an_unbroken_run_of_chinese_or_thai_is_cut_within_the_speech_estimate() -> None:
+    """No space, no punctuation: cut between characters, 500 at a time, each ~150 s by the
+    estimate (one token a character) against a segment's 90 s: now cut until each fits."""
+    for phrase in ("我们今天在公园里散步看到很多人在跑步天气非常好", "สวัสดีครับยินดีต้อนรับสู่กรุงเทพ"):
+        text = (phrase * 100)[:2400]
+        limits = SplitLimits(max_chars=1000, max_speech_s=90)
+        segments = split_document(text, "plain", limits, PAUSES)
+        assert "".join(s.plain for s in segments) == text
+        assert all(fits([s.plain], limits, ssml=False) for s in segments)
 
 
 def test_the_speech_estimate_bounds_a_segment_too() -> None:
