@@ -35,11 +35,10 @@ from shared.jobs import (
     SynthesisRequest,
     _check_text_like,
     _rule,
-    text_file_lines,
     validate_request,
 )
 from shared.settings import Settings
-from shared.text_markup import MarkupError
+from shared.text_markup import MarkupError, text_file_lines
 from shared.validation_messages import describe_error
 
 SEGMENT_FORMAT = "wav"  # lossless between synthesis and assembly

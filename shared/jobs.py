@@ -31,15 +31,16 @@ from shared.prompt_uris import check_prompt_uri
 from shared.results import AUDIO_FORMATS, AudioFormat, SampleFormat, SynthesisResult
 from shared.settings import Settings
 from shared.text_markup import (
-    CONTROL_CHAR_RE,
     MarkupError,
     minimum_text_tokens,
     parse_markup,
     pause_seconds,
+    refuse_control_characters,
     refuse_many_breaks,
     refuse_special_tokens,
     speech_limit_message,
     speech_seconds,
+    text_file_lines,
 )
 from shared.validation_messages import describe_errors
 from shared.webhooks import WebhookTarget, allowed_prefixes, check_webhook_url
@@ -159,25 +160,16 @@ def _limits(info: ValidationInfo) -> RequestLimits:
     return limits if isinstance(limits, RequestLimits) else RequestLimits()
 
 
-def text_file_lines(value: str) -> str:
-    """A text as a file saved on Windows or an old Mac holds it: its byte order mark dropped
-    and its `\r\n` or `\r` line ends read as `\n` (a job's text and a document's alike; a
-    carriage return is refused everywhere else)."""
-    return value.replace("\r\n", "\n").replace("\r", "\n").removeprefix("\ufeff")
-
-
 def _check_text_like(value: str, limit: int, *, required: bool) -> str:
     value = value.strip()
     if required and not value:
         raise _rule("must not be empty (after trimming whitespace)")
     if len(value) > limit:
         raise _rule(f"{len(value):,} characters, limit {limit:,}")
-    control = CONTROL_CHAR_RE.search(value)
-    if control:
-        raise _rule(
-            f"contains control character U+{ord(control.group()):04X} "
-            "(only tab and newline are allowed)"
-        )
+    try:
+        refuse_control_characters(value)
+    except MarkupError as e:
+        raise _rule(str(e)) from e
     _check_utf8(value)
     return value
 

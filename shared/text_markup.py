@@ -48,7 +48,7 @@ CONTROL_TAGS = (
 )
 CONTROL_TAG_RE = re.compile("|".join(re.escape(tag) for tag in CONTROL_TAGS))
 # C0 controls but tab and newline, DEL, and C1 (U+0080-U+009F: NEL, CSI ...); "\r" too (a
-# request's `text` reads CRLF and CR line ends as "\n" first: `shared.jobs.text_file_lines`).
+# request's `text` reads CRLF and CR line ends as "\n" first: `text_file_lines`).
 CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SSML_RE = re.compile(r"<speak\b", re.IGNORECASE)
 _SHOWN_TOKEN_CHARS = 40
@@ -159,6 +159,13 @@ def _named(token: str) -> str:
     if decoded == token:
         return _shown_token(token)
     return f"{special_token(decoded) or _shown_token(decoded)} (written {_shown_token(token)})"
+
+
+def text_file_lines(value: str) -> str:
+    """A text as a file saved on Windows or an old Mac holds it: its byte order mark dropped
+    and its `\r\n` or `\r` line ends read as `\n` (a job's text and a document's alike; a
+    carriage return is refused everywhere else)."""
+    return value.replace("\r\n", "\n").replace("\r", "\n").removeprefix("\ufeff")
 
 
 def refuse_control_characters(text: str) -> None:

@@ -12,7 +12,7 @@ import typing
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from producer.cli import build_parser
@@ -178,6 +178,7 @@ def test_negative_or_non_finite_timeouts_are_usage_errors(
 def test_a_control_character_anywhere_is_refused(
     field: str, before: str, char: str, after: str
 ) -> None:
+    assume(not (field == "text" and char == "\r"))  # a line end there
     value = f"x{before}{char}{after}x"
     message = refusal(field, value)
     assert message is not None and "control character U+" in message
