@@ -20,31 +20,53 @@ __all__ = ["RedisServer", "free_port"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Test files that share one expensive session fixture made under a file lock (the Core ML
-# conversion, ~45 s): one test process runs them all, so no second process sits waiting on it.
+# conversions, ~45 s): one test process runs them all, so no second process sits waiting on it.
 SHARED_CONVERSION_FOLDER = "tests/unit/coreml/"
+# The files of that folder that use neither session conversion (`converted`, `converted3`):
+# they make their own programs, so they are a unit of their own that another process runs
+# beside it (the folder as one unit was a run's longest: 1,124 of its 1,800 s on a loaded
+# 2-core host). A file listed here that takes a session conversion after all only waits for it.
+OWN_CONVERSION_UNIT = "tests/unit/coreml/ (own conversions)"
+OWN_CONVERSION_FILES = frozenset(
+    SHARED_CONVERSION_FOLDER + name
+    for name in (
+        "test_batched_programs.py",
+        "test_batching.py",
+        "test_cache.py",
+        "test_cosyvoice3_graphs.py",
+        "test_cosyvoice3_llm.py",
+        "test_graphs_reference.py",
+        "test_llm.py",
+    )
+)
 # The units that take longest (from the durations a run prints), started first so that no long
 # file starts last and leaves one test process working alone at the end; every other unit keeps
 # xdist's order. A unit missing here only starts later: the list orders, it selects nothing.
 SLOW_UNITS_FIRST = (
-    SHARED_CONVERSION_FOLDER,
-    # longest first, from a three-process run's file spans (Xeon AMX, 2 cores: seconds)
-    "tests/integration/service/test_batch_custody.py",  # 96
-    "tests/integration/service/test_batching.py",  # 55
-    "tests/integration/service/test_stop_stress.py",  # 48
-    "tests/integration/service/test_no_job_lost.py",  # 42
-    "tests/unit/engine/test_batch_session.py",  # 38
-    "tests/integration/service/test_pool.py",  # 37
-    "tests/integration/service/test_cancel.py",  # 32
-    "tests/integration/service/test_webhooks.py",  # 30
-    "tests/integration/producer/http/test_ui_browser.py",  # 25
-    "tests/integration/tools/test_soak.py",  # 25
-    "tests/integration/service/test_batching_real_engine.py",  # 24
-    "tests/unit/tools/test_bench_vox.py",  # 24
-    "tests/unit/tools/test_bench.py",  # 23
-    "tests/integration/service/test_metrics.py",  # 22
-    "tests/unit/model/test_flow_stream.py",  # 21
-    "tests/integration/service/test_documents_tiny.py",  # 20
-    "tests/unit/model/test_flow_voice_prefix.py",  # 20
+    # longest first, from a four-process run's file sums (AVX2 Zen 3, 2 cores, other test
+    # runs beside it, load 8-11: seconds; the CPU-bound files stretch most under load)
+    SHARED_CONVERSION_FOLDER,  # 687
+    "tests/unit/engine/test_batch_session.py",  # 506
+    OWN_CONVERSION_UNIT,  # 437
+    "tests/integration/voices/test_voices.py",  # 372
+    "tests/integration/tools/test_doctor.py",  # 317
+    "tests/unit/tools/test_bench.py",  # 300
+    "tests/integration/producer/http/test_errors.py",  # 277
+    "tests/unit/model/test_flow_stream.py",  # 253
+    "tests/unit/model/test_flow_voice_prefix.py",  # 236
+    "tests/unit/tools/test_model_cli.py",  # 226
+    "tests/integration/service/test_stop_stress.py",  # 190
+    "tests/unit/tools/test_bench_vox.py",  # 176
+    "tests/integration/service/test_pool.py",  # 164
+    "tests/integration/service/test_stop_during_dequeue.py",  # 146
+    "tests/integration/producer/http/test_ui_browser.py",  # 145
+    "tests/integration/tools/test_soak.py",  # 141
+    "tests/unit/engine/test_pipeline.py",  # 139
+    "tests/integration/service/test_batch_custody.py",  # 127
+    "tests/integration/producer/http/test_openai_sdk.py",  # 111
+    "tests/unit/model/test_flow_inference.py",  # 100
+    "tests/integration/service/test_webhooks.py",  # 96
+    "tests/integration/service/test_metrics.py",  # 86
 )
 
 
@@ -80,8 +102,9 @@ def _torch_threads_stay_shared() -> Iterator[None]:
 
 class FilesAndConversionScheduling(LoadFileScheduling):
     """xdist's `--dist loadfile` (a file's tests on one process: they share its module
-    fixtures), with every file under SHARED_CONVERSION_FOLDER as one unit and the units of
-    SLOW_UNITS_FIRST handed out first."""
+    fixtures), with the files under SHARED_CONVERSION_FOLDER as two units (those of
+    OWN_CONVERSION_FILES, and the rest), the units of SLOW_UNITS_FIRST handed out first, and
+    the next unit handed out one test ahead (`_reschedule`)."""
 
     def _assign_work_unit(self, node: Any) -> None:
         if not getattr(self, "_slow_first", False):
@@ -91,9 +114,27 @@ class FilesAndConversionScheduling(LoadFileScheduling):
             self.workqueue = OrderedDict((unit, self.workqueue[unit]) for unit in order)
         super()._assign_work_unit(node)
 
+    def _reschedule(self, node: Any) -> None:
+        """The next unit once the node holds one test it has not finished, not xdist's two.
+
+        A test process runs a test once it knows the next (its fixtures' teardown depends on
+        it), so one held test is one it waits on: the next unit goes out then, one test
+        ahead. At two, a unit went out while two tests were still ahead of it, and when one
+        of those was long (a one-test file such as test_soak's, a slow last test) it sat
+        queued behind it while other processes ran out of work."""
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) <= 1:
+            self._assign_work_unit(node)
+
     def _split_scope(self, nodeid: str) -> str:
         scope = super()._split_scope(nodeid)
-        return SHARED_CONVERSION_FOLDER if scope.startswith(SHARED_CONVERSION_FOLDER) else scope
+        if not scope.startswith(SHARED_CONVERSION_FOLDER):
+            return scope
+        return OWN_CONVERSION_UNIT if scope in OWN_CONVERSION_FILES else SHARED_CONVERSION_FOLDER
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileScheduling | None:
