@@ -96,7 +96,8 @@ def _bad_job(kind: str, index: int, model_dir: Path) -> SoakJob:
     base: dict[str, Any] = {"text": f"This job is bad on purpose ({kind}).", "seed": index}
     base["metadata"] = {"soak_index": index, "bad": kind}
     if kind == "unknown_voice":
-        return SoakJob({**base, "voice": f"no-such-voice-{index}"}, kind)
+        # raw: the producer refuses it too; this one tests the worker's check
+        return SoakJob({**base, "voice": f"no-such-voice-{index}"}, kind, raw=True)
     if kind == "missing_prompt":
         missing = (model_dir / f"missing-{index}.wav").resolve().as_uri()
         return SoakJob({**base, "prompt_audio": missing, "prompt_text": "gone"}, kind)
