@@ -215,17 +215,16 @@ def test_a_task_run_first_runs_inside_a_batched_flow_call_and_is_not_the_rows_fl
     session = open_batch_session(engine, 2)
     task_s = 3.0
     try:
-        # hold the model thread in a task until both rows are prepared (queued for it), so
+        # hold the model thread in a task until both rows are prepared and waiting for it, so
         # they are admitted at one boundary and finish their decode in the same step: their
         # flow is one `mels` call
         assert isinstance(session, PipelineBatchSession)
 
-        def queued() -> bool:  # prepared, in the model thread's queue (one group, or two)
-            return (
-                sum(len(item) for item in list(session._queue.queue) if isinstance(item, list)) >= 2
-            )
+        def waiting() -> bool:  # on the model thread: its own move of what the preparation
+            session._take(block=False)  # thread handed it (one group or two, before or now)
+            return len(session._waiting) >= 2
 
-        holding = session.run_first(lambda: wait_for(queued, 60, "both rows prepared", 0.005))
+        holding = session.run_first(lambda: wait_for(waiting, 60, "both rows prepared", 0.005))
         rows = [session.submit(request(f"seconds:0.2 row {i}", seed=i)) for i in range(2)]
         holding.result(timeout=60)
         assert flow.started.wait(60)
