@@ -18,13 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.body import json_body, parse_body, read_json_object
-from producer.http.context import Context, FrontContext
+from producer.http.context import Context
 from producer.http.errors import ApiError
 from producer.http.outcomes import finished_result
 from producer.http.responses import ERRORS, ErrorResponse, Responses
 from producer.http.storage_read import check_owned, job_not_found
 from producer.http.streaming import relay_response
-from shared import keys
 from shared.audio import CONTENT_TYPES
 from shared.errors import InvalidRequestError
 from shared.jobs import MAX_SPEED, MIN_SPEED, NATIVE_SAMPLE_RATE, validate_request
@@ -129,21 +128,6 @@ def renamed(message: str) -> str:
     return "; ".join(parts)
 
 
-async def check_voice(context: FrontContext, voice: str) -> None:
-    """404 unless the key's tenant has the voice, or a shared one has its name (as the worker
-    resolves it: shared.voices.load_voice); another tenant's voice is never found."""
-    if voice == DEFAULT_VOICE:
-        return
-    owners = (context.client.tenant, keys.SHARED_VOICES)
-    if not await context.aredis.exists(*(keys.voice_key(voice, owner) for owner in owners)):
-        raise ApiError(
-            404,
-            f"voice: no voice named {voice!r} is registered (GET /v1/audio/voices)",
-            param="voice",
-            code="voice_not_found",
-        )
-
-
 def pcm_of(wav: bytes) -> bytes:
     """The raw little-endian int16 samples of a PCM16 WAV file."""
     samples, _ = sf.read(io.BytesIO(wav), dtype="int16")
@@ -178,7 +162,7 @@ async def create_speech(
         checked = validate_request(payload, context.client.limits)
     except InvalidRequestError as e:
         raise InvalidRequestError(renamed(str(e))) from e
-    await check_voice(context, speech.voice)
+    # an unknown voice (another tenant's too): the submit's own check, 404 voice_not_found
     job_id = await run_in_threadpool(context.client.submit, checked)
     request.state.job_id = job_id
     if speech.stream_format is not None:
