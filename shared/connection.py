@@ -15,6 +15,7 @@ or a timeout is an outage.
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 from typing import Any
 from urllib.parse import urlsplit
@@ -51,6 +52,8 @@ def redis_connection(settings: Settings, *, read_timeout_s: float | None = None)
             password=address.password,
             connection_class=_SentinelConnection,
         )
+    if urlsplit(settings.redis_url).scheme == "rediss":
+        options["connection_class"] = _TlsConnection
     return redis.Redis.from_url(settings.redis_url, **options)
 
 
@@ -93,6 +96,28 @@ def _sentinels(
         **options,
     )
     return sentinel, address
+
+
+class _TlsConnection(redis.SSLConnection):
+    """redis-py's TLS connection with its handshake bounded by the connect timeout.
+
+    redis-py gives the socket its read timeout (COSYQ_REDIS_SOCKET_TIMEOUT_S, unset: none)
+    before the handshake, so a rediss:// URL naming a plain-text Redis, which never answers a
+    ClientHello, waited for ever with nothing said. The asyncio client bounds its whole
+    connect, handshake included, by the connect timeout already.
+    """
+
+    def _wrap_socket_with_ssl(self, sock: socket.socket) -> Any:
+        sock.settimeout(self.socket_connect_timeout)
+        try:
+            wrapped = super()._wrap_socket_with_ssl(sock)
+        except TimeoutError as e:
+            raise redis.TimeoutError(
+                f"no TLS handshake within {self.socket_connect_timeout} s"
+                " (a rediss:// URL needs a server that speaks TLS)"
+            ) from e
+        wrapped.settimeout(self.socket_timeout)
+        return wrapped
 
 
 class _SentinelConnection(SentinelManagedConnection):

@@ -3,6 +3,7 @@ which errors are settings to fix (never waited out) and which are an outage (wai
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -113,8 +114,32 @@ def test_rediss_url_with_password_and_private_ca(tls_server: tuple[int, Path]) -
     check_redis(connection, settings)
     connection.set("k", b"v")
     assert connection.get("k") == b"v"
-    assert type(connection.connection_pool.get_connection()).__name__ == "SSLConnection"
+    assert isinstance(connection.connection_pool.get_connection(), redis.SSLConnection)
     connection.close()
+
+
+def test_a_rediss_url_naming_a_plain_text_server_fails_in_bounded_time(redis_url: str) -> None:
+    # A plain-text Redis never answers a ClientHello; the handshake used to wait for ever.
+    settings = load_settings(
+        env_file=None,
+        redis_url=f"rediss://default:plainpass@127.0.0.1:{port_of(redis_url)}/0",
+        redis_connect_timeout_s=0.5,
+    )
+    outcome: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            check_redis(redis_connection(settings), settings)
+        except Exception as e:  # the test reads it below
+            outcome.append(e)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    prober.join(timeout=60)
+    assert not prober.is_alive(), "the TLS handshake with a plain-text Redis was never bounded"
+    assert len(outcome) == 1 and isinstance(outcome[0], TransientError)
+    assert "a rediss:// URL needs a server that speaks TLS" in str(outcome[0])
+    assert "plainpass" not in str(outcome[0])
 
 
 def test_a_certificate_that_does_not_verify_is_a_settings_error(
