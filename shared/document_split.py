@@ -33,6 +33,7 @@ from shared.sentences import split_sentences
 from shared.text_markup import (
     Pause,
     TextCounts,
+    literal,
     parse_markup,
     speech_seconds,
 )
@@ -42,10 +43,6 @@ Boundary = Literal["start", "sentence", "paragraph", "heading"]
 _BLANK_LINE_RE = re.compile(r"\n[ \t]*\n+")
 _CLAUSE_RE = re.compile(r"(?<=[,，、;；:：])\s*")
 _WORD_RE = re.compile(r"(?<=\s)(?=\S)")
-# Markdown's code and a text sent as `plain` are literal: a "<" before a name, "/" or "|"
-# there ("Vector<int>", "<div>", "<|endoftext|>") is a character, not markup to refuse (nor a
-# control tag or pause to obey); a space after it keeps it one.
-_LITERAL_ANGLE_RE = re.compile(r"<(?=[A-Za-z/|])")
 
 
 @dataclass(frozen=True)
@@ -112,11 +109,6 @@ def read_blocks(text: str, markup: Markup, *, max_break_s: float = 10.0) -> list
         if parts:
             blocks.append(Block(block_kind, parts))  # type: ignore[arg-type]
     return blocks
-
-
-def literal(text: str) -> str:
-    """`text` with every "<" that could open markup made a character (`_LITERAL_ANGLE_RE`)."""
-    return _LITERAL_ANGLE_RE.sub("< ", text)
 
 
 def _ssml_blocks(text: str, max_break_s: float) -> list[Block]:

@@ -30,13 +30,8 @@ from shared.document_split import (
     split_document,
 )
 from shared.errors import InvalidRequestError
-from shared.jobs import (
-    RequestLimits,
-    SynthesisRequest,
-    _check_text_like,
-    _rule,
-    validate_request,
-)
+from shared.job_text import PLAIN_HINT, check_text_like, rule
+from shared.jobs import RequestLimits, SynthesisRequest, validate_request
 from shared.settings import Settings
 from shared.text_markup import MarkupError, text_file_lines
 from shared.validation_messages import describe_error
@@ -93,20 +88,22 @@ class DocumentRequest(SynthesisRequest):
     """A long text plus a job's options (every field of `SynthesisRequest` but `stream`)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": DOCUMENT_EXAMPLES})
-    markup: Markup = "auto"  # auto: SSML when the text starts with <speak>, else plain text
+    # auto: SSML when the text starts with <speak>, else plain text; a document reads two more
+    # kinds than a job (markdown, ssml), so the field is wider than the job's
+    markup: Markup = "auto"  # type: ignore[assignment]
 
     @field_validator("text")
     @classmethod
     def _check_text(cls, value: str, info: ValidationInfo) -> str:
         context = info.context or {}
         limit = context.get("max_document_chars", 1_000_000)
-        return _check_text_like(text_file_lines(value), limit, required=True)
+        return check_text_like(text_file_lines(value), limit, required=True)
 
     @field_validator("stream")
     @classmethod
     def _check_stream(cls, value: bool) -> bool:
         if value:
-            raise _rule("a document is not streamed (its segments are assembled into one file)")
+            raise rule("a document is not streamed (its segments are assembled into one file)")
         return value
 
 
@@ -180,7 +177,7 @@ def _plain_hint(request: DocumentRequest) -> str:
         split_document(request.text, "plain", SplitLimits(), Pauses())
     except MarkupError:
         return ""
-    return ' (send markup "plain" to read its angle brackets as written)'
+    return PLAIN_HINT
 
 
 def _job(

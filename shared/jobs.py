@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import (
@@ -23,27 +22,21 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from shared.errors import InvalidRequestError
+from shared.job_text import TextMarkup, check_markup, check_text_like, rule
 from shared.keys import Priority
 from shared.prompt_uris import check_prompt_uri
+from shared.request_limits import RequestLimits
 from shared.results import AUDIO_FORMATS, AudioFormat, SampleFormat, SynthesisResult
-from shared.settings import Settings
 from shared.text_markup import (
     MarkupError,
-    minimum_text_tokens,
     parse_markup,
-    pause_seconds,
-    refuse_control_characters,
-    refuse_many_breaks,
     refuse_special_tokens,
-    speech_limit_message,
-    speech_seconds,
     text_file_lines,
 )
 from shared.validation_messages import describe_errors
-from shared.webhooks import WebhookTarget, allowed_prefixes, check_webhook_url
+from shared.webhooks import WebhookTarget, check_webhook_url
 
 __all__ = [
     "NATIVE_SAMPLE_RATE",
@@ -114,88 +107,14 @@ SYNTHESIS_EXAMPLES: list[JsonValue] = [
         "stream": True,
         "format": "wav",
     },
+    {"text": "Call size() on a List<String>.", "markup": "plain"},
 ]
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """The size limits a request is checked against (from Settings, the same on both sides)."""
-
-    max_text_chars: int = 2000
-    max_metadata_bytes: int = 4096
-    max_metadata_depth: int = 32
-    max_output_key_chars: int = 512
-    max_speech_seconds: float = 150.0
-    max_break_seconds: float = 10.0
-    max_breaks: int = 50
-    webhook_allowed_urls: tuple[str, ...] = ()  # URL prefixes a webhook may name
-    webhook_allow_private: bool = False  # a webhook may name a loopback/private address
-    webhook_resolve_names: bool = False  # resolve a webhook's host name (the producer only)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, resolve_names: bool = False) -> RequestLimits:
-        """The limits from settings; `resolve_names`: a webhook's host name is resolved and
-        refused when it names a private address (the producer; workers never call DNS here)."""
-        return cls(
-            max_text_chars=settings.max_text_chars,
-            max_metadata_bytes=settings.max_metadata_bytes,
-            max_metadata_depth=settings.max_metadata_depth,
-            max_output_key_chars=settings.max_output_key_chars,
-            max_speech_seconds=settings.max_speech_seconds,
-            max_break_seconds=settings.max_break_seconds,
-            max_breaks=settings.max_breaks,
-            webhook_allowed_urls=allowed_prefixes(settings.webhook_allowed_urls),
-            webhook_allow_private=settings.webhook_allow_private,
-            webhook_resolve_names=resolve_names,
-        )
-
-
-def _rule(message: str) -> PydanticCustomError:
-    return PydanticCustomError("cosyq_rule", message)
 
 
 def _limits(info: ValidationInfo) -> RequestLimits:
     context = info.context or {}
     limits = context.get("limits")
     return limits if isinstance(limits, RequestLimits) else RequestLimits()
-
-
-def _check_text_like(value: str, limit: int, *, required: bool) -> str:
-    value = value.strip()
-    if required and not value:
-        raise _rule("must not be empty (after trimming whitespace)")
-    if len(value) > limit:
-        raise _rule(f"{len(value):,} characters, limit {limit:,}")
-    try:
-        refuse_control_characters(value)
-    except MarkupError as e:
-        raise _rule(str(e)) from e
-    _check_utf8(value)
-    return value
-
-
-def _check_utf8(value: str) -> None:
-    """JSON can carry lone surrogates ("\\ud800"); no text stage or storage can."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise _rule(f"not valid UTF-8 (unpaired surrogate at character {e.start})") from None
-
-
-def _check_markup(text: str, limits: RequestLimits) -> str:
-    """Refused markup, and the speech bound as far as it is known without the model: pauses
-    exactly, words at their floor of one token (the worker checks again with real counts)."""
-    try:
-        segments = parse_markup(text, max_break_s=limits.max_break_seconds)
-        refuse_many_breaks(segments, limits.max_breaks)
-    except MarkupError as e:
-        raise _rule(str(e)) from e
-    floor = minimum_text_tokens(" ".join(s for s in segments if isinstance(s, str)))
-    estimate = speech_seconds(floor, pause_seconds(segments))
-    if estimate > limits.max_speech_seconds:
-        detail = f"at least {floor:,} words or numbers and {pause_seconds(segments):g} s of pauses"
-        raise _rule(speech_limit_message(estimate, limits.max_speech_seconds, detail))
-    return text
 
 
 def check_output_key(key: str, limit: int) -> str:
@@ -229,6 +148,9 @@ class SynthesisRequest(BaseModel):
     )
 
     schema_version: Literal[1] = 1
+    # how `text` is read (before it, so its check knows): auto, markup as described; plain,
+    # every angle bracket as written ("List<String>", "<|user|>": words, never tags or tokens)
+    markup: TextMarkup = "auto"
     text: str
     voice: str | None = None  # a registered voice; None with no prompt_audio: voice "default"
     prompt_audio: str | None = None  # file:// or s3:// URI, read by the worker
@@ -264,7 +186,7 @@ class SynthesisRequest(BaseModel):
         )
         if not low <= value <= high:  # also false for NaN
             unit = "LUFS" if info.field_name == "loudness_lufs" else "dBTP"
-            raise _rule(f"{value} is outside {low:g} to {high:g} {unit}")
+            raise rule(f"{value} is outside {low:g} to {high:g} {unit}")
         return value
 
     @field_validator(*NUMERIC_FIELDS, mode="before")
@@ -272,36 +194,39 @@ class SynthesisRequest(BaseModel):
     def _refuse_booleans(cls, value: object) -> object:
         """JSON's true is not 1: pydantic takes it for a number (and a Literal[1]) otherwise."""
         if isinstance(value, bool):
-            raise _rule(f"must be a number, not {str(value).lower()}")
+            raise rule(f"must be a number, not {str(value).lower()}")
         return value
 
     @field_validator("text")
     @classmethod
     def _check_text(cls, value: str, info: ValidationInfo) -> str:
         limits = _limits(info)
-        value = _check_text_like(text_file_lines(value), limits.max_text_chars, required=True)
-        return _check_markup(value, limits)
+        value = check_text_like(text_file_lines(value), limits.max_text_chars, required=True)
+        markup = info.data.get("markup")
+        if markup is None:  # refused itself (its own error says why): nothing to read as
+            return value
+        return check_markup(value, markup, limits)
 
     @field_validator("prompt_text", "instruction")
     @classmethod
     def _check_optional_text(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
-        value = _check_text_like(value, _limits(info).max_text_chars, required=True)
+        value = check_text_like(value, _limits(info).max_text_chars, required=True)
         try:
             if info.field_name == "instruction":  # may end with the separator; we add it anyway
                 refuse_special_tokens(value.removesuffix(END_OF_PROMPT))
             else:  # a transcript: control tags only, no pauses
                 parse_markup(value, allow_breaks=False)
         except MarkupError as e:
-            raise _rule(str(e)) from e
+            raise rule(str(e)) from e
         return value
 
     @field_validator("voice")
     @classmethod
     def _check_voice(cls, value: str | None) -> str | None:
         if value is not None and not VOICE_NAME_RE.fullmatch(value):
-            raise _rule("1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
+            raise rule("1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
         return value
 
     @field_validator("prompt_audio")
@@ -312,20 +237,20 @@ class SynthesisRequest(BaseModel):
         try:
             return check_prompt_uri(value, _limits(info).max_output_key_chars)
         except ValueError as e:
-            raise _rule(str(e)) from e
+            raise rule(str(e)) from e
 
     @field_validator("speed")
     @classmethod
     def _check_speed(cls, value: float) -> float:
         if not MIN_SPEED <= value <= MAX_SPEED:  # also false for NaN
-            raise _rule(f"{value} is outside {MIN_SPEED}-{MAX_SPEED}")
+            raise rule(f"{value} is outside {MIN_SPEED}-{MAX_SPEED}")
         return value
 
     @field_validator("seed")
     @classmethod
     def _check_seed(cls, value: int | None) -> int | None:
         if value is not None and not 0 <= value <= MAX_SEED:
-            raise _rule(f"{value} is outside 0-{MAX_SEED:,}")
+            raise rule(f"{value} is outside 0-{MAX_SEED:,}")
         return value
 
     @field_validator("sample_rate")
@@ -333,7 +258,7 @@ class SynthesisRequest(BaseModel):
     def _check_sample_rate(cls, value: int) -> int:
         if value not in SUPPORTED_SAMPLE_RATES:
             rates = ", ".join(str(rate) for rate in SUPPORTED_SAMPLE_RATES)
-            raise _rule(f"{value} Hz is not supported; use one of {rates}")
+            raise rule(f"{value} Hz is not supported; use one of {rates}")
         return value
 
     @field_validator("output_key")
@@ -344,7 +269,7 @@ class SynthesisRequest(BaseModel):
         try:
             return check_output_key(value, _limits(info).max_output_key_chars)
         except ValueError as e:
-            raise _rule(str(e)) from e
+            raise rule(str(e)) from e
 
     @field_validator("idempotency_key")
     @classmethod
@@ -352,9 +277,9 @@ class SynthesisRequest(BaseModel):
         if value is None:
             return None
         if not value or len(value) > MAX_IDEMPOTENCY_KEY_CHARS:
-            raise _rule(f"{len(value)} characters, must be 1-{MAX_IDEMPOTENCY_KEY_CHARS}")
+            raise rule(f"{len(value)} characters, must be 1-{MAX_IDEMPOTENCY_KEY_CHARS}")
         if not value.isprintable():
-            raise _rule("must be printable characters only")
+            raise rule("must be printable characters only")
         return value
 
     @field_validator("metadata", mode="before")
@@ -364,7 +289,7 @@ class SynthesisRequest(BaseModel):
         exhaust the stack."""
         limit = _limits(info).max_metadata_depth
         if nested_deeper(value, limit):
-            raise _rule(f"nested more than {limit} levels deep (COSYQ_MAX_METADATA_DEPTH)")
+            raise rule(f"nested more than {limit} levels deep (COSYQ_MAX_METADATA_DEPTH)")
         return value
 
     @field_validator("metadata")
@@ -374,12 +299,12 @@ class SynthesisRequest(BaseModel):
             text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError:
-            raise _rule("not valid UTF-8 (an unpaired surrogate)") from None
+            raise rule("not valid UTF-8 (an unpaired surrogate)") from None
         except (ValueError, RecursionError):  # NaN/Infinity, an int too long to print
-            raise _rule("not representable as JSON (NaN, Infinity or a huge number)") from None
+            raise rule("not representable as JSON (NaN, Infinity or a huge number)") from None
         limit = _limits(info).max_metadata_bytes
         if size > limit:
-            raise _rule(f"{size:,} bytes as JSON, limit {limit:,}")
+            raise rule(f"{size:,} bytes as JSON, limit {limit:,}")
         return value
 
     @field_validator("webhook")
@@ -398,14 +323,14 @@ class SynthesisRequest(BaseModel):
                 resolve_names=limits.webhook_resolve_names,
             )
         except ValueError as e:
-            raise _rule(str(e)) from e
+            raise rule(str(e)) from e
         return value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> SynthesisRequest:
         problems = _combination_problems(self)
         if problems:
-            raise _rule("; ".join(problems))
+            raise rule("; ".join(problems))
         return self
 
 

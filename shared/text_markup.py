@@ -78,6 +78,11 @@ SUPPORTED_MARKUP = (
     "<strong>…</strong>, <laughter>…</laughter> and the [tag] forms"
 )
 
+# Text read as written (a job or document sent as `plain`, Markdown's code): a "<" before a
+# name, "/" or "|" ("Vector<int>", "<div>", "<|endoftext|>") is a character, not markup to
+# refuse (nor a control tag or pause to obey); a space after it keeps it one.
+_LITERAL_ANGLE_RE = re.compile(r"<(?=[A-Za-z/|])")
+
 # Speech per text token after normalisation: ~3.3 Qwen2 tokens per second of read speech in
 # English (~14 characters/s, ~4 characters/token) and in Chinese (~4.5 characters/s, ~1.4
 # characters/token); CosyVoice 2 emits 25 speech tokens/s, i.e. ~7.5 per text token.
@@ -135,6 +140,18 @@ def _shown(markup: str) -> str:
     return (
         markup if len(markup) <= _SHOWN_TOKEN_CHARS else markup[: _SHOWN_TOKEN_CHARS - 4] + "...>"
     )
+
+
+def is_ssml(text: str) -> bool:
+    """A text with a <speak> element is SSML (its entities are decoded in the words)."""
+    return _SSML_RE.search(text) is not None
+
+
+def literal(text: str) -> str:
+    """`text` with every "<" that could open markup made a character (`_LITERAL_ANGLE_RE`):
+    "List<String>" -> "List< String>", "<|user|>" -> "< |user|>" (never a tag or a special
+    token to the parser, the normaliser or the tokenizer)."""
+    return _LITERAL_ANGLE_RE.sub("< ", text)
 
 
 def refuse_special_tokens(text: str) -> None:
@@ -252,7 +269,7 @@ def parse_markup(
     """
     refuse_special_tokens(text)
     refuse_control_characters(text)
-    is_ssml = _SSML_RE.search(text) is not None
+    ssml = is_ssml(text)
     segments: list[Segment] = []
     words: list[str] = []
 
@@ -260,7 +277,7 @@ def parse_markup(
         joined = "".join(words)
         words.clear()
         refuse_special_tokens(joined)
-        if is_ssml:
+        if ssml:
             joined = decode_entities(joined)
         if joined.strip():
             segments.append(joined)

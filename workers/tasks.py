@@ -24,6 +24,7 @@ from shared.connection import REDIS_OUTAGE
 from shared.document_state import start_segment
 from shared.errors import InvalidRequestError
 from shared.job_index import Outcome, record_outcome
+from shared.job_text import model_text
 from shared.jobs import (
     NATIVE_SAMPLE_RATE,
     SUPPORTED_SAMPLE_RATES,
@@ -401,7 +402,7 @@ def _engine_input(
     """The engine's request; a document's `segment` is spoken piece by piece past the speech
     bound rather than refused (the producer sized it by an estimate, not the model's count)."""
     return SynthesisInput(
-        text=request.text,
+        text=model_text(request.text, request.markup),  # plain: its "<"s made characters
         prompt=prompt,
         mode=request.mode,
         language=request.language,

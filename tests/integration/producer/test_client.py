@@ -207,6 +207,27 @@ def test_submit_many_enqueues_nothing_when_one_request_is_invalid(client: CosyqC
     assert sum(client.queue_depths().values()) == 0
 
 
+def test_submit_and_submit_many_take_markup_plain_and_the_engine_gets_it_as_words(
+    client: CosyqClient,
+) -> None:
+    """markup "plain": angle brackets are words (the engine is given each "<" that could open
+    markup as a character, "List< String>"); unmarked, the same text is refused naming plain."""
+    text = "A List<String> and <b>bold</b>, then <|user|> here."
+    spoken = "A List< String> and < b>bold< /b>, then < |user|> here."
+    with pytest.raises(InvalidRequestError, match=r'requests\[1\]: text: .*send markup "plain"'):
+        client.submit_many([{"text": "Fine."}, {"text": text}])
+    assert sum(client.queue_depths().values()) == 0
+    ids = [
+        client.submit({"text": text, "markup": "plain"}),
+        *client.submit_many([{"text": text, "markup": "plain"}] * 2),
+    ]
+    run_cosyq_burst(client.settings)
+    for job_id in ids:
+        result = client.result(job_id, timeout=5)
+        assert [piece.text for piece in result.pieces] == [spoken]  # what the engine read
+        assert result.duration_s == pytest.approx(per_char_seconds(spoken), abs=1e-3)
+
+
 # ---- idempotency
 
 

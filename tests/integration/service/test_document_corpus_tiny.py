@@ -28,15 +28,13 @@ from tests.doubles.harness import Cluster, clean_database, client_settings, pool
 CORPUS = Path(__file__).parents[2] / "data" / "corpus"
 TEXTS = sorted(p.name for p in CORPUS.iterdir())
 # Angle brackets in prose ("List<String>", "<b>", the model's "<|user|>"): sent as `plain`,
-# read as written (as `auto`, refused as markup, the reason naming `plain`); a job has no
-# `plain`, so as jobs they are refused, each reason naming what to change. The README's
-# special token is inside a code span, which the document's Markdown reading keeps as
-# characters; 2,000 characters of base64 are spelled out letter by letter, longer than a job
-# may speak (a document splits them).
+# read as written, as a document and as a job alike (as `auto`, refused as markup, the reason
+# naming `plain`). The README's special token is inside a code span, which the document's
+# Markdown reading keeps as characters (as a job it is refused, its reason naming it); 2,000
+# characters of base64 are spelled out letter by letter, longer than a job may speak (a
+# document splits them).
 PLAIN = {"special_token.txt", "tags.txt"}
 REFUSED_JOB = {
-    "special_token.txt": "special token <|user|>",
-    "tags.txt": "markup <String>",
     "readme.md": "special token <|endoftext|>",
     "attachment.txt": "of speech (at least 527 words or numbers",
 }
@@ -137,8 +135,12 @@ def test_each_text_cut_to_a_job_is_a_valid_job(name: str) -> None:
     text = request_of(name)["text"]
     assert isinstance(text, str)
     cut = text[: limits.max_text_chars]
+    markup = "plain" if name in PLAIN else "auto"
+    if name in PLAIN:  # refused as auto, naming what to send instead
+        with pytest.raises(InvalidRequestError, match='send markup "plain"'):
+            validate_request({"text": cut}, limits)
     if name in REFUSED_JOB:
         with pytest.raises(InvalidRequestError, match=re.escape(REFUSED_JOB[name])):
-            validate_request({"text": cut}, limits)
+            validate_request({"text": cut, "markup": markup}, limits)
         return
-    validate_request({"text": cut}, limits)
+    validate_request({"text": cut, "markup": markup}, limits)

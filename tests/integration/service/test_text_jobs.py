@@ -99,3 +99,28 @@ def test_special_tokens_smuggled_as_entities_fail_at_the_worker(
         state, reason, _ = failure(client, voice)
         assert state == "failed" and reason is not None and reason.kind == "invalid_request"
         assert "transcript: contains the model's special token <|im_start|>" in reason.message
+
+
+def test_a_plain_job_is_spoken_as_written_by_the_worker(settings: Settings) -> None:
+    """markup "plain", from the producer and straight from Redis (the worker's own gate and
+    reading): the real engine reads its angle brackets as words (the result's pieces are the
+    text as the model read it, normalised); the same text as `auto` fails naming `plain`."""
+    text = "A List<String> then <|im_start|> and <strong>loud</strong> here."
+    with CosyqClient(settings) as client:
+        queue = Queue(keys.QUEUE_DEFAULT, connection=client.connection, serializer=JSONSerializer)
+        raw = {"text": text, "markup": "plain", "seed": 1}
+        jobs = [
+            client.submit({"text": text, "markup": "plain", "seed": 1}),
+            queue.enqueue(keys.SYNTHESIZE_FUNCTION, kwargs={"request": raw}).id,
+        ]
+        auto = queue.enqueue(keys.SYNTHESIZE_FUNCTION, kwargs={"request": {"text": text}}).id
+        run_cosyq_burst(settings)
+        for job_id in jobs:
+            result = client.result(job_id, timeout=0)
+            read = " ".join(piece.text for piece in result.pieces)
+            assert "List< String>" in read and "im" in read and "start" in read, read
+            assert not any(tag in read for tag in ("<|", "<strong>", "</strong>")), read
+        state, reason, _ = failure(client, auto)
+        assert state == "failed" and reason is not None and reason.kind == "invalid_request"
+        assert reason.message.startswith("text: contains the model's special token <|im_start|>")
+        assert 'send markup "plain"' in reason.message

@@ -6,6 +6,7 @@ naming the token, and whatever passes the gate gives ids with no special id in t
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.errors import InvalidRequestError
+from shared.job_text import model_text
 from shared.jobs import RequestLimits, validate_request
+from shared.text_markup import CONTROL_TAGS
 from shared.voices import check_transcript
 from tests.unit.hostile_forms import entity_form, fully_decoded
 from workers.engine.text_frontend import TextFrontend
@@ -158,3 +161,24 @@ def test_instruction_keeps_its_one_separator(frontend: TextFrontend) -> None:
     ids = frontend.instruction_ids("speak slowly<|endofprompt|>")
     eop = frontend.tokenizer.token_id("<|endofprompt|>")
     assert ids[-1] == eop and ids.count(eop) == 1
+
+
+def test_a_plain_job_gives_the_model_its_angle_brackets_as_words(
+    frontend: TextFrontend, special_tokens: list[str]
+) -> None:
+    """A job sent with markup "plain" (past the gate, as the worker gives it to the engine):
+    every special token the tokenizer knows and every angle-bracket control tag is spoken as
+    its words, never its id; "List<String>" is words too. As `auto` each is refused."""
+    tokenizer = frontend.tokenizer
+    angle_tags = [tag for tag in CONTROL_TAGS if tag.startswith("<")]
+    refused = {tokenizer.token_id(tag) for tag in angle_tags} | set(tokenizer.special_tokens)
+    for token in [*special_tokens, *angle_tags]:
+        text = f"A List<String> then {token} here."
+        request = validate_request({"text": text, "markup": "plain"}, LIMITS)
+        pieces = frontend.pieces(model_text(request.text, request.markup))
+        ids = [i for piece in pieces for i in piece.ids]
+        assert not set(ids) & refused, (token, ids)
+        said = tokenizer.decode(ids).lower()
+        names = re.findall(r"[a-z]+", token.lower())
+        assert {"list", "string", *names} <= set(re.findall(r"[a-z]+", said)), (token, said)
+        assert _gate("text", text) is not None  # auto: still refused
