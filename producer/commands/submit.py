@@ -68,6 +68,12 @@ def register(subparsers: Any) -> None:
     say.add_argument("text")
     say.add_argument("--voice", help="a registered voice (default: the model's 'default')")
     say.add_argument(
+        "--markup",
+        choices=("auto", "plain"),
+        default="auto",
+        help="plain: read every angle bracket as written ('List<String>'); auto: SSML and tags",
+    )
+    say.add_argument(
         "--out", help="write the audio here (format from the suffix); with --stream: .wav or -"
     )
     say.add_argument(
@@ -253,6 +259,7 @@ def say_request(args: argparse.Namespace) -> dict[str, Any]:
     check_out_folder(out)
     request: dict[str, Any] = {
         "text": args.text,
+        "markup": args.markup,
         "mode": args.mode,
         "speed": args.speed,
         "format": fmt or "wav",

@@ -3,8 +3,9 @@
 `model` is `cosyvoice2` (`tts-1` and `tts-1-hd` are aliases), `input` the text, `voice` a
 registered voice or `default`, `response_format` wav/flac/opus/mp3/pcm (OpenAI's default mp3;
 pcm is 24 kHz 16-bit little-endian mono with no header, as OpenAI sends it), `speed`, and
-`instructions` switch on instruct2. The job is checked by the same `validate_request` as every
-producer; its errors are renamed to OpenAI's fields (text -> input, ...).
+`instructions` switch on instruct2; `markup` (ours, default `auto`) is a job's: `plain` reads
+every angle bracket of `input` as written. The job is checked by the same `validate_request` as
+every producer; its errors are renamed to OpenAI's fields (text -> input, ...).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from producer.http.storage_read import check_owned, job_not_found
 from producer.http.streaming import relay_response
 from shared.audio import CONTENT_TYPES
 from shared.errors import InvalidRequestError
+from shared.job_text import TextMarkup
 from shared.jobs import MAX_SPEED, MIN_SPEED, NATIVE_SAMPLE_RATE, validate_request
 
 router = APIRouter(responses=ERRORS)
@@ -64,6 +66,11 @@ class SpeechRequest(BaseModel):
 
     model: str = Field(json_schema_extra={"enum": list(MODELS)})
     input: str = Field(description="the text (SSML when it starts with <speak>)")
+    markup: TextMarkup = Field(  # ours, not OpenAI's (its SDK: extra_body={"markup": "plain"})
+        "auto",
+        description="auto: markup and SSML read as in a job; plain: every angle bracket as "
+        'written ("List<String>", "<b>" are words)',
+    )
     voice: str = Field(DEFAULT_VOICE, description="a registered voice (GET /v1/audio/voices)")
     response_format: str = Field("mp3", json_schema_extra={"enum": list(RESPONSE_FORMATS)})
     speed: float = Field(  # checked by the contract (its message); strict: true is not a speed
@@ -107,6 +114,7 @@ def job_payload(speech: SpeechRequest) -> dict[str, Any]:
     """The SynthesisRequest fields for an OpenAI request (pcm is made as 24 kHz PCM16 WAV)."""
     payload: dict[str, Any] = {
         "text": speech.input,
+        "markup": speech.markup,
         "voice": speech.voice,
         "speed": speech.speed,
         "format": "wav" if speech.response_format == "pcm" else speech.response_format,

@@ -174,6 +174,31 @@ def test_say_writes_the_audio(
     assert sf.info(str(opus)).subtype == "OPUS"
 
 
+def test_submit_lines_and_say_take_markup_plain(
+    settings: Settings,
+    worker: subprocess.Popen[bytes],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A line or a `say` with angle brackets as words: refused as auto (the reason names
+    plain), spoken as plain (the engine is given "List< String>": audio of its length)."""
+    text = "A List<String> and <|user|> here."
+    spoken = "A List< String> and < |user|> here."
+    lines = [{"text": text, "markup": "plain"}, {"text": text}]
+    (tmp_path / "plain.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert cosyq("submit", str(tmp_path / "plain.jsonl"), "--wait") == 1
+    captured = capsys.readouterr()
+    assert "line 2: text: contains the model's special token <|user|>" in captured.err
+    assert 'send markup "plain"' in captured.err
+    assert "submitted 1 job; 1 bad line skipped" in captured.err
+    out = tmp_path / "plain.wav"
+    assert cosyq("say", text, "--out", str(out)) == 1
+    assert 'send markup "plain"' in capsys.readouterr().err and not out.exists()
+    assert cosyq("say", text, "--markup", "plain", "--out", str(out)) == 0
+    samples, rate = decode_audio(out.read_bytes())
+    assert rate == 24000 and samples.size == round(per_char_seconds(spoken) * 24000)
+
+
 def test_result_exit_codes(settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
     with CosyqClient(settings) as client:
         job_id = client.submit({"text": "pending"})

@@ -1,0 +1,33 @@
+"""How the command line and the OpenAI route ask for a text read as written: `cosyq say
+--markup plain`, `markup` in an OpenAI speech request. Each request they make passes the
+contract's gate as plain."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.cli import build_parser
+from producer.commands.submit import say_request
+from producer.http.speech import job_payload, parse_speech
+from shared.errors import InvalidRequestError
+from shared.jobs import RequestLimits, validate_request
+
+TEXT = "A List<String> and <b>bold</b>, then <|user|> here."
+
+
+def test_say_sends_markup_plain_when_asked_and_auto_otherwise() -> None:
+    args = build_parser().parse_args(["say", TEXT, "--markup", "plain"])
+    request = validate_request(say_request(args), RequestLimits())
+    assert (request.markup, request.text) == ("plain", TEXT)
+    args = build_parser().parse_args(["say", TEXT])
+    assert say_request(args)["markup"] == "auto"
+    with pytest.raises(InvalidRequestError, match='send markup "plain"'):
+        validate_request(say_request(args), RequestLimits())
+
+
+def test_openai_speech_passes_markup_to_the_job() -> None:
+    body = {"model": "tts-1", "input": TEXT, "markup": "plain"}
+    request = validate_request(job_payload(parse_speech(body)), RequestLimits())
+    assert (request.markup, request.text) == ("plain", TEXT)
+    unmarked = job_payload(parse_speech({"model": "tts-1", "input": "Hi."}))
+    assert validate_request(unmarked, RequestLimits()).markup == "auto"
