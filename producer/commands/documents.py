@@ -52,14 +52,21 @@ OPTIONS = (
     "output_key",
     "idempotency_key",
 )
-MARKUP_BY_SUFFIX = {".md": "markdown", ".markdown": "markdown", ".ssml": "ssml"}
+# A file's markup by its name (--markup overrides): a .txt is plain text, its angle brackets
+# read as written ("List<String>"); any other name is `auto` (SSML when it starts <speak>).
+MARKUP_BY_SUFFIX = {
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".ssml": "ssml",
+    ".txt": "plain",
+}
 
 
 def register(subparsers: Any) -> None:
     document = subparsers.add_parser("document", help="long texts: one file with captions")
     commands = document.add_subparsers(dest="document_command", required=True, metavar="ACTION")
     submit = commands.add_parser("submit", help="split a text file into jobs and assemble it")
-    submit.add_argument("file", type=Path, help="plain text, Markdown (.md) or SSML (.ssml)")
+    submit.add_argument("file", type=Path, help="plain text (.txt), Markdown (.md) or SSML (.ssml)")
     submit.add_argument("--out", type=Path, help="the audio file to write (its format too)")
     submit.add_argument("--no-wait", action="store_true", help="print the id and return")
     submit.add_argument("--markup", choices=("auto", "plain", "markdown", "ssml"))
