@@ -177,3 +177,23 @@ def test_streamed_speech_as_server_sent_events(live: Front) -> None:
     assert all(e["type"] == "speech.audio.delta" for e in events[:-1]) and deltas
     assert all(deltas)  # the real worker's final entry has no samples: it sends no delta
     assert sum(len(d) for d in deltas) > 2400 * 2
+
+
+def test_the_sdk_sends_markup_plain_as_extra_body(live: Front, client: openai.OpenAI) -> None:
+    """Our `markup` through OpenAI's SDK, as the README says: code-like prose is refused as
+    `auto` (BadRequestError naming plain) and spoken as written with extra_body."""
+    text = "Call size() on a List<String> after <|user|>."
+    with pytest.raises(openai.BadRequestError, match=r"input: .*send markup .*plain"):
+        client.audio.speech.create(model="tts-1", voice="default", input=text)
+    response = client.audio.speech.with_raw_response.create(
+        model="tts-1",
+        voice="default",
+        input=text,
+        response_format="wav",
+        extra_body={"markup": "plain"},
+    )
+    assert sf.info(io.BytesIO(response.parse().content)).samplerate == 24000
+    with live.http() as http:
+        doc = wait_finished(http, response.headers["x-cosyq-job-id"])
+    read = " ".join(piece["text"] for piece in doc["result"]["pieces"])
+    assert "List< String>" in read and "<|" not in read, read
