@@ -70,6 +70,12 @@ class FrontSettings(BaseModel):
     ui_session_ttl_s: int = Field(
         8 * 3600, gt=0, description="how long a /ui sign-in lasts (its session in Redis)"
     )
+    ui_max_form_bytes: int = Field(
+        4096,
+        gt=0,
+        description="largest /ui form post (sign-in, judging, a document's buttons), read only "
+        "after its caller is judged (the sign-in form's: after its address)",
+    )
     ui_page_size: int = Field(50, gt=0, le=500, description="rows per page of the /ui lists")
     ui_scan_limit: int = Field(
         2000,

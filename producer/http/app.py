@@ -79,6 +79,7 @@ def create_app(settings: Settings, *, client: CosyqClient | None = None) -> Fast
         BodyLimit,
         max_body_bytes=settings.http_max_body_bytes,
         max_upload_bytes=settings.http_max_upload_bytes,
+        max_form_bytes=settings.ui_max_form_bytes,
         keyed=key_check.knows_header if key_check.enabled else None,
     )
     app.add_middleware(AccessLog)

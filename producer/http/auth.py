@@ -95,24 +95,17 @@ class KeyCheck:
     def checked_key(self, request: Request, given: str) -> tuple[str, bool] | None:
         """`matching_key`, counting a wrong key against the client's address (producer/quotas.py
         AuthFailures); 429 once that address is past COSYQ_HTTP_AUTH_FAILURES_PER_MINUTE,
-        whatever key it sends (blocking: Redis, from a sync dependency or the thread pool).
-        Redis failing here is a 503 that names no address: the caller is not judged yet."""
-        failures = context_of(request).auth_failures
-        address = client_address(request)
+        whatever key it sends (blocking: Redis, from a sync dependency or the thread pool)."""
         found = self.matching_key(given)
-        try:
-            wait = failures.failed(address) if found is None else failures.locked_for(address)
-        except redis.RedisError as e:  # the caller is nobody yet: where Redis is is not theirs
-            log.warning("http_key_unjudged", error=redact_urls(str(e), keep_user=False))
-            raise ApiError(
-                503,
-                "temporarily unavailable: the key cannot be checked now; retry",
-                type_=SERVER_ERROR,
-                code="unavailable",
-            ) from e
-        if wait:
-            raise auth_locked_out(failures.per_minute, wait)
+        _check_address(request, failed=found is None)
         return found
+
+    def check_address(self, request: Request) -> None:
+        """429 while the client's address is past COSYQ_HTTP_AUTH_FAILURES_PER_MINUTE, asked
+        before a key is read from a body (the /ui sign-in form), so a locked-out address is
+        answered from its headers (blocking: Redis)."""
+        if self._keys:
+            _check_address(request, failed=False)
 
     def knows_header(self, authorization: str) -> bool:
         """Whether an Authorization header's value is `Bearer <one of the keys>` (no Redis, no
@@ -145,6 +138,25 @@ class KeyCheck:
             if hmac.compare_digest(candidate, known):
                 found = (tenant, operator)
         return found
+
+
+def _check_address(request: Request, *, failed: bool) -> None:
+    """Count a wrong key (`failed`) against the client's address; 429 once it is past the
+    limit. Redis failing here is a 503 that names no address: the caller is not judged yet."""
+    failures = context_of(request).auth_failures
+    address = client_address(request)
+    try:
+        wait = failures.failed(address) if failed else failures.locked_for(address)
+    except redis.RedisError as e:  # the caller is nobody yet: where Redis is is not theirs
+        log.warning("http_key_unjudged", error=redact_urls(str(e), keep_user=False))
+        raise ApiError(
+            503,
+            "temporarily unavailable: the key cannot be checked now; retry",
+            type_=SERVER_ERROR,
+            code="unavailable",
+        ) from e
+    if wait:
+        raise auth_locked_out(failures.per_minute, wait)
 
 
 def client_address(request: Request) -> str:

@@ -1,14 +1,16 @@
 """Two ASGI layers around every request: the body-size cap and the one access-log line.
 
-`BodyLimit` answers 413 before the app sees a body over the cap: at once from Content-Length,
-or as soon as a chunked body grows past it (the body is read ahead, so a route never works on a
-partial upload). Voice uploads get their own, larger cap. A request to a keyed route (under
-KEYED_PREFIX) whose Authorization header names none of the front's keys is not read ahead: its
-route's key check answers 401 (or 429, the address locked out) from the headers, counting a
-wrong key against the address, the body unread and held to the JSON cap; so nobody without a key
-makes the front wait for, or hold, a body (2 MB of JSON, 16 MB of upload) per connection.
-`AccessLog` writes one structlog line per request (method, path, status, duration, job id when
-a route set `request.state.job_id`); never the body, so never the text.
+`BodyLimit` holds every body to a cap, and no body is read ahead of its route: the route
+judges its caller from the headers first (the /v1/ key check; a /ui session's cookie and
+origin), and its first read answers 413 at once from a Content-Length over the cap, or takes
+the whole body in (413 as soon as a chunked one grows past it), so a route never works on a
+partial upload. A caller with no key, a wrong one, a key from an address locked out (429), or
+no /ui session is answered with its body unread: nobody without a key makes the front wait
+for, or hold, a body per connection. Caps: JSON 2 MB (COSYQ_HTTP_MAX_BODY_BYTES); a voice
+upload from a caller whose key is one of the front's 16 MB (COSYQ_HTTP_MAX_UPLOAD_BYTES); a
+/ui form 4 KB (COSYQ_UI_MAX_FORM_BYTES). `AccessLog` writes one structlog line per request
+(method, path, status, duration, job id when a route set `request.state.job_id`); never the
+body, so never the text.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.http.errors import ApiError
@@ -25,12 +28,13 @@ from producer.http.errors import ApiError
 log = structlog.get_logger("cosyq.http")
 
 UPLOAD_PATHS = frozenset({"/v1/audio/voices"})
-KEYED_PREFIX = "/v1/"  # every route behind the key check (app.KEYED_ROUTERS), and only those
+FORM_PREFIX = "/ui/"  # the /ui forms (producer/http/ui/): small, read after the caller is judged
 CLIENT_CLOSED = 499  # the access log's status for a client gone before its body was in (nginx's)
 
 
 class BodyLimit:
-    """413 for a body over `max_body_bytes` (`max_upload_bytes` on upload paths)."""
+    """413 for a body over its cap (`max_body_bytes`; `max_upload_bytes` on upload paths from a
+    keyed caller; `max_form_bytes` under FORM_PREFIX), read only when its route asks."""
 
     def __init__(
         self,
@@ -38,78 +42,80 @@ class BodyLimit:
         *,
         max_body_bytes: int,
         max_upload_bytes: int,
+        max_form_bytes: int,
         keyed: Callable[[str], bool] | None = None,
     ) -> None:
         """`keyed(bearer)`: whether the Authorization header's value names one of the front's
-        keys (None: no keys, every caller's body is read ahead, an upload to its own cap)."""
+        keys (None: no keys, every caller may upload to the upload cap)."""
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes
+        self.max_form_bytes = max_form_bytes
         self.keyed = keyed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_body_bytes
-        if self._unkeyed(scope):
-            await self.app(scope, _capped(receive, limit), send)
-            return  # its key check refuses it from its headers; what it reads stays capped
-        if scope["path"] in UPLOAD_PATHS:
-            limit = self.max_upload_bytes
+        limit, setting = self._cap(scope)
+        try:
+            await self.app(scope, _whole_body(scope, receive, limit, setting), send)
+        except ClientDisconnect:
+            if not scope.get("state", {}).get("client_disconnected"):
+                raise  # not the body's: the app's own error
+            # the client went away before its body was in: nothing to answer or run
+
+    def _cap(self, scope: Scope) -> tuple[int, str]:
+        """The request's body cap, and the setting that names it."""
+        path = scope["path"]
+        if path.startswith(FORM_PREFIX):
+            return self.max_form_bytes, "COSYQ_UI_MAX_FORM_BYTES"
+        keyed = self.keyed is None or self.keyed(_header(scope, b"authorization"))
+        if path in UPLOAD_PATHS and keyed:
+            return self.max_upload_bytes, "COSYQ_HTTP_MAX_UPLOAD_BYTES"
+        return self.max_body_bytes, "COSYQ_HTTP_MAX_BODY_BYTES"
+
+
+def _whole_body(scope: Scope, receive: Receive, limit: int, setting: str) -> Receive:
+    """`receive` whose first call reads the whole body in (413 past `limit`; a client gone
+    reads as gone), then hands it on message by message; nothing is read until a route asks."""
+    messages: list[Message] | None = None
+
+    async def read_all() -> list[Message]:
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await _too_large(scope, send, limit)
-            return
-        messages: list[Message] = []
+            raise _too_large(limit, setting)  # at once: none of it is read
+        read: list[Message] = []
         size = 0
-        more = True
-        while more:
+        while True:
             message = await receive()
-            messages.append(message)
+            read.append(message)
             if message["type"] == "http.disconnect":
                 _client_went_away(scope, size)
-                return
+                return read
             if message["type"] != "http.request":
-                break
+                return read
             size += len(message.get("body", b""))
             if size > limit:
-                await _too_large(scope, send, limit)
-                return
-            more = bool(message.get("more_body", False))
+                raise _too_large(limit, setting)
+            if not message.get("more_body", False):
+                return read
 
-        async def replay() -> Message:
-            if messages:
-                return messages.pop(0)
-            return await receive()
+    async def replay() -> Message:
+        nonlocal messages
+        if messages is None:
+            messages = await read_all()
+        if messages:
+            return messages.pop(0)
+        return await receive()
 
-        await self.app(scope, replay, send)
-
-    def _unkeyed(self, scope: Scope) -> bool:
-        """A request to a keyed route whose Authorization header names none of the keys."""
-        if self.keyed is None or not scope["path"].startswith(KEYED_PREFIX):
-            return False
-        return not self.keyed(_header(scope, b"authorization"))
+    return replay
 
 
 def _client_went_away(scope: Scope, received: int) -> None:
     """The client closed the connection before its body was in: nothing to answer or run."""
     scope.setdefault("state", {})["client_disconnected"] = True
     log.info("http_client_disconnected", path=scope["path"], received_bytes=received)
-
-
-def _capped(receive: Receive, limit: int) -> Receive:
-    """`receive` that reads as a client gone once the body read passes `limit` (nothing read
-    ahead: a route that answers from the headers reads nothing)."""
-    size = 0
-
-    async def capped() -> Message:
-        nonlocal size
-        message = await receive()
-        size += len(message.get("body", b""))
-        return {"type": "http.disconnect"} if size > limit else message
-
-    return capped
 
 
 def _header(scope: Scope, wanted: bytes) -> str:
@@ -126,20 +132,14 @@ def _content_length(scope: Scope) -> int | None:
         return None
 
 
-async def _too_large(scope: Scope, send: Send, limit: int) -> None:
-    setting = (
-        "COSYQ_HTTP_MAX_UPLOAD_BYTES"
-        if scope["path"] in UPLOAD_PATHS
-        else ("COSYQ_HTTP_MAX_BODY_BYTES")
+def _too_large(limit: int, setting: str) -> ApiError:
+    """The 413 (the connection closed after it: the rest of the body is never read)."""
+    return ApiError(
+        413,
+        f"request body over {limit:,} bytes ({setting})",
+        code="body_too_large",
+        headers={"Connection": "close"},
     )
-    error = ApiError(413, f"request body over {limit:,} bytes ({setting})", code="body_too_large")
-    response = error.response()
-    response.headers["Connection"] = "close"
-    await response(scope, _never_receive, send)
-
-
-async def _never_receive() -> Message:
-    return {"type": "http.disconnect"}
 
 
 class AccessLog:

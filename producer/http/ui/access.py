@@ -6,7 +6,9 @@ valid session sends a browser to the sign-in form; a session is valid while the 
 it is still configured for the same tenant and rights (revoking or moving a key ends its
 sessions). Without any key configured (loopback only)
 everyone is tenant "default", as for the API. A POST from another origin is refused (403),
-and a cookie caller's POST must carry its session's CSRF token.
+and a cookie caller's POST must carry its session's CSRF token. A form's body is read only
+after its caller (and origin) is judged from the headers: a POST with no valid session is
+answered (sign-in redirect, 401, 403) with its body unread.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 
 from producer.http.auth import KeyCheck, key_digest
 from producer.http.context import FrontContext, context_of
@@ -71,13 +74,28 @@ def caller_of(request: Request) -> Caller:
     return caller
 
 
-def check_post(request: Request, caller: Caller, csrf: str | None) -> None:
-    """A state-changing form: same origin, and the session's token for a cookie caller."""
+def check_origin(request: Request) -> None:
+    """403 for a form posted from another origin (from the headers, the body unread)."""
     origin = request.headers.get("origin")
     if origin and urlsplit(origin).netloc != request.headers.get("host", ""):
         raise ApiError(403, "a /ui form posted from another origin", code="bad_origin")
-    if not csrf_ok(caller, csrf):
+
+
+async def posted_form(request: Request, caller: Caller) -> FormData:
+    """A state-changing form, read only now that its caller is judged (`caller_of`) and its
+    origin is checked (the body capped at COSYQ_UI_MAX_FORM_BYTES); 403 without the
+    session's token for a cookie caller."""
+    check_origin(request)
+    form = await request.form()
+    if not csrf_ok(caller, field(form, "csrf")):
         raise ApiError(403, "the form's session token is missing or stale", code="bad_csrf")
+    return form
+
+
+def field(form: FormData, name: str) -> str:
+    """A form's text field ("" when absent, or a file where text belongs)."""
+    value = form.get(name)
+    return value if isinstance(value, str) else ""
 
 
 UiCaller = Annotated[Caller, Depends(caller_of)]
@@ -89,19 +107,19 @@ async def sign_in_form(request: Request) -> Response:
 
 
 @router.post(SIGN_IN)
-async def sign_in(
-    request: Request, key: Annotated[str, Form()], name: Annotated[str, Form()] = ""
-) -> Response:
+async def sign_in(request: Request) -> Response:
     """The key, checked in constant time, opens a session; the cookie holds only its id. A
-    wrong one counts against the client's address as a wrong API key does (auth.py)."""
+    wrong one counts against the client's address as a wrong API key does (auth.py). The
+    form is read only after its origin and address are judged (a locked-out address: 429)."""
     context, key_check = _front(request)
-    origin = request.headers.get("origin")
-    if origin and urlsplit(origin).netloc != request.headers.get("host", ""):
-        raise ApiError(403, "a /ui form posted from another origin", code="bad_origin")
+    check_origin(request)
+    await run_in_threadpool(key_check.check_address, request)  # 429 past the limit
+    form = await request.form()
+    key, name = field(form, "key").strip(), field(form, "name")
     found = (
-        await run_in_threadpool(key_check.checked_key, request, key.strip())  # 429 past the limit
-        if key_check.enabled
-        else None
+        await run_in_threadpool(key_check.checked_key, request, key)
+        if key_check.enabled and key
+        else None  # no key given: nothing to count
     )
     if found is None:
         return render(request, "signin.html", caller=None, error="unknown key", status_code=401)
@@ -113,7 +131,7 @@ async def sign_in(
         operator=operator,
         name=clean_name(name),
         ttl_s=context.settings.ui_session_ttl_s,
-        key_digest=key_digest(key.strip()),
+        key_digest=key_digest(key),
     )
     response = RedirectResponse("/ui", status_code=303)
     response.set_cookie(
@@ -129,10 +147,8 @@ async def sign_in(
 
 
 @router.post("/ui/signout")
-async def sign_out(
-    request: Request, caller: UiCaller, csrf: Annotated[str, Form()] = ""
-) -> Response:
-    check_post(request, caller, csrf)
+async def sign_out(request: Request, caller: UiCaller) -> Response:
+    await posted_form(request, caller)
     await run_in_threadpool(
         close_session, context_of(request).connection, request.cookies.get(COOKIE, "")
     )

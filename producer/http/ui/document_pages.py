@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -16,7 +16,7 @@ from producer.http.context import Context
 from producer.http.documents import check_document_owner
 from producer.http.storage_read import check_owned, document_not_found, stored_response
 from producer.http.ui import listing
-from producer.http.ui.access import UiCaller, check_post
+from producer.http.ui.access import UiCaller, posted_form
 from producer.http.ui.render import render
 from shared.audio import CONTENT_TYPES
 from shared.document_state import DocumentPlanRecord, document_key, load_plan
@@ -140,10 +140,9 @@ async def change_document(
     context: Context,
     document_id: str,
     action: str,
-    csrf: Annotated[str, Form()] = "",
 ) -> Response:
     """retry: run again what failed or was lost; cancel: stop the segments not done yet."""
-    check_post(request, caller, csrf)
+    await posted_form(request, caller)  # read only now: the caller is judged
     if action not in ("retry", "cancel"):
         return Response("no such action", status_code=404, media_type="text/plain")
     # retry runs in the document's own tenant (an operator may); cancel is the owner's alone

@@ -7,9 +7,7 @@ tenant's answer as not found), an operator key every tenant's. Nothing here is i
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -18,7 +16,7 @@ from producer.http.jobs import check_owner, checked_job_id
 from producer.http.storage_read import audio_response, check_owned, job_not_found
 from producer.http.ui import fleet as fleet_data
 from producer.http.ui import listing
-from producer.http.ui.access import UiCaller, check_post
+from producer.http.ui.access import UiCaller, field, posted_form
 from producer.http.ui.judging import JobView, job_view, judge, next_suspect
 from producer.http.ui.pictures import decode, spectrogram_png, waveform_png
 from producer.http.ui.render import SECURITY_HEADERS, render
@@ -135,12 +133,10 @@ async def judge_job(
     caller: UiCaller,
     context: Context,
     job_id: str,
-    action: Annotated[str, Form()],
-    csrf: Annotated[str, Form()] = "",
-    queue: Annotated[int, Form()] = 0,
 ) -> Response:
     request.state.job_id = checked_job_id(job_id)
-    check_post(request, caller, csrf)
+    form = await posted_form(request, caller)  # read only now: the caller is judged
+    action, queue = field(form, "action"), field(form, "queue") not in ("", "0")
     view = await _job(request, context, job_id)
     job = await run_in_threadpool(context.client.tracker.fetch, job_id)
     await run_in_threadpool(judge, context.client, job, view, action, caller.who)

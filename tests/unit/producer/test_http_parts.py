@@ -16,9 +16,10 @@ from producer.http.app import KEYED_ROUTERS, create_app
 from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext
 from producer.http.errors import ApiError, param_of
-from producer.http.middleware import KEYED_PREFIX
+from producer.http.middleware import FORM_PREFIX
 from producer.http.speech import job_payload, parse_speech, pcm_of, renamed
 from producer.http.storage_read import check_owned
+from producer.http.ui import access, document_pages, pages
 from producer.http_bind import check_bind, is_loopback
 from shared.errors import SettingsError
 from shared.jobs import RequestLimits, validate_request
@@ -163,15 +164,21 @@ def test_a_stored_key_is_judged_as_it_will_be_opened() -> None:
         assert stored_key("s3://bucket/pre", uri) is None, uri
 
 
-def test_the_body_cap_answers_from_the_headers_exactly_on_the_keyed_routes() -> None:
-    """BodyLimit does not read ahead a body to a KEYED_PREFIX path whose key is none of the
-    front's (its key check answers 401 from the headers): every route behind the key check is
-    under that prefix, and no route without it (probes, /metrics, /ui, the schema) is."""
+def test_the_small_form_cap_covers_every_ui_form_and_no_api_route() -> None:
+    """BodyLimit holds a body under FORM_PREFIX to COSYQ_UI_MAX_FORM_BYTES: every /ui POST
+    (a form) is under that prefix, and no route behind the key check (the JSON cap's) is."""
     app = create_app(load_settings(env_file=None, api_keys="alpha:sk-alpha-0123456789"))
-    keyed = {route.path for router in KEYED_ROUTERS for route in router.routes}
+    keyed = {getattr(route, "path", "") for router in KEYED_ROUTERS for route in router.routes}
+    forms = {
+        path
+        for router in (access.router, pages.router, document_pages.router)
+        for route in router.routes
+        if "POST" in getattr(route, "methods", ()) and (path := getattr(route, "path", ""))
+    }
     paths = set(_paths(app.routes))
-    assert keyed and keyed <= paths
-    assert {path for path in paths if path.startswith(KEYED_PREFIX)} == keyed
+    assert forms and forms <= paths and keyed <= paths
+    assert all(path.startswith(FORM_PREFIX) for path in forms)
+    assert not any(path.startswith(FORM_PREFIX) for path in keyed)
 
 
 def _paths(routes: Sequence[BaseRoute]) -> Iterator[str]:
