@@ -1,15 +1,15 @@
 """The PyTorch pipeline's `BatchSession`: continuous batching on one model thread.
 
 Each submitted request is planned (its front end: number spelling, splitting, tokens) on a
-preparation thread of its own (`cosyq-model-prepare`, one request at a time), never on the model
-thread: a hostile 2,000-character text took ~1.2 s there, which every row of the batch waited
-out. Planned, its first piece joins the LLM's row decoder (`BatchDecoder`, or the int8 ONNX
-Runtime step's `OrtBatchDecoder`, handed in as a `RowDecoder`: the tests drive this very session
-with a scripted one); every loop turn is one batched decode step for all rows, after which the
-rows that finished go through flow and HiFT and their request either joins again with its next
-piece (pieces stay in order, one row per request, so the request's generator is drawn in exactly
-the order of the alone path) or completes its future. Newcomers are admitted at every step
-boundary, up to `max_batch` requests in flight.
+preparation thread of its own (`cosyq-model-prepare`, batch_preparation.py, one request at a
+time), never on the model thread: a hostile 2,000-character text took ~1.2 s there, which every
+row of the batch waited out. Planned, its first piece joins the LLM's row decoder
+(`BatchDecoder`, or the int8 ONNX Runtime step's `OrtBatchDecoder`, handed in as a `RowDecoder`:
+the tests drive this very session with a scripted one); every loop turn is one batched decode
+step for all rows, after which the rows that finished go through flow and HiFT and their request
+either joins again with its next piece (pieces stay in order, one row per request, so the
+request's generator is drawn in exactly the order of the alone path) or completes its future.
+Newcomers are admitted at every step boundary, up to `max_batch` requests in flight.
 
 Rows that finish in the same step share one padded flow call (`ModuleFlow.mels`: each row its
 own prompt and noise slice, CFG doubling it to 2B rows); HiFT runs per piece on the request's
@@ -26,7 +26,10 @@ alone. A piece longer than a batch row holds runs its whole request alone. Whole
 go to a thread of their own (`cosyq-model-alone`, one at a time, its front end made afresh on
 the preparation thread first), so the batch keeps decoding and admitting beside them: a long
 request never stalls the others, and holds no row meanwhile (`alone()` counts these, so the
-worker fills their places with other jobs).
+worker fills their places with other jobs). Should the model thread's loop itself fail, every
+job it had not settled (its rows, those waiting or queued, and those still being prepared, as
+the preparation thread hands them over) and every task fails with that error, and the session
+refuses new work.
 
 `run_first` hands the model thread a whole task (a streamed job's synthesis, whose chunks go
 out as they are made): it runs at the next step boundary, ahead of every row, which pause
@@ -58,9 +61,11 @@ from functools import partial
 from typing import TypeVar
 
 import numpy as np
+import structlog
 
 from workers.engine.api import SynthesisCanceled, SynthesisInput, SynthesisOutput
 from workers.engine.batch_jobs import FirstTask, Job, capped, job_of, output_of, plan_of
+from workers.engine.batch_preparation import Preparation
 from workers.engine.batch_protocols import PlannedPipeline, RowDecoder
 from workers.engine.openmp_pool import release_thread_team
 from workers.engine.requests import RequestPlan
@@ -68,6 +73,7 @@ from workers.engine.stages import ModuleVocoder
 from workers.model.llm.batch import FinishedRow, RowTooLong
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 
 class PipelineBatchSession:
@@ -91,13 +97,10 @@ class PipelineBatchSession:
         self._first_s = 0.0  # seconds of `run_first` tasks, nested ones included
         self._rows_turn_until = 0.0  # perf_counter: the rows' turn after the last tasks ran
         self.busy_s = 0.0  # model-thread seconds spent on requests (the bench's idle share)
+        self._crashed: BaseException | None = None  # the model thread's, once it failed
         release_thread_team()  # the model moves to its own thread: one OpenMP team
         # every front end (`begin`) runs there, one at a time, never on the model thread
-        self._preparing: queue.Queue[Job | Callable[[], None] | None] = queue.Queue()
-        self._preparer = threading.Thread(
-            target=self._prepare_loop, name="cosyq-model-prepare", daemon=True
-        )
-        self._preparer.start()
+        self._preparation = Preparation(pipeline.begin, self._hand_over)
         self._beside = ThreadPoolExecutor(1, thread_name_prefix="cosyq-model-alone")
         self._thread = threading.Thread(target=self._run, name="cosyq-model", daemon=True)
         self._thread.start()
@@ -106,22 +109,26 @@ class PipelineBatchSession:
         future: Future[SynthesisOutput] = Future()
         job = Job(request, future)
         self._count_in()
-        self._preparing.put(job)
+        self._preparation.put(job)
         return future
 
     def run_first(self, task: Callable[[], T]) -> Future[T]:
         """Run `task` on the model thread at the next step boundary, ahead of every row."""
         future: Future[T] = Future()
-        self._count_in()
-        self._queue.put(FirstTask(task, future))
+        self._count_in(partial(self._queue.put, FirstTask(task, future)))
         return future
 
-    def _count_in(self) -> None:
-        """Count one more item in flight (refused once closing)."""
+    def _count_in(self, enqueue: Callable[[], None] | None = None) -> None:
+        """Count one more item in flight and `enqueue` it (refused once closing, or once the
+        model thread failed: nothing is queued after its crash settled the queue)."""
         with self._lock:
+            if self._crashed is not None:
+                raise RuntimeError("the batch session's model thread failed") from self._crashed
             if self._closing:
                 raise RuntimeError("the batch session is closed")
             self._pending += 1
+            if enqueue is not None:
+                enqueue()
 
     def in_flight(self) -> int:
         with self._lock:
@@ -136,47 +143,23 @@ class PipelineBatchSession:
         with self._lock:
             self._closing = True
         # the close marker follows every submitted request through the preparation thread
-        self._preparing.put(partial(self._queue.put, None))
+        self._preparation.put(partial(self._queue.put, None))
         self._thread.join()
-        self._preparing.put(None)  # after the alone reruns the model thread handed it last
-        self._preparer.join()
+        self._preparation.stop()  # after the alone reruns the model thread handed it last
         self._beside.shutdown(wait=True)  # requests still running alone finish first
 
     # --- the preparation thread ---------------------------------------------------------
 
-    def _prepare_loop(self) -> None:
-        """Front ends in the order they came: what was submitted together is handed to the
-        model thread together (admitted at one step boundary, as when the model thread made
-        them: rows that start together finish together and share their flow calls)."""
-        while True:
-            items = [self._preparing.get()]
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    items.append(self._preparing.get_nowait())
-            group: list[Job] = []
-            for item in items:
-                if isinstance(item, Job):
-                    self._prepare_job(item)
-                    group.append(item)
-                    continue
-                if group:
-                    self._queue.put(group)
-                    group = []
-                if item is None:
-                    return
-                item()  # an alone rerun's front end, or the close marker
-            if group:
+    def _hand_over(self, group: list[Job]) -> None:
+        """Jobs whose front ends ran (or failed) go to the model thread; once it has failed,
+        they settle with its error instead (the lock orders this against the crash's drain)."""
+        with self._lock:
+            crashed = self._crashed
+            if crashed is None:
                 self._queue.put(group)
-
-    def _prepare_job(self, job: Job) -> None:
-        """The job's front end (number spelling, splitting, tokens: up to a second or more for
-        a long text) here, beside the model thread, which keeps stepping the rows meanwhile.
-        Its error, if any, is settled on the model thread."""
-        if not job.future.cancelled():
-            try:
-                job.plan = self.pipeline.begin(job.request)
-            except BaseException as e:  # the request's own: its future's exception
-                job.error = e
+                return
+        for job in group:
+            self._settle(job, error=crashed)
 
     def _plan_alone(self, job: Job, request: SynthesisInput) -> None:
         """A rerun's front end, afresh, then the request on the alone lane."""
@@ -192,13 +175,28 @@ class PipelineBatchSession:
         try:
             self._loop()
         except BaseException as e:  # a bug in the loop itself: no future is left hanging
+            self._crashed_with(e)
+
+    def _crashed_with(self, error: BaseException) -> None:
+        """Every job and task settles with the loop's error: its rows, those waiting, those
+        queued, and (as the preparation thread hands them over) those still being prepared;
+        new work is refused from now on. The job boundary reports each (failed, retryable)."""
+        log.error("batch_session_crashed", error_type=type(error).__name__)
+        with self._lock:
+            self._crashed = error  # from here on `_hand_over` settles, never queues
+        self._preparation.halt()
+        with contextlib.suppress(Exception):  # best effort: the decoder may be what failed
             self.decoder.clear()
-            for job in [*self._jobs, *self._waiting, *self._drain_all()]:
-                self._done(job, error=e)
-            for first in self._first:
-                if not first.future.done():
-                    first.future.set_exception(e)
-            raise
+        for job in [*self._jobs, *self._waiting, *self._drain_all()]:
+            self._done(job, error=error)
+        self._jobs.clear()
+        self._waiting.clear()
+        while self._first:
+            first = self._first.popleft()
+            if not first.future.done():
+                first.future.set_exception(error)
+            with self._lock:
+                self._pending -= 1
 
     def _loop(self) -> None:
         while True:
@@ -454,7 +452,7 @@ class PipelineBatchSession:
         with self._lock:
             job.alone = True
             self._alone_n += 1
-        self._preparing.put(partial(self._plan_alone, job, request))
+        self._preparation.put(partial(self._plan_alone, job, request))
 
     def _run_alone(self, job: Job, plan: RequestPlan) -> None:
         """On the thread beside the batch: the planned request alone, then its future."""
