@@ -9,7 +9,8 @@ stops writing quietly and lets the command finish its work; the entry point then
 Everything it prints passes `shared.terminal.shown`: a tenant's text in a table cell, an error
 message or JSON (a webhook receiver's error answer, say) reaches the operator's terminal with
 its escape sequences and bidi overrides written out, never obeyed. rich itself drops only BEL,
-BS, VT, FF and CR; ESC it writes as is.
+BS, VT, FF and CR; ESC it writes as is. A table's cells are escaped where the table is built
+(`cell`), before rich measures them, so its borders line up.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 
 from rich.console import Console
 from rich.segment import Segment
+from rich.text import Text
 
 from shared.terminal import shown
 
@@ -36,6 +38,14 @@ def point_stdout_at_devnull() -> None:
         pass
     finally:
         os.close(devnull)
+
+
+def cell(value: object) -> Text:
+    """A table cell holding text a tenant chose: plain text (never markup: "[laughter]" is a
+    tag), escaped (`shown`) before rich measures it. Escaped only as it is written, an ESC (no
+    width to rich) became `\\u001b`, six characters rich never laid out, and the row's border
+    moved right of the others'."""
+    return Text(shown(str(value)))
 
 
 class EscapingConsole(Console):

@@ -16,6 +16,7 @@ from producer.tracking import CANCELED_KIND, status_record
 from producer.webhooks.store import WebhookStore
 from shared import tenants
 from shared.captions import CAPTION_FORMATS, cues_from_pieces, render
+from shared.console import cell
 from shared.keys import check_job_id
 from shared.plurals import counted
 from shared.results import SynthesisResult
@@ -56,7 +57,7 @@ def register(subparsers: Any) -> None:
 
 def _text(value: object) -> Text:
     """A table cell as plain text: rich must not read `[...]` in a reason as markup."""
-    return Text("-" if value is None or value == "" else str(value))
+    return cell("-" if value is None or value == "" else value)
 
 
 def run_status(args: argparse.Namespace, context: CliContext) -> int:
@@ -75,7 +76,7 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
     for row in queues:
         cells = (row.queued, row.started, row.scheduled, row.deferred, row.finished, row.failed)
         tenant = tenants.tenant_of_queue(row.name)
-        table.add_row(Text(row.name), Text(tenant), *(_text(cell) for cell in cells))
+        table.add_row(cell(row.name), cell(tenant), *(_text(value) for value in cells))
     context.out.print(table)
     table = Table(title=f"workers ({len(workers)})")
     for name in ("worker", "state", "current job", "jobs done", "RSS MB", "backend", "pid"):
@@ -85,7 +86,7 @@ def run_status(args: argparse.Namespace, context: CliContext) -> int:
         rss = f"{worker.rss_mb:.0f}" if worker.rss_mb is not None else None
         state = worker.state if worker.registered else f"{worker.state} (not in RQ)"
         shown = (state, worker.current_job, worker.jobs_done, rss, backend, worker.pid)
-        table.add_row(Text(worker.name), *(_text(cell) for cell in shown))
+        table.add_row(cell(worker.name), *(_text(value) for value in shown))
     context.out.print(table)
     if cannot_start:
         _print_start_failures(context, cannot_start)
@@ -110,7 +111,7 @@ def _print_start_failures(context: CliContext, rows: list[StartFailure]) -> None
             _clock(row.next_start_at),
             row.reason,
         )
-        table.add_row(Text(row.host), *(_text(cell) for cell in cells))
+        table.add_row(cell(row.host), *(_text(value) for value in cells))
     context.out.print(table)
 
 
@@ -126,7 +127,7 @@ def _print_failures(context: CliContext, failures: list[Any], title: str) -> Non
     for item in failures:
         ended = item.ended_at.strftime("%Y-%m-%d %H:%M:%S") if item.ended_at else None
         cells = (item.queue, ended, item.failure.kind, item.failure.message)
-        table.add_row(Text(item.job_id), *(_text(cell) for cell in cells))
+        table.add_row(cell(item.job_id), *(_text(value) for value in cells))
     context.out.print(table)
 
 

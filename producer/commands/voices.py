@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
-from rich.text import Text
 
 from producer.commands.arguments import seconds
+from shared.console import cell
 from shared.errors import InvalidRequestError
 from shared.voices import VoiceSummary
 
@@ -79,7 +79,7 @@ def _table(voices: list[VoiceSummary], title: str) -> Table:
             voice.created_at,
             _shorten(voice.transcript),
         )
-        table.add_row(*(Text(cell) for cell in cells))  # "[laughter]" is a tag, not markup
+        table.add_row(*(cell(value) for value in cells))  # "[laughter]" is a tag, not markup
     return table
 
 

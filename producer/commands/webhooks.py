@@ -12,8 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
-from rich.text import Text
 
+from shared.console import cell
 from shared.errors import SettingsError, UnknownTenantError
 from shared.plurals import counted
 from shared.settings_env import redact_url
@@ -99,5 +99,5 @@ def _print_dead(context: CliContext, records: dict[str, dict[str, Any]]) -> None
         url = redact_url(str(event.get("url", "")), keep_user=False, keep_query=False)
         cells = (event.get("event"), event.get("job_id"), url, record.get("tries"))
         why = record.get("dead_reason") or record.get("error")
-        table.add_row(Text(key), *(Text(str(c)) for c in (*cells, why)))
+        table.add_row(cell(key), *(cell(c) for c in (*cells, why)))
     context.out.print(table)

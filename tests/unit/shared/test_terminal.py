@@ -6,10 +6,16 @@ from __future__ import annotations
 import io
 import json
 
+from rich.cells import cell_len
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shared.console import CommandConsole, EscapingConsole
+from producer.cli import CliContext
+from producer.client import CosyqClient
+from producer.commands.webhooks import _print_dead
+from shared.console import CommandConsole, EscapingConsole, cell
+from shared.settings import load_settings
 from shared.terminal import shown
 
 HOSTILE = "\x1b]52;c;cHduZWQ\x1b\\\x1b[2J\x9b2J\u202eab\u2066c\x7fd\x00e"
@@ -49,3 +55,37 @@ def test_json_printed_escaped_reads_back_the_same() -> None:
     CommandConsole(file=out, width=200).print_json(json.dumps(value, ensure_ascii=False))
     assert "\u202e" not in out.getvalue() and "\x9b" not in out.getvalue()
     assert json.loads(out.getvalue()) == value
+
+
+def _widths(written: str) -> set[int]:
+    """The terminal width of each line of a table printed without styles."""
+    return {cell_len(line) for line in written.splitlines() if line.strip()}
+
+
+def test_a_table_cell_escaped_where_it_is_built_keeps_the_borders_aligned() -> None:
+    """rich measures a cell before the console escapes what it writes: a cell escaped only
+    then is wider than its column, and its row's border sticks out past the others'."""
+    out = io.StringIO()
+    table = Table(title="dead webhooks")
+    table.add_column("webhook id")
+    table.add_column("why")
+    table.add_row(cell("a"), cell(HOSTILE))
+    table.add_row(cell("b"), cell("[bold]not markup[/bold]"))
+    CommandConsole(file=out, width=200).print(table)
+    assert len(_widths(out.getvalue().split("\n", 1)[1])) == 1, out.getvalue()  # past the title
+    assert "[bold]not markup[/bold]" in out.getvalue()
+
+
+def test_cosyq_webhooks_failed_table_lines_up_with_a_hostile_reason() -> None:
+    out = io.StringIO()
+    context = CliContext(
+        settings=load_settings(env_file=None),
+        make_client=CosyqClient,
+        out=CommandConsole(file=out, width=200),
+        err=Console(file=io.StringIO()),
+    )
+    event = {"event": "job.failed", "job_id": "j\x1b[2J1", "url": "https://example.com/hook"}
+    _print_dead(context, {"w1": {"event": event, "tries": 3, "dead_reason": HOSTILE}})
+    table = out.getvalue().split("\n", 1)[1]  # past the title
+    assert len(_widths(table)) == 1, out.getvalue()
+    assert "\\u001b]52;c;cHduZWQ" in table and "\x1b" not in table
