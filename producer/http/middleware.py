@@ -70,8 +70,9 @@ class BodyLimit:
         path = scope["path"]
         if path.startswith(FORM_PREFIX):
             return self.max_form_bytes, "COSYQ_UI_MAX_FORM_BYTES"
-        keyed = self.keyed is None or self.keyed(_header(scope, b"authorization"))
-        if path in UPLOAD_PATHS and keyed:
+        if path in UPLOAD_PATHS and (
+            self.keyed is None or self.keyed(_header(scope, b"authorization"))
+        ):
             return self.max_upload_bytes, "COSYQ_HTTP_MAX_UPLOAD_BYTES"
         return self.max_body_bytes, "COSYQ_HTTP_MAX_BODY_BYTES"
 
@@ -104,7 +105,8 @@ def _whole_body(scope: Scope, receive: Receive, limit: int, setting: str) -> Rec
     async def replay() -> Message:
         nonlocal messages
         if messages is None:
-            messages = await read_all()
+            messages = []  # read once: after a 413, later calls are the connection's own
+            messages.extend(await read_all())
         if messages:
             return messages.pop(0)
         return await receive()
