@@ -6,8 +6,14 @@ flag before it starts a job and at every piece or LLM step (workers/service/canc
 job still waiting (queued, scheduled for a retry, deferred) is then canceled with RQ's own
 `Job.cancel()`: out of its queue and registries, status `canceled`, in the canceled registry.
 A job that already ended is left exactly as it is. No worker ever sees a job canceled while
-waiting, so its `job.canceled` webhook event (when it asked for one) is appended here, before
-`Job.cancel()`, under the id a worker would give it (shared/job_events.py): told once.
+waiting, so its `job.canceled` webhook event (when it asked for one) is appended here, in
+`Job.cancel()`'s transaction, under the id a worker would give it (shared/job_events.py): told
+once.
+
+The state is read under WATCH of the job's hash and the cancel is that read's MULTI/EXEC: a
+worker that pops and starts (or even finishes) the job between the read and the cancel writes
+its status into the hash, the EXEC is refused and the state is read again. So a finished job is
+never marked canceled over its result, and of many cancels at once exactly one says `canceled`.
 """
 
 from __future__ import annotations
@@ -16,16 +22,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis
+from redis.client import Pipeline
 from rq.exceptions import InvalidJobOperation
+from rq.job import Job
 
 from producer.tracking import JobTracker
 from producer.webhooks.bodies import keep_body
 from shared import keys
+from shared.errors import JobNotFoundError, TransientError
 from shared.job_events import WebhookPolicy, job_ended
 
 CancelVerdict = Literal["canceled", "stopping", "already_canceled", "already_ended"]
 WAITING_STATES = frozenset({"queued", "scheduled", "deferred"})
 ENDED_STATES = frozenset({"finished", "failed", "stopped"})
+CANCEL_TRIES = 20  # a waiting job changes state a few times at most (popped, started, ended)
 
 
 @dataclass(frozen=True)
@@ -61,21 +71,51 @@ def cancel_job(
     """Cancel one job (see the module docstring); JobNotFoundError for an unknown id.
     `webhooks`: tell a waiting job's cancel to its webhook (None: the caller tells)."""
     job = tracker.fetch(job_id)
-    raw = job.get_status(refresh=False)
-    state = raw.value if raw is not None else "unknown"
+    with connection.pipeline() as pipe:
+        for _ in range(CANCEL_TRIES):
+            try:
+                outcome = _cancel_watched(connection, pipe, job, flag_ttl_s, webhooks)
+            except redis.WatchError:  # the job changed meanwhile: read its state again
+                pipe.reset()
+                continue
+            if outcome.verdict == "canceled" and webhooks is not None:
+                keep_body(connection, job, "job.canceled", webhooks)
+            return outcome
+    raise TransientError(
+        f"job {job_id} changed state {CANCEL_TRIES} times while being canceled; try again"
+    )
+
+
+def _cancel_watched(
+    connection: redis.Redis,
+    pipe: Pipeline,
+    job: Job,
+    flag_ttl_s: int,
+    webhooks: WebhookPolicy | None,
+) -> CancelOutcome:
+    """One try: the state read under WATCH of the job's hash, then (a waiting job) the event
+    and RQ's cancel in one MULTI/EXEC; WatchError when the job changed meanwhile."""
+    pipe.watch(job.key)
+    raw = pipe.hget(job.key, "status")
+    if raw is None and not pipe.exists(job.key):
+        raise JobNotFoundError(f"no job {job.id} (deleted while being canceled)")
+    state = (raw.decode() if isinstance(raw, bytes) else raw) or "unknown"
     if state == "canceled":
-        return CancelOutcome(job_id, "already_canceled", state)
+        return CancelOutcome(job.id, "already_canceled", state)
     if state in ENDED_STATES:
-        return CancelOutcome(job_id, "already_ended", state)
-    connection.set(keys.cancel_key(job_id), "1", ex=flag_ttl_s)
+        return CancelOutcome(job.id, "already_ended", state)
+    # outside the transaction, at once: a worker popping the job from now on reads it first
+    connection.set(keys.cancel_key(job.id), "1", ex=flag_ttl_s)
     if state not in WAITING_STATES:  # started (or a state RQ adds later): the worker stops it
-        return CancelOutcome(job_id, "stopping", state)
+        return CancelOutcome(job.id, "stopping", state)
+    pipe.multi()
     if webhooks is not None:
-        job_ended(connection, job, "job.canceled", webhooks)
+        job_ended(pipe, job, "job.canceled", webhooks)
     try:
-        job.cancel()
-    except InvalidJobOperation:  # canceled by someone else meanwhile
-        return CancelOutcome(job_id, "already_canceled", "canceled")
-    if webhooks is not None:
-        keep_body(connection, job, "job.canceled", webhooks)
-    return CancelOutcome(job_id, "canceled", state)
+        job.cancel(pipeline=pipe)
+    except (InvalidJobOperation, ValueError) as e:
+        # changed under us: canceled by another cancel, or taken by a worker (RQ reads the
+        # job's executions outside the transaction and finds one gone: ValueError)
+        raise redis.WatchError(f"job {job.id} changed while being canceled") from e
+    pipe.execute()
+    return CancelOutcome(job.id, "canceled", state)
