@@ -125,12 +125,13 @@ class S3Access:
         except Exception as e:
             raise _translate(e, uri, "read") from e
 
-    def open(self, bucket: str, key: str, uri: str) -> tuple[Any, int]:
-        """An object's streaming body (`iter_chunks`, `close`) and its size, for relaying it
-        without holding it in memory (the HTTP front's audio downloads)."""
+    def open(self, bucket: str, key: str, uri: str) -> tuple[Any, int, dict[str, str]]:
+        """An object's streaming body (`iter_chunks`, `close`), its size and its user metadata,
+        for relaying it without holding it in memory (the HTTP front's audio downloads)."""
         try:
             response = self.client().get_object(Bucket=bucket, Key=key)
-            return response["Body"], int(response.get("ContentLength") or 0)
+            metadata = dict(response.get("Metadata") or {})
+            return response["Body"], int(response.get("ContentLength") or 0), metadata
         except Exception as e:
             raise _translate(e, uri, "read") from e
 

@@ -98,9 +98,12 @@ def object_key(
     return automatic_key(tenant, job_id, ext, (now or datetime.now(UTC)).astimezone(UTC))
 
 
+JOB_ID_METADATA = "job-id"  # the audio object's metadata naming the job that wrote it
+
+
 def audio_metadata(*, job_id: str, sha256: str, duration_s: float) -> dict[str, str]:
     """The metadata set on every audio object (S3 user metadata: ASCII strings)."""
-    return {"job-id": job_id, "sha256": sha256, "duration-s": f"{duration_s:.3f}"}
+    return {JOB_ID_METADATA: job_id, "sha256": sha256, "duration-s": f"{duration_s:.3f}"}
 
 
 class Storage(ABC):

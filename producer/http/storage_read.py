@@ -10,6 +10,8 @@ answers as it does for an id that never existed, and the front logs why.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -26,7 +28,7 @@ from shared.errors import JobNotFoundError, ObjectNotFoundError, StorageError
 from shared.output_keys import owns_key
 from shared.results import SynthesisResult
 from shared.settings_env import redact_url
-from shared.storage import stored_key
+from shared.storage import JOB_ID_METADATA, stored_key
 
 log = structlog.get_logger("cosyq.http")
 
@@ -55,7 +57,12 @@ def check_owned(context: FrontContext, uri: str, owner: str | None, missing: Exc
         raise missing
 
 
-def _open(context: FrontContext, uri: str) -> tuple[Iterator[bytes], int]:
+def _open(
+    context: FrontContext, uri: str, job: SynthesisResult | None = None
+) -> tuple[Iterator[bytes], int]:
+    """The object's chunks and size. With `job`, the object must still be that job's audio
+    (`_replaced`): a later job given the same `output_key` overwrites it, and the front never
+    hands one job's bytes out as another's."""
     parts = urlsplit(uri)
     if parts.scheme == "file":
         path = Path(unquote(parts.path))
@@ -65,7 +72,12 @@ def _open(context: FrontContext, uri: str) -> tuple[Iterator[bytes], int]:
             raise ObjectNotFoundError(f"{uri}: no such file") from e
         except OSError as e:
             raise StorageError(f"cannot read {uri}: {e.strerror or e}") from e
-        size = path.stat().st_size
+        size = os.fstat(file.fileno()).st_size
+        # the open file's own bytes: a write meanwhile renames a new file over the path
+        if job is not None and hashlib.file_digest(file, "sha256").hexdigest() != job.sha256:
+            file.close()
+            raise _replaced(job)
+        file.seek(0)
 
         def chunks() -> Iterator[bytes]:
             with file:
@@ -73,7 +85,11 @@ def _open(context: FrontContext, uri: str) -> tuple[Iterator[bytes], int]:
                     yield block
 
         return chunks(), size
-    body, size = context.s3.open(parts.netloc, parts.path.lstrip("/"), uri)
+    body, size, metadata = context.s3.open(parts.netloc, parts.path.lstrip("/"), uri)
+    writer = metadata.get(JOB_ID_METADATA)  # absent: an object from before the metadata
+    if job is not None and writer is not None and writer != job.job_id:
+        body.close()
+        raise _replaced(job)
 
     def s3_chunks() -> Iterator[bytes]:
         try:
@@ -84,13 +100,20 @@ def _open(context: FrontContext, uri: str) -> tuple[Iterator[bytes], int]:
     return s3_chunks(), size
 
 
+def _replaced(job: SynthesisResult) -> ObjectNotFoundError:
+    log.warning("stored_audio_replaced", job_id=job.job_id, uri=redact_url(job.uri))
+    return ObjectNotFoundError(
+        f"{job.uri} now holds another job's audio: a later job wrote the same output_key"
+    )
+
+
 async def audio_response(
     context: FrontContext, result: SynthesisResult, owner: str | None
 ) -> StreamingResponse:
     """A job's audio; `owner` is the job's tenant (its meta's, not the result's own field)."""
     check_owned(context, result.uri, owner, job_not_found(result.job_id))
     try:
-        chunks, size = await run_in_threadpool(_open, context, result.uri)
+        chunks, size = await run_in_threadpool(_open, context, result.uri, result)
     except ObjectNotFoundError as e:
         raise ApiError(
             404,
