@@ -57,8 +57,9 @@ def redis_connection(settings: Settings, *, read_timeout_s: float | None = None)
     return redis.Redis.from_url(settings.redis_url, **options)
 
 
-def async_redis_connection(settings: Settings) -> aioredis.Redis:
-    """The asyncio twin of `redis_connection` (same URL forms and timeouts), for the HTTP front."""
+def async_redis_connection(settings: Settings, *, max_connections: int) -> aioredis.Redis:
+    """The asyncio twin of `redis_connection` (same URL forms and timeouts), for the HTTP front;
+    its pool holds at most `max_connections` (one more is an error, not a wait)."""
     options = _client_options(settings, None)
     if urlsplit(settings.redis_url).scheme == SENTINEL_SCHEME:
         sentinel, address = _sentinels(AsyncSentinel, settings, options)
@@ -67,8 +68,9 @@ def async_redis_connection(settings: Settings) -> aioredis.Redis:
             db=address.db,
             username=address.username,
             password=address.password,
+            max_connections=max_connections,
         )
-    return aioredis.Redis.from_url(settings.redis_url, **options)
+    return aioredis.Redis.from_url(settings.redis_url, max_connections=max_connections, **options)
 
 
 def _client_options(settings: Settings, read_timeout_s: float | None) -> dict[str, Any]:

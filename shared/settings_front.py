@@ -39,6 +39,12 @@ class FrontSettings(BaseModel):
     http_wait_timeout_s: float = Field(
         60.0, gt=0, description="longest POST /v1/audio/speech waits for its job before a 504"
     )
+    http_max_waits: int = Field(
+        64,
+        gt=0,
+        description="most requests one `cosyq serve` process holds waiting at once, all "
+        "tenants (its asyncio Redis pool holds 32 connections more, for every other request)",
+    )
     http_max_body_bytes: int = Field(
         2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
     )

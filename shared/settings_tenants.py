@@ -5,10 +5,11 @@ The tenants are "default", those named in COSYQ_API_KEYS and those in COSYQ_TENA
 workers, which need the names but never the keys). Quotas are per tenant; COSYQ_TENANT_QUOTAS
 overrides the defaults for the tenants it names, as JSON:
 `{"billing": {"max_queued_jobs": 500, "requests_per_minute": 60, "max_priority": "default",
-"max_voices": 20}}`. A voice stays in Redis until it is removed (up to a megabyte for a 30 s
-prompt), so a tenant's voices are counted too: the front refuses an upload past the count and a
-worker refuses to store one, so concurrent uploads never pass it (shared voices, an operator's,
-are not counted).
+"max_voices": 20, "max_waits": 4}}`. A voice stays in Redis until it is removed (up to a
+megabyte for a 30 s prompt), so a tenant's voices are counted too: the front refuses an upload
+past the count and a worker refuses to store one, so concurrent uploads never pass it (shared
+voices, an operator's, are not counted). A request that waits for its job holds a Redis
+connection of its front process: `max_waits` counts them (producer/http/waits.py).
 A tenant's highest priority matters because workers serve priorities first, every tenant's
 `high` queue before any tenant's `default`: a tenant that may send `high` can hold back every
 other tenant's `default` and `low` jobs for as long as its backlog lasts.
@@ -38,6 +39,7 @@ class TenantQuota(BaseModel):
     requests_per_minute: int | None = Field(None, gt=0)
     max_priority: MaxPriority | None = None
     max_voices: int | None = Field(None, gt=0)
+    max_waits: int | None = Field(None, gt=0)
 
 
 class TenantSettings(BaseModel):
@@ -57,6 +59,12 @@ class TenantSettings(BaseModel):
     )
     tenant_max_voices: int = Field(
         100, gt=0, description="most voices one tenant may keep (shared voices are not counted)"
+    )
+    tenant_max_waits: int = Field(
+        16,
+        gt=0,
+        description="most requests of one tenant one `cosyq serve` process holds waiting at "
+        "once (speech, voice uploads, stream relays: each holds a Redis connection)",
     )
     tenant_quotas: dict[str, TenantQuota] = Field(
         {}, description="per-tenant overrides of the quotas (JSON)"
@@ -94,6 +102,12 @@ class TenantSettings(BaseModel):
         if override is not None and override.max_voices is not None:
             return override.max_voices
         return self.tenant_max_voices
+
+    def max_waits(self, tenant: str) -> int:
+        override = self.tenant_quotas.get(tenant)
+        if override is not None and override.max_waits is not None:
+            return override.max_waits
+        return self.tenant_max_waits
 
     def max_priority(self, tenant: str) -> MaxPriority:
         override = self.tenant_quotas.get(tenant)

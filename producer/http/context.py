@@ -20,6 +20,7 @@ from rq.results import Result
 
 from producer.client import CosyqClient
 from producer.http.errors import ApiError
+from producer.http.waits import Waits, pool_size
 from producer.quotas import AuthFailures, RequestQuota
 from producer.tracking import TERMINAL_STATES
 from shared.connection import async_redis_connection
@@ -32,8 +33,9 @@ WAKE_EVERY_S = 1.0  # re-read the state at least this often (a reaped job writes
 
 
 def async_redis(settings: Settings) -> aioredis.Redis:
-    """The asyncio twin of shared.connection.redis_connection (same URL and timeouts)."""
-    return async_redis_connection(settings)
+    """The asyncio twin of shared.connection.redis_connection (same URL and timeouts), its pool
+    sized for every wait and the rest (producer/http/waits.py)."""
+    return async_redis_connection(settings, max_connections=pool_size(settings))
 
 
 @dataclass
@@ -45,6 +47,7 @@ class FrontContext:
     s3: S3Access  # one boto3 client, made on first use, for relaying S3 objects
     quota: RequestQuota  # each tenant's requests per minute (producer/quotas.py)
     auth_failures: AuthFailures  # each client address's wrong keys per minute (same module)
+    waits: Waits  # the requests this process holds waiting, per tenant (shared by every copy)
     operator: bool = False  # the request came with an operator key (producer/http/auth.py)
 
     @classmethod
@@ -58,6 +61,7 @@ class FrontContext:
             s3=S3Access(settings),
             quota=RequestQuota(client.connection, settings),
             auth_failures=AuthFailures(client.connection, settings),
+            waits=Waits(settings),
         )
 
     def for_tenant(self, tenant: str, *, operator: bool = False) -> FrontContext:

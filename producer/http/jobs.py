@@ -233,4 +233,5 @@ async def job_stream(
             param="job_id",
             code="not_streamed",
         )
-    return await relay_response(context, job_id, stream_format, format == "wav")
+    held = context.waits.take(context.client.tenant)
+    return await relay_response(context, job_id, stream_format, format == "wav", held)

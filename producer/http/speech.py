@@ -170,14 +170,19 @@ async def create_speech(
         checked = validate_request(payload, context.client.limits)
     except InvalidRequestError as e:
         raise InvalidRequestError(renamed(str(e))) from e
-    # an unknown voice (another tenant's too): the submit's own check, 404 voice_not_found
-    job_id = await run_in_threadpool(context.client.submit, checked)
-    request.state.job_id = job_id
-    if speech.stream_format is not None:
-        return await relay_response(
-            context, job_id, speech.stream_format, speech.response_format == "wav"
-        )
-    result = await finished_result(context, job_id, context.settings.http_wait_timeout_s)
+    held = context.waits.take(context.client.tenant)  # before the submit: a refusal queues none
+    try:
+        # an unknown voice (another tenant's too): the submit's own check, 404 voice_not_found
+        job_id = await run_in_threadpool(context.client.submit, checked)
+        request.state.job_id = job_id
+        if speech.stream_format is not None:  # the relay releases it when it ends
+            wav = speech.response_format == "wav"
+            return await relay_response(context, job_id, speech.stream_format, wav, held)
+        result = await finished_result(context, job_id, context.settings.http_wait_timeout_s)
+    except BaseException:
+        held.release()
+        raise
+    held.release()
     check_owned(context, result.uri, context.client.tenant, job_not_found(job_id))
     data = await run_in_threadpool(context.storage.get, result.uri)
     headers = {"X-Cosyq-Job-Id": job_id}

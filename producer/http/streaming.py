@@ -35,6 +35,7 @@ from rq.job import Job
 from producer.http.context import WAKE_EVERY_S, FrontContext
 from producer.http.errors import SERVER_ERROR, ApiError
 from producer.http.outcomes import failure_error, job_location
+from producer.http.waits import Held
 from producer.tracking import TERMINAL_STATES
 from shared import audio_stream
 from shared.keys import audio_stream_key
@@ -83,7 +84,19 @@ def parse_entry(entry_id: Any, fields: dict[bytes, bytes]) -> StreamEntry:
     )
 
 
-async def entries(context: FrontContext, job_id: str, timeout: float) -> AsyncIterator[StreamEntry]:
+async def entries(
+    context: FrontContext, job_id: str, timeout: float, held: Held
+) -> AsyncIterator[StreamEntry]:
+    """`_entries`, released from `held` (its request's wait, producer/http/waits.py) once it
+    ends, fails or is abandoned (the client went away)."""
+    with held:
+        async for entry in _entries(context, job_id, timeout):
+            yield entry
+
+
+async def _entries(
+    context: FrontContext, job_id: str, timeout: float
+) -> AsyncIterator[StreamEntry]:
     """Every entry of one attempt, from the first to the final one.
 
     A failed attempt before any audio was yielded is skipped while the job will be retried (its
@@ -204,11 +217,12 @@ def _error_for(job_id: str, error: Exception) -> ApiError:
 
 
 async def relay_response(
-    context: FrontContext, job_id: str, stream_format: str, wav_header: bool
+    context: FrontContext, job_id: str, stream_format: str, wav_header: bool, held: Held
 ) -> StreamingResponse:
-    """The job's stream as a chunked response (raw audio or SSE), once its first entry is in."""
+    """The job's stream as a chunked response (raw audio or SSE), once its first entry is in;
+    `held` (the request's wait) is released when the relay ends."""
     timeout = context.settings.http_wait_timeout_s
-    source = entries(context, job_id, timeout)
+    source = entries(context, job_id, timeout, held)
     try:
         first = await anext(source)
     except (StreamFailed, StreamTimeout) as e:

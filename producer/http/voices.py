@@ -115,11 +115,14 @@ async def add_voice(request: Request, context: Context) -> VoiceAdded:
     # Errors name the form field, never the uploader's file name (which is not stored either:
     # the upload's suffix comes from the audio format detected in its bytes).
     transcript = _field(form, "transcript")
-    job_id = await run_in_threadpool(
-        lambda: context.client.add_voice(name, audio, transcript, filename="file", shared=shared)
-    )
-    request.state.job_id = job_id
-    await wait_done(context, job_id, context.settings.http_wait_timeout_s)
+    with context.waits.take(context.client.tenant):  # before the upload: a refusal adds nothing
+        job_id = await run_in_threadpool(
+            lambda: context.client.add_voice(
+                name, audio, transcript, filename="file", shared=shared
+            )
+        )
+        request.state.job_id = job_id
+        await wait_done(context, job_id, context.settings.http_wait_timeout_s)
     summary = await run_in_threadpool(wait_for_voice, context.client.tracker, job_id, 0.0)
     return VoiceAdded.model_validate({"voice": summary.to_dict(), "job_id": job_id})
 
