@@ -89,9 +89,7 @@ class Settings(
         description="Redis URL: redis://, rediss:// (TLS), unix:// or redis+sentinel://"
         "host:port[,host:port]/service[/db]; user:password@ for ACLs",
     )
-    redis_connect_timeout_s: float = Field(
-        5.0, gt=0, description="Redis connect timeout (a rediss:// TLS handshake included)"
-    )
+    redis_connect_timeout_s: float = Field(5.0, gt=0, description="Redis connect timeout, TLS too")
     redis_socket_timeout_s: float | None = Field(
         None, gt=0, description="Redis read timeout (unset: as long as a blocking call asks)"
     )
