@@ -22,6 +22,7 @@ from producer.http.errors import SERVER_ERROR, ApiError
 from shared.errors import TenantQuotaError
 from shared.plurals import counted
 from shared.settings import Settings
+from shared.tenants import DEFAULT_TENANT
 
 POOL_HEADROOM = 32  # pooled connections beyond the waits: every other request's short reads
 
@@ -62,9 +63,9 @@ class Waits:
     def take(self, tenant: str) -> Held:
         """Hold one of `tenant`'s waits; refused (429 `max_waits`, 503 `busy`) when none is
         free. Taken before a route submits its job: a refused wait queues nothing."""
-        limit = self.settings.max_waits(tenant)
+        limit = self._tenant_limit(tenant)
         retry_after_s = self.settings.http_retry_after_s
-        if self.held[tenant] >= limit:
+        if limit is not None and self.held[tenant] >= limit:
             raise TenantQuotaError(
                 f"tenant {tenant} has {counted(self.held[tenant], 'request')} waiting on this "
                 f"front (quota max_waits {limit:,}, COSYQ_TENANT_MAX_WAITS, COSYQ_TENANT_QUOTAS); "
@@ -85,6 +86,18 @@ class Waits:
             )
         self.held[tenant] += 1
         return Held(self, tenant)
+
+    def _tenant_limit(self, tenant: str) -> int | None:
+        """The tenant's `max_waits`; None (no count of its own) in a deployment of one tenant
+        (no keys, or only default's) that set none: nobody to keep its waits from, so
+        COSYQ_HTTP_MAX_WAITS holds it alone."""
+        settings = self.settings
+        set_here = (
+            "tenant_max_waits" in settings.model_fields_set or tenant in settings.tenant_quotas
+        )
+        if settings.tenant_names() == (DEFAULT_TENANT,) and not set_here:
+            return None
+        return settings.max_waits(tenant)
 
     def give_back(self, tenant: str) -> None:
         self.held[tenant] -= 1

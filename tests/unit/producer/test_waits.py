@@ -40,3 +40,23 @@ def test_all_tenants_past_the_fronts_waits_are_refused_503_busy() -> None:
         one.release()
     assert waits.held == {}
     assert pool_size(settings()) == 4 + POOL_HEADROOM
+
+
+def test_one_tenant_alone_is_held_only_by_the_fronts_waits_unless_it_set_its_own() -> None:
+    alone = Waits(Settings(http_max_waits=20))  # no keys: every request is default's
+    held = [alone.take("default") for _ in range(20)]
+    with pytest.raises(ApiError) as busy:
+        alone.take("default")
+    assert busy.value.code == "busy"
+    for one in held:
+        one.release()
+    chosen = Waits(Settings(http_max_waits=20, tenant_max_waits=2))
+    chosen.take("default")
+    chosen.take("default")
+    with pytest.raises(TenantQuotaError):
+        chosen.take("default")
+    keyed = Waits(Settings(http_max_waits=20, api_keys="alpha:ka,beta:kb"))
+    for _ in range(16):  # the default COSYQ_TENANT_MAX_WAITS where tenants share the front
+        keyed.take("alpha")
+    with pytest.raises(TenantQuotaError):
+        keyed.take("alpha")
