@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 
 from shared.errors import SettingsError
 from shared.sentinel import SENTINEL_SCHEME, parse_sentinel_url
@@ -140,8 +141,23 @@ def read_env_files(env_file: Any) -> dict[str, str]:
     found: dict[str, str] = {}
     for file in files:
         if Path(file).is_file():
+            refuse_unreadable_lines(Path(file))
             found.update({k: v or "" for k, v in dotenv_values(file).items()})
     return found
+
+
+def refuse_unreadable_lines(file: Path) -> None:
+    """A settings file line python-dotenv cannot parse is refused, not skipped (it only warns,
+    and a skipped `COSYQ_REDIS_URL` line left the default Redis in its place). The line's text
+    is not shown: it may hold a password."""
+    with file.open(encoding="utf-8") as stream:
+        bad = [binding.original.line for binding in parse_stream(stream) if binding.error]
+    if bad:
+        where = ("line " if len(bad) == 1 else "lines ") + ", ".join(str(n) for n in bad)
+        raise SettingsError(
+            f"the settings file {file} cannot be read at {where}: each line must be "
+            "NAME=value (a quoted value closed on its line or a later one), a comment or blank"
+        )
 
 
 def reject_unknown_variables(

@@ -222,6 +222,26 @@ def test_a_signing_secret_that_is_not_base64_is_refused_unshown(secret: str) -> 
     assert "8TT" not in message and "Ä" not in message
 
 
+@pytest.mark.parametrize(
+    "bad_line",
+    [
+        "COSYQ_REDIS_URL redis://:hunter2pw@10.0.0.9:6379/0",  # no "="
+        'COSYQ_REDIS_URL="redis://:hunter2pw@10.0.0.9:6379/0',  # a quote never closed
+    ],
+)
+def test_an_env_file_line_that_cannot_be_read_is_refused_unshown(
+    tmp_path: Path, bad_line: str
+) -> None:
+    # python-dotenv skips such a line with a warning: the default Redis took its place
+    env_file = tmp_path / "settings.env"
+    env_file.write_text(f"COSYQ_LOG_LEVEL=INFO\n{bad_line}\n")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env_file=env_file)
+    message = str(caught.value)
+    assert f"the settings file {env_file} cannot be read at line 2" in message
+    assert "hunter2pw" not in message and "10.0.0.9" not in message
+
+
 def test_an_env_file_that_is_not_text_is_one_clear_error(tmp_path: Path) -> None:
     env_file = tmp_path / "binary.env"
     env_file.write_bytes(b"\xff\xfe\x00\x01COSYQ_X=\x9c\n")
