@@ -3,6 +3,8 @@ which errors are settings to fix (never waited out) and which are an outage (wai
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,6 +142,31 @@ def test_a_rediss_url_naming_a_plain_text_server_fails_in_bounded_time(redis_url
     assert len(outcome) == 1 and isinstance(outcome[0], TransientError)
     assert "a rediss:// URL needs a server that speaks TLS" in str(outcome[0])
     assert "plainpass" not in str(outcome[0])
+
+
+def test_a_url_naming_another_services_port_is_a_settings_error_without_its_reply() -> None:
+    # NATS, say, greets every client with a line of its own protocol
+    greeting = b'INFO {"server_id":"NOTREDIS","proto":1}\r\n'
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    open_sockets: list[socket.socket] = []
+
+    def greet() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                peer, _ = listener.accept()
+                open_sockets.append(peer)
+                peer.sendall(greeting)
+
+    threading.Thread(target=greet, daemon=True).start()
+    try:
+        error = refusal(f"redis://:pw@127.0.0.1:{port}/0")
+    finally:
+        listener.close()
+        for peer in open_sockets:
+            peer.close()
+    assert "not in Redis's protocol (another service on that port?)" in str(error)
+    assert "NOTREDIS" not in str(error) and "pw" not in str(error).replace("***", "")
 
 
 def test_a_certificate_that_does_not_verify_is_a_settings_error(
