@@ -67,6 +67,7 @@ from workers.engine.api import SynthesisCanceled, SynthesisInput, SynthesisOutpu
 from workers.engine.batch_jobs import FirstTask, Job, capped, job_of, output_of, plan_of
 from workers.engine.batch_preparation import Preparation
 from workers.engine.batch_protocols import PlannedPipeline, RowDecoder
+from workers.engine.batching import SessionFailed
 from workers.engine.openmp_pool import release_thread_team
 from workers.engine.requests import RequestPlan
 from workers.engine.stages import ModuleVocoder
@@ -123,7 +124,7 @@ class PipelineBatchSession:
         model thread failed: nothing is queued after its crash settled the queue)."""
         with self._lock:
             if self._crashed is not None:
-                raise RuntimeError("the batch session's model thread failed") from self._crashed
+                raise SessionFailed("the batch session's model thread failed") from self._crashed
             if self._closing:
                 raise RuntimeError("the batch session is closed")
             self._pending += 1
@@ -138,6 +139,10 @@ class PipelineBatchSession:
         """Requests in flight that hold no row: run, or waiting to run, beside the batch."""
         with self._lock:
             return self._alone_n
+
+    def failed(self) -> bool:
+        with self._lock:  # set before the crash settles any future
+            return self._crashed is not None
 
     def close(self) -> None:
         with self._lock:

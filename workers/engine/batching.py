@@ -28,6 +28,10 @@ T = TypeVar("T")
 _WAKE = object()  # a queue item that only wakes the model thread for a `run_first` task
 
 
+class SessionFailed(RuntimeError):
+    """The session's model thread failed: it settled what it held and takes no more work."""
+
+
 class BatchSession(Protocol):
     """Requests in, futures out; `max_batch` requests at most in flight."""
 
@@ -49,6 +53,11 @@ class BatchSession(Protocol):
     def alone(self) -> int:
         """Requests in flight that hold no row (too long for one, or rerun after a failed
         step): they run one at a time beside the batch, which may take others in their place."""
+        ...
+
+    def failed(self) -> bool:
+        """True once the model thread itself failed: every future it held is settled with its
+        error, and `submit` and `run_first` raise `SessionFailed`."""
         ...
 
     def close(self) -> None:
@@ -98,6 +107,9 @@ class SequentialSession:
 
     def alone(self) -> int:
         return 0  # no rows: every request runs one at a time
+
+    def failed(self) -> bool:
+        return False  # each request's error is its own future's: the loop itself goes on
 
     def close(self) -> None:
         self._queue.put(None)
