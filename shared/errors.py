@@ -25,6 +25,14 @@ class TransientError(CosyqError):
     """A fault outside the request that may pass (storage or Redis unreachable)."""
 
 
+class WorkerModelFailedError(TransientError):
+    """The worker's model failed (its batch session's model thread crashed) before this job
+    could run on it: nothing is wrong with the job, which is retried on a fresh worker."""
+
+    def __init__(self, message: str = "this worker's model failed before the job ran on it"):
+        super().__init__(message)
+
+
 class SettingsError(CosyqError):
     """The deployment settings are wrong (unknown COSYQ_ variable, bad value): fix and restart."""
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import random
 import socket
 import threading
 from collections.abc import Sequence
@@ -111,7 +110,7 @@ class CosyqWorker(StopSafeWorker):
         self.slot = slot
         self.control = control.ControlChannel(control_fd) if control_fd is not None else None
         policy = RecyclePolicy.from_settings(self.settings)
-        self.tracker = RecycleTracker(policy, job_budget=policy.job_budget(_rng()))
+        self.tracker = RecycleTracker(policy, job_budget=policy.job_budget())
         identity = WorkerIdentity(
             name=self.name,
             hostname=self.hostname or "",
@@ -268,7 +267,8 @@ class CosyqWorker(StopSafeWorker):
         elif cancels.canceled_before_start(self.connection, job):
             cancels.record_canceled(self.connection, job, queue, webhooks=self._webhooks)
         elif self._batch is not None and batchable(job):
-            self._batch.run(job, queue)  # its books end each job it admits
+            if not self._batch.run(job, queue):  # its books end each job it admits
+                self._retire(RecycleReason.MODEL_FAILED)  # its model thread failed
         else:
             try:
                 self.books.run_alone(job, queue, self._execute_alone)
@@ -493,8 +493,3 @@ def _queue_names(
     items = [queues] if isinstance(queues, str | Queue) else list(queues)
     names = [item.name if isinstance(item, Queue) else item for item in items]
     return names or list(tenants.queue_names(tenant_names))
-
-
-def _rng() -> random.Random:
-    """Seeded per process so slots started together still draw different jitter."""
-    return random.Random(int.from_bytes(os.urandom(8), "little"))

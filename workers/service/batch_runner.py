@@ -22,7 +22,9 @@ it next, alone. A stop closes admission too: popped jobs not yet started go back
 their queue in order, started ones are finished; so does a row whose store failed for good (the
 worker probes storage once the window drained). A cold stop waits (`guard`) while a job moves
 from popped to registered, so it finds each job in one place: its queue, or the started registry
-under a live heartbeat.
+under a live heartbeat. Should the session's model thread fail, admission closes as on a stop,
+the jobs it held keep its error, those it never took fail retryable (`WorkerModelFailedError`),
+and `run` says False: the worker retires at once (`model_failed`) for a fresh model.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ from rq.queue import Queue
 from rq.timeouts import JobTimeoutException
 
 from shared import job_events
+from shared.errors import WorkerModelFailedError
 from shared.logs import get_logger
 from shared.settings import Settings
 from workers import tasks
 from workers.engine.api import SynthesisInput, SynthesisOutput
-from workers.engine.batching import BatchSession, open_batch_session
+from workers.engine.batching import BatchSession, SessionFailed, open_batch_session
 from workers.service import admission, cancels, metrics
 from workers.service.attempts import AttemptBooks, ExcInfo
 from workers.service.batch_admission import (
@@ -63,7 +66,7 @@ from workers.service.batch_admission import (
 from workers.service.batch_rows import BatchJob, BusyClock, Event
 from workers.service.job_runtime import WorkerRuntime, current_runtime
 from workers.service.outage import REDIS_OUTAGE
-from workers.service.streamed_first import AttemptDropped, StreamedFirst
+from workers.service.streamed_first import run_streamed
 
 log = get_logger(__name__)
 
@@ -122,6 +125,7 @@ class BatchRunner:
         self.waiting: list[BatchJob] = []  # prepared, held back for company
         self.clock = BusyClock()
         self.abandoned = False  # a job timed out on the model thread: it may be stuck
+        self.model_failed = False  # the session's model thread failed: the worker retires
         self._closing = False
         self._queues_empty = False  # the last look at the queues found nothing to add
         self._checked_at = 0.0
@@ -139,14 +143,16 @@ class BatchRunner:
             seconds = round(time.perf_counter() - started, 3)
             log.info("batch_session_opened", batch_size=self.batch_size, seconds=seconds)
 
-    def run(self, job: Job, queue_: Queue) -> None:
-        """Admit `job` and whatever joins it; return once every admitted job is recorded."""
+    def run(self, job: Job, queue_: Queue) -> bool:
+        """Admit `job` and whatever joins it; return once every admitted job is recorded.
+        False when the session's model thread failed: the worker must retire now."""
         runtime = current_runtime()
         self.start_session()
         started, busy_before = time.perf_counter(), self.clock.snapshot()
         self._closing, self._admitted, self._most = False, 0, 0
         self._admit(job, queue_, runtime)
         while self.jobs or self.popped.held:
+            self._note_model_failure()
             self._admit_popped(runtime)
             self._top_up()
             self._flush_waiting()
@@ -158,7 +164,17 @@ class BatchRunner:
             except queue.Empty:
                 continue
             self._handle(event)
+        self._note_model_failure()  # set before the crash settled the last row
         self._log_window(started, busy_before)
+        return not self.model_failed
+
+    def _note_model_failure(self) -> None:
+        """Once the session's model thread failed, admission closes (popped jobs go back to
+        their queues' heads) and jobs not yet submitted fail retryable (`_flush_waiting`)."""
+        if self.model_failed or self.session is None or not self.session.failed():
+            return
+        self.model_failed = self._closing = True
+        log.error("batch_model_failed", jobs=len(self.jobs), popped=len(self.popped.held))
 
     def _admitting(self) -> bool:
         return not self._closing and self.gate.admission_open()
@@ -262,7 +278,8 @@ class BatchRunner:
             job, cancel_check_s=self.settings.cancel_check_ms / 1000
         )
         if entry.streamed:
-            self.streams.submit(self._run_streamed, entry, runtime, payload, context)
+            lane = partial(run_streamed, session=self.session, clock=self.clock)
+            self.streams.submit(lane, entry, runtime, payload, context, report=self.events.put)
         else:
             self.pool.submit(self._prepare, entry, runtime, payload, context)
 
@@ -277,34 +294,6 @@ class BatchRunner:
             self.events.put(Event("failed", entry, sys.exc_info()))
         else:
             self.events.put(Event("prepared", entry, prepared))
-
-    def _run_streamed(
-        self, entry: BatchJob, runtime: WorkerRuntime, payload: Any, context: tasks.JobContext
-    ) -> None:
-        """A streamed job whole, as alone, its synthesis one `run_first` task of the session."""
-        assert self.session is not None
-        engine = StreamedFirst(
-            runtime.engine,
-            self.session,
-            owned=lambda: not entry.expired,
-            claim_store=entry.claim_store,
-        )
-        self.clock.enter()
-        try:
-            result = tasks.run_synthesis(
-                dataclasses.replace(runtime, engine=engine),
-                payload,
-                context,
-                owned=lambda: not entry.expired,
-            )
-        except AttemptDropped:
-            log.warning("batch_row_dropped", job_id=entry.job_id, why="past its deadline")
-        except BaseException:
-            self.events.put(Event("failed", entry, sys.exc_info()))
-        else:
-            self.events.put(Event("finished", entry, result.model_dump(mode="json")))
-        finally:
-            self.clock.leave()
 
     def _on_synthesized(self, entry: BatchJob, future: Future[SynthesisOutput]) -> None:
         """On the model thread: claim the store (a row already failed as timed out drops its
@@ -338,7 +327,11 @@ class BatchRunner:
         request of the batch; waited for on this pool thread."""
         if self.session is None:
             raise RuntimeError("no batch session to synthesize on")
-        return self.session.submit(data).result()
+        try:
+            future = self.session.submit(data)
+        except SessionFailed as e:
+            raise WorkerModelFailedError() from e
+        return future.result()
 
     # -- this thread ---------------------------------------------------------------------------
 
@@ -369,6 +362,9 @@ class BatchRunner:
         prepared), else once the first has waited batch_wait_ms for the others."""
         if not self.waiting or self.session is None:
             return
+        if self.model_failed:
+            self._fail_unsubmitted(self.waiting)
+            return
         busy = self.session.in_flight() > 0
         preparing = sum(
             1 for e in self.jobs.values() if e.prepared is None and not e.done and not e.streamed
@@ -378,14 +374,26 @@ class BatchRunner:
         first = min(entry.attempt.began_at for entry in self.waiting)
         if not (busy or alone or full or time.monotonic() >= first + self.wait_s):
             return
-        for entry in self.waiting:
+        waiting, self.waiting = self.waiting, []
+        for index, entry in enumerate(waiting):
             assert entry.prepared is not None
-            self.clock.enter()
             request = entry.prepared.engine_input
             stop = entry.stop_check(request.should_stop)  # canceled, or past its deadline
-            entry.future = self.session.submit(dataclasses.replace(request, should_stop=stop))
+            try:
+                entry.future = self.session.submit(dataclasses.replace(request, should_stop=stop))
+            except SessionFailed:  # failed since the loop last looked
+                self._note_model_failure()
+                self._fail_unsubmitted(waiting[index:])
+                return
+            self.clock.enter()
             entry.future.add_done_callback(partial(self._on_synthesized, entry))
-        self.waiting = []
+
+    def _fail_unsubmitted(self, entries: list[BatchJob]) -> None:
+        """Prepared jobs the failed session never took: failed retryable, as they did nothing
+        wrong, so RQ retries them (COSYQ_MAX_RETRIES) on another worker."""
+        for entry in list(entries):
+            error = WorkerModelFailedError()
+            self._record_failure(entry, (WorkerModelFailedError, error, None))
 
     def _record_success(self, entry: BatchJob, return_value: dict[str, Any]) -> None:
         entry.done = True

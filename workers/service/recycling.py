@@ -3,11 +3,13 @@
 Like gunicorn's max_requests + jitter and Celery's max memory per child: a worker retires after
 its own job budget (max_jobs + a per-process random jitter, so slots do not all recycle at the
 same moment), after a job that left RSS above the limit, after its maximum lifetime, and at once
-after a job timeout (SIGALRM interrupted Python mid-call: state may be unsound).
+after a job timeout (SIGALRM interrupted Python mid-call: state may be unsound) or after a batch
+window whose model thread failed (the model is unsound: a fresh worker loads it anew).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -28,11 +30,12 @@ class RecycleReason(StrEnum):
     RSS = "rss"
     LIFETIME = "lifetime"
     JOB_TIMEOUT = "job_timeout"
+    MODEL_FAILED = "model_failed"
 
     @property
     def urgent(self) -> bool:
         """Urgent reasons exit right away; the others may wait for the pool's turn."""
-        return self is RecycleReason.JOB_TIMEOUT
+        return self in (RecycleReason.JOB_TIMEOUT, RecycleReason.MODEL_FAILED)
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,10 @@ class RecyclePolicy:
             max_lifetime_s=float(settings.max_lifetime_s),
         )
 
-    def job_budget(self, rng: random.Random) -> int:
-        """This process's own job count: max_jobs plus 0..jitter, drawn once per process."""
+    def job_budget(self, rng: random.Random | None = None) -> int:
+        """This process's own job count: max_jobs plus 0..jitter, drawn once per process (by
+        default with a generator seeded from the OS, so slots started together differ)."""
+        rng = rng if rng is not None else random.Random(int.from_bytes(os.urandom(8), "little"))
         return self.max_jobs + rng.randint(0, self.max_jobs_jitter)
 
 

@@ -7,16 +7,25 @@ way), instead of after the whole window. Its chunks go out from the model thread
 made. Once its attempt is past its deadline nothing more of it is written and the model stops
 at its next LLM step (its `should_stop` says so): that step, the next chunk, or the store claim
 after the model, raises `AttemptDropped`, and the retry owns the stream and
-the key (the same rule as a batched row's, workers/service/batch_rows.py).
+the key (the same rule as a batched row's, workers/service/batch_rows.py). A session whose model
+thread has failed takes no task: the job fails retryable (`WorkerModelFailedError`), as it
+did nothing wrong, and is retried on another worker.
+
+`run_streamed` runs one such job whole on the window's streamed lane and reports its outcome.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from shared.errors import WorkerModelFailedError
+from shared.logs import get_logger
+from workers import tasks
 from workers.engine.api import (
     ChunkSink,
     ModelIdentity,
@@ -27,7 +36,11 @@ from workers.engine.api import (
     SynthesisOutput,
     VoicePrompt,
 )
-from workers.engine.batching import BatchSession
+from workers.engine.batching import BatchSession, SessionFailed
+from workers.service.batch_rows import BatchJob, BusyClock, Event
+from workers.service.job_runtime import WorkerRuntime
+
+log = get_logger(__name__)
 
 
 class AttemptDropped(Exception):
@@ -86,7 +99,45 @@ class StreamedFirst:
             sink(output.samples)
             return output
 
-        output = self.session.run_first(task).result()
+        try:
+            future = self.session.run_first(task)
+        except SessionFailed as e:
+            raise WorkerModelFailedError() from e
+        output = future.result()
         if not self.claim_store():
             raise AttemptDropped("past its deadline: the retry owns its key")
         return output
+
+
+def run_streamed(
+    entry: BatchJob,
+    runtime: WorkerRuntime,
+    payload: Any,
+    context: tasks.JobContext,
+    *,
+    session: BatchSession | None,
+    clock: BusyClock,
+    report: Callable[[Event], None],
+) -> None:
+    """A streamed job whole, as alone, its synthesis one `run_first` task of the session; its
+    outcome goes to `report` (the window's events), none for an attempt dropped as late."""
+    assert session is not None
+    engine = StreamedFirst(
+        runtime.engine, session, owned=lambda: not entry.expired, claim_store=entry.claim_store
+    )
+    clock.enter()
+    try:
+        result = tasks.run_synthesis(
+            dataclasses.replace(runtime, engine=engine),
+            payload,
+            context,
+            owned=lambda: not entry.expired,
+        )
+    except AttemptDropped:
+        log.warning("batch_row_dropped", job_id=entry.job_id, why="past its deadline")
+    except BaseException:
+        report(Event("failed", entry, sys.exc_info()))
+    else:
+        report(Event("finished", entry, result.model_dump(mode="json")))
+    finally:
+        clock.leave()
