@@ -20,7 +20,8 @@ SECONDS_PER_CHAR per character, at least MIN_PER_CHAR_SECONDS, as speech does), 
 `broken` (a plain exception while loading), `batching` (a tone that depends on text and seed,
 batched across requests by the engine's own batch session over a decoder that steps every
 TESTENGINE_STEP_S seconds; each step asks the request's `should_stop`, so a job can be
-canceled mid-run, alone or as one row: tests/doubles/stepped.py).
+canceled mid-run, alone or as one row: tests/doubles/stepped.py), `crashing_batch` (the same, its
+model loop failing at step TESTENGINE_CRASH_AT_STEP: tests/doubles/crashing.py).
 """
 
 from __future__ import annotations
@@ -175,6 +176,14 @@ def batching(settings: Any) -> Any:
     from tests.doubles.stepped import BatchingScriptedEngine  # noqa: PLC0415
 
     return BatchingScriptedEngine()
+
+
+def crashing_batch(settings: Any) -> Any:
+    """`batching` whose model loop itself fails at its step TESTENGINE_CRASH_AT_STEP (default
+    1), as when the device is lost (tests/doubles/crashing.py)."""
+    from tests.doubles.crashing import CrashingBatchEngine  # noqa: PLC0415
+
+    return CrashingBatchEngine(crash_at=int(os.environ.get("TESTENGINE_CRASH_AT_STEP", "1")))
 
 
 def tiny(settings: Any) -> Any:

@@ -133,7 +133,7 @@ def test_a_fresh_process_serves_every_known_series_at_zero(
     for queue in ("cosyq-high", "cosyq-default", "cosyq-low"):
         for outcome in ("finished", "failed", "retried", "refused"):
             assert result.values("cosyq_jobs_total", queue=queue, outcome=outcome) == [0.0]
-    for reason in ("max_jobs", "rss", "lifetime", "job_timeout"):
+    for reason in ("max_jobs", "rss", "lifetime", "job_timeout", "model_failed"):
         assert result.values("cosyq_worker_recycles_total", reason=reason) == [0.0]
     for stage in ("queue_wait", "llm", "flow", "store"):
         assert result.values("cosyq_stage_seconds_count", stage=stage) == [0.0]
