@@ -9,6 +9,7 @@ only), then one attempt's books (workers/service/attempts.py: begin, RQ's execut
 same books a batch window keeps for each of its jobs. Failures are classified once at the job
 boundary (`handle_exception`); after a `storage` one, storage is probed again before the next
 job, and a worker whose storage fails it leaves as at start (workers/service/storage_check.py).
+A batch window whose model thread failed retires the worker at once (`model_failed`).
 Stops never lose a job (workers/service/dequeue.py): the first
 SIGTERM/SIGINT finishes the current job or gives back a popped one, a second one gives the job
 back and exits at once.
