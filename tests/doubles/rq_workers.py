@@ -4,11 +4,13 @@ runs a cosyq job when someone starts plain `rq worker` on cosyq's queues."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 from rq import Queue, SimpleWorker
@@ -71,3 +73,32 @@ def run_cosyq_burst(settings: Settings, queues: Sequence[str] = QUEUES_IN_PRIORI
         CosyqWorker(queues, connection=connection, settings=settings).work(burst=True)
     finally:
         connection.close()
+
+
+@contextlib.contextmanager
+def engines_reused() -> Iterator[None]:
+    """Meanwhile, an in-process worker (`run_cosyq_burst`) whose engine settings equal an
+    earlier one's in this block takes that worker's loaded, warmed engine instead of loading
+    and warming its own (0.6 of each tiny-model burst's 0.7 CPU s). The first of each is loaded
+    and warmed by the product's own `load_engine`; the engine keeps no request's state (a
+    request's seed, voice and text come with it; its voice prefixes are keyed by the prompt's
+    content), so reusing it leaves the tests independent."""
+    from workers.service import lifecycle  # noqa: PLC0415 (torch only for tests that need it)
+    from workers.service.default_engine import engine_options  # noqa: PLC0415
+
+    loaded: dict[str, Any] = {}
+    real = lifecycle.load_engine
+
+    def load_once(settings: Settings) -> Any:
+        s = settings
+        where = (s.engine, s.model_dir, s.backend, s.coreml_dir, s.device, s.dtype)
+        key = repr((*where, s.llm_precision, s.threads, engine_options(s)))
+        if key not in loaded:
+            loaded[key] = real(settings)
+        return loaded[key]
+
+    lifecycle.load_engine = load_once  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        lifecycle.load_engine = real

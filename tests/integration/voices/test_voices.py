@@ -32,9 +32,17 @@ from shared.errors import (
 )
 from shared.settings import Settings, load_settings
 from shared.voices import VoiceRegistry
-from tests.doubles.rq_workers import run_cosyq_burst
+from tests.doubles.rq_workers import engines_reused, run_cosyq_burst
 from workers.engine.api import ModelIdentity
 from workers.voices.profiles import RegisteredVoices
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_engine() -> Iterator[None]:
+    """The module's in-process workers share one loaded tiny engine (each burst loaded and
+    warmed its own: ~20 loads)."""
+    with engines_reused():
+        yield
 
 
 @pytest.fixture
