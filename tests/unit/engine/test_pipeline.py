@@ -18,12 +18,30 @@ from workers.engine.pipeline import (
     WARM_UP_TOKENS,
     EngineOptions,
     SynthesisPipeline,
+    build_engine,
 )
 from workers.engine.text_split import SplitConfig
 from workers.service.default_engine import engine_from_settings
 
 TEXT = "Hello, a short test."
 SAMPLES_PER_TOKEN = 960  # 2 mel frames x 480 samples
+# The flow in 2 Euler steps, not the model's 10 (the same step's arithmetic repeated): what
+# these tests compare (modes, seeds, speeds, isolation, pieces, lengths) does not depend on the
+# count, and the flow was half of each synthesis's CPU.
+FLOW_STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> SynthesisPipeline:
+    """The real torch engine on the tiny model (cpu, fp32), its flow in FLOW_STEPS steps."""
+    return build_engine(
+        tiny_model_dir,
+        device="cpu",
+        options=EngineOptions(flow_steps=FLOW_STEPS),
+        hash_cache_dir=tmp_path_factory.mktemp("hashes"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +135,13 @@ def test_speed_changes_duration(tiny_engine: SynthesisPipeline, voice: VoiceProm
 def test_long_text_is_split_and_joined(
     tiny_engine: SynthesisPipeline, tiny_model_dir: Path, voice: VoicePrompt
 ) -> None:
-    from workers.engine.pipeline import build_engine  # noqa: PLC0415
-
     text = "The first sentence is here. A second one follows it. And then a third."
     sentences = ("The first sentence is here.", "A second one follows it.", "And then a third.")
     counts = [len(tiny_engine.frontend.tokenizer.encode(s + " ")) for s in sentences]
     budget = max(counts)  # one sentence per piece: any two together are over it
     assert all(a + b > budget for a, b in itertools.pairwise(counts))
-    options = EngineOptions(split=SplitConfig(max_piece_tokens=budget, min_tail_tokens=0))
+    split = SplitConfig(max_piece_tokens=budget, min_tail_tokens=0)
+    options = EngineOptions(split=split, flow_steps=FLOW_STEPS)
     engine = build_engine(tiny_model_dir, device="cpu", options=options)
     samples, state = engine.run(request(voice, text=text))
     assert state.pieces == 3
@@ -210,8 +227,6 @@ def test_a_voice_whose_transcript_no_job_could_use_is_refused_when_added(
 
 
 def test_normalisation_setting_reaches_the_text(tiny_model_dir: Path) -> None:
-    from workers.engine.pipeline import build_engine  # noqa: PLC0415
-
     plain = build_engine(tiny_model_dir, device="cpu", options=EngineOptions(normalize_text=False))
     assert plain.frontend.pieces("It is 42")[0].text == "It is 42"
 
@@ -251,7 +266,6 @@ class _Shell:
 def test_another_runtime_plugs_in_as_stage_objects(
     tiny_engine: SynthesisPipeline, tiny_model_dir: Path, voice: VoicePrompt
 ) -> None:
-    from workers.engine.pipeline import build_engine  # noqa: PLC0415
     from workers.engine.stages import ModuleFlow, ModuleVocoder  # noqa: PLC0415
 
     flow = ModuleFlow(_Shell(tiny_engine.flow.model), name="stand-in")  # type: ignore[attr-defined]
@@ -273,8 +287,6 @@ def test_another_runtime_plugs_in_as_stage_objects(
 def test_a_runaway_expansion_is_refused_before_any_synthesis(
     tiny_model_dir: Path, voice: VoicePrompt
 ) -> None:
-    from workers.engine.pipeline import build_engine  # noqa: PLC0415
-
     engine = build_engine(
         tiny_model_dir, device="cpu", options=EngineOptions(max_speech_seconds=150)
     )
