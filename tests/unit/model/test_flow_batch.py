@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
 import pytest
 import torch
 
 from shared.errors import InvalidRequestError
+from workers.engine.pipeline import EngineOptions, build_engine
 from workers.model.flow.batch import FlowRow, batched_inference
 from workers.model.flow.model import CausalMaskedDiffWithXvec
 
 TOLERANCE = 1e-4  # max abs on the mel; the waveform bound is checked in the engine tests
+# Euler steps, not the tiny model's 10: a batched row against its alone call is compared step by
+# step alike (the steps repeat one step's arithmetic); three, so that `between_steps` runs
+# between steps more than once.
+FLOW_STEPS = 3
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,9 +30,13 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def flow(tiny_engine: Any) -> CausalMaskedDiffWithXvec:
-    model = tiny_engine.flow.model
+def flow(tiny_model_dir: Path) -> CausalMaskedDiffWithXvec:
+    engine = build_engine(
+        tiny_model_dir, device="cpu", options=EngineOptions(flow_steps=FLOW_STEPS)
+    )
+    model = engine.flow.model  # type: ignore[attr-defined]
     assert isinstance(model, CausalMaskedDiffWithXvec)
+    assert model.config.cfm.n_timesteps == FLOW_STEPS
     return model
 
 
