@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rq import Worker
 
 from producer import CosyqClient
 from producer.cli import main
@@ -68,6 +69,9 @@ def test_an_unassembled_documents_segments_are_deleted_once_it_expires(
         pool_of_two(redis_url, tmp_path, overrides) as cluster,
         CosyqClient(client_settings(cluster, monkeypatch)) as client,
     ):
+        # no worker, no keepalive: on a loaded machine the pool could start after the plan's
+        # TTL, and the plan expired before any segment ran
+        wait_for(lambda: bool(Worker.all(connection=client.connection)), 120, "a worker")
         document_id = client.submit_document({"text": text})
         folder = cluster.root / "out" / "documents" / document_id / "segments"
         if ending == "failed":

@@ -48,7 +48,7 @@ def deliver_all(connection: redis.Redis, redis_url: str, receiver: Receiver, cou
     thread.start()
     try:
         wait_for(lambda: WebhookStore(connection).counts()[0] == 0, 30, "nothing left to send")
-        wait_for(lambda: len(receiver.calls) >= count, 10, f"{count} deliveries")
+        wait_for(lambda: len(receiver.calls) >= count, 60, f"{count} deliveries")
     finally:
         stop.set()
         thread.join(timeout=30)
