@@ -14,27 +14,17 @@ import threading
 import numpy as np
 import pytest
 
-from tests.doubles.stepped import (
-    BatchingScriptedEngine,
-    ScriptedPipeline,
-    ScriptedPlan,
-    SteppedDecoder,
-)
+from tests.doubles.crashing import WAIT_S, CrashingDecoder, DeviceLost
+from tests.doubles.stepped import BatchingScriptedEngine, ScriptedPipeline, ScriptedPlan
 from workers.engine.api import SynthesisInput
 from workers.engine.batch_session import PipelineBatchSession
-from workers.model.llm.batch import FinishedRow
 
 VOICE = BatchingScriptedEngine().extract_voice(np.zeros(24000, np.float32), 24000, "a voice")
-WAIT_S = 60  # a bound for a wait that should end at once, never a guess at a race
 HELD = "Held in preparation."
 
 
 def request(text: str, seed: int) -> SynthesisInput:
     return SynthesisInput(text=text, prompt=VOICE, seed=seed)
-
-
-class DeviceLost(RuntimeError):
-    """The model's device gone: its decode step fails, and so does clearing its rows."""
 
 
 class HeldPipeline(ScriptedPipeline):
@@ -52,34 +42,11 @@ class HeldPipeline(ScriptedPipeline):
         return super().begin(request)
 
 
-class FailingDecoder(SteppedDecoder):
-    """Its first step waits until `ready` (a job is held in preparation), then the device is
-    lost: the step raises, and so does the session's first `clear` after it (the loop itself
-    fails)."""
-
-    def __init__(self, rows: int, ready: threading.Event) -> None:
-        super().__init__(rows, step_s=0.0)
-        self.ready = ready
-        self.stepping = threading.Event()
-        self.cleared_once = False
-
-    def step(self) -> list[FinishedRow]:
-        self.stepping.set()
-        assert self.ready.wait(WAIT_S)
-        raise DeviceLost("the device is gone")
-
-    def clear(self) -> None:
-        """Fails once: the session's rerun of the step's rows alone never begins."""
-        if not self.cleared_once:
-            self.cleared_once = True
-            raise DeviceLost("the device is gone")
-        super().clear()
-
-
 def test_a_crashed_loop_settles_the_jobs_still_in_preparation_and_refuses_new_work() -> None:
     engine = BatchingScriptedEngine()
     pipeline = HeldPipeline(engine)
-    decoder = FailingDecoder(4, pipeline.preparing)
+    # its first step waits until a job is held in preparation, then the device is lost
+    decoder = CrashingDecoder(4, 0.0, crash_at=1, stepping=threading.Event(), go=pipeline.preparing)
     session = PipelineBatchSession(pipeline, decoder, 4)
     try:
         decoding = session.submit(request("On a row.", 1))
