@@ -8,7 +8,8 @@ a failover. The client works in bytes, as RQ requires.
 
 redis-py raises a wrong password (`AuthenticationError`) as a `ConnectionError`, and a TLS
 certificate that does not verify as a plain `ConnectionError`; both are settings to fix, not an
-outage to wait out, as is a reply in another protocol (the URL names another service's port).
+outage to wait out, as is a reply in another protocol (the URL names another service's port)
+and a database number the server does not have (`/99`: a ResponseError on connect).
 `misconfiguration()` tells them apart; only a refused or reset connection or a timeout is an
 outage.
 """
@@ -25,7 +26,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.connection import SENTINEL
-from redis.exceptions import AuthorizationError, InvalidResponse, NoPermissionError
+from redis.exceptions import AuthorizationError, InvalidResponse, NoPermissionError, ResponseError
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from shared import keys
@@ -176,6 +177,8 @@ def misconfiguration(error: BaseException) -> str | None:
         return f"permission denied (ACL): {_text(error)}"
     if isinstance(error, InvalidResponse):  # its text holds the other server's raw bytes
         return "the server's reply is not in Redis's protocol (another service on that port?)"
+    if isinstance(error, ResponseError) and "DB index is out of range" in str(error):
+        return "the database number after the host is past the server's `databases` setting"
     if not isinstance(error, redis.ConnectionError):
         return None
     cause = _ssl_cause(error)

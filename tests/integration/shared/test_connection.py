@@ -187,3 +187,10 @@ def test_a_job_that_meets_a_redis_refusal_is_not_retried_as_transient() -> None:
         assert failure.kind == "internal" and not failure.retryable
         assert failure.message.startswith("Redis refused this worker: ")
     assert classify(redis.ConnectionError("Connection refused")).kind == "transient"
+
+
+def test_a_database_number_the_server_lacks_is_a_settings_error(redis_url: str) -> None:
+    # redis-server has 16 databases unless told otherwise: /99 is refused at SELECT
+    url = redis_url.rsplit("/", 1)[0] + "/99"
+    error = refusal(url)
+    assert "the database number after the host is past the server's `databases`" in str(error)
