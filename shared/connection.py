@@ -9,7 +9,8 @@ a failover. The client works in bytes, as RQ requires.
 redis-py raises a wrong password (`AuthenticationError`) as a `ConnectionError`, and a TLS
 certificate that does not verify as a plain `ConnectionError`; both are settings to fix, not an
 outage to wait out, as is a reply in another protocol (the URL names another service's port)
-and a database number the server does not have (`/99`: a ResponseError on connect).
+and a database number the server does not have (`/99`: a ResponseError on connect) or a
+redis+sentinel:// URL naming a plain Redis (which answers SENTINEL with "unknown command").
 `misconfiguration()` tells them apart; only a refused or reset connection or a timeout is an
 outage.
 """
@@ -179,6 +180,8 @@ def misconfiguration(error: BaseException) -> str | None:
         return "the server's reply is not in Redis's protocol (another service on that port?)"
     if isinstance(error, ResponseError) and "DB index is out of range" in str(error):
         return "the database number after the host is past the server's `databases` setting"
+    if isinstance(error, ResponseError) and "unknown command 'SENTINEL'" in str(error):
+        return "a redis+sentinel:// host is not a Sentinel (a plain Redis? then use redis://)"
     if not isinstance(error, redis.ConnectionError):
         return None
     cause = _ssl_cause(error)

@@ -194,3 +194,10 @@ def test_a_database_number_the_server_lacks_is_a_settings_error(redis_url: str) 
     url = redis_url.rsplit("/", 1)[0] + "/99"
     error = refusal(url)
     assert "the database number after the host is past the server's `databases`" in str(error)
+
+
+def test_a_sentinel_url_naming_a_plain_redis_is_a_settings_error(redis_url: str) -> None:
+    error = refusal(f"redis+sentinel://127.0.0.1:{port_of(redis_url)}/mymaster/0")
+    assert "a redis+sentinel:// host is not a Sentinel (a plain Redis? then use redis://)" in str(
+        error
+    )
