@@ -148,13 +148,18 @@ class FrontSettings(BaseModel):
     @classmethod
     def _check_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
         """Strict base64: the signer's own decoding drops what is not base64 (a weaker key
-        than written) and fails on a non-ASCII character with that character in its message."""
+        than written) and fails on a non-ASCII character with that character in its message.
+        A key left empty after the prefix (`whsec_` alone) is refused: anyone could sign."""
+        if value is not None and not value.get_secret_value():
+            return None  # `COSYQ_WEBHOOK_SECRET=` is unset, as for the keys
         if value is not None:
             raw = value.get_secret_value().removeprefix(WEBHOOK_SECRET_PREFIX)
             try:
                 base64.b64decode(raw.encode("ascii"), validate=True)
             except (UnicodeEncodeError, binascii.Error):
                 raise ValueError("must be whsec_ followed by base64 (see README)") from None
+            if not raw:
+                raise ValueError("has no key after whsec_ (see README)")
         return value
 
     @field_validator("operator_keys")

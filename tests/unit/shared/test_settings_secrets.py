@@ -222,6 +222,14 @@ def test_a_signing_secret_that_is_not_base64_is_refused_unshown(secret: str) -> 
     assert "8TT" not in message and "Ä" not in message
 
 
+def test_a_signing_secret_with_no_key_is_refused_and_an_empty_one_is_unset() -> None:
+    # an empty HMAC key signs webhooks anyone could forge
+    with pytest.raises(SettingsError, match=r"COSYQ_WEBHOOK_SECRET: .*no key after whsec_"):
+        load_settings(env_file=None, webhook_secret="whsec_")
+    # `COSYQ_WEBHOOK_SECRET=` is no secret at all: the dispatcher then refuses to start
+    assert load_settings(env_file=None, webhook_secret="").webhook_secret is None
+
+
 @pytest.mark.parametrize(
     "bad_line",
     [
