@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
@@ -105,7 +105,7 @@ class Settings(
     redis_wait_timeout_s: float = Field(
         1.0, gt=0, description="longest wait for those replicas before the job is put back"
     )
-    redis_ssl_ca_certs: Path | None = Field(
+    redis_ssl_ca_certs: FilePath | None = Field(  # must exist: else "cannot reach Redis" forever
         None, description="CA bundle for rediss:// servers with a private CA"
     )
     storage_url: str = Field(

@@ -141,3 +141,14 @@ def test_a_password_with_a_raw_delimiter_is_masked_whole(url: str, shown: str) -
 def test_a_webhook_url_is_shown_without_any_query_value(url: str, shown: str) -> None:
     """A tenant's receiver token may go by any name in its webhook URL's query."""
     assert redact_url(url, keep_user=False, keep_query=False) == shown
+
+
+def test_a_redis_ca_bundle_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
+    # a missing bundle reached Redis's connect as "No such file or directory": an outage
+    # waited out for ever, not a setting to fix
+    for where in (tmp_path / "no-such-ca.pem", tmp_path):
+        with pytest.raises(SettingsError, match=r"^invalid settings: COSYQ_REDIS_SSL_CA_CERTS: "):
+            load_settings(env_file=None, redis_ssl_ca_certs=where)
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert load_settings(env_file=None, redis_ssl_ca_certs=bundle).redis_ssl_ca_certs == bundle
