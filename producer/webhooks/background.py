@@ -6,7 +6,11 @@ import threading
 
 from producer.webhooks.dispatcher import WebhookDispatcher
 from shared.connection import redis_connection
+from shared.errors import SettingsError
+from shared.logs import get_logger
 from shared.settings import Settings
+
+log = get_logger(__name__)
 
 STOP_WAIT_S = 30.0  # a stop lets in-flight tries end (each is bounded by its own timeout)
 
@@ -16,7 +20,7 @@ class BackgroundDispatcher:
         self.stop = threading.Event()
         dispatcher = WebhookDispatcher(redis_connection(settings), settings)
         self.thread = threading.Thread(
-            target=dispatcher.run, args=(self.stop,), name="cosyq-webhooks", daemon=True
+            target=_run, args=(dispatcher, self.stop), name="cosyq-webhooks", daemon=True
         )
 
     def start(self) -> BackgroundDispatcher:
@@ -26,3 +30,12 @@ class BackgroundDispatcher:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(timeout=STOP_WAIT_S)
+
+
+def _run(dispatcher: WebhookDispatcher, stop: threading.Event) -> None:
+    """The dispatcher until `stop`; Redis refusing the settings ends it with one error line
+    (the HTTP front goes on answering)."""
+    try:
+        dispatcher.run(stop)
+    except SettingsError as e:
+        log.error("webhook_dispatcher_refused", error=str(e))

@@ -42,6 +42,7 @@ from producer.webhooks.bodies import (
 from producer.webhooks.delivery import Sender
 from producer.webhooks.records import Answer, Delivery
 from producer.webhooks.store import Entry, WebhookStore
+from shared.connection import settings_error
 from shared.errors import JobNotFoundError, SettingsError
 from shared.logs import get_logger
 from shared.settings import Settings
@@ -113,10 +114,12 @@ class WebhookDispatcher:
                         self._start(pool, entry)
                     pause = 0.5
                 except redis.ConnectionError as e:  # an outage: wait it out
+                    self._raise_if_refused(e)
                     log.warning("webhook_outbox_unreachable", error=str(e), retry_in_s=pause)
                     stop.wait(pause)
                     pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
                 except Exception as e:  # the outbox deleted (NOGROUP), a bug: never die quietly
+                    self._raise_if_refused(e)
                     log.error(
                         "webhook_dispatch_failed",
                         error_type=type(e).__name__,
@@ -146,8 +149,17 @@ class WebhookDispatcher:
                 self.store.ensure_group()
                 return
             except redis.RedisError as e:  # away, or the key not a stream: tried again
+                self._raise_if_refused(e)
                 log.warning("webhook_outbox_unreachable", error=str(e), error_type=type(e).__name__)
                 stop.wait(1.0)
+
+    def _raise_if_refused(self, error: Exception) -> None:
+        """A wrong password, ACL, TLS certificate or another service's port is a setting to fix,
+        never an outage to wait out: the dispatcher ends with one line (`cosyq webhooks run`
+        exits 2)."""
+        problem = settings_error(error, self.settings)
+        if problem is not None:
+            raise problem from error
 
     def _next(self, count: int) -> list[Entry]:
         self.store.promote_due(time.time(), count)
