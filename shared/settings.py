@@ -497,4 +497,4 @@ def load_settings(env_file: str | Path | None = DEFAULT_ENV_FILE, **overrides: A
     except UnicodeDecodeError as e:
         raise SettingsError(f"the settings file {env_file} is not UTF-8 text ({e.reason})") from e
     except PydanticSettingsError as e:  # a JSON setting that does not parse
-        raise SettingsError(f"invalid settings: {e}") from e
+        raise SettingsError(settings_errors.describe_unparsed(e)) from e

@@ -11,6 +11,7 @@ storage URL, a prompt root) is shown with its password and query credentials mas
 
 from __future__ import annotations
 
+import re
 import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -52,6 +53,18 @@ def describe(error: ValidationError, fields: Mapping[str, FieldInfo]) -> str:
     """`invalid settings: COSYQ_X: why (got 'v'); settings: why` with no secret in it."""
     problems = [_problem(item, fields) for item in error.errors(include_input=True)]
     return "invalid settings: " + "; ".join(problems)
+
+
+def describe_unparsed(error: Exception) -> str:
+    """`invalid settings: COSYQ_X: not valid JSON` for a JSON setting pydantic-settings could not
+    parse: its own message names the field and the "EnvSettingsSource", not the variable."""
+    named = re.search(r'field "(\w+)"', str(error))
+    if named is None:
+        return f"invalid settings: {error}"
+    return (
+        f"invalid settings: {ENV_PREFIX}{named.group(1).upper()}: not valid JSON"
+        " (unset it for none, or give a JSON object: see README)"
+    )
 
 
 def _problem(item: Any, fields: Mapping[str, FieldInfo]) -> str:

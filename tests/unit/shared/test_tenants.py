@@ -93,6 +93,17 @@ def test_quotas_default_and_per_tenant_overrides() -> None:
         load_settings(None, tenant_quotas={"a": {"max_queued_jobs": -1}})
 
 
+@pytest.mark.parametrize("given", ["billing=5", ""])
+def test_quotas_that_are_not_json_name_the_variable(
+    given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pydantic-settings' own message named the field and "EnvSettingsSource", not the variable
+    monkeypatch.setenv("COSYQ_TENANT_QUOTAS", given)
+    with pytest.raises(SettingsError) as caught:
+        load_settings(None)
+    assert str(caught.value).startswith("invalid settings: COSYQ_TENANT_QUOTAS: not valid JSON")
+
+
 def test_queue_names_keep_the_old_names_for_default_and_priorities_first() -> None:
     names = tenants.queue_names(["beta", "default", "alpha"])
     assert names[:3] == (keys.QUEUE_HIGH, "cosyq-high.alpha", "cosyq-high.beta")
