@@ -12,8 +12,12 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from producer.http_bind import check_bind, check_port_free
+from shared.connection import redis_connection, settings_error
 from shared.errors import CosyqError, SettingsError
+from shared.settings import Settings
 
 if TYPE_CHECKING:
     from producer.cli import CliContext
@@ -44,6 +48,7 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
     settings = context.settings
     check_bind(args.host, settings.api_key_list() + settings.operator_key_list())
     check_port_free(args.host, args.port)
+    check_redis_settings(settings)
     import uvicorn  # noqa: PLC0415 (the http extra, only for this command)
 
     env_file = args.env_file if args.env_file and Path(args.env_file).is_file() else None
@@ -54,6 +59,21 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
             return 0
         raise CosyqError("serve: the server did not start (its log above says why)") from e
     return 0
+
+
+def check_redis_settings(settings: Settings) -> None:
+    """Redis refusing these settings (password, ACL, TLS certificate, another service on that
+    port) is a setting to fix: exit 2 now, not a server whose every request fails. Redis away is
+    not: the front starts and /readyz says so until it is back."""
+    connection = redis_connection(settings)
+    try:
+        connection.ping()
+    except redis.RedisError as e:
+        problem = settings_error(e, settings)
+        if problem is not None:
+            raise problem from e
+    finally:
+        connection.close()
 
 
 def _run_uvicorn(
