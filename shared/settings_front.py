@@ -144,6 +144,17 @@ class FrontSettings(BaseModel):
         False, description="`cosyq serve` also runs a webhook dispatcher"
     )
 
+    @field_validator("webhook_allowed_urls")
+    @classmethod
+    def _check_webhook_allowed_urls(cls, value: str | None) -> str | None:
+        """Each prefix starts http:// or https://: one without (`hooks.example.com`) admits no
+        webhook at all, which a request learned only as "not under any prefix"."""
+        parts = [part.strip() for part in (value or "").split(",") if part.strip()]
+        for number, prefix in enumerate(parts, start=1):
+            if not prefix.lower().startswith(("http://", "https://")):
+                raise ValueError(f"entry {number} does not start with http:// or https://")
+        return value
+
     @field_validator("webhook_secret")
     @classmethod
     def _check_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:

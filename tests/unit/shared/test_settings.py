@@ -152,3 +152,11 @@ def test_a_redis_ca_bundle_that_is_not_a_file_is_refused(tmp_path: Path) -> None
     bundle = tmp_path / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
     assert load_settings(env_file=None, redis_ssl_ca_certs=bundle).redis_ssl_ca_certs == bundle
+
+
+def test_a_webhook_url_prefix_without_its_scheme_is_refused() -> None:
+    # "hooks.example.com" is the start of no http(s) URL: every webhook would be refused
+    with pytest.raises(SettingsError, match=r"COSYQ_WEBHOOK_ALLOWED_URLS: .*entry 2 does not"):
+        load_settings(env_file=None, webhook_allowed_urls="https://a.example.com/, b.example.com")
+    allowed = "https://a.example.com/, HTTP://b.example.com:8080/hooks/"
+    assert load_settings(env_file=None, webhook_allowed_urls=allowed).webhook_allowed_urls
