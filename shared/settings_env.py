@@ -43,6 +43,8 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 def check_redis_url(value: str) -> str:
     """COSYQ_REDIS_URL's shape; a ValueError names the part that is wrong, never quoting it (a
     misplaced password would be in it). urlsplit's own "Invalid IPv6 URL" quotes nothing."""
+    if not value.strip():
+        raise ValueError("is empty: unset it for the default redis://127.0.0.1:6379/0")
     parts = urlsplit(value)
     if parts.scheme not in REDIS_SCHEMES:
         raise ValueError(f"scheme must be one of {', '.join(REDIS_SCHEMES)} (got {parts.scheme!r})")

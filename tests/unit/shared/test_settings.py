@@ -160,3 +160,12 @@ def test_a_webhook_url_prefix_without_its_scheme_is_refused() -> None:
         load_settings(env_file=None, webhook_allowed_urls="https://a.example.com/, b.example.com")
     allowed = "https://a.example.com/, HTTP://b.example.com:8080/hooks/"
     assert load_settings(env_file=None, webhook_allowed_urls=allowed).webhook_allowed_urls
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_redis_url_says_so_once(empty: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(env_file=None, redis_url=empty)
+    message = str(caught.value)
+    assert "COSYQ_REDIS_URL: Value error, is empty: unset it for the default" in message
+    assert message.count("(got ") == 1
