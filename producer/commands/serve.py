@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from producer.http_bind import check_bind, check_port_free
-from shared.connection import redis_connection, settings_error
-from shared.errors import CosyqError, SettingsError
+from shared.connection import check_redis, redis_connection
+from shared.errors import CosyqError, SettingsError, TransientError
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -62,16 +62,15 @@ def run_serve(args: argparse.Namespace, context: CliContext) -> int:
 
 
 def check_redis_settings(settings: Settings) -> None:
-    """Redis refusing these settings (password, ACL, TLS certificate, another service on that
-    port) is a setting to fix: exit 2 now, not a server whose every request fails. Redis away is
-    not: the front starts and /readyz says so until it is back."""
+    """Redis refusing these settings (password, ACL, a user without write permission, TLS
+    certificate, another service on that port) is a setting to fix: exit 2 now, not a server
+    whose every request fails. Redis away is not: the front starts and /readyz says so until it
+    is back."""
     connection = redis_connection(settings)
     try:
-        connection.ping()
-    except redis.RedisError as e:
-        problem = settings_error(e, settings)
-        if problem is not None:
-            raise problem from e
+        check_redis(connection, settings)  # a user without write permission (NOPERM) too
+    except (TransientError, redis.RedisError):
+        pass  # away (or erring otherwise): the front starts, /readyz says why
     finally:
         connection.close()
 

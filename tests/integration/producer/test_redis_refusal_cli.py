@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doubles.redis_servers import SecuredRedis, free_port, secured_redis
+from tests.doubles.redis_servers import ACL_USERS, SecuredRedis, free_port, secured_redis
 
 BIN = Path(sys.executable).parent
 WEBHOOK_SECRET = "whsec_d2hzZWMtc2VjcmV0LTNaWg=="
@@ -48,3 +48,24 @@ def test_a_wrong_redis_password_ends_the_command(
     assert "Traceback" not in printed and "wrong-pass-5TT" not in printed, printed
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"cosyq: COSYQ_REDIS_URL ({url}): authentication failed"), printed
+
+
+def test_serve_with_a_user_redis_lets_read_only_ends_at_once(
+    secured: SecuredRedis, tmp_path: Path
+) -> None:
+    # PING passes for such a user; every submit would then fail with NOPERM
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSYQ_")}
+    env |= {"COSYQ_REDIS_URL": secured.url("reader", ACL_USERS["reader"][0])}
+    done = subprocess.run(
+        [str(BIN / "cosyq"), "serve", "--port", str(free_port())],
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    printed = done.stdout + done.stderr
+    assert done.returncode == 2, printed
+    assert "Traceback" not in printed and ACL_USERS["reader"][0] not in printed, printed
+    assert "permission denied (ACL)" in done.stderr.strip().splitlines()[-1], printed
