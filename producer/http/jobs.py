@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from rq.job import Job
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.body import json_body, read_json, read_json_object
@@ -33,6 +34,7 @@ from producer.http.responses import (
 from producer.http.storage_read import audio_response, job_not_found
 from producer.http.streaming import relay_response
 from producer.tracking import JobStatus, status_record, tenant_of_job
+from producer.tracking import job_status as status_of
 from shared.errors import QueueFullError
 from shared.jobs import SynthesisRequest, validate_request
 from shared.keys import JOB_ID_RE, JOB_ID_RULE, SYNTHESIZE_FUNCTION
@@ -155,11 +157,20 @@ def check_owner(context: Context, job_id: str, tenant: str | None) -> None:
         raise job_not_found(job_id)
 
 
-async def _status(request: Request, context: Context, job_id: str) -> JobStatus:
+async def owned_job(request: Request, context: Context, job_id: str) -> Job:
+    """The job, once its owner is checked: 404 for an id never submitted and the same 404 for
+    another tenant's job, the same Redis read before either (its hash), nothing of the job
+    read past its tenant tag first (its result, its failure), so no answer, and no time
+    taken, tells another tenant that the id exists."""
     request.state.job_id = checked_job_id(job_id)
-    status = await run_in_threadpool(context.client.status, job_id)
-    check_owner(context, job_id, status.tenant)
-    return status
+    job = await run_in_threadpool(context.client.tracker.fetch, job_id)
+    check_owner(context, job_id, tenant_of_job(job))
+    return job
+
+
+async def _status(request: Request, context: Context, job_id: str) -> JobStatus:
+    job = await owned_job(request, context, job_id)
+    return await run_in_threadpool(status_of, job)
 
 
 @router.get("/v1/jobs/{job_id}", response_model_exclude_unset=True)
@@ -222,9 +233,7 @@ async def job_stream(
     format: Literal["pcm", "wav"] = "pcm",
     stream_format: Literal["audio", "sse"] = "audio",
 ) -> StreamingResponse:
-    request.state.job_id = checked_job_id(job_id)
-    job = await run_in_threadpool(context.client.tracker.fetch, job_id)
-    check_owner(context, job_id, tenant_of_job(job))
+    job = await owned_job(request, context, job_id)
     request_doc = job.kwargs.get("request") if job.func_name == SYNTHESIZE_FUNCTION else None
     if not isinstance(request_doc, dict) or not request_doc.get("stream"):
         raise ApiError(

@@ -12,7 +12,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.context import Context
-from producer.http.jobs import check_owner, checked_job_id
+from producer.http.jobs import checked_job_id, owned_job
 from producer.http.storage_read import audio_response, check_owned, job_not_found
 from producer.http.ui import fleet as fleet_data
 from producer.http.ui import listing
@@ -21,6 +21,7 @@ from producer.http.ui.judging import JobView, job_view, judge, next_suspect
 from producer.http.ui.pictures import decode, spectrogram_png, waveform_png
 from producer.http.ui.render import SECURITY_HEADERS, render
 from producer.http.ui.session import Caller
+from producer.tracking import job_status
 
 router = APIRouter(include_in_schema=False)
 
@@ -83,10 +84,8 @@ def _hours(raw: str) -> float | None:
 
 
 async def _job(request: Request, context: Context, job_id: str) -> JobView:
-    request.state.job_id = checked_job_id(job_id)  # the access log names it, as the API's does
-    job = await run_in_threadpool(context.client.tracker.fetch, job_id)
-    status = await run_in_threadpool(context.client.status, job_id)
-    check_owner(context, job_id, status.tenant)  # another tenant's: no such job
+    job = await owned_job(request, context, job_id)  # another tenant's: no such job
+    status = await run_in_threadpool(job_status, job)
     return await run_in_threadpool(job_view, context.client, job, status)
 
 

@@ -45,6 +45,7 @@ DATABASES = {
     "auth": 11,
     "readback": 12,
     "unkeyed": 13,
+    "oracles": 14,
 }
 assert len(set(DATABASES.values())) == len(DATABASES)
 START_TIMEOUT_S = 30.0
