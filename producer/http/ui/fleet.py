@@ -1,8 +1,9 @@
 """The fleet view's data: queues by priority and tenant, workers (running and recently
 stopped), throughput per minute over the last hour, and recent failures by kind.
 
-A tenant key sees its own queues and failures; workers and throughput are the fleet's (no
-tenant's data in them; a worker's current job id is shown to operators only)."""
+A tenant key sees its own queues, throughput and failures, and each worker's state and memory
+(the fleet's health); a worker's current job id and its jobs done (every tenant's, summed) are
+shown to operators only."""
 
 from __future__ import annotations
 
@@ -100,7 +101,9 @@ def workers(connection: redis.Redis, settings: Settings, *, operator: bool) -> l
 def _view(
     stats: dict[str, str], settings: Settings, *, operator: bool, stopped_at: float | None
 ) -> WorkerView:
-    done = _number(stats.get("jobs_done"))
+    # A worker's jobs done sums every tenant's jobs: a tenant would subtract its own and
+    # learn the others' count (as from a total on /metrics). Operators only, as the job.
+    done = _number(stats.get("jobs_done")) if operator else None
     running = stopped_at is None
     return WorkerView(
         name=stats.get("name", "?"),

@@ -5,11 +5,12 @@ a real Redis watched with MONITOR.
 Another tenant's job, document, voice, idempotency key or output key answers byte for byte as
 one never made (apart from the id or name the request itself sent); refusing another tenant's
 job reads of Redis what refusing an unknown id reads (the job's hash), nothing past its tenant
-tag.
+tag; the fleet page shows a tenant key no count summed over every tenant's jobs.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import uuid
@@ -265,3 +266,20 @@ def test_refusing_another_tenants_job_reads_of_redis_what_an_unknown_id_reads(
                         break
                 assert other == unknown, (method, route)
                 assert other == ["HGETALL rq:job:ID"], (method, route)
+
+
+def test_a_tenant_key_sees_no_worker_job_counts_summed_over_every_tenant(made: Made) -> None:
+    """A worker's jobs done counts every tenant's jobs: beta, subtracting its own, would learn
+    how many alpha ran. An operator sees them (and the next recycle, which says the same)."""
+    with made.http("beta") as beta, made.http("operator") as operator:
+        seen = {who: http.get("/ui").text for who, http in (("beta", beta), ("op", operator))}
+    workers = {who: _section(page, "workers") for who, page in seen.items()}
+    assert "Jobs done" in workers["op"] and re.search(r"after \d+ jobs", workers["op"])
+    assert "Jobs done" not in workers["beta"] and "Next recycle" not in workers["beta"]
+    assert not re.search(r"after \d+ jobs", workers["beta"])
+    assert "state-idle" in workers["beta"] or "state-busy" in workers["beta"]  # health stays
+
+
+def _section(page: str, table_id: str) -> str:
+    start = page.index(f'<table id="{table_id}">')
+    return page[start : page.index("</table>", start)]
