@@ -1,7 +1,8 @@
 """A document's state in Redis: JSON only, each key with the results' TTL (from its last
 recorded segment or retry, so a document still running is never forgotten).
 
-    cosyq:document:<id>            the plan (DocumentPlanRecord): options, seed, every segment
+    cosyq:document:<id>            the plan (DocumentPlanRecord): options, seed, every segment;
+                                   its tenant first (`plan_owner` reads only that)
     cosyq:document:<id>:jobs       hash: segment index -> its current job id (retry replaces)
     cosyq:document:<id>:done       hash: segment index -> SegmentDone (written by the worker)
     cosyq:document:<id>:assembly   the current assembly job's id, once enqueued (each assembly
@@ -48,9 +49,11 @@ from a retry or from `cosyq document backfill-records` (`producer.segment_record
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
@@ -80,6 +83,8 @@ SEGMENTS_DUE = PREFIX + "document-segments-due"  # see the module docstring
 SEGMENT_EXPIRY_LOCK = PREFIX + "document-segment-expiry-lock"  # one expirer per tick
 DOCUMENT_META_KEY = "cosyq_document"  # job.meta of a segment's job: {"id": ..., "index": ...}
 ASSEMBLE_DOCUMENT_FUNCTION = "workers.documents.assemble_document"
+PLAN_HEAD_BYTES = 96  # {"schema_version":1,"tenant":"<1-32 characters>", with room to spare
+_PLAN_HEAD_RE = re.compile(rb'\{"schema_version":1,"tenant":(null|"[a-z0-9][a-z0-9_-]{0,31}"),')
 
 
 class DocumentNotFoundError(CosyqError):
@@ -135,6 +140,9 @@ class DocumentPlanRecord(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     schema_version: Literal[1] = 1
+    # Who submitted it; None (a plan from before tenants): nobody's. Second, so the stored
+    # JSON's first bytes name it (`plan_owner`).
+    tenant: str | None = None
     document_id: str
     created_at: str
     seed: int
@@ -145,7 +153,6 @@ class DocumentPlanRecord(BaseModel):
     output_key: str  # the assembled file's key without extension
     priority: str
     idempotency_key: str | None = None
-    tenant: str | None = None  # who submitted it; None (a plan from before tenants): nobody's
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     segments: list[SegmentPlan]
 
@@ -298,6 +305,29 @@ def not_found(document_id: str) -> DocumentNotFoundError:
     return DocumentNotFoundError(
         f"document {document_id}: not found (never submitted, or expired after its TTL)"
     )
+
+
+@dataclass(frozen=True)
+class PlanOwner:
+    """Whose a document is, as its plan's first bytes say; `known` False for a plan whose head
+    does not name it (written before the tenant led the plan): read the plan for it."""
+
+    known: bool
+    tenant: str | None = None
+
+
+def plan_owner(connection: redis.Redis, document_id: str) -> PlanOwner:
+    """The tenant from the first PLAN_HEAD_BYTES of the plan (DocumentNotFoundError when there
+    is none): another tenant's document is refused without the plan being read, up to megabytes
+    for a long document, so refusing it takes the time refusing an id never made takes."""
+    head: Any = connection.getrange(document_key(document_id), 0, PLAN_HEAD_BYTES - 1)
+    if not head:  # a plan is never empty
+        raise not_found(document_id)
+    found = _PLAN_HEAD_RE.match(head)
+    if found is None:
+        return PlanOwner(known=False)
+    tenant = found.group(1)
+    return PlanOwner(known=True, tenant=None if tenant == b"null" else tenant[1:-1].decode())
 
 
 def load_plan(connection: redis.Redis, document_id: str) -> DocumentPlanRecord:

@@ -30,7 +30,7 @@ from producer.http.storage_read import document_not_found, stored_response
 from shared.audio import CONTENT_TYPES
 from shared.captions import CONTENT_TYPES as CAPTION_TYPES
 from shared.captions import cues_from_pieces, render
-from shared.document_state import DocumentNotFoundError, DocumentResult, load_plan
+from shared.document_state import DocumentNotFoundError, DocumentResult, load_plan, plan_owner
 from shared.documents import DocumentRequest
 
 router = APIRouter(responses=ERRORS)
@@ -76,6 +76,10 @@ async def check_document_owner(
     if not JOB_ID_RE.fullmatch(document_id):
         raise ApiError(404, "no such document", code="document_not_found")
     try:
+        # the plan's head first: another tenant's document is refused unread (plan_owner)
+        owner = await run_in_threadpool(plan_owner, context.connection, document_id)
+        if owner.known and not context.may_read(owner.tenant):
+            raise document_not_found(document_id)
         plan = await run_in_threadpool(load_plan, context.connection, document_id)
     except DocumentNotFoundError as e:
         raise ApiError(404, str(e), code="document_not_found") from e

@@ -4,8 +4,9 @@ a real Redis watched with MONITOR.
 
 Another tenant's job, document, voice, idempotency key or output key answers byte for byte as
 one never made (apart from the id or name the request itself sent); refusing another tenant's
-job reads of Redis what refusing an unknown id reads (the job's hash), nothing past its tenant
-tag; the fleet page shows a tenant key no count summed over every tenant's jobs.
+job or document reads of Redis what refusing an unknown id reads (the job's hash, the first
+bytes of the document's plan), nothing past its tenant; the fleet page shows a tenant key no
+count summed over every tenant's jobs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 import pytest
 import redis
 
+from shared.document_state import PLAN_HEAD_BYTES
 from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster, wait_for
 from tests.integration.producer.http.conftest import Front, fresh_db, start_front
@@ -66,6 +68,7 @@ class Made:
     streamed: str
     document: str
     segment_job: str
+    long_document: str  # canceled at once: its plan stays, hundreds of kilobytes of it
 
     def http(self, tenant: str) -> httpx.Client:
         return self.front.http(key=KEYS.get(tenant, OPERATOR))
@@ -100,6 +103,9 @@ def made(
             document = _submitted(
                 alpha.post("/v1/documents", json={"text": "One. Two.", "idempotency_key": "d-1"})
             )
+            long_text = " ".join(f"Sentence number {i} is here." for i in range(12_000))
+            long_document = _submitted(alpha.post("/v1/documents", json={"text": long_text}))
+            assert alpha.delete(f"/v1/documents/{long_document}").status_code == 200
             prompt = (tiny_model_dir / "prompt.wav").read_bytes()
             voice = _upload(alpha, "alice", prompt)
             assert voice.status_code == 201, voice.text
@@ -112,7 +118,7 @@ def made(
             )
         segment_job = redis.Redis.from_url(url).hget(f"cosyq:document:{document}:jobs", "0")
         assert segment_job is not None
-        yield Made(front, job, streamed, document, segment_job.decode())
+        yield Made(front, job, streamed, document, segment_job.decode(), long_document)
     finally:
         front.stop()
         pool.send_signal(signal.SIGTERM)
@@ -161,6 +167,7 @@ def test_another_tenants_ids_answer_byte_for_byte_as_ids_never_made(made: Made) 
         made.streamed: JOB_ROUTES,
         made.segment_job: JOB_ROUTES,
         made.document: DOCUMENT_ROUTES,
+        made.long_document: DOCUMENT_ROUTES,
     }
     with made.http("beta") as beta:
         for theirs, routes in ids.items():
@@ -266,6 +273,37 @@ def test_refusing_another_tenants_job_reads_of_redis_what_an_unknown_id_reads(
                         break
                 assert other == unknown, (method, route)
                 assert other == ["HGETALL rq:job:ID"], (method, route)
+
+
+def test_refusing_another_tenants_document_reads_the_head_of_its_plan_alone(
+    made: Made, monitor: Monitor
+) -> None:
+    """A long document's plan is hundreds of kilobytes (every segment's text): read and parsed
+    before the owner check, refusing it took milliseconds longer than refusing an id never
+    made. Now both read the plan's first bytes (nothing, for an id never made) and stop."""
+    connection = redis.Redis.from_url(made.front.redis_url)
+    plan_bytes = connection.strlen(f"cosyq:document:{made.long_document}")
+    assert plan_bytes > 256 * 1024
+    head = f"GETRANGE cosyq:document:ID 0 {PLAN_HEAD_BYTES - 1}"
+    with made.http("beta") as beta:
+        for method, route in DOCUMENT_ROUTES:
+            for theirs in (made.document, made.long_document):
+                never = uuid.uuid4().hex
+                other = monitor.naming(beta, method, route, theirs)
+                unknown = monitor.naming(beta, method, route, never)
+                assert other == unknown == [head], (method, route)
+        sent = [_bytes_sent(connection, beta, ident) for ident in (made.long_document, "0" * 32)]
+        assert abs(sent[0] - sent[1]) < 64 * 1024, (sent, plan_bytes)
+    with made.http("alpha") as alpha:  # alpha's own reads go on past the head
+        assert alpha.get(f"/v1/documents/{made.long_document}").json()["state"] == "canceled"
+
+
+def _bytes_sent(connection: redis.Redis, http: httpx.Client, document_id: str) -> int:
+    """What Redis sent its clients while `http` asked for the document (its server's count:
+    the worker's heartbeats add a few hundred bytes, a plan read adds the plan)."""
+    before = int(connection.info("stats")["total_net_output_bytes"])
+    assert http.get(f"/v1/documents/{document_id}").status_code == 404
+    return int(connection.info("stats")["total_net_output_bytes"]) - before
 
 
 def test_a_tenant_key_sees_no_worker_job_counts_summed_over_every_tenant(made: Made) -> None:
