@@ -17,6 +17,8 @@ from pydantic_core import PydanticCustomError
 from shared.request_limits import RequestLimits
 from shared.text_markup import (
     MarkupError,
+    cjk_characters,
+    cjk_floor,
     is_ssml,
     literal,
     minimum_text_tokens,
@@ -67,8 +69,9 @@ def model_text(text: str, markup: TextMarkup) -> str:
 
 def check_markup(text: str, markup: TextMarkup, limits: RequestLimits) -> str:
     """Refused markup in `text` read as `markup`, and the speech bound as far as it is known
-    without the model: pauses exactly, words at their floor of one token (the worker checks
-    again with real counts). Returns `text` as written."""
+    without the model: pauses exactly, words at their floor of one token, CJK characters at
+    theirs (`text_markup.CJK_FLOOR_TOKENS`; the worker checks again with real counts).
+    Returns `text` as written."""
     try:
         segments = parse_markup(model_text(text, markup), max_break_s=limits.max_break_seconds)
     except MarkupError as e:
@@ -77,10 +80,15 @@ def check_markup(text: str, markup: TextMarkup, limits: RequestLimits) -> str:
         refuse_many_breaks(segments, limits.max_breaks)
     except MarkupError as e:
         raise rule(str(e)) from e
-    floor = minimum_text_tokens(" ".join(s for s in segments if isinstance(s, str)))
+    words = " ".join(s for s in segments if isinstance(s, str))
+    floor = minimum_text_tokens(words)
     estimate = speech_seconds(floor, pause_seconds(segments))
     if estimate > limits.max_speech_seconds:
-        detail = f"at least {floor:,} words or numbers and {pause_seconds(segments):g} s of pauses"
+        detail = f"at least {floor:,} words or numbers"
+        if cjk := cjk_characters(words):
+            counted = f"{cjk_floor(words):,.0f}"
+            detail += f", counting {cjk:,} Chinese, Japanese or Korean characters as {counted},"
+        detail += f" and {pause_seconds(segments):g} s of pauses"
         raise rule(speech_limit_message(estimate, limits.max_speech_seconds, detail))
     return text
 

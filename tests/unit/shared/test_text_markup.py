@@ -21,6 +21,7 @@ from shared.text_markup import (
 )
 
 LIMITS = RequestLimits()
+CORPUS = Path(__file__).parents[2] / "data" / "corpus"
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
@@ -175,3 +176,19 @@ def test_breaks_between_words_are_bounded_and_the_bound_is_a_setting() -> None:
     assert "51 <break>s between words, limit 50 (COSYQ_MAX_BREAKS)" in rejected(text=broken(51))
     assert validate_request({"text": broken(50, '<break time="0ms"/><break/>')}, LIMITS)
     assert validate_request({"text": broken(60)}, RequestLimits(max_breaks=60))
+
+
+def test_the_speech_floor_counts_cjk_characters_not_one_token_a_clause() -> None:
+    """Chinese writes no spaces: a clause is one run of letters, once counted as one token, so
+    a 2,000-character chapter (~1,600 Qwen2 tokens, ~480 s) passed submit and failed in the
+    worker. Each character now counts at its floor (CJK_FLOOR_TOKENS)."""
+    assert minimum_text_tokens("今天天气很好，我们一起去公园散步吧。") == 3 + 4
+    assert minimum_text_tokens("감사합니다 안녕하세요") == 3 + 3
+    assert minimum_text_tokens("ありがとうございます") == 3
+    chapter = (CORPUS / "zh_commas.txt").read_text(encoding="utf-8").strip()
+    message = rejected(text=(chapter * 3)[:2000])
+    assert message.startswith("text: about ")
+    assert "counting 1,8" in message and "Chinese, Japanese or Korean characters as 7" in message
+    for name in ("zh_novel.txt", "ja.txt", "ko.txt", "yue.txt", "classical.txt"):
+        text = (CORPUS / name).read_text(encoding="utf-8")
+        assert validate_request({"text": text}, LIMITS).text == text.strip()
