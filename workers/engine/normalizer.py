@@ -13,6 +13,9 @@ wetext (grammars shipped in the wheel, offline) does the work, with these correc
   alone: only what wetext cannot read is left as written, and the log says which span kind
   failed (`normalisation_span_failed`, never the text).
 - Symbols it reads wrong or not at all are rewritten first (`spoken_symbols`).
+- Korean: wetext has no grammar for it (its English one read "3,500원" "three thousand five
+  hundred 원"); a span whose words are mostly Hangul has its numbers written out in Hangul
+  (`korean_numbers`) and is not given to wetext.
 - Escaping: wetext 0.1's token parser keeps the tagger's backslash escapes in each value and its
   serialiser escapes the value again, so the verbaliser, which undoes one level, leaves `\\"`
   for every `"` and `\\\\` for every `\\`. We detect that once per language (a probe) and undo
@@ -29,6 +32,7 @@ import threading
 from typing import Any, Literal
 
 from shared.text_markup import CONTROL_TAG_RE
+from workers.engine.korean_numbers import HANGUL_RE, korean
 from workers.engine.spoken_symbols import REWRITES
 from workers.engine.text_spans import HAN_RE, KANA_RE, Span, split_spans
 
@@ -38,6 +42,8 @@ DEFAULT_LANGUAGE: Language = "en"
 _LETTER_RE = re.compile(r"[^\W\d_]")
 _CJK_PUNCTUATION_RE = re.compile("[\u3000-\u303f\uff01\uff0c\uff1a\uff1b\uff1f]")
 _SPACES_RE = re.compile(r"\s+")
+_WORD_RE = re.compile(r"[^\W\d_]+")  # a run of letters (a Hangul word: of syllables)
+_HANGUL_WORD_RE = re.compile(HANGUL_RE.pattern + "+")
 # Chinese and Japanese write no spaces between words: drop one between two such characters.
 _CJK = "\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef"  # radicals..CJK ideographs, kana, full-width
 _CJK_GAP_RE = re.compile(f"(?<=[{_CJK}]) (?=[{_CJK}])")
@@ -79,6 +85,21 @@ def span_language(span: Span, requested: str, no_letters: Language) -> Language:
     if span.script == "latin":
         return requested if requested in LANGUAGES else DEFAULT_LANGUAGE
     return no_letters
+
+
+def _mostly_hangul(text: str) -> bool:
+    """True when most of a span's words are Hangul (a Korean sentence naming "Kubernetes";
+    not an English one quoting one Korean word)."""
+    hangul = len(_HANGUL_WORD_RE.findall(text))
+    return hangul > 0 and 2 * hangul >= len(_WORD_RE.findall(text))
+
+
+def _korean_span(text: str) -> str:
+    """A Korean span with its numbers in Hangul, keeping a space on each side if it had one."""
+    spoken = _SPACES_RE.sub(" ", korean(text.strip())).strip()
+    lead = " " if text[:1].isspace() else ""
+    tail = " " if text[-1:].isspace() and spoken else ""
+    return lead + spoken + tail
 
 
 def _middle_space(text: str) -> int | None:
@@ -150,9 +171,12 @@ class TextNormalizer:
         return _CJK_GAP_RE.sub("", "".join(parts)).strip()
 
     def _stretch(self, text: str, requested: str, no_letters: Language) -> str:
-        """One stretch between tags, span by span."""
+        """One stretch between tags, span by span; a span of mostly Hangul is Korean, which
+        wetext has no grammar for: its numbers are written out in Hangul (`korean_numbers`)."""
         return "".join(
-            self._span(span.text, span_language(span, requested, no_letters), span.script)
+            _korean_span(span.text)
+            if span.script == "latin" and _mostly_hangul(span.text)
+            else self._span(span.text, span_language(span, requested, no_letters), span.script)
             for span in split_spans(text)
         )
 

@@ -9,16 +9,22 @@ English (wetext 0.1 en):
 - × ÷ √ ± and "#1" fail or are left unread: written as words.
 - "v2.0.1" is read "v two.zero point one", "100 m/s" "... minutes per second".
 Chinese: "¥88.5元" is read "八元八点五元" (the sign and the unit both as a unit): a sign
-before an amount already followed by its currency's name is dropped; "¥1,250.50" is read
-"一元,两百五十..." after a sign: thousands separators are dropped; √ is "根号".
-Japanese: the same for ¥ before 円 and separators; √ is "ルート"; "25℃" is read "二十五摂氏":
-℃ and °C after a number are "度".
+before an amount already followed by its currency's name (or 万元, 亿元) is dropped, and
+"¥1,234.56万" ("一元两百三十四点五六万") is written "1234.56万元"; "¥1,250.50" is read
+"一元,两百五十..." after a sign: thousands separators are dropped; √ is "根号"; a version
+"v2.3.1" is read "v二.三点一": written "2点3点1"; a phone number written in groups
+("+86 138 0013 8000" was "正八十六一百三十八零零十三八千", "0755-8888 6666" "零七百五十五减
+...") is written digit by digit, 1 as 幺, the groups apart, "+" as 加.
+Japanese: the same for ¥ before 円 and separators, versions and phone numbers (after
+"番号は" wetext read "03-1234-5678" "〇三マイナス千二百三十四..."; now "ゼロ三の一二三四の
+五六七八", its own reading elsewhere); √ is "ルート"; "25℃" is read "二十五摂氏": ℃ and °C
+after a number are "度".
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 # sign: (singular, plural, minor singular, minor plural); "" minor: amounts are read decimal
 _CURRENCIES = {
@@ -45,8 +51,22 @@ _EN_WORDS = (
     (re.compile(r"#(?=\d)"), "number "),
 )
 _ZH_SIGN_BEFORE_NAME_RE = re.compile(
-    r"[¥￥$€£₹]\s*(?P<amount>\d[\d,]*(?:\.\d+)?)\s*(?=元|块|圆|美元|美金|欧元|英镑|卢比)"
+    r"[¥￥$€£₹]\s*(?P<amount>\d[\d,]*(?:\.\d+)?)\s*"
+    r"(?=(?:[万亿]|千万|百万)?(?:元|块|圆|美元|美金|欧元|英镑|卢比))"
 )
+_ZH_YUAN_SCALE_RE = re.compile(r"[¥￥]\s*(?P<amount>\d[\d,]*(?:\.\d+)?)\s*(?P<scale>[万亿])(?!元)")
+# A version (two dots or more: "v2.3.1") is read digit group by digit group, "二点三点一".
+_VERSION_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.])")
+# A phone number read digit by digit: a mobile (138 0013 8000), a landline with its area code
+# (0755-8888 6666, 010-12345678), a 400 or 800 line, each after an optional country code.
+_PHONE_RE = re.compile(
+    r"(?<![\d.])(?P<country>\+\d{1,3}[ -]?)?"
+    r"(?P<number>1[3-9]\d(?:[ -]?\d{4}){2}|0\d{1,3}[ -]?\d{3,4}[ -]?\d{4}"
+    r"|[48]00[ -]?\d{3}[ -]?\d{4})"
+    r"(?![\d.])"
+)
+_ZH_PHONE_DIGITS = "零幺二三四五六七八九"
+_JA_PHONE_DIGITS = ("ゼロ", "一", "二", "三", "四", "五", "六", "七", "八", "九")
 _JA_SIGN_BEFORE_NAME_RE = re.compile(r"[¥￥]\s*(?P<amount>\d[\d,]*(?:\.\d+)?)\s*(?=円)")
 _THOUSANDS_SEPARATOR_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _JA_DEGREES_RE = re.compile(r"(?<=\d)\s?(?:℃|°C)")
@@ -88,13 +108,31 @@ def english(text: str) -> str:
     return text
 
 
+def _phone(match: re.Match[str], digits: Sequence[str], plus: str, separator: str) -> str:
+    groups = re.findall(r"\d+", match["number"])
+    said = separator.join("".join(digits[int(d)] for d in group) for group in groups)
+    country = match["country"]
+    if not country:
+        return said
+    code = "".join(digits[int(d)] for d in country.strip(" -+"))
+    return f"{plus}{code}{separator}{said}"
+
+
+def _version(match: re.Match[str]) -> str:
+    return "点".join(match.group().split("."))
+
+
 def chinese(text: str) -> str:
-    text = _THOUSANDS_SEPARATOR_RE.sub("", text)
+    text = _PHONE_RE.sub(lambda m: _phone(m, _ZH_PHONE_DIGITS, "加", " "), text)
+    text = _VERSION_RE.sub(_version, _THOUSANDS_SEPARATOR_RE.sub("", text))
+    text = _ZH_YUAN_SCALE_RE.sub(r"\g<amount>\g<scale>元", text)
     return _ZH_SIGN_BEFORE_NAME_RE.sub(r"\g<amount>", text).replace("√", "根号")
 
 
 def japanese(text: str) -> str:
+    text = _PHONE_RE.sub(lambda m: _phone(m, _JA_PHONE_DIGITS, "プラス", "の"), text)
     text = _JA_DEGREES_RE.sub("度", _THOUSANDS_SEPARATOR_RE.sub("", text))
+    text = _VERSION_RE.sub(_version, text)
     return _JA_SIGN_BEFORE_NAME_RE.sub(r"\g<amount>", text).replace("√", "ルート")
 
 
