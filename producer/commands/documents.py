@@ -129,6 +129,14 @@ def document_request(args: argparse.Namespace) -> dict[str, Any]:
     return request
 
 
+# The encodings texts are most often saved in besides UTF-8 (a Chinese Windows saves GB18030/GBK:
+# converted "from latin1", as the hint once said, it became mojibake that was then spoken).
+ICONV_HINT = (
+    "e.g. iconv -f gb18030 -t utf-8 for Chinese, -f big5 for traditional Chinese, -f shift_jis "
+    "for Japanese, -f cp949 for Korean, -f cp1252 for Western European text"
+)
+
+
 def read_document_text(path: Path) -> str:
     """The document file as text: UTF-8 (a BOM is dropped), else one clear error."""
     try:
@@ -140,7 +148,7 @@ def read_document_text(path: Path) -> str:
     except UnicodeDecodeError as e:
         raise InvalidRequestError(
             f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1}); "
-            "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            f"save it as UTF-8 ({ICONV_HINT})"
         ) from None
 
 

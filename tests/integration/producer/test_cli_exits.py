@@ -68,7 +68,12 @@ def wav_file(path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "content", ["Grüße aus Köln.".encode("latin-1"), b"\x89PNG\r\n\x1a\n\x00\x00\xff\xd8"]
+    "content",
+    [
+        "Grüße aus Köln.".encode("latin-1"),
+        "第三章　雨夜归人".encode("gb18030"),  # a Chinese Windows's Notepad
+        b"\x89PNG\r\n\x1a\n\x00\x00\xff\xd8",
+    ],
 )
 def test_document_submit_of_a_file_that_is_not_utf8_is_one_line(
     settings: Settings, connection: redis.Redis, tmp_path: Path, content: bytes, capsys
@@ -77,7 +82,9 @@ def test_document_submit_of_a_file_that_is_not_utf8_is_one_line(
     source.write_bytes(content)
     before = connection.dbsize()
     assert cosyq("document", "submit", str(source)) == 1
-    assert "book.txt: not UTF-8 text (byte 0x" in one_line(capsys.readouterr().err)
+    error = one_line(capsys.readouterr().err)
+    assert "book.txt: not UTF-8 text (byte 0x" in error
+    assert "iconv -f gb18030 -t utf-8 for Chinese" in error  # never "from latin1" alone
     assert connection.dbsize() == before  # nothing submitted
 
 
