@@ -12,6 +12,7 @@ wetext (grammars shipped in the wheel, offline) does the work, with these correc
   The span is then cut in halves, down to single words and runs of digits, each normalised
   alone: only what wetext cannot read is left as written, and the log says which span kind
   failed (`normalisation_span_failed`, never the text).
+- Width forms are folded first (`fold_widths`: "ｺｰﾋｰ", "１２３", vertical "︒").
 - Symbols it reads wrong or not at all are rewritten first (`spoken_symbols`).
 - Korean: wetext has no grammar for it (its English one read "3,500원" "three thousand five
   hundred 원"); a span whose words are mostly Hangul has its numbers written out in Hangul
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import unicodedata
 from typing import Any, Literal
 
 from shared.text_markup import CONTROL_TAG_RE
@@ -42,6 +44,10 @@ DEFAULT_LANGUAGE: Language = "en"
 _LETTER_RE = re.compile(r"[^\W\d_]")
 _CJK_PUNCTUATION_RE = re.compile("[\u3000-\u303f\uff01\uff0c\uff1a\uff1b\uff1f]")
 _SPACES_RE = re.compile(r"\s+")
+# Full-width 0-9 A-Z a-z, half-width katakana and punctuation, vertical and small CJK forms.
+_WIDTH_FORMS_RE = re.compile(
+    "[\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\uff61-\uff9f\ufe10-\ufe19\ufe30-\ufe4f]+"
+)
 _WORD_RE = re.compile(r"[^\W\d_]+")  # a run of letters (a Hangul word: of syllables)
 _HANGUL_WORD_RE = re.compile(HANGUL_RE.pattern + "+")
 # Chinese and Japanese write no spaces between words: drop one between two such characters.
@@ -85,6 +91,13 @@ def span_language(span: Span, requested: str, no_letters: Language) -> Language:
     if span.script == "latin":
         return requested if requested in LANGUAGES else DEFAULT_LANGUAGE
     return no_letters
+
+
+def fold_widths(text: str) -> str:
+    """Full-width digits and Latin letters, half-width katakana and CJK vertical punctuation as
+    their ordinary forms (NFKC): "ｺｰﾋｰ" is "コーヒー", "１２３" "123", "︒" "。". The tokenizer
+    only composes (NFC), so the model was given the rare forms, which wetext reads less well."""
+    return _WIDTH_FORMS_RE.sub(lambda m: unicodedata.normalize("NFKC", m.group()), text)
 
 
 def _mostly_hangul(text: str) -> bool:
@@ -161,6 +174,7 @@ class TextNormalizer:
         no_letters = no_letters or choose_language(language, text)
         if not self.enabled or not text:
             return text
+        text = fold_widths(text)
         parts: list[str] = []
         position = 0
         for tag in self.kept.finditer(text):

@@ -14,8 +14,9 @@ before an amount already followed by its currency's name (or 万元, 亿元) is 
 "一元,两百五十..." after a sign: thousands separators are dropped; √ is "根号"; a version
 "v2.3.1" is read "v二.三点一": written "2点3点1"; a phone number written in groups
 ("+86 138 0013 8000" was "正八十六一百三十八零零十三八千", "0755-8888 6666" "零七百五十五减
-...") is written digit by digit, 1 as 幺, the groups apart, "+" as 加.
-Japanese: the same for ¥ before 円 and separators, versions and phone numbers (after
+...") is written digit by digit, 1 as 幺, the groups apart, "+" as 加; a range "3～5" (the
+wave dash left unread) is "3到5".
+Japanese: the same for ¥ before 円 and separators, versions, ranges (から) and phone numbers (after
 "番号は" wetext read "03-1234-5678" "〇三マイナス千二百三十四..."; now "ゼロ三の一二三四の
 五六七八", its own reading elsewhere); √ is "ルート"; "25℃" is read "二十五摂氏": ℃ and °C
 after a number are "度".
@@ -65,6 +66,7 @@ _PHONE_RE = re.compile(
     r"|[48]00[ -]?\d{3}[ -]?\d{4})"
     r"(?![\d.])"
 )
+_RANGE_RE = re.compile(r"(?<=\d)\s*[～〜~]\s*(?=\d)")  # 3～5: 三到五, 三から五
 _ZH_PHONE_DIGITS = "零幺二三四五六七八九"
 _JA_PHONE_DIGITS = ("ゼロ", "一", "二", "三", "四", "五", "六", "七", "八", "九")
 _JA_SIGN_BEFORE_NAME_RE = re.compile(r"[¥￥]\s*(?P<amount>\d[\d,]*(?:\.\d+)?)\s*(?=円)")
@@ -125,14 +127,14 @@ def _version(match: re.Match[str]) -> str:
 def chinese(text: str) -> str:
     text = _PHONE_RE.sub(lambda m: _phone(m, _ZH_PHONE_DIGITS, "加", " "), text)
     text = _VERSION_RE.sub(_version, _THOUSANDS_SEPARATOR_RE.sub("", text))
-    text = _ZH_YUAN_SCALE_RE.sub(r"\g<amount>\g<scale>元", text)
+    text = _ZH_YUAN_SCALE_RE.sub(r"\g<amount>\g<scale>元", _RANGE_RE.sub("到", text))
     return _ZH_SIGN_BEFORE_NAME_RE.sub(r"\g<amount>", text).replace("√", "根号")
 
 
 def japanese(text: str) -> str:
     text = _PHONE_RE.sub(lambda m: _phone(m, _JA_PHONE_DIGITS, "プラス", "の"), text)
     text = _JA_DEGREES_RE.sub("度", _THOUSANDS_SEPARATOR_RE.sub("", text))
-    text = _VERSION_RE.sub(_version, text)
+    text = _RANGE_RE.sub("から", _VERSION_RE.sub(_version, text))
     return _JA_SIGN_BEFORE_NAME_RE.sub(r"\g<amount>", text).replace("√", "ルート")
 
 
