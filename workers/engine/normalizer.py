@@ -36,7 +36,7 @@ from typing import Any, Literal
 from shared.text_markup import CONTROL_TAG_RE
 from workers.engine.korean_numbers import HANGUL_RE, korean
 from workers.engine.spoken_symbols import REWRITES
-from workers.engine.text_spans import HAN_RE, KANA_RE, Span, split_spans
+from workers.engine.text_spans import HAN_RE, Span, japanese_kana, split_spans
 
 Language = Literal["en", "zh", "ja"]
 LANGUAGES: tuple[Language, ...] = ("en", "zh", "ja")
@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 def detect_language(text: str) -> Language | None:
     """The language a text's script says (kana: ja, Han: zh, other letters: en, no letters
     but CJK punctuation: zh); None for a text of digits and symbols only."""
-    if KANA_RE.search(text):
+    if japanese_kana(text):
         return "ja"
     if HAN_RE.search(text):
         return "zh"

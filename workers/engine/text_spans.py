@@ -40,7 +40,21 @@ class Span:
 
     @property
     def kana(self) -> bool:
-        return bool(KANA_RE.search(self.text))
+        return japanese_kana(self.text)
+
+
+# What says a CJK text is Japanese: kana, but not the katakana middle dot (Chinese writes
+# foreign names with it, "迈克尔・杰克逊"), nor kana inside Chinese title marks or quotes
+# (a Chinese sentence naming 《となりのトトロ》 is Chinese: its "2001年" is 二零零一年).
+_JAPANESE_KANA_RE = re.compile(
+    "[\u3041-\u3096\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u31f0-\u31ff\uff66-\uff9d]"
+)
+_CHINESE_QUOTED_RE = re.compile("《[^》]*》|〈[^〉]*〉|“[^”]*”")
+
+
+def japanese_kana(text: str) -> bool:
+    """True when `text` has kana outside Chinese title marks and quotes (`_JAPANESE_KANA_RE`)."""
+    return bool(_JAPANESE_KANA_RE.search(_CHINESE_QUOTED_RE.sub("", text)))
 
 
 def script_of(char: str) -> Script | None:
