@@ -20,7 +20,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from shared.errors import EmptyTextError, InvalidRequestError
-from shared.sentences import SENTENCE_END
+from shared.sentences import CLOSING, SENTENCE_END
 from shared.text_markup import (
     CONTROL_TAG_RE,
     CONTROL_TAGS,
@@ -42,10 +42,12 @@ def speakable(text: str) -> bool:
 
 
 def with_final_stop(text: str) -> str:
-    """Upstream ends a text without final punctuation with "." (or "。" after CJK)."""
-    if not text or text[-1] in SENTENCE_END:
+    """Upstream ends a text without final punctuation with "." (or "。" after CJK). A sentence
+    ended inside its closing quotes is ended: 「…ですね。」 and “…吗？” get no 。 after them."""
+    words = text.rstrip("".join(CLOSING))
+    if not words or words[-1] in SENTENCE_END:
         return text
-    return text + ("。" if _CJK_CHAR_RE.fullmatch(text[-1]) else ".")
+    return text + ("。" if _CJK_CHAR_RE.fullmatch(words[-1]) else ".")
 
 
 @dataclass(frozen=True)

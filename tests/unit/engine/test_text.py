@@ -100,6 +100,12 @@ def test_final_stop() -> None:
     assert with_final_stop("Hello") == "Hello."
     assert with_final_stop("你好") == "你好。"
     assert with_final_stop("Hello!") == "Hello!"
+    # ended inside its closing quotes: no stop after them (it was 「…順。」。)
+    assert with_final_stop("話：「係呀，唔該晒。」") == "話：「係呀，唔該晒。」"
+    assert with_final_stop("他问：“你来吗？”") == "他问：“你来吗？”"
+    assert with_final_stop('She said "yes."') == 'She said "yes."'
+    assert with_final_stop("《城南旧事》") == "《城南旧事》。"
+    assert with_final_stop("(see above)") == "(see above)."
 
 
 def test_digits_follow_the_request_language_then_the_voice(frontend: TextFrontend) -> None:
