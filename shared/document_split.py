@@ -2,8 +2,9 @@
 
 Reading: plain text is paragraphs separated by blank lines (sent as `plain`, not `auto`, its
 angle brackets are characters: "List<String>" is read, not refused as markup); Markdown
-(markdown-it-py) gives headings and paragraphs (list items and quotes are paragraphs; code
-blocks are not read aloud; a code span's angle brackets are characters, never markup);
+(markdown-it-py) gives headings and paragraphs (list items and quotes are paragraphs, a GFM
+table's row one of its cells; code blocks are not read aloud; a code span's angle brackets are
+characters, never markup);
 SSML goes through the one markup parser (`shared.text_markup.parse_markup`), its blank lines
 separating paragraphs and its `<break>`s kept as pauses. Every paragraph of plain text and
 Markdown goes through the same parser, so refused markup is refused here, at submit.
@@ -27,7 +28,7 @@ import html
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from shared.sentences import split_sentences
 from shared.text_markup import (
@@ -131,29 +132,42 @@ def _ssml_blocks(text: str, max_break_s: float) -> list[Block]:
 
 
 def _markdown_blocks(text: str) -> list[tuple[str, str]]:
-    """(kind, words) per heading and paragraph; inline markup reduced to its words."""
+    """(kind, words) per heading, paragraph and table row (GFM tables: a row is read as its
+    cells, "指标, 旧版本, 新版本", never as its pipes and the dashes of its rule); inline markup
+    reduced to its words."""
     from markdown_it import MarkdownIt  # noqa: PLC0415 (only Markdown documents need it)
 
-    tokens = MarkdownIt("commonmark").parse(text)
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
     blocks: list[tuple[str, str]] = []
+    row: list[str] = []
     for index, token in enumerate(tokens):
+        if token.type == "tr_close":
+            blocks.append(("paragraph", ", ".join(cell for cell in row if cell.strip())))
+            row = []
         if token.type != "inline" or index == 0:
             continue
         opener = tokens[index - 1].type
-        if opener not in ("heading_open", "paragraph_open"):
-            continue
-        words = []
-        for child in token.children or []:
-            if child.type == "text":
-                words.append(child.content)
-            elif child.type == "code_inline":
-                words.append(literal(child.content))
-            elif child.type in ("softbreak", "hardbreak"):
-                words.append(" ")
-            elif child.type == "image":
-                words.append(child.content)
-        blocks.append(("heading" if opener == "heading_open" else "paragraph", "".join(words)))
+        if opener in ("th_open", "td_open"):
+            row.append(_inline_words(token))
+        elif opener in ("heading_open", "paragraph_open"):
+            kind = "heading" if opener == "heading_open" else "paragraph"
+            blocks.append((kind, _inline_words(token)))
     return blocks
+
+
+def _inline_words(token: Any) -> str:
+    """The words of an inline token: text, code spans as characters, breaks as spaces."""
+    words = []
+    for child in token.children or []:
+        if child.type == "text":
+            words.append(child.content)
+        elif child.type == "code_inline":
+            words.append(literal(child.content))
+        elif child.type in ("softbreak", "hardbreak"):
+            words.append(" ")
+        elif child.type == "image":
+            words.append(child.content)
+    return "".join(words)
 
 
 @dataclass(frozen=True)

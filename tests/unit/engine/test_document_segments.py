@@ -215,3 +215,14 @@ def test_ordinary_text_is_accepted_whole_and_every_segment_is_one_the_worker_spe
     for job in plan.jobs:
         assert len(job.text) <= LIMITS.split.max_chars
         assert worker_accepts(engine, job.model_dump(mode="json")) > 0
+
+
+def test_a_markdown_table_is_read_row_by_row_as_its_cells() -> None:
+    """A table (GFM, as README and Chinese release notes write them) was one paragraph of
+    pipes and rule dashes given to the model ("| 指标 | 旧版本 | |------|")."""
+    header = "## 性能对比\n\n| 指标 | 旧版本 | 新版本 |\n|---|---|---|\n"
+    table = header + "| 首包延迟 | 350毫秒 | 190毫秒 |\n"
+    plan = validate_document({"text": table, "markup": "markdown"}, LIMITS)
+    spoken = " ".join(segment.plain for segment in plan.segments)
+    assert spoken == "性能对比 指标, 旧版本, 新版本 首包延迟, 350毫秒, 190毫秒"
+    assert "|" not in "".join(s.text for s in plan.segments)
