@@ -52,7 +52,8 @@ __all__ = [
 
 Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
 DEFAULT_VOICE = "default"  # the model directory's prompt.wav/prompt.txt: never stored in Redis
-Language = Literal["auto", "en", "zh", "ja"]  # of the text, for normalisation (auto: detected)
+# Of the text, for normalisation (auto: detected); ko and yue (Cantonese) as `normalizer.READ_AS`.
+Language = Literal["auto", "en", "zh", "ja", "ko", "yue"]
 END_OF_PROMPT = "<|endofprompt|>"  # instruct2's separator: the worker adds it
 
 NATIVE_SAMPLE_RATE = 24000  # CosyVoice 2's HiFT output rate

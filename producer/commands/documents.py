@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--voice")
     submit.add_argument("--mode", choices=("zero_shot", "cross_lingual", "instruct2"))
     submit.add_argument("--instruction")
-    submit.add_argument("--language", choices=("auto", "en", "zh", "ja"))
+    submit.add_argument("--language", choices=("auto", "en", "zh", "ja", "ko", "yue"))
     submit.add_argument("--speed", type=float)
     submit.add_argument("--seed", type=int)
     submit.add_argument("--format", choices=AUDIO_FORMATS)

@@ -41,6 +41,10 @@ from workers.engine.text_spans import HAN_RE, Span, japanese_kana, split_spans
 Language = Literal["en", "zh", "ja"]
 LANGUAGES: tuple[Language, ...] = ("en", "zh", "ja")
 DEFAULT_LANGUAGE: Language = "en"
+# The request's languages wetext has no grammar for: Cantonese is written in Han and read as
+# Chinese; Korean is read by script (its Hangul spans by `korean_numbers`, a stretch of no
+# letters too).
+READ_AS: dict[str, str] = {"yue": "zh", "ko": "auto"}
 _LETTER_RE = re.compile(r"[^\W\d_]")
 _CJK_PUNCTUATION_RE = re.compile("[\u3000-\u303f\uff01\uff0c\uff1a\uff1b\uff1f]")
 _SPACES_RE = re.compile(r"\s+")
@@ -77,10 +81,11 @@ def detect_language(text: str) -> Language | None:
 
 def choose_language(requested: str, text: str, transcript: str = "") -> Language:
     """The request's language, or for "auto" the text's, the transcript's, then English."""
+    requested = READ_AS.get(requested, requested)
     if requested in LANGUAGES:
         return requested
     if requested != "auto":
-        raise ValueError(f"language: {requested!r} is not auto, en, zh or ja")
+        raise ValueError(f"language: {requested!r} is not auto, en, zh, ja, ko or yue")
     return detect_language(text) or detect_language(transcript) or DEFAULT_LANGUAGE
 
 
@@ -171,6 +176,8 @@ class TextNormalizer:
         is the request's (auto, en, zh, ja); `no_letters` the language of a stretch with no
         letters (default: `choose_language` of this text)."""
         text = _SPACES_RE.sub(" ", text).strip()
+        korean_digits = language == "ko"
+        language = READ_AS.get(language, language)
         no_letters = no_letters or choose_language(language, text)
         if not self.enabled or not text:
             return text
@@ -178,18 +185,23 @@ class TextNormalizer:
         parts: list[str] = []
         position = 0
         for tag in self.kept.finditer(text):
-            parts.append(self._stretch(text[position : tag.start()], language, no_letters))
+            stretch = text[position : tag.start()]
+            parts.append(self._stretch(stretch, language, no_letters, korean_digits))
             parts.append(tag.group())
             position = tag.end()
-        parts.append(self._stretch(text[position:], language, no_letters))
+        parts.append(self._stretch(text[position:], language, no_letters, korean_digits))
         return _CJK_GAP_RE.sub("", "".join(parts)).strip()
 
-    def _stretch(self, text: str, requested: str, no_letters: Language) -> str:
+    def _stretch(
+        self, text: str, requested: str, no_letters: Language, korean_digits: bool = False
+    ) -> str:
         """One stretch between tags, span by span; a span of mostly Hangul is Korean, which
-        wetext has no grammar for: its numbers are written out in Hangul (`korean_numbers`)."""
+        wetext has no grammar for: its numbers are written out in Hangul (`korean_numbers`), as
+        is a stretch of no letters in a text whose `language` is ko."""
         return "".join(
             _korean_span(span.text)
-            if span.script == "latin" and _mostly_hangul(span.text)
+            if (span.script == "latin" and _mostly_hangul(span.text))
+            or (span.script is None and korean_digits)
             else self._span(span.text, span_language(span, requested, no_letters), span.script)
             for span in split_spans(text)
         )

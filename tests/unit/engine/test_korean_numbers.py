@@ -47,3 +47,12 @@ def test_a_korean_span_keeps_its_latin_words_and_spaces() -> None:
     assert normalize("The word 사랑 means love, since 1990.") == (
         "The word 사랑 means love, since nineteen ninety."
     )
+
+
+def test_a_request_in_korean_or_cantonese_reads_its_numbers_so() -> None:
+    normalize = TextNormalizer(enabled=True)
+    assert normalize("2026", "ko") == "이천이십육"  # a stretch of no letters, said in Korean
+    assert normalize("오늘 3명", "ko") == "오늘 세 명"
+    assert normalize("I have 3 apples.", "ko") == "I have three apples."
+    assert normalize("一個餐蛋麵，42蚊。", "yue") == "一個餐蛋麵，四十二蚊。"  # read as Chinese
+    assert normalize("2026", "yue") == "两千零二十六"

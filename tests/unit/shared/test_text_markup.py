@@ -150,6 +150,9 @@ def test_language_field() -> None:
     assert validate_request({"text": "2024"}, LIMITS).language == "auto"
     assert validate_request({"text": "2024", "language": "zh"}, LIMITS).language == "zh"
     assert rejected(language="fr").startswith("language: input should be 'auto', 'en', 'zh'")
+    # Korean and Cantonese users say so (it was a 400 for a text any worker reads)
+    assert validate_request({"text": "안녕하세요", "language": "ko"}, LIMITS).language == "ko"
+    assert validate_request({"text": "食咗飯未", "language": "yue"}, LIMITS).language == "yue"
 
 
 def test_the_tokenizer_gives_each_control_tag_one_id(tiny_model_dir: Any) -> None:
