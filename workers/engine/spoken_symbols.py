@@ -60,10 +60,13 @@ _ZH_YUAN_SCALE_RE = re.compile(r"[¥￥]\s*(?P<amount>\d[\d,]*(?:\.\d+)?)\s*(?P<
 _VERSION_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.])")
 # A phone number read digit by digit: a mobile (138 0013 8000), a landline with its area code
 # (0755-8888 6666, 010-12345678), a 400 or 800 line, each after an optional country code.
+# Written in groups (a plain 13800138000 is wetext's, which reads it so already; a plain
+# 15000000000 may be an amount), or after a country code.
 _PHONE_RE = re.compile(
-    r"(?<![\d.])(?P<country>\+\d{1,3}[ -]?)?"
-    r"(?P<number>1[3-9]\d(?:[ -]?\d{4}){2}|0\d{1,3}[ -]?\d{3,4}[ -]?\d{4}"
-    r"|[48]00[ -]?\d{3}[ -]?\d{4})"
+    r"(?<![\d.])(?:(?P<country>\+\d{1,3}[ -]?)(?P<mobile>1[3-9]\d{9})"
+    r"|(?P<grouped>\+\d{1,3}[ -]?)?"
+    r"(?P<number>1[3-9]\d[ -]\d{4}[ -]\d{4}|0\d{1,3}[ -]\d{3,4}[ -]?\d{4}"
+    r"|[48]00[ -]\d{3}[ -]\d{4}))"
     r"(?![\d.])"
 )
 _RANGE_RE = re.compile(r"(?<=\d)\s*[～〜~]\s*(?=\d)")  # 3～5: 三到五, 三から五
@@ -111,9 +114,9 @@ def english(text: str) -> str:
 
 
 def _phone(match: re.Match[str], digits: Sequence[str], plus: str, separator: str) -> str:
-    groups = re.findall(r"\d+", match["number"])
+    groups = re.findall(r"\d+", match["number"] or match["mobile"])
     said = separator.join("".join(digits[int(d)] for d in group) for group in groups)
-    country = match["country"]
+    country = match["country"] or match["grouped"]
     if not country:
         return said
     code = "".join(digits[int(d)] for d in country.strip(" -+"))
