@@ -28,7 +28,7 @@ from redis.client import Pipeline
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
-from producer import documents
+from producer import document_submit, documents
 from producer.cancel import CancelOutcome, cancel_job
 from producer.idempotency import mark_enqueued
 from producer.idempotency import release as release_idempotency_key
@@ -349,7 +349,7 @@ class CosyqClient:
     def submit_document(self, document: Mapping[str, Any]) -> str:
         """Validate and split a long text into segments, enqueue each as an ordinary job;
         returns the document id (the first one's for an idempotency key seen before)."""
-        return documents.submit_document(self, document)
+        return document_submit.submit_document(self, document)
 
     def document_status(self, document_id: str) -> documents.DocumentStatus:
         """Segments queued / running / done / failed, audio seconds so far, time left."""

@@ -1,19 +1,19 @@
-"""Documents from the producer's side: submit (split and fan out), status, result, retry.
+"""Documents from the producer's side: status, result, cancel, retry (submit: document_submit).
 
-`submit_document` validates and splits the document (`shared.documents`), then writes its plan,
-its jobs hash and every segment as an ordinary synthesize job in one transaction through the
-client's own submit path (the tenant's quota and queue depth, the orphan sweep's index), each job
-carrying `cosyq_document` {id, index} in its meta: the document goes in whole or not at all.
-Its idempotency key and its storage keys are the tenant's (a named tenant's under
-`tenants/<tenant>/`, shared/output_keys.py). From then on the workers carry it to the end; this
-process may exit. `retry_document` re-enqueues only the segments that failed or whose job is
-gone (a new job id per segment; a finished segment is never synthesized again), in the
-document's own tenant's queues (the plan records its tenant), whoever asks.
+`submit_document` (producer/document_submit.py) validates and splits the document
+(`shared.documents`), then writes its plan, its jobs hash and every segment as an ordinary
+synthesize job in one transaction through the client's own submit path (the tenant's quota and
+queue depth, the orphan sweep's index), each job carrying `cosyq_document` {id, index} in its
+meta: the document goes in whole or not at all. Its idempotency key and its storage keys are
+the tenant's (a named tenant's under `tenants/<tenant>/`, shared/output_keys.py). From then on
+the workers carry it to the end; this process may exit. `retry_document` re-enqueues only the
+segments that failed or whose job is gone (a new job id per segment; a finished segment is
+never synthesized again), in the document's own tenant's queues (the plan records its tenant),
+whoever asks.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -22,10 +22,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import redis
-from redis.client import Pipeline
 
 from producer.cancel import CancelOutcome
-from producer.idempotency import release as release_idempotency_key
 from producer.planned import OnSubmitted, PlannedJob, Prelude
 from producer.tracking import JobTracker
 from shared.document_events import document_ended
@@ -40,30 +38,16 @@ from shared.document_state import (
     done_segments,
     enqueue_assembly,
     event_guard_key,
-    idempotency_key,
     job_ids,
     load_plan,
     load_result,
     new_assembly_job_id,
     revive,
-    save_plan,
 )
-from shared.documents import (
-    DocumentLimits,
-    DocumentPlan,
-    DocumentRequest,
-    segment_key,
-    segment_seed,
-    validate_document,
-)
-from shared.documents import document_key as output_base_key
 from shared.errors import InvalidRequestError, JobNotFoundError, ResultTimeoutError
-from shared.job_index import index_document
 from shared.jobs import RequestLimits, validate_request
-from shared.output_keys import place_output_key, tenant_prefix
 from shared.plurals import counted
 from shared.settings import Settings
-from shared.tenants import DEFAULT_TENANT
 from shared.webhooks import allowed_prefixes
 
 
@@ -137,97 +121,6 @@ class DocumentStatus:
 def first_words(text: str, count: int = SHOWN_WORDS) -> str:
     words = text.split()
     return " ".join(words[:count]) + (" ..." if len(words) > count else "")
-
-
-def submit_document(client: CosyqClient, data: Mapping[str, Any]) -> str:
-    """Validate, split and enqueue a document, whole or not at all; its id (the first one's
-    for a key this tenant used before). Refused (quota, a full queue, Redis), nothing of it is
-    left in Redis and its idempotency key is free again."""
-    settings = client.settings
-    plan = validate_document(data, DocumentLimits.from_settings(settings))
-    request = plan.request
-    document_id = uuid.uuid4().hex
-    output_key = _output_key(client, document_id, request)
-    claim = None
-    if request.idempotency_key is not None:
-        claim = idempotency_key(request.idempotency_key, client.tenant)
-        ttl = settings.idempotency_ttl_s
-        if not client.connection.set(claim, document_id, nx=True, ex=ttl):
-            holder = client.connection.get(claim)
-            if holder is not None:
-                return holder.decode() if isinstance(holder, bytes) else str(holder)
-    try:
-        _enqueue_document(client, plan, document_id, output_key)
-    except BaseException:
-        if claim is not None:
-            release_idempotency_key(client.connection, claim, document_id)
-        raise
-    return document_id
-
-
-def _output_key(client: CosyqClient, document_id: str, request: DocumentRequest) -> str:
-    """The assembled file's key without extension, under the tenant's prefix."""
-    base = output_base_key(document_id, request)
-    if request.output_key is None:
-        return tenant_prefix(client.tenant) + base
-    try:
-        return place_output_key(client.tenant, base, client.settings.max_output_key_chars)
-    except ValueError as e:
-        raise InvalidRequestError(f"output_key: {e}") from e
-
-
-def _enqueue_document(
-    client: CosyqClient, plan: DocumentPlan, document_id: str, output_key: str
-) -> None:
-    """The plan, its jobs hash and every segment's job in one transaction (within the quota)."""
-    request = plan.request
-    seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
-    queue = client.queue_for(request.priority)
-    prefix = tenant_prefix(client.tenant)
-    segments, planned = [], []
-    for segment, job in zip(plan.segments, plan.jobs, strict=True):
-        key = prefix + segment_key(document_id, segment.index)
-        seeded = job.model_copy(
-            update={"seed": segment_seed(seed, segment.index), "output_key": key}
-        )
-        meta = {DOCUMENT_META_KEY: {"id": document_id, "index": segment.index}}
-        planned.append(PlannedJob(segment.index, uuid.uuid4().hex, queue, seeded, meta))
-        segments.append(
-            SegmentPlan(
-                index=segment.index,
-                text=segment.text,
-                plain=segment.plain,
-                pause_before_s=segment.pause_before_s,
-                seed=seeded.seed or 0,
-                key=key,
-            )
-        )
-    template = plan.jobs[0].model_dump(mode="json", exclude={"text", "seed", "output_key"})
-    record = DocumentPlanRecord(
-        document_id=document_id,
-        created_at=datetime.now(UTC).isoformat(),
-        seed=seed,
-        job=template,
-        format=request.format,
-        sample_format=request.sample_format,
-        sample_rate=request.sample_rate,
-        output_key=output_key,
-        priority=request.priority,
-        idempotency_key=request.idempotency_key,
-        tenant=client.tenant,
-        metadata=dict(request.metadata),
-        segments=segments,
-    )
-    ids, ttl = [job.job_id for job in planned], client.settings.result_ttl_s
-    client.submit_planned(
-        planned, whole=True, prelude=lambda pipe: _prelude(pipe, record, ids, ttl)
-    )
-
-
-def _prelude(pipe: Pipeline, record: DocumentPlanRecord, ids: list[str], ttl: int) -> None:
-    """The plan, and the document in the operator page's index (shared/job_index.py)."""
-    save_plan(pipe, record, ids, ttl)
-    index_document(pipe, record.tenant or DEFAULT_TENANT, record.document_id, keep_s=ttl)
 
 
 def document_status(client: CosyqClient, document_id: str) -> DocumentStatus:

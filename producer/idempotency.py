@@ -7,7 +7,8 @@ expired) is free again, so a resubmit makes a new job instead of answering with 
 - once the key says its job was enqueued, a missing job hash means the job is gone, at once;
 - a key not marked enqueued may belong to a submit whose job is still on its way into Redis, so
   "no such job" is only trusted once it is older than `COSYQ_IDEMPOTENCY_CLAIM_GRACE_S`.
-Check and claim run in one Lua script, so two submitters never both win.
+Check and claim run in one Lua script, so two submitters never both win. A document's key
+(`cosyq:document-idem:<sha256>`) works the same way, its plan standing for the job hash.
 """
 
 from __future__ import annotations
@@ -69,15 +70,17 @@ def reserve(
     *,
     ttl_s: int,
     grace_s: float,
+    prefix: str = Job.redis_job_namespace_prefix,
 ) -> list[str | None]:
     """Claim each (Redis key, our job id); per claim None if ours, else the holder's job id.
 
     One round trip for the whole list; claims of the same key later in the list see the
-    earlier one's job as the holder.
+    earlier one's job as the holder. `prefix` + id is the key whose existence says the holder
+    still lives (a job's hash; a document's plan for document keys).
     """
     if not claims:
         return []
-    args: list[str | int | float] = [ttl_s, grace_s, Job.redis_job_namespace_prefix]
+    args: list[str | int | float] = [ttl_s, grace_s, prefix]
     args += [job_id for _, job_id in claims]
     replies = connection.eval(_RESERVE_SCRIPT, len(claims), *(key for key, _ in claims), *args)
     return [_text(reply) or None for reply in replies]

@@ -46,6 +46,7 @@ DATABASES = {
     "readback": 12,
     "unkeyed": 13,
     "oracles": 14,
+    "crash": 15,
 }
 assert len(set(DATABASES.values())) == len(DATABASES)
 START_TIMEOUT_S = 30.0
