@@ -7,12 +7,12 @@ worker code, and no pickle crosses Redis.
 Round trips: `submit_many` sends each chunk of up to `submit_chunk_size` jobs in one
 transaction (MULTI/EXEC) that WATCHes the tenant's queues whose depths it read (one LLEN each)
 to choose the chunk: the quota and depth check and the enqueue are one atomic step, retried when
-another producer or a worker changed a queue meanwhile. A chunk holding idempotency keys costs
-one more round trip first, to reserve the keys atomically (`producer.idempotency.reserve`, keys
-per tenant): the first submitter of a key in a tenant wins, later ones get the first job's id
-while that job exists. The enqueue transaction marks each key enqueued, so once a job is
-deleted (`rq empty`) its key is free at once. A request's output_key is placed under the
-tenant's storage prefix here (shared/output_keys.py).
+another producer or a worker changed a queue meanwhile. A chunk holding idempotency keys WATCHes
+them too and costs one more round trip, to read who holds them (`producer.idempotency`, keys
+per tenant); the enqueue transaction claims them: the first submitter of a key in a tenant wins,
+later ones get the first job's id while that job exists, and a submitter killed at any moment
+leaves the job and its key or neither. Once a job is deleted (`rq empty`) its key is free. A
+request's output_key is placed under the tenant's storage prefix here (shared/output_keys.py).
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from rq.serializers import JSONSerializer
 
 from producer import document_submit, documents
 from producer.cancel import CancelOutcome, cancel_job
-from producer.idempotency import mark_enqueued
-from producer.idempotency import release as release_idempotency_key
-from producer.idempotency import reserve as reserve_idempotency_keys
+from producer.idempotency import claim as claim_idempotency_keys
+from producer.idempotency import holders as idempotency_holders
 from producer.planned import OnSubmitted, PlannedJob, Prelude, require_voices, submit_meta
 from producer.room import Room, check_priority, interrupted
 from producer.streaming import read_stream
@@ -44,8 +43,6 @@ from shared.connection import follow_master, redis_connection
 from shared.document_state import DocumentResult
 from shared.errors import (
     InvalidRequestError,
-    QueueFullError,
-    TenantQuotaError,
     UnknownTenantError,
 )
 from shared.job_events import WebhookPolicy
@@ -180,18 +177,14 @@ class CosyqClient:
         if room.never_fits(planned, whole=whole):
             raise room.refusal(planned, 0, self.queue_depths(), [], whole=True)
         position = 0
-        try:
-            while position < len(planned):
-                chunk = self._take_room(
-                    planned, position, job_ids, room=room, whole=whole, prelude=prelude
-                )
-                prelude = None
-                position += len(chunk)
-                if on_submitted is not None:
-                    on_submitted([(job.index, job_ids[job.index]) for job in chunk])
-        except (QueueFullError, TenantQuotaError):
-            self._release_idempotency_keys(planned[position:])  # reserved by a lost race
-            raise
+        while position < len(planned):
+            chunk = self._take_room(
+                planned, position, job_ids, room=room, whole=whole, prelude=prelude
+            )
+            prelude = None
+            position += len(chunk)
+            if on_submitted is not None:
+                on_submitted([(job.index, job_ids[job.index]) for job in chunk])
         return job_ids
 
     def _plan(self, requests: Iterable[RequestLike], *, indexed: bool = True) -> list[_PlannedJob]:
@@ -232,17 +225,20 @@ class CosyqClient:
     ) -> list[_PlannedJob]:
         """Enqueue the next chunk in the transaction that checks there is room for it.
 
-        WATCH this tenant's queues, read their depths, choose the chunk that fits (producer/
-        room.py), reserve its idempotency keys, then MULTI, enqueue, EXEC. When one of those
-        queues changed meanwhile (another producer's enqueue, a worker's pop), EXEC refuses
-        and the depths are read again: producers submitting at once never pass the quota.
+        WATCH this tenant's queues (and the idempotency keys the chunk may hold), read their
+        depths, choose the chunk that fits (producer/room.py), read who holds its keys, then
+        MULTI, enqueue and claim the keys, EXEC. When one of those queues or keys changed
+        meanwhile (another producer's enqueue or claim, a worker's pop), EXEC refuses and they
+        are read again: producers submitting at once never pass the quota, nor both take a key.
         """
         deadline = time.monotonic() + self.settings.backpressure_timeout_s
-        keys_watched = [queue.key for queue in self._queues.values()]
+        end = len(planned) if whole else start + room.chunk_size  # the chunk is within
+        claimed = [key for key, _ in _claims(planned[start:end], self.tenant)]
+        queue_keys = [queue.key for queue in self._queues.values()]
         with self.connection.pipeline() as pipe:
             while True:
-                pipe.watch(*keys_watched)
-                depths = self._watched_depths(pipe, keys_watched)
+                pipe.watch(*queue_keys, *claimed)
+                depths = self._watched_depths(pipe, queue_keys)
                 chunk = room.fitting(planned, start, depths, whole=whole)
                 if not chunk:
                     pipe.reset()
@@ -272,54 +268,40 @@ class CosyqClient:
         job_ids: list[str],
         prelude: Prelude | None,
     ) -> None:
-        """Reserve the chunk's idempotency keys, then enqueue it in one MULTI/EXEC on `pipe`
-        (which WATCHes the queues). Writes the final id of each request into job_ids."""
-        fresh = self._reserve_idempotency_keys(chunk, job_ids)
+        """Read who holds the chunk's idempotency keys (WATCHed with the queues), then enqueue
+        it and claim its keys in one MULTI/EXEC on `pipe`: a key is never claimed without its
+        job, whenever this process dies. Writes the final id of each request into job_ids."""
+        if prelude is not None:
+            prelude.check(pipe)
+        fresh = self._fresh(pipe, chunk, job_ids)
         pipe.multi()
         if prelude is not None:
-            prelude(pipe)
+            prelude.write(pipe)
         record_submitted(pipe, [job.job_id for job in fresh])
         keep_s = max(self.settings.result_ttl_s, self.settings.failure_ttl_s)  # RQ's TTLs
         index_jobs(pipe, self.tenant, [job.job_id for job in fresh], keep_s=keep_s)
-        mark_enqueued(pipe, _claims(fresh, self.tenant))
+        ttl_s = self.settings.idempotency_ttl_s
+        claim_idempotency_keys(pipe, _claims(fresh, self.tenant), ttl_s=ttl_s)
         for name, queue in self._queues.items():
             datas = [self._enqueue_data(job) for job in fresh if job.queue == name]
             if datas:
                 queue.enqueue_many(datas, pipeline=pipe)
-        try:
-            pipe.execute()
-        except redis.WatchError:
-            raise  # the depths changed: the caller reads them again (our keys stay ours)
-        except redis.RedisError:
-            self._release_idempotency_keys(fresh)
-            raise
+        pipe.execute()  # WatchError: a queue or key changed; the caller reads them again
 
-    def _reserve_idempotency_keys(
-        self, chunk: list[_PlannedJob], job_ids: list[str]
+    def _fresh(
+        self, pipe: Pipeline, chunk: list[_PlannedJob], job_ids: list[str]
     ) -> list[_PlannedJob]:
-        """Claim each idempotency key for our job; drop jobs whose key another live job holds
-        (a key already naming our own job was reserved by an earlier try of this chunk)."""
+        """The chunk's jobs whose idempotency key no live job holds; each other's id is the
+        holder's in job_ids."""
         keyed = [job for job in chunk if job.request.idempotency_key is not None]
-        if not keyed:
-            return chunk
-        claims = _claims(keyed, self.tenant)
-        holders = reserve_idempotency_keys(
-            self.connection,
-            claims,
-            ttl_s=self.settings.idempotency_ttl_s,
-            grace_s=self.settings.idempotency_claim_grace_s,
-        )
+        grace_s = self.settings.idempotency_claim_grace_s
+        found = idempotency_holders(pipe, _claims(keyed, self.tenant), grace_s=grace_s)
         taken: set[int] = set()
-        for job, holder in zip(keyed, holders, strict=True):
-            if holder is not None and holder != job.job_id:
-                job_ids[job.index] = holder
+        for job, holder in zip(keyed, found, strict=True):
+            job_ids[job.index] = holder or job.job_id  # a try before may have found one
+            if holder is not None:
                 taken.add(job.index)
         return [job for job in chunk if job.index not in taken]
-
-    def _release_idempotency_keys(self, jobs: Sequence[_PlannedJob]) -> None:
-        """Free the keys these jobs reserved (compare-and-delete: another job's stay)."""
-        for key, job_id in _claims(jobs, self.tenant):
-            release_idempotency_key(self.connection, key, job_id)
 
     def _enqueue_data(self, job: _PlannedJob) -> Any:
         request = job.request

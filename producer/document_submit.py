@@ -1,10 +1,11 @@
 """Submitting a document: validate, split, and enqueue it whole or not at all.
 
-`submit_document` claims the document's idempotency key (`producer.idempotency`, the plan
-standing for a job's hash: a key whose plan never went in, its submitter killed before the
-transaction, is free again after `COSYQ_IDEMPOTENCY_CLAIM_GRACE_S`), then writes the plan, its
-jobs hash, the key's mark that it went in and every segment's job in one transaction through
-the client's own submit path (`producer/documents.py` says the rest).
+`submit_document` writes the plan, its jobs hash, its idempotency key's claim
+(`producer.idempotency`, the plan standing for a job's hash) and every segment's job in one
+transaction through the client's own submit path (`PlanWrites` is that transaction's prelude):
+a front killed at any point leaves the document and its key, or neither. A key that names a
+document that exists answers with that document's id (`KeyHeld`); one whose document is gone
+is free again. `producer/documents.py` says the rest.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from redis.client import Pipeline
 
 from producer.documents import CosyqClient
-from producer.idempotency import mark_enqueued
-from producer.idempotency import release as release_idempotency_key
-from producer.idempotency import reserve as reserve_idempotency_keys
+from producer.idempotency import claim, holders
 from producer.planned import PlannedJob
 from shared.document_state import (
     DOCUMENT_META_KEY,
@@ -42,6 +42,7 @@ from shared.documents import document_key as output_base_key
 from shared.errors import InvalidRequestError
 from shared.job_index import index_document
 from shared.output_keys import place_output_key, tenant_prefix
+from shared.settings import Settings
 from shared.tenants import DEFAULT_TENANT
 
 
@@ -54,24 +55,10 @@ def submit_document(client: CosyqClient, data: Mapping[str, Any]) -> str:
     request = plan.request
     document_id = uuid.uuid4().hex
     output_key = _output_key(client, document_id, request)
-    claims: list[tuple[str, str]] = []
-    if request.idempotency_key is not None:
-        claims = [(idempotency_key(request.idempotency_key, client.tenant), document_id)]
-        [holder] = reserve_idempotency_keys(
-            client.connection,
-            claims,
-            ttl_s=settings.idempotency_ttl_s,
-            grace_s=settings.idempotency_claim_grace_s,
-            prefix=document_key(""),
-        )
-        if holder is not None:
-            return holder
     try:
-        _enqueue_document(client, plan, document_id, output_key, claims)
-    except BaseException:
-        for claim, _ in claims:
-            release_idempotency_key(client.connection, claim, document_id)
-        raise
+        _enqueue_document(client, plan, document_id, output_key)
+    except KeyHeld as held:
+        return held.holder
     return document_id
 
 
@@ -87,14 +74,10 @@ def _output_key(client: CosyqClient, document_id: str, request: DocumentRequest)
 
 
 def _enqueue_document(
-    client: CosyqClient,
-    plan: DocumentPlan,
-    document_id: str,
-    output_key: str,
-    claims: list[tuple[str, str]],
+    client: CosyqClient, plan: DocumentPlan, document_id: str, output_key: str
 ) -> None:
-    """The plan, its jobs hash, the idempotency key's mark (`claims`) and every segment's job
-    in one transaction (within the quota)."""
+    """The plan, its jobs hash, its idempotency key's claim and every segment's job in one
+    transaction (within the quota); KeyHeld when the key names a document that exists."""
     request = plan.request
     seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little")
     queue = client.queue_for(request.priority)
@@ -133,21 +116,43 @@ def _enqueue_document(
         metadata=dict(request.metadata),
         segments=segments,
     )
-    ids, ttl = [job.job_id for job in planned], client.settings.result_ttl_s
-    client.submit_planned(
-        planned, whole=True, prelude=lambda pipe: _prelude(pipe, record, ids, ttl, claims)
-    )
+    claims = []
+    if request.idempotency_key is not None:
+        claims = [(idempotency_key(request.idempotency_key, client.tenant), document_id)]
+    plan_writes = PlanWrites(record, [job.job_id for job in planned], client.settings, claims)
+    client.submit_planned(planned, whole=True, prelude=plan_writes)
 
 
-def _prelude(
-    pipe: Pipeline,
-    record: DocumentPlanRecord,
-    ids: list[str],
-    ttl: int,
-    claims: list[tuple[str, str]],
-) -> None:
-    """The plan, the mark on its idempotency key that it went in (a key whose plan is then
-    gone is free at once), and the document in the operator page's index (shared/job_index.py)."""
-    save_plan(pipe, record, ids, ttl)
-    mark_enqueued(pipe, claims)
-    index_document(pipe, record.tenant or DEFAULT_TENANT, record.document_id, keep_s=ttl)
+class KeyHeld(Exception):
+    """The document's idempotency key names a document that exists: `holder`."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+@dataclass(frozen=True)
+class PlanWrites:
+    """The document's own writes in its segments' transaction (producer.planned.Prelude)."""
+
+    record: DocumentPlanRecord
+    job_ids: list[str]
+    settings: Settings
+    claims: list[tuple[str, str]]  # its idempotency key's (Redis key, document id), if any
+
+    def check(self, pipe: Pipeline) -> None:
+        """KeyHeld when another document that exists holds the key (WATCHed from here)."""
+        grace_s = self.settings.idempotency_claim_grace_s
+        if self.claims:
+            pipe.watch(*(key for key, _ in self.claims))
+        found = holders(pipe, self.claims, grace_s=grace_s, prefix=document_key(""))
+        if found and found[0] is not None:
+            raise KeyHeld(found[0])
+
+    def write(self, pipe: Pipeline) -> None:
+        """The plan, the key's claim, and the document in the operator page's index
+        (shared/job_index.py)."""
+        ttl, tenant = self.settings.result_ttl_s, self.record.tenant or DEFAULT_TENANT
+        save_plan(pipe, self.record, self.job_ids, ttl)
+        claim(pipe, self.claims, ttl_s=self.settings.idempotency_ttl_s)
+        index_document(pipe, tenant, self.record.document_id, keep_s=ttl)

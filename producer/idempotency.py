@@ -1,34 +1,35 @@
 """Idempotency keys: the first submit of a key makes the job, later ones get its id.
 
-Each key (`cosyq:idem:<sha256>`) holds `<job id> <reserved at>` (Redis server seconds) for
-`COSYQ_IDEMPOTENCY_TTL_S`; the pipeline that enqueues the job appends `<enqueued at>` to it
-(`mark_enqueued`). A key whose job no longer exists (deleted by `rq empty` or a dashboard, or
-expired) is free again, so a resubmit makes a new job instead of answering with a dead id:
-- once the key says its job was enqueued, a missing job hash means the job is gone, at once;
-- a key not marked enqueued may belong to a submit whose job is still on its way into Redis, so
-  "no such job" is only trusted once it is older than `COSYQ_IDEMPOTENCY_CLAIM_GRACE_S`.
-Check and claim run in one Lua script, so two submitters never both win. A document's key
-(`cosyq:document-idem:<sha256>`) works the same way, its plan standing for the job hash.
+Each key (`cosyq:idem:<sha256>`; a document's `cosyq:document-idem:<sha256>`) holds
+`<job id> <claimed at> <enqueued at>` (Redis server seconds) for `COSYQ_IDEMPOTENCY_TTL_S`,
+and is written only in the transaction that enqueues its job (`claim`): a submitter killed at
+any point leaves either the job and its key, or neither, never a key naming a job that will
+never exist. The submitter WATCHes each key as it reads the holder (`holders`), so of two
+submitters of one key the second's transaction is refused and, reading again, it finds the
+first's job. A key whose job no longer exists (deleted by `rq empty` or a dashboard, or
+expired; a document's plan gone) is free again, so a resubmit makes a new job instead of
+answering with a dead id. A key of `<job id> <claimed at>` alone was claimed before its job by
+an earlier release: "no such job" is trusted for it only once it is older than
+`COSYQ_IDEMPOTENCY_CLAIM_GRACE_S` (its submit may still be on its way).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
-import redis
 from redis.client import Pipeline
 from rq.job import Job
 
-# KEYS: idempotency keys. ARGV: ttl, grace, job key prefix, then one job id per key.
-# Returns, per key, "" when our job got it, else the id of the job that holds it.
-_RESERVE_SCRIPT = """
+# KEYS: idempotency keys. ARGV: grace, holder key prefix, then one job id per key. Read only.
+# Returns, per key, "" when it is free for our job, else the id of the job that holds it (a
+# key twice in the list: the later claim sees the earlier one's job as the holder).
+_HOLDERS_SCRIPT = """
 local now = tonumber(redis.call('TIME')[1])
-local ttl, grace, prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local answers = {}
+local grace, prefix = tonumber(ARGV[1]), ARGV[2]
+local answers, ours = {}, {}
 for i, key in ipairs(KEYS) do
-  local answer = ''
-  local previous = redis.call('GET', key)
+  local answer = ours[key] or ''
+  local previous = answer == '' and redis.call('GET', key)
   if previous then
     local id, at, enqueued = string.match(previous, '^(%S+) (%d+) ?(%d*)$')
     if not id then id, at, enqueued = previous, '0', '' end
@@ -37,71 +38,46 @@ for i, key in ipairs(KEYS) do
       answer = id
     end
   end
-  if answer == '' then redis.call('SET', key, ARGV[3 + i] .. ' ' .. now, 'EX', ttl) end
+  if answer == '' then ours[key] = ARGV[2 + i] end
   answers[i] = answer
 end
 return answers
 """
 
-# KEYS: idempotency keys. ARGV: one job id per key. Appends the enqueue time to each key that
-# still names that job and is not marked yet (its TTL kept).
-_MARK_ENQUEUED_SCRIPT = """
+# KEYS: idempotency keys. ARGV: ttl, then one job id per key: each key names its job, claimed
+# and enqueued now.
+_CLAIM_SCRIPT = """
 local now = redis.call('TIME')[1]
 for i, key in ipairs(KEYS) do
-  local value = redis.call('GET', key)
-  if value and string.match(value, '^(%S+) (%d+)$') == ARGV[i] then
-    redis.call('SET', key, value .. ' ' .. now, 'KEEPTTL')
-  end
+  redis.call('SET', key, ARGV[1 + i] .. ' ' .. now .. ' ' .. now, 'EX', ARGV[1])
 end
 return 0
 """
 
-# Compare-and-delete: free a key only if it still names our job.
-_RELEASE_SCRIPT = """
-local value = redis.call('GET', KEYS[1])
-if value and string.match(value, '^(%S+)') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
-
-def reserve(
-    connection: redis.Redis,
+def holders(
+    pipe: Pipeline,
     claims: Sequence[tuple[str, str]],
     *,
-    ttl_s: int,
     grace_s: float,
     prefix: str = Job.redis_job_namespace_prefix,
 ) -> list[str | None]:
-    """Claim each (Redis key, our job id); per claim None if ours, else the holder's job id.
-
-    One round trip for the whole list; claims of the same key later in the list see the
-    earlier one's job as the holder. `prefix` + id is the key whose existence says the holder
-    still lives (a job's hash; a document's plan for document keys).
-    """
+    """On a pipeline that WATCHes each claim's (Redis key, our job id) key, before its MULTI:
+    who holds each key; per claim None if it is free for ours, else the holder's id. `prefix`
+    + id is the key whose existence says the holder lives (a job's hash; a document's plan)."""
     if not claims:
         return []
-    args: list[str | int | float] = [ttl_s, grace_s, prefix]
-    args += [job_id for _, job_id in claims]
-    replies = connection.eval(_RESERVE_SCRIPT, len(claims), *(key for key, _ in claims), *args)
+    args: list[str | float] = [grace_s, prefix, *(job_id for _, job_id in claims)]
+    replies = pipe.eval(_HOLDERS_SCRIPT, len(claims), *(key for key, _ in claims), *args)
     return [_text(reply) or None for reply in replies]
 
 
-def mark_enqueued(pipe: Pipeline, claims: Sequence[tuple[str, str]]) -> None:
-    """Queue, in the pipeline that enqueues the jobs, the mark that each claim's job went in:
-    from then on a missing job hash frees the key without waiting for the claim grace."""
+def claim(pipe: Pipeline, claims: Sequence[tuple[str, str]], *, ttl_s: int) -> None:
+    """Queue, in the transaction that enqueues the jobs (after `holders` found the keys
+    free), each key's claim for its job."""
     if claims:
-        pipe.eval(
-            _MARK_ENQUEUED_SCRIPT,
-            len(claims),
-            *(key for key, _ in claims),
-            *(job_id for _, job_id in claims),
-        )
-
-
-def release(connection: redis.Redis, key: str, job_id: str) -> None:
-    """Free a key we reserved for a job that was never enqueued (best effort: else its TTL)."""
-    with contextlib.suppress(redis.RedisError):
-        connection.eval(_RELEASE_SCRIPT, 1, key, job_id)
+        keys = [key for key, _ in claims]
+        pipe.eval(_CLAIM_SCRIPT, len(claims), *keys, ttl_s, *(job_id for _, job_id in claims))
 
 
 def _text(reply: bytes | str | None) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -24,7 +24,17 @@ class PlannedJob:
     meta: dict[str, Any] = field(default_factory=dict)  # more job.meta (a document's segment)
 
 
-Prelude = Callable[[Any], None]  # adds writes to a submit's first transaction (a pipeline)
+class Prelude(Protocol):
+    """What a submit's first transaction carries besides its jobs (a document's plan)."""
+
+    def check(self, pipe: Any) -> None:
+        """Before the MULTI, on the pipeline WATCHing the queues: WATCH and read what the
+        writes depend on; raise to submit nothing."""
+
+    def write(self, pipe: Any) -> None:
+        """Queue the writes in the transaction."""
+
+
 OnSubmitted = Callable[[list[tuple[int, str]]], None]  # (request index, job id) per chunk
 
 

@@ -240,9 +240,9 @@ class Settings(
     idempotency_claim_grace_s: float = Field(
         60.0,
         ge=0,
-        description="how long a claimed idempotency key whose job is not enqueued yet (a "
-        "submit in flight) counts as taken; a key whose job was enqueued and is gone (rq empty, "
-        "deleted, expired) is free at once",
+        description="how long a key claimed before its job by an older release's submit (in "
+        "flight) counts as taken; keys are now claimed with their job, and one whose job is "
+        "gone (rq empty, deleted, expired) is free at once",
     )
     job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
     result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")

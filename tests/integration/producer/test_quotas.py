@@ -117,6 +117,33 @@ def test_a_document_over_the_quota_leaves_nothing_and_frees_its_key(redis_url: s
     connection.close()
 
 
+def test_submitters_racing_for_one_document_key_make_one_document(redis_url: str) -> None:
+    """The key is read under WATCH and claimed in the plan's transaction: of submitters at
+    once, one writes the document, the others' transactions are refused and name it."""
+    settings = _settings(redis_url, document_segment_chars=60)
+    connection = redis.Redis.from_url(redis_url, decode_responses=True)
+    document = {"text": DOCUMENT, "idempotency_key": "report-9"}
+    answers: list[str] = []
+    go = threading.Barrier(6)
+
+    def submit() -> None:
+        with CosyqClient(settings, tenant="beta") as client:
+            go.wait(timeout=60)
+            answers.append(client.submit_document(document))
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(answers) == 6 and len(set(answers)) == 1
+    assert [key for key in connection.scan_iter("cosyq:document:*") if key.count(":") == 2] == [
+        f"cosyq:document:{answers[0]}"
+    ]
+    assert len(_queued(connection)) == 5  # one document's segments, once
+    connection.close()
+
+
 def test_a_document_over_the_quota_answers_429_over_http(redis_url: str, tmp_path: Path) -> None:
     front = start_front(
         tmp_path,

@@ -2,9 +2,9 @@
 supervisor restarts it: the client's retry with its idempotency key must get the thing it
 asked for (the one that went in, or a new one), never an id of nothing.
 
-The kill lands deterministically: a front told to block for room (COSYQ_BACKPRESSURE=block)
-on a full queue has claimed the request's idempotency key and waits, its transaction not yet
-sent, until the test sees the claim in Redis and kills it there.
+The kill lands deterministically: the front reaches Redis through a proxy that holds back
+its submit's transaction (tests/doubles/redis_proxy.py), everything it sent before that (its
+reads of the idempotency key and the queue depths) applied, and the test kills it there.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from tests.conftest import RedisServer
-from tests.doubles.harness import wait_for
-from tests.integration.producer.http.conftest import fresh_db, start_front
+from tests.doubles.redis_proxy import HoldingProxy
+from tests.integration.producer.http.conftest import DATABASES, fresh_db, start_front
 
 CLAIM_TIMEOUT_S = 60.0  # a bound for something that happens at once, never a guess at a race
 DOCUMENT = {"text": "First sentence. Second sentence.", "idempotency_key": "chapter-1"}
@@ -31,47 +32,47 @@ def _post_until_killed(url: str, body: dict) -> None:
         httpx.post(url, json=body, timeout=CLAIM_TIMEOUT_S * 2)
 
 
-def test_a_document_key_claimed_by_a_killed_front_gets_a_real_document(
-    redis_server: RedisServer, tmp_path: Path
-) -> None:
-    url = fresh_db(redis_server, "crash")
-    connection = redis.Redis.from_url(url)
-    blocking = start_front(
-        tmp_path / "first",
-        url,
-        COSYQ_MAX_QUEUE_DEPTH="1",
-        COSYQ_BACKPRESSURE="block",
-        COSYQ_BACKPRESSURE_TIMEOUT_S="600",
-    )
+def _killed_at_the_exec(proxy: HoldingProxy, root: Path, path: str, body: dict) -> None:
+    """POST `body` to a front behind `proxy`; SIGKILL it once its transaction is held."""
+    front = start_front(root, proxy.url(DATABASES["crash"]))
     try:
-        with blocking.http(None) as http:
-            assert http.post("/v1/jobs", json={"text": "Filler."}).status_code == 202
-        poster = threading.Thread(
-            target=_post_until_killed, args=(blocking.url + "/v1/documents", DOCUMENT)
-        )
+        proxy.hold_next_exec()
+        poster = threading.Thread(target=_post_until_killed, args=(front.url + path, body))
         poster.start()
-        wait_for(
-            lambda: connection.keys("cosyq:document-idem:*"),
-            CLAIM_TIMEOUT_S,
-            "the document's idempotency key claimed",
-        )
-        blocking.process.send_signal(signal.SIGKILL)
-        blocking.process.wait(timeout=CLAIM_TIMEOUT_S)
+        assert proxy.held.wait(CLAIM_TIMEOUT_S), "the front never sent its transaction"
+        front.process.send_signal(signal.SIGKILL)
+        front.process.wait(timeout=CLAIM_TIMEOUT_S)
         poster.join(CLAIM_TIMEOUT_S)
     finally:
-        blocking.stop()
-    assert not connection.keys("cosyq:document:*"), "the document went in before the kill"
+        front.stop()
 
-    # restarted without the queue limit; a claim not enqueued is trusted for no grace here
-    restarted = start_front(tmp_path / "second", url, COSYQ_IDEMPOTENCY_CLAIM_GRACE_S="0")
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/jobs", {"text": "Hello.", "idempotency_key": "order-42"}), ("/v1/documents", DOCUMENT)],
+    ids=["job", "document"],
+)
+def test_a_key_whose_front_died_at_the_exec_gets_a_real_one_at_once(
+    redis_server: RedisServer, tmp_path: Path, path: str, body: dict
+) -> None:
+    url = fresh_db(redis_server, "crash")
+    proxy = HoldingProxy(redis_server.port)
+    try:
+        _killed_at_the_exec(proxy, tmp_path / "first", path, body)
+    finally:
+        proxy.close()
+    connection = redis.Redis.from_url(url)
+    assert not connection.keys("rq:job:*") and not connection.keys("cosyq:document:*")
+
+    # restarted at once, with every default: the client's retry must find what it names
+    restarted = start_front(tmp_path / "second", url)
     try:
         with restarted.http(None) as http:
-            answer = http.post("/v1/documents", json=DOCUMENT)
+            answer = http.post(path, json=body)
             assert answer.status_code == 202, answer.text
-            document_id = answer.json()["id"]
-            status = http.get(f"/v1/documents/{document_id}")
-            assert status.status_code == 200, status.text  # not the killed submit's phantom id
-            again = http.post("/v1/documents", json=DOCUMENT)
-            assert again.json()["id"] == document_id  # the key holds the new one
+            named = answer.json()["id"]
+            status = http.get(f"{path}/{named}")
+            assert status.status_code == 200, status.text  # never the killed submit's id
+            assert http.post(path, json=body).json()["id"] == named
     finally:
         restarted.stop()

@@ -1,0 +1,62 @@
+"""A TCP proxy in front of a real redis-server that can hold a transaction back, so a test
+kills a process at the one moment between what it sent before its MULTI/EXEC and the EXEC.
+
+`HoldingProxy(port)` forwards every connection to 127.0.0.1:`port` byte for byte. Once
+`hold_next_exec()` is called, the first piece a client sends that holds an EXEC is kept from
+Redis (as is all that connection sends after it) and `held` is set: the process that sent it
+waits for an answer that never comes, its transaction never applied. Whatever that connection
+queued after its MULTI is dropped by Redis when the process dies and its connection closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+EXEC = b"\r\nEXEC\r\n"  # RESP: *1\r\n$4\r\nEXEC\r\n
+
+
+class HoldingProxy:
+    def __init__(self, redis_port: int) -> None:
+        self.redis_port = redis_port
+        self.held = threading.Event()
+        self._armed = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def hold_next_exec(self) -> None:
+        self._armed.set()
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.redis_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, from_client: bool) -> None:
+        holding = False
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if from_client and self._armed.is_set() and not self.held.is_set() and EXEC in data:
+                    holding = True
+                    self.held.set()
+                if not holding:
+                    target.sendall(data)
+        with contextlib.suppress(OSError):
+            target.close()
