@@ -256,35 +256,66 @@ def retry_document(client: CosyqClient, document_id: str) -> list[int]:
     """Re-enqueue the failed or lost segments (new job ids); the indices re-enqueued. The
     assembly marker goes with them, so the last of them enqueues the assembly afresh (a failed
     assembly's marker would otherwise stop it, and its error stay): one retry suffices. When
-    every segment is done but no assembly is alive, enqueue the assembly again. Of two retries
-    at once one redoes the segments; the other finds its read outdated and redoes nothing.
-    A document of nobody's is refused: its new jobs would be "default"'s, to read."""
+    every segment is done but no assembly is alive, enqueue the assembly again. The new job ids
+    and the jobs go in one transaction, whole or not at all (a retry killed midway leaves the
+    document as it was). Of two retries at once one redoes the segments; the other finds its
+    read outdated and redoes nothing. A document of nobody's is refused: its new jobs would be
+    "default"'s, to read."""
     connection = client.connection
     plan = load_plan(connection, document_id)
     if plan.tenant is None:  # planned before tenants
         raise InvalidRequestError(f"document {document_id} has no tenant (nobody's): not retried")
     client = client.for_tenant(plan.tenant)  # its queues, whoever retries
-    jobs = document_key(document_id, "jobs")
-    with connection.pipeline() as pipe:
-        pipe.watch(jobs)  # another retry's new job ids, written after this read: WatchError
-        status = document_status(client, document_id)
-        planned = _redo(client, plan, [f.index for f in status.failures if f.index >= 0])
-        if planned:
-            pipe.multi()  # the last redone segment enqueues a new assembly
-            pipe.hset(jobs, mapping={str(job.index): job.job_id for job in planned})
-            pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
-            pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
-            revive(pipe, plan, client.settings.result_ttl_s)  # a TTL from now, and longer
-            try:
-                pipe.execute()
-            except redis.WatchError:
-                return []  # a retry at the same moment redid them
+    read = job_ids(connection, document_id)  # before the status: a retry after it shows
+    status = document_status(client, document_id)
+    planned = _redo(client, plan, [f.index for f in status.failures if f.index >= 0])
     if planned:
-        client.submit_planned(planned)
+        writes = RetryWrites(plan, read, planned, client.settings.result_ttl_s)
+        try:
+            client.submit_planned(planned, whole=True, prelude=writes)
+        except RetriedMeanwhile:
+            return []  # a retry at the same moment redid them
     elif status.done == status.segments and status.result is None:
         connection.delete(event_guard_key(document_id))
         ensure_assembly(client, plan)
     return [job.index for job in planned]
+
+
+class RetriedMeanwhile(Exception):
+    """Another retry rewrote the document's job ids after this one read them."""
+
+
+@dataclass(frozen=True)
+class RetryWrites:
+    """A retry's writes in its jobs' transaction (producer.planned.Prelude)."""
+
+    plan: DocumentPlanRecord
+    read: dict[int, str]  # the jobs hash as the retry read it
+    planned: list[PlannedJob]
+    ttl_s: int
+
+    def check(self, pipe: Any) -> None:
+        jobs = document_key(self.plan.document_id, "jobs")
+        pipe.watch(jobs)
+        if {int(k): v for k, v in _decoded(pipe.hgetall(jobs)).items()} != self.read:
+            raise RetriedMeanwhile(self.plan.document_id)
+
+    def write(self, pipe: Any) -> None:
+        """The new job ids; the last redone segment enqueues a new assembly."""
+        document_id = self.plan.document_id
+        jobs = {str(job.index): job.job_id for job in self.planned}
+        pipe.hset(document_key(document_id, "jobs"), mapping=jobs)
+        pipe.delete(document_key(document_id, "assembly"))  # a failed one's stale marker
+        pipe.delete(event_guard_key(document_id))  # its end is a new webhook event
+        revive(pipe, self.plan, self.ttl_s)  # a TTL from now, and longer
+
+
+def _decoded(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {_str(k): _str(v) for k, v in raw.items()}
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _redo(client: CosyqClient, plan: DocumentPlanRecord, redo: list[int]) -> list[PlannedJob]:

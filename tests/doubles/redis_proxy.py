@@ -2,7 +2,8 @@
 kills a process at the one moment between what it sent before its MULTI/EXEC and the EXEC.
 
 `HoldingProxy(port)` forwards every connection to 127.0.0.1:`port` byte for byte. Once
-`hold_next_exec()` is called, the first piece a client sends that holds an EXEC is kept from
+`hold_next_exec(marker)` is called, the first piece a client sends that holds an EXEC (and
+`marker`, e.g. b"rq:job:" for the transaction that enqueues jobs) is kept from
 Redis (as is all that connection sends after it) and `held` is set: the process that sent it
 waits for an answer that never comes, its transaction never applied. Whatever that connection
 queued after its MULTI is dropped by Redis when the process dies and its connection closes.
@@ -22,6 +23,7 @@ class HoldingProxy:
         self.redis_port = redis_port
         self.held = threading.Event()
         self._armed = threading.Event()
+        self._marker = b""
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = [self._listener]
@@ -30,7 +32,8 @@ class HoldingProxy:
     def url(self, db: int) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def hold_next_exec(self) -> None:
+    def hold_next_exec(self, marker: bytes = b"") -> None:
+        self._marker = marker
         self._armed.set()
 
     def close(self) -> None:
@@ -53,10 +56,14 @@ class HoldingProxy:
         holding = False
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                if from_client and self._armed.is_set() and not self.held.is_set() and EXEC in data:
+                if from_client and self._holds(data):
                     holding = True
                     self.held.set()
                 if not holding:
                     target.sendall(data)
         with contextlib.suppress(OSError):
             target.close()
+
+    def _holds(self, data: bytes) -> bool:
+        armed = self._armed.is_set() and not self.held.is_set()
+        return armed and EXEC in data and self._marker in data

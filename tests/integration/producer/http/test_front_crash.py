@@ -33,10 +33,11 @@ def _post_until_killed(url: str, body: dict) -> None:
 
 
 def _killed_at_the_exec(proxy: HoldingProxy, root: Path, path: str, body: dict) -> None:
-    """POST `body` to a front behind `proxy`; SIGKILL it once its transaction is held."""
+    """POST `body` to a front behind `proxy`; SIGKILL it once its transaction that enqueues
+    jobs is held."""
     front = start_front(root, proxy.url(DATABASES["crash"]))
     try:
-        proxy.hold_next_exec()
+        proxy.hold_next_exec(b"rq:job:")
         poster = threading.Thread(target=_post_until_killed, args=(front.url + path, body))
         poster.start()
         assert proxy.held.wait(CLAIM_TIMEOUT_S), "the front never sent its transaction"
@@ -76,3 +77,37 @@ def test_a_key_whose_front_died_at_the_exec_gets_a_real_one_at_once(
             assert http.post(path, json=body).json()["id"] == named
     finally:
         restarted.stop()
+
+
+def test_a_document_retry_killed_at_its_exec_leaves_the_document_as_it_was(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The retry's new job ids go in with its jobs: a front killed before the jobs went in
+    leaves no id in the document's jobs hash that names no job."""
+    url = fresh_db(redis_server, "crash")
+    connection = redis.Redis.from_url(url, decode_responses=True)
+    front = start_front(tmp_path / "front", url)
+    try:
+        with front.http(None) as http:
+            document_id = http.post("/v1/documents", json=DOCUMENT).json()["id"]
+            assert http.delete(f"/v1/documents/{document_id}").json()["state"] == "canceled"
+    finally:
+        front.stop()
+    jobs_key = f"cosyq:document:{document_id}:jobs"
+    before = connection.hgetall(jobs_key)
+    proxy = HoldingProxy(redis_server.port)
+    try:
+        _killed_at_the_exec(proxy, tmp_path / "first", f"/v1/documents/{document_id}:retry", {})
+    finally:
+        proxy.close()
+    assert connection.hgetall(jobs_key) == before  # every id still names its (canceled) job
+
+    restarted = start_front(tmp_path / "second", url)
+    try:
+        with restarted.http(None) as http:
+            retried = http.post(f"/v1/documents/{document_id}:retry")
+            assert retried.status_code == 202, retried.text
+            assert retried.json()["queued"] == len(before)
+    finally:
+        restarted.stop()
+    assert all(connection.exists(f"rq:job:{job_id}") for job_id in connection.hvals(jobs_key))
