@@ -26,6 +26,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 from rq import Queue, Retry
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from producer import document_submit, documents
@@ -286,7 +287,13 @@ class CosyqClient:
             datas = [self._enqueue_data(job) for job in fresh if job.queue == name]
             if datas:
                 queue.enqueue_many(datas, pipeline=pipe)
-        pipe.execute()  # WatchError: a queue or key changed; the caller reads them again
+        try:
+            pipe.execute()  # WatchError: a queue or key changed; the caller reads them again
+        except redis.WatchError:
+            if not fresh or not self.connection.exists(Job.key_for(fresh[0].job_id)):
+                raise
+            # redis-py says WatchError for a connection lost under WATCH too: this one was
+            # lost after Redis applied the transaction (its first job is in), not again
 
     def _fresh(
         self, pipe: Pipeline, chunk: list[_PlannedJob], job_ids: list[str]
@@ -368,7 +375,7 @@ class CosyqClient:
 
     def cancel(self, job_id: str, *, tell: bool = True) -> CancelOutcome:
         """Cancel a job: a waiting one never runs (its `job.canceled` webhook event told here,
-        unless `tell` is False: a document tells one for all its segments), a running one stops
+        unless `tell` is False; a document's segment tells its document's), a running one stops
         at its next piece or LLM step (nothing stored), one that already ended is left as it is
         (the outcome says which). Raises JobNotFoundError for an unknown or expired id."""
         hooks = WebhookPolicy.from_settings(self.settings) if tell else None

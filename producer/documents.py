@@ -26,7 +26,6 @@ import redis
 from producer.cancel import CancelOutcome
 from producer.planned import OnSubmitted, PlannedJob, Prelude
 from producer.tracking import JobTracker
-from shared.document_events import document_ended
 from shared.document_state import (
     DOCUMENT_META_KEY,
     DocumentFailedError,
@@ -48,7 +47,6 @@ from shared.errors import InvalidRequestError, JobNotFoundError, ResultTimeoutEr
 from shared.jobs import RequestLimits, validate_request
 from shared.plurals import counted
 from shared.settings import Settings
-from shared.webhooks import allowed_prefixes
 
 
 class CosyqClient(Protocol):
@@ -339,21 +337,18 @@ def _redo(client: CosyqClient, plan: DocumentPlanRecord, redo: list[int]) -> lis
 def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOutcome]:
     """Cancel every segment not done yet, each as `client.cancel` cancels a job (queued: never
     runs; running or in a batch: stops at its next step); done segments and a running assembly
-    are left as they are. The outcome per segment index; the document then reads `canceled`."""
+    are left as they are. The outcome per segment index; the document then reads `canceled`.
+    The first queued segment canceled tells `document.canceled` in its cancel's own transaction
+    (shared/document_events.py: once per outcome, the other segments' cancels tell nothing), so
+    a process killed before it canceled the rest has told the document's end all the same."""
     connection = client.connection
     load_plan(connection, document_id)  # DocumentNotFoundError for an unknown id
     done = done_segments(connection, document_id)
-    outcomes = {
-        index: client.cancel(job_id, tell=False)  # the document's one event is told below
+    return {
+        index: client.cancel(job_id)
         for index, job_id in sorted(job_ids(connection, document_id).items())
         if index not in done
     }
-    canceled = [(i, o.job_id) for i, o in outcomes.items() if o.verdict == "canceled"]
-    if canceled:  # queued segments no worker will see: the document's event is told here
-        allowed = allowed_prefixes(client.settings.webhook_allowed_urls)
-        webhooks = (allowed, client.settings.webhook_allow_private)
-        document_ended(connection, document_id, "document.canceled", webhooks, cause=canceled[0])
-    return outcomes
 
 
 def _assembly_lost(client: CosyqClient, document_id: str, seen: list[float]) -> bool:

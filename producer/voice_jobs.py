@@ -154,7 +154,10 @@ def _enqueue_in_room(
             try:
                 pipe.execute()
             except redis.WatchError:
-                continue  # a queue changed meanwhile: read the depths again
+                # a queue changed meanwhile: read the depths again; unless the job is in (the
+                # connection was lost after Redis applied it: redis-py says WatchError too)
+                if not connection.exists(Job.key_for(str(data.job_id))):
+                    continue
             return str(data.job_id)
 
 

@@ -7,6 +7,9 @@ kills a process at the one moment between what it sent before its MULTI/EXEC and
 Redis (as is all that connection sends after it) and `held` is set: the process that sent it
 waits for an answer that never comes, its transaction never applied. Whatever that connection
 queued after its MULTI is dropped by Redis when the process dies and its connection closes.
+`cut_next_exec(marker)` instead lets that piece through and cuts the connection when Redis
+answers, its answer dropped: the transaction applied, the client told only that the connection
+was lost (as when Redis restarts, or the network drops, between the two).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class HoldingProxy:
         self.held = threading.Event()
         self._armed = threading.Event()
         self._marker = b""
+        self._cut = False
+        self._cutting: set[socket.socket] = set()  # upstreams whose next answer ends them
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = [self._listener]
@@ -35,6 +40,10 @@ class HoldingProxy:
     def hold_next_exec(self, marker: bytes = b"") -> None:
         self._marker = marker
         self._armed.set()
+
+    def cut_next_exec(self, marker: bytes = b"") -> None:
+        self._cut = True
+        self.hold_next_exec(marker)
 
     def close(self) -> None:
         for sock in self._sockets:
@@ -53,17 +62,28 @@ class HoldingProxy:
             threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
     def _pump(self, source: socket.socket, target: socket.socket, from_client: bool) -> None:
-        holding = False
+        holding, tail, marked = False, b"", False
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                if from_client and self._holds(data):
-                    holding = True
-                    self.held.set()
+                if not from_client and source in self._cutting:
+                    source.shutdown(socket.SHUT_RDWR)  # the answer to the EXEC: dropped,
+                    break  # and both ends cut
+                # a big transaction arrives in pieces: the marker and the EXEC in any of them
+                seen = tail + data
+                tail, marked = seen[-64:], marked or self._marker in seen
+                if from_client and EXEC in seen:
+                    if marked and self._holds():
+                        holding = not self._cut
+                        if self._cut:
+                            self._cutting.add(target)
+                        self.held.set()
+                    tail, marked = b"", False  # the next transaction's own marker and EXEC
                 if not holding:
                     target.sendall(data)
         with contextlib.suppress(OSError):
+            target.shutdown(socket.SHUT_RDWR)  # wakes the other direction's recv too
+        with contextlib.suppress(OSError):
             target.close()
 
-    def _holds(self, data: bytes) -> bool:
-        armed = self._armed.is_set() and not self.held.is_set()
-        return armed and EXEC in data and self._marker in data
+    def _holds(self) -> bool:
+        return self._armed.is_set() and not self.held.is_set()

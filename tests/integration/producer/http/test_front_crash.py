@@ -18,10 +18,13 @@ import httpx
 import pytest
 import redis
 
+from shared.keys import WEBHOOK_OUTBOX
 from tests.conftest import RedisServer
 from tests.doubles.redis_proxy import HoldingProxy
 from tests.integration.producer.http.conftest import DATABASES, fresh_db, start_front
+from tests.integration.producer.webhook_rig import SECRET
 
+RECEIVER = "http://127.0.0.1:9/"  # never called: the test reads the outbox
 CLAIM_TIMEOUT_S = 60.0  # a bound for something that happens at once, never a guess at a race
 DOCUMENT = {"text": "First sentence. Second sentence.", "idempotency_key": "chapter-1"}
 
@@ -111,3 +114,90 @@ def test_a_document_retry_killed_at_its_exec_leaves_the_document_as_it_was(
     finally:
         restarted.stop()
     assert all(connection.exists(f"rq:job:{job_id}") for job_id in connection.hvals(jobs_key))
+
+
+def test_a_document_cancel_killed_midway_has_told_the_documents_end(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The first queued segment's cancel tells `document.canceled` in its own transaction: a
+    front killed before it canceled the rest has told it, and the client's retry of the
+    cancel (all canceled then) tells nothing more."""
+    url = fresh_db(redis_server, "crash")
+    connection = redis.Redis.from_url(url, decode_responses=True)
+    hooks = {
+        "COSYQ_WEBHOOK_SECRET": SECRET,
+        "COSYQ_WEBHOOK_ALLOWED_URLS": RECEIVER,
+        "COSYQ_WEBHOOK_ALLOW_PRIVATE": "1",
+    }
+    text = "\n\n".join(f"Paragraph {n} says one thing and then it stops." for n in range(3))
+    document = {"text": text, "webhook": {"url": RECEIVER + "hook"}}
+    front = start_front(tmp_path / "front", url, COSYQ_DOCUMENT_SEGMENT_CHARS="50", **hooks)
+    try:
+        with front.http(None) as http:
+            answer = http.post("/v1/documents", json=document)
+            assert answer.status_code == 202, answer.text
+            document_id = answer.json()["id"]
+    finally:
+        front.stop()
+    segments = connection.hgetall(f"cosyq:document:{document_id}:jobs")
+    assert len(segments) >= 2
+
+    proxy = HoldingProxy(redis_server.port)
+    first = start_front(tmp_path / "first", proxy.url(DATABASES["crash"]), **hooks)
+    try:
+        proxy.hold_next_exec(segments["1"].encode())  # segment 0 canceled, then the kill
+        canceling = threading.Thread(
+            target=lambda: _delete_until_killed(f"{first.url}/v1/documents/{document_id}")
+        )
+        canceling.start()
+        assert proxy.held.wait(CLAIM_TIMEOUT_S), "the front never canceled segment 1"
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait(timeout=CLAIM_TIMEOUT_S)
+        canceling.join(CLAIM_TIMEOUT_S)
+    finally:
+        first.stop()
+        proxy.close()
+    assert _document_events(connection, document_id) == ["document.canceled"]
+
+    restarted = start_front(tmp_path / "second", url, **hooks)
+    try:
+        with restarted.http(None) as http:
+            again = http.delete(f"/v1/documents/{document_id}")
+            assert again.status_code == 200 and again.json()["state"] == "canceled", again.text
+    finally:
+        restarted.stop()
+    assert _document_events(connection, document_id) == ["document.canceled"]  # told once
+
+
+def _delete_until_killed(url: str) -> None:
+    with contextlib.suppress(httpx.TransportError):
+        httpx.delete(url, timeout=CLAIM_TIMEOUT_S * 2)
+
+
+def _document_events(connection: redis.Redis, document_id: str) -> list[str]:
+    entries = connection.xrange(WEBHOOK_OUTBOX)
+    return [fields["event"] for _, fields in entries if fields["job_id"] == document_id]
+
+
+def test_a_submit_whose_exec_answer_is_lost_enqueues_its_job_once(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Redis applies the transaction and the connection drops before its answer (redis-py says
+    WatchError for any connection error under WATCH): the front must find its job in, not
+    enqueue it again (twice in the queue: synthesized twice, told twice)."""
+    url = fresh_db(redis_server, "crash")
+    connection = redis.Redis.from_url(url, decode_responses=True)
+    proxy = HoldingProxy(redis_server.port)
+    front = start_front(tmp_path / "front", proxy.url(DATABASES["crash"]))
+    try:
+        proxy.cut_next_exec(b"rq:job:")
+        with front.http(None) as http:
+            answer = http.post("/v1/jobs", json={"text": "Once."})
+            assert answer.status_code == 202, answer.text
+            job_id = answer.json()["id"]
+        assert proxy.held.is_set()
+    finally:
+        front.stop()
+        proxy.close()
+    queued = [i for key in connection.keys("rq:queue:*") for i in connection.lrange(key, 0, -1)]
+    assert queued == [job_id]
