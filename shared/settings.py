@@ -20,6 +20,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from shared import settings_errors
 from shared.errors import SettingsError
 from shared.settings_batch import BatchSettings
+from shared.settings_bounds import BoundedNumbers
 from shared.settings_connections import ConnectionSettings
 from shared.settings_env import (
     ENV_PREFIX,
@@ -56,6 +57,7 @@ class Settings(
     MemorySettings,
     BatchSettings,
     GpuSettings,
+    BoundedNumbers,
     BaseSettings,
 ):
     """Every knob of a cosyq process; each limit is named here with its default.

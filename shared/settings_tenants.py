@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.errors import UnknownTenantError
 from shared.keys import QUEUES_IN_PRIORITY_ORDER, queue_for
+from shared.settings_bounds import CEILINGS
 from shared.tenants import check_tenant_name
 
 # The highest priority a tenant may be held to: `default` takes `high` away (a tenant's `high`
@@ -35,11 +36,11 @@ class TenantQuota(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_queued_jobs: int | None = Field(None, gt=0)
-    requests_per_minute: int | None = Field(None, gt=0)
+    max_queued_jobs: int | None = Field(None, gt=0, le=CEILINGS["tenant_max_queued_jobs"])
+    requests_per_minute: int | None = Field(None, gt=0, le=CEILINGS["tenant_requests_per_minute"])
     max_priority: MaxPriority | None = None
-    max_voices: int | None = Field(None, gt=0)
-    max_waits: int | None = Field(None, gt=0)
+    max_voices: int | None = Field(None, gt=0, le=CEILINGS["tenant_max_voices"])
+    max_waits: int | None = Field(None, gt=0, le=CEILINGS["tenant_max_waits"])
 
 
 class TenantSettings(BaseModel):

@@ -26,6 +26,8 @@ BROKEN_RULES = {
     "a storage URL": {"COSYQ_STORAGE_URL": "https://key:storage-pass-6VV@bucket/prefix"},
     "a Redis URL urlsplit refuses": {"COSYQ_REDIS_URL": "redis://alice:redis-pass-7Q2@[::1/0"},
     "a signing secret not base64": {"COSYQ_WEBHOOK_SECRET": "whsec_\u00c4signing-8TT"},
+    # reached socket.settimeout as an OverflowError traceback (shared/settings_bounds.py)
+    "a timeout past its ceiling": {"COSYQ_REDIS_CONNECT_TIMEOUT_S": "1e300"},
 }
 COMMANDS = {
     "cosyq status": ["cosyq", "status"],
