@@ -13,7 +13,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
@@ -32,6 +39,7 @@ from shared.settings_front import FrontSettings
 from shared.settings_gpu import GpuSettings
 from shared.settings_llm import LLMSettings
 from shared.settings_memory import MemorySettings
+from shared.settings_paths import FOLDER_FIELDS, check_folder
 from shared.settings_quality import QualitySettings
 from shared.settings_tenants import TenantSettings
 from shared.tenants import DEFAULT_TENANT, ApiKey, parse_api_keys
@@ -323,6 +331,11 @@ class Settings(
             known={ENV_PREFIX + n.upper() for n in Settings.model_fields},
         )
         super().__init__(**values)
+
+    @field_validator(*FOLDER_FIELDS, mode="before")
+    @classmethod
+    def _check_folder(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_folder(info.field_name or "", value)
 
     @field_validator("api_keys")
     @classmethod

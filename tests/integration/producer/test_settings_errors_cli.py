@@ -28,6 +28,10 @@ BROKEN_RULES = {
     "a signing secret not base64": {"COSYQ_WEBHOOK_SECRET": "whsec_\u00c4signing-8TT"},
     # reached socket.settimeout as an OverflowError traceback (shared/settings_bounds.py)
     "a timeout past its ceiling": {"COSYQ_REDIS_CONNECT_TIMEOUT_S": "1e300"},
+    # read as the current folder (shared/settings_paths.py)
+    "an empty model folder": {"COSYQ_MODEL_DIR": ""},
+    # a bare FileExistsError once the worker's model had loaded
+    "a cache folder that is a file": {"COSYQ_HASH_CACHE_DIR": "/dev/null"},
 }
 COMMANDS = {
     "cosyq status": ["cosyq", "status"],
