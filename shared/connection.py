@@ -10,7 +10,8 @@ redis-py raises a wrong password (`AuthenticationError`) as a `ConnectionError`,
 certificate that does not verify as a plain `ConnectionError`; both are settings to fix, not an
 outage to wait out, as is a reply in another protocol (the URL names another service's port)
 and a database number the server does not have (`/99`: a ResponseError on connect) or a
-redis+sentinel:// URL naming a plain Redis (which answers SENTINEL with "unknown command").
+redis+sentinel:// URL naming a plain Redis (which answers SENTINEL with "unknown command", or
+NOAUTH with a password: redis-py took that for a sentinel down, and waited for ever).
 `misconfiguration()` tells them apart; only a refused or reset connection or a timeout is an
 outage.
 """
@@ -28,7 +29,12 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.connection import SENTINEL
 from redis.exceptions import AuthorizationError, InvalidResponse, NoPermissionError, ResponseError
-from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 
 from shared import keys
 from shared.errors import SettingsError, TransientError
@@ -47,7 +53,7 @@ def redis_connection(settings: Settings, *, read_timeout_s: float | None = None)
     """
     options = _client_options(settings, read_timeout_s)
     if urlsplit(settings.redis_url).scheme == SENTINEL_SCHEME:
-        sentinel, address = _sentinels(Sentinel, settings, options)
+        sentinel, address = _sentinels(_Sentinel, settings, options)
         return sentinel.master_for(
             address.service_name,
             db=address.db,
@@ -65,7 +71,7 @@ def async_redis_connection(settings: Settings, *, max_connections: int) -> aiore
     its pool holds at most `max_connections` (one more is an error, not a wait)."""
     options = _client_options(settings, None)
     if urlsplit(settings.redis_url).scheme == SENTINEL_SCHEME:
-        sentinel, address = _sentinels(AsyncSentinel, settings, options)
+        sentinel, address = _sentinels(_AsyncSentinel, settings, options)
         return sentinel.master_for(
             address.service_name,
             db=address.db,
@@ -101,6 +107,49 @@ def _sentinels(
         **options,
     )
     return sentinel, address
+
+
+class SentinelAsksPasswordError(ResponseError):
+    """A redis+sentinel:// host asked for a password: a plain Redis with requirepass, most
+    likely (a Sentinel is asked without one). redis-py's discovery takes its NOAUTH for a
+    sentinel that is down, so the master was "not found" for ever."""
+
+
+_SENTINEL_ASKS_PASSWORD = "a redis+sentinel:// host asks for a password"
+
+
+class _Sentinel(Sentinel):
+    """redis-py's Sentinel, saying why no master was found when a host asked for a password."""
+
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)
+        except MasterNotFoundError:
+            for client in self.sentinels:
+                try:
+                    client.ping()
+                except redis.AuthenticationError as e:
+                    raise SentinelAsksPasswordError(_SENTINEL_ASKS_PASSWORD) from e
+                except redis.RedisError:
+                    continue  # down, or answers: not what hid the master
+            raise
+
+
+class _AsyncSentinel(AsyncSentinel):
+    """The asyncio twin of `_Sentinel`."""
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)
+        except MasterNotFoundError:
+            for client in self.sentinels:
+                try:
+                    await client.ping()
+                except redis.AuthenticationError as e:
+                    raise SentinelAsksPasswordError(_SENTINEL_ASKS_PASSWORD) from e
+                except redis.RedisError:
+                    continue
+            raise
 
 
 class _TlsConnection(redis.SSLConnection):
@@ -182,6 +231,11 @@ def misconfiguration(error: BaseException) -> str | None:
         return "the database number after the host is past the server's `databases` setting"
     if isinstance(error, ResponseError) and "unknown command 'SENTINEL'" in str(error):
         return "a redis+sentinel:// host is not a Sentinel (a plain Redis? then use redis://)"
+    if isinstance(error, SentinelAsksPasswordError):
+        return (
+            "a redis+sentinel:// host asks for a password: not a Sentinel (a plain Redis with"
+            " requirepass? then use redis://); sentinels are asked without one"
+        )
     if not isinstance(error, redis.ConnectionError):
         return None
     cause = _ssl_cause(error)

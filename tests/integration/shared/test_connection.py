@@ -201,3 +201,11 @@ def test_a_sentinel_url_naming_a_plain_redis_is_a_settings_error(redis_url: str)
     assert "a redis+sentinel:// host is not a Sentinel (a plain Redis? then use redis://)" in str(
         error
     )
+
+
+def test_a_sentinel_url_naming_a_plain_redis_with_a_password_is_a_settings_error(
+    secured: SecuredRedis,
+) -> None:
+    # NOAUTH: redis-py's discovery took it for a sentinel down ("No master found", waited out)
+    error = refusal(f"redis+sentinel://127.0.0.1:{secured.port}/mymaster/0")
+    assert "a redis+sentinel:// host asks for a password: not a Sentinel" in str(error)
