@@ -11,7 +11,8 @@ certificate that does not verify as a plain `ConnectionError`; both are settings
 outage to wait out, as is a reply in another protocol (the URL names another service's port)
 and a database number the server does not have (`/99`: a ResponseError on connect) or a
 redis+sentinel:// URL naming a plain Redis (which answers SENTINEL with "unknown command", or
-NOAUTH with a password: redis-py took that for a sentinel down, and waited for ever).
+NOAUTH with a password: redis-py took that for a sentinel down, and waited for ever), and a
+server that takes every connection at start-up and closes it unanswered (shared/first_contact.py).
 `misconfiguration()` tells them apart; only a refused or reset connection or a timeout is an
 outage.
 """
@@ -38,6 +39,7 @@ from redis.sentinel import (
 
 from shared import keys
 from shared.errors import SettingsError, TransientError
+from shared.first_contact import FirstContactConnection, SilentServerError
 from shared.sentinel import SENTINEL_SCHEME, SentinelAddress, parse_sentinel_url
 from shared.settings import Settings
 
@@ -63,6 +65,9 @@ def redis_connection(settings: Settings, *, read_timeout_s: float | None = None)
         )
     if urlsplit(settings.redis_url).scheme == "rediss":
         options["connection_class"] = _TlsConnection
+    if urlsplit(settings.redis_url).scheme == "redis":  # shared/first_contact.py
+        options["connection_class"] = FirstContactConnection
+        options["silent_close_s"] = settings.redis_silent_close_s
     return redis.Redis.from_url(settings.redis_url, **options)
 
 
@@ -227,6 +232,8 @@ def misconfiguration(error: BaseException) -> str | None:
         return f"permission denied (ACL): {_text(error)}"
     if isinstance(error, InvalidResponse):  # its text holds the other server's raw bytes
         return "the server's reply is not in Redis's protocol (another service on that port?)"
+    if isinstance(error, SilentServerError):
+        return str(error)
     if isinstance(error, ResponseError) and "DB index is out of range" in str(error):
         return "the database number after the host is past the server's `databases` setting"
     if isinstance(error, ResponseError) and "unknown command 'SENTINEL'" in str(error):

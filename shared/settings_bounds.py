@@ -38,6 +38,7 @@ CEILINGS: dict[str, float] = {
     # Redis and storage
     "redis_connect_timeout_s": CONNECT_TIMEOUT_S,
     "redis_socket_timeout_s": WAIT_S,
+    "redis_silent_close_s": CONNECT_TIMEOUT_S,
     "redis_health_check_interval_s": DAY,
     "redis_wait_replicas": 1000,
     "redis_wait_timeout_s": HOUR,

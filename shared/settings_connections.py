@@ -34,6 +34,13 @@ class ConnectionSettings(BaseModel):
     redis_socket_timeout_s: float | None = Field(
         None, gt=0, description="Redis read timeout (unset: as long as a blocking call asks)"
     )
+    redis_silent_close_s: float = Field(
+        5.0,
+        ge=0,
+        description="until a process has had a reply from Redis, a server that closes each "
+        "connection unanswered this long (3 tries) is refused as no Redis, exit 2: another "
+        "service's port, a TLS-only Redis (0: waited out as an outage)",
+    )
     redis_health_check_interval_s: int = Field(
         30, ge=0, description="PING an idle Redis connection before reuse after this long"
     )

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from redis.exceptions import AuthorizationError, NoPermissionError
 from rq import Queue, Worker
 from rq.worker import BaseWorker
 
@@ -31,6 +32,8 @@ ROW_NAMES = (REDIS_ROW, STORAGE_ROW, QUEUES_ROW)  # in report order
 REDIS_HINT = "check COSYQ_REDIS_URL (host, port, TLS) and that redis-server is running"
 MIN_REDIS = (6, 2)  # deploy/README.md: Redis 6.2 or newer
 AUTH_HINT = "fix the user and password in COSYQ_REDIS_URL (redis://user:password@host:port/db)"
+# Any other refusal: another service's port, TLS, a database the server lacks, not a Sentinel
+URL_HINT = "fix COSYQ_REDIS_URL: its scheme (rediss:// for TLS), host, port or database"
 
 
 def service_rows(settings: Settings) -> list[Row]:
@@ -60,7 +63,11 @@ def check_redis_row(connection: redis.Redis, settings: Settings) -> tuple[Row, b
     except redis.RedisError as e:
         cause = misconfiguration(e)
         if cause is not None:
-            return fail(GROUP, REDIS_ROW, f"{url}: {cause}", AUTH_HINT), False
+            credentials = isinstance(
+                e, redis.AuthenticationError | AuthorizationError | NoPermissionError
+            )
+            hint = AUTH_HINT if credentials else URL_HINT
+            return fail(GROUP, REDIS_ROW, f"{url}: {cause}", hint), False
         return fail(
             GROUP, REDIS_ROW, f"cannot reach Redis at {url}: {one_line(e)}", REDIS_HINT
         ), False
