@@ -39,7 +39,12 @@ from redis.sentinel import (
 
 from shared import keys
 from shared.errors import SettingsError, TransientError
-from shared.first_contact import FirstContactConnection, SilentServerError
+from shared.first_contact import (
+    FirstContactConnection,
+    PlainTextRedisError,
+    SilentServerError,
+    answers_in_plain_text,
+)
 from shared.sentinel import SENTINEL_SCHEME, SentinelAddress, parse_sentinel_url
 from shared.settings import Settings
 
@@ -171,6 +176,11 @@ class _TlsConnection(redis.SSLConnection):
         try:
             wrapped = super()._wrap_socket_with_ssl(sock)
         except TimeoutError as e:
+            if answers_in_plain_text(self.host, self.port, self.socket_connect_timeout):
+                raise PlainTextRedisError(
+                    f"{self.host}:{self.port} answers in plain text, not TLS: a plain Redis"
+                    " (then use redis://), or its TLS port is another"
+                ) from e
             raise redis.TimeoutError(
                 f"no TLS handshake within {self.socket_connect_timeout} s"
                 " (a rediss:// URL needs a server that speaks TLS)"
@@ -232,7 +242,7 @@ def misconfiguration(error: BaseException) -> str | None:
         return f"permission denied (ACL): {_text(error)}"
     if isinstance(error, InvalidResponse):  # its text holds the other server's raw bytes
         return "the server's reply is not in Redis's protocol (another service on that port?)"
-    if isinstance(error, SilentServerError):
+    if isinstance(error, SilentServerError | PlainTextRedisError):
         return str(error)
     if isinstance(error, ResponseError) and "DB index is out of range" in str(error):
         return "the database number after the host is past the server's `databases` setting"

@@ -14,10 +14,16 @@ tries; when every try in a row was closed so (none refused, timed out or answere
 restarting behind a proxy looks the same and is waited out. COSYQ_REDIS_SILENT_CLOSE_S=0 turns
 the rule off. A proxy that takes connections for a Redis that is down (docker-proxy with the
 container stopped) looks the same too: a longer COSYQ_REDIS_SILENT_CLOSE_S waits it out longer.
+
+The reverse, a rediss:// URL naming a plain-text Redis, times out its TLS handshake (the Redis
+waits for the end of a line), as a Redis busy with a script would: such a timeout is checked
+with a plain-text PING, and only a Redis's reply to it makes it `PlainTextRedisError`.
 """
 
 from __future__ import annotations
 
+import re
+import socket
 import time
 from typing import Any
 
@@ -104,3 +110,25 @@ def _reset(error: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+class PlainTextRedisError(RedisError):
+    """A rediss:// URL names a Redis that answers in plain text: no TLS handshake ever comes.
+
+    Not a TimeoutError: that one is an outage (a Redis busy with a script never answers either),
+    and this reply says the port is a plain-text Redis's."""
+
+
+_RESP_LINE = re.compile(rb"^[+-][A-Za-z]")  # +PONG, -NOAUTH ..., -DENIED ...: Redis's replies
+
+
+def answers_in_plain_text(host: str, port: int, timeout_s: float | None) -> bool:
+    """Whether the server at host:port answers a plain-text PING as a Redis does (after a TLS
+    handshake with it timed out). Any failure to say so is False: the timeout stands."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(b"PING\r\n")
+            reply = sock.recv(64)
+    except OSError:
+        return False
+    return bool(_RESP_LINE.match(reply)) and reply.endswith(b"\r\n")

@@ -139,9 +139,37 @@ def test_a_rediss_url_naming_a_plain_text_server_fails_in_bounded_time(redis_url
     prober.start()
     prober.join(timeout=60)
     assert not prober.is_alive(), "the TLS handshake with a plain-text Redis was never bounded"
-    assert len(outcome) == 1 and isinstance(outcome[0], TransientError)
-    assert "a rediss:// URL needs a server that speaks TLS" in str(outcome[0])
+    # and it is no outage: the server answers a plain PING as Redis (it was waited out for ever)
+    assert len(outcome) == 1 and isinstance(outcome[0], SettingsError)
+    port = port_of(redis_url)
+    assert f"127.0.0.1:{port} answers in plain text, not TLS: a plain Redis" in str(outcome[0])
     assert "plainpass" not in str(outcome[0])
+
+
+def test_a_tls_handshake_that_times_out_on_a_mute_server_is_an_outage() -> None:
+    # a server that takes the connection and says nothing (a Redis busy with a script) stays
+    # an outage: only a plain-text Redis's reply to PING makes the timeout a settings error
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def hold() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=hold, daemon=True).start()
+    settings = load_settings(
+        env_file=None,
+        redis_url=f"rediss://127.0.0.1:{listener.getsockname()[1]}/0",
+        redis_connect_timeout_s=0.3,
+    )
+    try:
+        with pytest.raises(TransientError, match="a rediss:// URL needs a server that speaks TLS"):
+            check_redis(redis_connection(settings), settings)
+    finally:
+        listener.close()
+        for peer in held:
+            peer.close()
 
 
 def test_a_url_naming_another_services_port_is_a_settings_error_without_its_reply() -> None:
