@@ -121,6 +121,18 @@ class ConnectionSettings(BaseModel):
             raise ValueError("an s3 URL takes no credentials: set COSYQ_S3_ACCESS_KEY_ID")
         return value
 
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _check_s3_endpoint_url(cls, value: str | None) -> str | None:
+        """botocore refuses an endpoint without its scheme only when the worker first writes
+        ("Invalid endpoint: minio:9000"), and the front when it first reads."""
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must start with http:// or https://: http://minio:9000")
+        return value
+
     @field_validator("prompt_roots")
     @classmethod
     def _check_prompt_roots(cls, value: str | None) -> str | None:

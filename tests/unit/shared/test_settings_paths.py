@@ -1,6 +1,6 @@
 """Folder settings: an empty value is refused (it read as the current folder), a file where a
 folder goes is refused at load (it was a bare FileExistsError once the model had loaded), `~` is
-the home folder and a relative path is made absolute."""
+the home folder and a relative path is made absolute; an S3 endpoint needs its scheme."""
 
 from __future__ import annotations
 
@@ -64,3 +64,26 @@ def test_a_folder_that_does_not_exist_yet_is_taken(clean_env: Path) -> None:
     settings = load_settings(model_dir=clean_env / "later", ort_cache_dir=clean_env / "a" / "b")
     assert settings.model_dir == clean_env / "later"
     assert settings.ort_cache_dir == clean_env / "a" / "b"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "why"),
+    [
+        ("minio:9000", "must start with http:// or https://"),
+        ("", "must start with http:// or https://"),
+        ("ak:endpoint-secret-5M@minio:9000", "must start with http:// or https://"),
+    ],
+)
+def test_an_s3_endpoint_needs_its_scheme(
+    endpoint: str, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # botocore refused "minio:9000" only when a worker first wrote ("Invalid endpoint")
+    monkeypatch.setenv("COSYQ_S3_ENDPOINT_URL", endpoint)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value).startswith(
+        f"invalid settings: COSYQ_S3_ENDPOINT_URL: Value error, {why}"
+    )
+    assert "endpoint-secret-5M" not in str(caught.value)
+    monkeypatch.setenv("COSYQ_S3_ENDPOINT_URL", "https://s3.example:9000")
+    assert load_settings().s3_endpoint_url == "https://s3.example:9000"
