@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from shared.errors import InvalidRequestError
+from shared.settings_env import redact_url
 
 PROMPT_URI_SCHEMES = ("file://", "s3://")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -154,7 +155,7 @@ def prompt_root(uri: str) -> str:
     if parts.scheme == "s3" and parts.netloc and "@" not in parts.netloc:  # no credentials
         prefix = posixpath.normpath("/" + parts.path.lstrip("/")).rstrip("/")
         return f"s3://{parts.netloc}{prefix}"
-    raise ValueError(f"{uri!r} is not a file:///folder or s3://bucket[/prefix] URI")
+    raise ValueError(f"{redact_url(uri)!r} is not a file:///folder or s3://bucket[/prefix] URI")
 
 
 def _under(place: str, root: str) -> bool:

@@ -97,7 +97,11 @@ def redact_url(url: str, *, keep_user: bool = True, keep_query: bool = True) -> 
     if not keep_query:
         url = _without_query_values(url)
     scheme, sep, rest = url.partition("://")
-    if not sep:
+    if not sep:  # no scheme (forgotten): anything before an '@' may be user:password
+        userinfo, at, hosts = url.rpartition("@")
+        if at:
+            user, colon, _ = userinfo.partition(":")
+            url = (f"{user}:***" if colon and keep_user else "***") + "@" + hosts
         return _SECRET_QUERY.sub(r"\1***", url)
     cut = _authority_end(rest, 0)
     if (userinfo_end := _userinfo_end(rest)) >= 0:  # a raw '/', '?' or '#' in the password

@@ -24,6 +24,9 @@ from shared.settings_env import ENV_PREFIX, redact_url, redact_urls
 SHOWN_INPUT_CHARS = 80  # a longer refused value is cut, so one line stays one line
 # One URL each: masked as a whole (a raw space or comma in a password ends no URL here)
 URL_FIELDS = frozenset({"redis_url", "storage_url", "s3_endpoint_url"})
+# Comma-separated URLs: masked one by one (a URL whose scheme was forgotten is found by no
+# pattern, and its user:password@ would be shown)
+URL_LIST_FIELDS = frozenset({"prompt_roots", "webhook_allowed_urls"})
 
 
 def is_secret(field: FieldInfo) -> bool:
@@ -83,6 +86,8 @@ def _problem(item: Any, fields: Mapping[str, FieldInfo]) -> str:
 
 def masked(name: str, text: str) -> str:
     """A setting's text with its URLs' credentials masked: a URL field's value as one URL."""
+    if name in URL_LIST_FIELDS:
+        return ",".join(redact_url(part) for part in text.split(","))
     return redact_url(text) if name in URL_FIELDS else redact_urls(text)
 
 

@@ -169,3 +169,26 @@ def test_an_empty_redis_url_says_so_once(empty: str) -> None:
     message = str(caught.value)
     assert "COSYQ_REDIS_URL: Value error, is empty: unset it for the default" in message
     assert message.count("(got ") == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("COSYQ_REDIS_URL", "alice:forgot-scheme-6P@127.0.0.1:6379/0"),
+        ("COSYQ_REDIS_URL", ":forgot-scheme-6P@127.0.0.1:6379/0"),
+        ("COSYQ_STORAGE_URL", "key:forgot-scheme-6P@bucket/audio"),
+        ("COSYQ_S3_ENDPOINT_URL", "ak:forgot-scheme-6P@minio:9000"),
+        ("COSYQ_PROMPT_ROOTS", "file:///srv/prompts,key:forgot-scheme-6P@bucket/x"),
+        ("COSYQ_WEBHOOK_ALLOWED_URLS", "key:forgot-scheme-6P@hooks.example/x"),
+    ],
+)
+def test_a_url_whose_scheme_was_forgotten_is_refused_with_its_password_masked(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # without its scheme:// no pattern took it for a URL: the refusal quoted the password
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith(f"invalid settings: {name}: ") and "\n" not in message
+    assert "forgot-scheme-6P" not in message and ":***@" in message, message
