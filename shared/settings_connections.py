@@ -35,7 +35,7 @@ class ConnectionSettings(BaseModel):
         None, gt=0, description="Redis read timeout (unset: as long as a blocking call asks)"
     )
     redis_silent_close_s: float = Field(
-        5.0,
+        15.0,
         ge=0,
         description="until a process has had a reply from Redis, a server that closes each "
         "connection unanswered this long (3 tries) is refused as no Redis, exit 2: another "
