@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -18,7 +19,9 @@ from workers.service import control, metrics
 from workers.service.metrics import MetricsServer
 from workers.service.outage import RedisRefusedError
 from workers.service.pool import Pool, PoolConfig
-from workers.worker import CosyqWorker
+
+if TYPE_CHECKING:
+    from workers.worker import CosyqWorker
 
 EXIT_START_FAILED = 2  # bad settings, no model, Rosetta refused, Redis refused us: fix, restart
 
@@ -58,6 +61,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    # The worker's modules here, not at the top: `pool` (an exec'd pool under each pool test)
+    # and `--help` never run one (0.1 CPU s of their start); the templates import it anyway.
+    from workers.worker import CosyqWorker  # noqa: PLC0415
+
     settings: Settings | None = None
     try:
         settings = load_settings()

@@ -49,3 +49,26 @@ def test_the_levels_still_load_on_first_use() -> None:
     )
     lufs, peak, loaded = out.stdout.split()
     assert -10.0 < float(lufs) < -5.0 and float(peak) == -6.0 and loaded == "True"
+
+
+def test_a_pool_start_leaves_the_worker_and_the_client_out() -> None:
+    """`cosyq-worker pool` (and every `producer.` module a worker imports) started 0.1-0.2 CPU s
+    heavier: the worker's modules, and the whole client through the `producer` package."""
+    code = (
+        "import json, sys\n"
+        "import workers.service.commands\n"
+        "names = ('workers.worker', 'producer.client', 'producer.documents', 'producer.cancel')\n"
+        "print(json.dumps([m for m in names if m in sys.modules]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == []
+
+
+def test_the_producer_package_still_exports_each_name() -> None:
+    import producer  # noqa: PLC0415 (the package's names are loaded on first use)
+    from producer.client import CosyqClient  # noqa: PLC0415
+
+    assert all(hasattr(producer, name) for name in producer.__all__)
+    assert producer.CosyqClient is CosyqClient
