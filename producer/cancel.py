@@ -13,11 +13,19 @@ once.
 The state is read under WATCH of the job's hash and the cancel is that read's MULTI/EXEC: a
 worker that pops and starts (or even finishes) the job between the read and the cancel writes
 its status into the hash, the EXEC is refused and the state is read again. So a finished job is
-never marked canceled over its result, and of many cancels at once exactly one says `canceled`.
+never marked canceled over its result.
+
+Of many cancels at once exactly one says `canceled`, whoever did the work: each cancel sets the
+flag to a token of its own, and the job's hash names the cancel it is told to
+(`keys.CANCELED_BY_FIELD`): the cancel whose transaction canceled it, or, when a worker popped
+the job, saw the flag and canceled it first (workers/service/cancels.py), the token the worker
+read in the flag. Every cancel that set the flag while the job waited reads the state again
+after the worker's record (its EXEC is refused), and finds its own token there or not.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,14 +79,17 @@ def cancel_job(
     """Cancel one job (see the module docstring); JobNotFoundError for an unknown id.
     `webhooks`: tell a waiting job's cancel to its webhook (None: the caller tells)."""
     job = tracker.fetch(job_id)
+    mine = _Canceler(secrets.token_hex(16))
     with connection.pipeline() as pipe:
         for _ in range(CANCEL_TRIES):
             try:
-                outcome = _cancel_watched(connection, pipe, job, flag_ttl_s, webhooks)
+                outcome, acted = _cancel_watched(
+                    connection, pipe, job, mine, flag_ttl_s=flag_ttl_s, webhooks=webhooks
+                )
             except redis.WatchError:  # the job changed meanwhile: read its state again
                 pipe.reset()
                 continue
-            if outcome.verdict == "canceled" and webhooks is not None:
+            if acted and webhooks is not None:  # a worker's cancel keeps its own body
                 keep_body(connection, job, "job.canceled", webhooks)
             return outcome
     raise TransientError(
@@ -86,28 +97,43 @@ def cancel_job(
     )
 
 
+@dataclass
+class _Canceler:
+    """One cancel: its token (it is told `canceled` when the job's hash names it) and the
+    waiting state it last read (what a job a worker canceled for it was)."""
+
+    token: str
+    waited: str = "queued"
+
+
 def _cancel_watched(
     connection: redis.Redis,
     pipe: Pipeline,
     job: Job,
+    mine: _Canceler,
+    *,
     flag_ttl_s: int,
     webhooks: WebhookPolicy | None,
-) -> CancelOutcome:
-    """One try: the state read under WATCH of the job's hash, then (a waiting job) the event
-    and RQ's cancel in one MULTI/EXEC; WatchError when the job changed meanwhile."""
+) -> tuple[CancelOutcome, bool]:
+    """One try: the state read under WATCH of the job's hash, then (a waiting job) the event,
+    RQ's cancel and this cancel's token as the hash's canceler in one MULTI/EXEC; WatchError
+    when the job changed meanwhile. With the outcome: whether this try's EXEC canceled it."""
     pipe.watch(job.key)
-    raw = pipe.hget(job.key, "status")
+    raw, canceler = pipe.hmget(job.key, ["status", keys.CANCELED_BY_FIELD])
     if raw is None and not pipe.exists(job.key):
         raise JobNotFoundError(f"no job {job.id} (deleted while being canceled)")
-    state = (raw.decode() if isinstance(raw, bytes) else raw) or "unknown"
-    if state == "canceled":
-        return CancelOutcome(job.id, "already_canceled", state)
+    state = _text(raw) or "unknown"
+    if state == "canceled":  # by a worker for this cancel's flag, or by another cancel
+        if _text(canceler) == mine.token:
+            return CancelOutcome(job.id, "canceled", mine.waited), False
+        return CancelOutcome(job.id, "already_canceled", state), False
     if state in ENDED_STATES:
-        return CancelOutcome(job.id, "already_ended", state)
+        return CancelOutcome(job.id, "already_ended", state), False
     # outside the transaction, at once: a worker popping the job from now on reads it first
-    connection.set(keys.cancel_key(job.id), "1", ex=flag_ttl_s)
+    connection.set(keys.cancel_key(job.id), mine.token, ex=flag_ttl_s)
     if state not in WAITING_STATES:  # started (or a state RQ adds later): the worker stops it
-        return CancelOutcome(job.id, "stopping", state)
+        return CancelOutcome(job.id, "stopping", state), False
+    mine.waited = state
     pipe.multi()
     if webhooks is not None:
         job_ended(pipe, job, "job.canceled", webhooks)
@@ -117,5 +143,10 @@ def _cancel_watched(
         # changed under us: canceled by another cancel, or taken by a worker (RQ reads the
         # job's executions outside the transaction and finds one gone: ValueError)
         raise redis.WatchError(f"job {job.id} changed while being canceled") from e
+    pipe.hset(job.key, keys.CANCELED_BY_FIELD, mine.token)
     pipe.execute()
-    return CancelOutcome(job.id, "canceled", state)
+    return CancelOutcome(job.id, "canceled", state), True
+
+
+def _text(raw: bytes | str | None) -> str | None:
+    return raw.decode() if isinstance(raw, bytes) else raw

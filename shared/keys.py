@@ -45,7 +45,10 @@ ORPHAN_SWEEP_LOCK = PREFIX + "orphan-sweep-lock"  # one sweeper per housekeeping
 WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the worker's WorkerStats
 WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
-CANCEL_PREFIX = PREFIX + "cancel:"  # + job id -> "1" (result TTL): stop it at its next step
+CANCEL_PREFIX = PREFIX + "cancel:"  # + job id -> the cancel's token (result TTL): stop it
+# the job hash's field naming the cancel (its token) a canceled job is told to: the one whose
+# flag the worker read, or whose own transaction canceled it (producer/cancel.py)
+CANCELED_BY_FIELD = "cosyq_canceled_by"
 AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # + job id -> Redis Stream of a streamed job's audio chunks
 # Webhooks (shared/webhooks.py, producer/webhooks/): the workers' outbox (a Redis Stream read by the
 # dispatchers' consumer group), deliveries waiting for their next try, and dead letters.

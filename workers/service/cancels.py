@@ -7,7 +7,10 @@
   `COSYQ_CANCEL_CHECK_MS`, so a check per LLM step costs nothing;
 - the engine then raises `SynthesisCanceled`; the job boundary calls `record_canceled`: status
   `canceled`, RQ's canceled registry (never failed, never retried), its started entry and the
-  flag gone, and a `job.canceled` webhook event when the job asked for one.
+  flag gone, and a `job.canceled` webhook event when the job asked for one. The hash names the
+  cancel whose token the flag held (`keys.CANCELED_BY_FIELD`, unless a cancel's own transaction
+  named itself first): that cancel, reading the job again, answers `canceled`; the others
+  `already_canceled`.
 """
 
 from __future__ import annotations
@@ -82,7 +85,10 @@ def record_canceled(
     def write() -> None:
         if webhooks is not None:
             job_events.job_ended(connection, job, "job.canceled", webhooks)
+        token = connection.get(keys.cancel_key(job.id))  # the cancel told it did the work
         with connection.pipeline() as pipe:
+            if token is not None:
+                pipe.hsetnx(job.key, keys.CANCELED_BY_FIELD, token)
             if execution is not None:
                 execution.delete(job=job, pipeline=pipe)
             pipe.lrem(queue.intermediate_queue_key, 1, job.id)
