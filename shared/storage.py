@@ -9,7 +9,9 @@ gone from this host, else once it is older than the job timeout.
 Either backend reads both kinds of URI (`get`), for prompt audio; a stored result is read only
 when `stored_key` finds it under the storage's own base URI (the front, `cosyq say --out`).
 Failures are StorageError (permanent: fix the configuration) or StorageUnavailableError (may
-pass: retry), decided by errno or S3 error code.
+pass: retry), decided by errno or S3 error code. Beside a job's audio a folder keeps a note of
+which job wrote it (shared/audio_notes.py), as S3 keeps it in the object's metadata; deleting
+the audio deletes its note.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
+from shared.audio_notes import AudioNote, note_path
 from shared.errors import (
     CosyqError,
     InvalidRequestError,
@@ -39,10 +42,13 @@ from shared.errors import (
     StorageUnavailableError,
 )
 from shared.jobs import check_output_key
+from shared.logs import get_logger
 from shared.output_keys import automatic_key, check_tenant_key
 from shared.s3 import S3Access
 from shared.settings import Settings
 from shared.tenants import DEFAULT_TENANT
+
+log = get_logger(__name__)
 
 MAX_KEY_CHARS = 1024  # the longest key a storage writes (`uri_for`)
 _JOB_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -176,7 +182,8 @@ def _check_size(uri: str, size: int, limit: int) -> None:
 
 
 class FileStorage(Storage):
-    """A local or mounted folder. Metadata is not kept beside the file (the result carries it)."""
+    """A local or mounted folder. Metadata is not kept beside the file (the result carries it),
+    but for a job's audio: its note (shared/audio_notes.py)."""
 
     def __init__(self, settings: Settings, root: Path) -> None:
         super().__init__(settings)
@@ -193,10 +200,10 @@ class FileStorage(Storage):
         path = self.root / check_output_key(key, limit=1024)
         try:
             self._make_folders(key, path.parent)
-            _write_atomically(path, data)
+            written = _write_atomically(path, data)
         except OSError as e:
             raise file_error(e, f"cannot write {path}") from e
-        _remove_stale_temps(path, self._stale_temp_s)
+        self._written(path, written, metadata)
         return StoredObject(uri=path.as_uri(), bytes=len(data))
 
     def put_file(
@@ -206,12 +213,17 @@ class FileStorage(Storage):
         try:
             self._make_folders(key, target.parent)
             with path.open("rb") as source:
-                _write_atomically(target, source)
-            size = target.stat().st_size
+                written = _write_atomically(target, source)
         except OSError as e:
             raise file_error(e, f"cannot write {target}") from e
-        _remove_stale_temps(target, self._stale_temp_s)
-        return StoredObject(uri=target.as_uri(), bytes=size)
+        self._written(target, written, metadata)
+        return StoredObject(uri=target.as_uri(), bytes=written.st_size)
+
+    def _written(self, path: Path, written: os.stat_result, metadata: Mapping[str, str]) -> None:
+        """After a write: a job's audio gets its note; killed writers' temp files go."""
+        if _write_note(path, written, metadata):
+            _remove_stale_temps(note_path(path), self._stale_temp_s)
+        _remove_stale_temps(path, self._stale_temp_s)
 
     def _make_folders(self, key: str, folder: Path) -> None:
         """Make `folder` under the root one level at a time, each level checked to resolve
@@ -229,6 +241,7 @@ class FileStorage(Storage):
         path = self.root / check_output_key(key, limit=1024)
         try:
             path.unlink(missing_ok=True)
+            note_path(path).unlink(missing_ok=True)
         except OSError as e:
             raise file_error(e, f"cannot delete {path}") from e
 
@@ -262,9 +275,9 @@ def _writer() -> str:
     return f"{host}-{os.getpid()}"
 
 
-def _write_atomically(path: Path, data: bytes | BinaryIO) -> None:
+def _write_atomically(path: Path, data: bytes | BinaryIO) -> os.stat_result:
     """Temp file in the same folder, fsync, rename over the target (`data`: bytes, or a file
-    copied in blocks)."""
+    copied in blocks); the written file's stat."""
     prefix = f".{path.name}.{_writer()}."
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
@@ -276,10 +289,27 @@ def _write_atomically(path: Path, data: bytes | BinaryIO) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.chmod(temp_name, 0o644)
+        written = os.stat(temp_name)
         os.replace(temp_name, path)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+    return written
+
+
+def _write_note(path: Path, written: os.stat_result, metadata: Mapping[str, str]) -> bool:
+    """A job's audio (its metadata names the job and the sha256): its note beside it, after it
+    is in place. A note not written costs a GET a hash, never a wrong answer: any note left
+    there describes another file (shared/audio_notes.py). False: no note for this write."""
+    job_id, sha256 = metadata.get(JOB_ID_METADATA), metadata.get("sha256")
+    if job_id is None or sha256 is None:
+        return False
+    note = AudioNote.of(written, job_id=job_id, sha256=sha256)
+    try:
+        _write_atomically(note_path(path), note.encode())
+    except OSError as e:
+        log.warning("audio_note_unwritten", path=str(path), error=e.strerror or str(e))
+    return True
 
 
 def _remove_stale_temps(path: Path, older_than_s: float) -> None:

@@ -10,7 +10,6 @@ answers as it does for an id that never existed, and the front logs why.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from producer.http.context import FrontContext
 from producer.http.errors import ApiError
 from shared.audio import CONTENT_TYPES
+from shared.audio_notes import holds_audio
 from shared.document_state import not_found
 from shared.errors import JobNotFoundError, ObjectNotFoundError, StorageError
 from shared.output_keys import owns_key
@@ -62,7 +62,8 @@ def _open(
 ) -> tuple[Iterator[bytes], int]:
     """The object's chunks and size. With `job`, the object must still be that job's audio
     (`_replaced`): a later job given the same `output_key` overwrites it, and the front never
-    hands one job's bytes out as another's."""
+    hands one job's bytes out as another's. A file says so by its note, else by its hash
+    (shared/audio_notes.py); an S3 object by its metadata."""
     parts = urlsplit(uri)
     if parts.scheme == "file":
         path = Path(unquote(parts.path))
@@ -73,11 +74,10 @@ def _open(
         except OSError as e:
             raise StorageError(f"cannot read {uri}: {e.strerror or e}") from e
         size = os.fstat(file.fileno()).st_size
-        # the open file's own bytes: a write meanwhile renames a new file over the path
-        if job is not None and hashlib.file_digest(file, "sha256").hexdigest() != job.sha256:
+        # the open file's own: a write meanwhile renames a new file over the path
+        if job is not None and not holds_audio(path, file, job.sha256):
             file.close()
             raise _replaced(job)
-        file.seek(0)
 
         def chunks() -> Iterator[bytes]:
             with file:

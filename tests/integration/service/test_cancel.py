@@ -20,6 +20,7 @@ from rq.registry import CanceledJobRegistry, FailedJobRegistry, StartedJobRegist
 
 from producer.client import CosyqClient
 from shared import keys
+from shared.audio_notes import NOTE_SUFFIX
 from shared.errors import JobCanceledError, StreamFailedError
 from shared.settings import load_settings
 from tests.doubles.harness import Cluster, enqueue, json_queue, named, statuses, wait_for
@@ -40,7 +41,9 @@ def client(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CosyqCli
 
 
 def stored(cluster: Cluster, job: Job) -> list[Path]:
-    return list((cluster.root / "out").rglob(f"*{job.id}*"))
+    """The job's audio files (its notes, shared/audio_notes.py, are not counted)."""
+    files = (cluster.root / "out").rglob(f"*{job.id}*")
+    return [path for path in files if not path.name.endswith(NOTE_SUFFIX)]
 
 
 def synthesized(cluster: Cluster, job: Job) -> list[dict]:

@@ -69,4 +69,4 @@ def test_a_permanent_write_failure_is_a_storage_error_and_leaves_no_temp_file(
     assert failed[0]["kind"] == "storage" and failed[0]["will_retry"] is False
     assert good.get_status() == "finished"
     leftovers = sorted(str(p.relative_to(out)) for p in Path(out).rglob("*"))
-    assert leftovers == ["fine.wav", "taken.wav", "taken.wav/keep"]
+    assert leftovers == [".fine.wav.cosyq.json", "fine.wav", "taken.wav", "taken.wav/keep"]

@@ -108,7 +108,8 @@ def test_file_put_get_round_trip(tmp_path: Path) -> None:
     assert storage.get(stored.uri) == encoded.data
     assert decode_audio(storage.get(stored.uri))[0].shape == (2400,)
     assert oct(path.stat().st_mode & 0o777) == "0o644"
-    assert [p.name for p in path.parent.iterdir()] == ["job1.wav"]  # no temp file left
+    # no temp file left; the audio's note beside it (shared/audio_notes.py)
+    assert sorted(p.name for p in path.parent.iterdir()) == [".job1.wav.cosyq.json", "job1.wav"]
 
 
 def test_file_put_replaces_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,13 +6,16 @@ each job's audio answers 200 only with bytes whose sha256 is that job's own resu
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import boto3
 import httpx
 import pytest
 
+from shared.audio_notes import note_path
 from tests.doubles.harness import Cluster
 from tests.integration.conftest import S3Endpoint
 from tests.integration.producer.http.conftest import start_front
@@ -88,3 +91,37 @@ def test_a_reused_output_key_never_serves_one_jobs_audio_as_anothers(
             error = audio.json()["error"]
             assert error["code"] == "audio_not_found" and "output_key" in error["message"]
     assert len(served) == 1  # the object holds exactly one job's audio
+
+
+def test_a_folders_audio_is_checked_by_its_note_not_its_hash(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """On a folder the front believes the note beside the audio (shared/audio_notes.py) while it
+    describes the file: shown by a file changed in place, its size and mtime put back (no
+    writer of ours does that), still relayed. Without a note (a worker from before notes) the
+    file is hashed: the changed bytes are refused, the job's own served."""
+    front = start_front(tmp_path / "front", redis_url)
+    storage = {"COSYQ_STORAGE_URL": front.storage.as_uri()}
+    cluster = Cluster(redis_url=redis_url, root=tmp_path, overrides=storage)
+    try:
+        with front.http(key=None) as http:
+            job_id = http.post("/v1/jobs", json={"text": "noted", "format": "wav"}).json()["id"]
+            worker = cluster.start("run", "--burst", log_name="worker.log")
+            assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-2000:]
+            path = Path(unquote(urlsplit(finished(http, job_id)["uri"]).path))
+            audio, before = path.read_bytes(), path.stat()
+            changed = bytes([audio[0] ^ 1]) + audio[1:]
+            with path.open("r+b") as file:
+                file.write(changed[:1])
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+            believed = http.get(f"/v1/jobs/{job_id}/audio")
+            note_path(path).unlink()
+            hashed = http.get(f"/v1/jobs/{job_id}/audio")
+            path.write_bytes(audio)
+            restored = http.get(f"/v1/jobs/{job_id}/audio")
+    finally:
+        front.stop()
+        cluster.stop_all()
+    assert believed.status_code == 200 and believed.content == changed
+    assert hashed.status_code == 404 and hashed.json()["error"]["code"] == "audio_not_found"
+    assert restored.status_code == 200 and restored.content == audio
