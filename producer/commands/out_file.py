@@ -8,6 +8,7 @@ fails, times out or does not exist leaves an existing file exactly as it was, an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -16,8 +17,8 @@ from pathlib import Path
 from typing import IO
 
 from producer.commands.exits import UsageError
-from shared.errors import StorageError
-from shared.results import AUDIO_FORMATS
+from shared.errors import ObjectNotFoundError, StorageError
+from shared.results import AUDIO_FORMATS, SynthesisResult
 from shared.settings_env import redact_url
 from shared.storage import Storage, stored_key
 
@@ -77,6 +78,17 @@ def check_stored(storage: Storage, uri: str) -> None:
             f"the result names {redact_url(uri)}, which is not under COSYQ_STORAGE_URL "
             f"({redact_url(storage.base_uri)}): not read (a worker writing to another "
             "storage, or a result rewritten in Redis)"
+        )
+
+
+def check_own_audio(data: bytes, result: SynthesisResult) -> None:
+    """The bytes read are the job's own (its result's sha256), as the front checks: a later job
+    of the tenant given the same output_key replaces the file, and --out never gets that job's
+    audio. ObjectNotFoundError (exit 1, --out left as it was) otherwise."""
+    if hashlib.sha256(data).hexdigest() != result.sha256:
+        raise ObjectNotFoundError(
+            f"{redact_url(result.uri)} now holds another job's audio (a later job wrote the "
+            f"same output_key): job {result.job_id}'s audio is gone; --out not written"
         )
 
 

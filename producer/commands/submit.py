@@ -20,6 +20,7 @@ from producer.commands.exits import EXIT_CANCELED, EXIT_FAILED, EXIT_NOT_DONE, U
 from producer.commands.out_file import (
     audio_format_of,
     check_out_folder,
+    check_own_audio,
     check_stored,
     write_replacing,
 )
@@ -290,6 +291,7 @@ def run_say(args: argparse.Namespace, context: CliContext) -> int:
     storage = open_storage(context.settings)
     check_stored(storage, result.uri)
     data = storage.get(result.uri)
+    check_own_audio(data, result)
     write_replacing(Path(args.out), data)
     context.out.print(f"wrote {args.out}: {line} (job {job_id})", markup=False)
     return 0

@@ -441,6 +441,25 @@ def test_say_refuses_a_result_outside_its_storage_and_leaves_the_file(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keep")] == []
 
 
+def test_say_refuses_a_file_a_later_job_replaced_and_leaves_the_file(
+    settings: Settings, connection: redis.Redis, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The result's file now holds another job's audio (a later job given the same output_key
+    replaced it before `say` read it): not written to --out, one line, exit 1."""
+    replaced = tmp_path / "audio" / "same.wav"
+    replaced.parent.mkdir(parents=True)
+    replaced.write_bytes(b"RIFF a later job's audio")
+    keep = tmp_path / "keep.wav"
+    keep.write_bytes(KEEP)
+    worker = as_worker(connection, lambda c, job_id: finish_with_uri(c, job_id, replaced.as_uri()))
+    assert cosyq("say", "Hello.", "--out", str(keep), "--timeout", "30") == 1
+    worker.join(timeout=30)
+    line = one_line(capsys.readouterr().err)
+    assert "now holds another job's audio" in line and "output_key" in line, line
+    assert keep.read_bytes() == KEEP
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keep")] == []
+
+
 def test_document_result_refuses_a_file_outside_its_storage_and_writes_none(
     settings: Settings, connection: redis.Redis, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
