@@ -17,8 +17,8 @@ from pydantic_core import PydanticCustomError
 from shared.request_limits import RequestLimits
 from shared.text_markup import (
     MarkupError,
-    cjk_characters,
-    cjk_floor,
+    Segment,
+    SpeechCount,
     is_ssml,
     literal,
     minimum_text_tokens,
@@ -27,7 +27,6 @@ from shared.text_markup import (
     refuse_control_characters,
     refuse_many_breaks,
     speech_limit_message,
-    speech_seconds,
 )
 
 TextMarkup = Literal["auto", "plain"]
@@ -69,8 +68,9 @@ def model_text(text: str, markup: TextMarkup) -> str:
 
 def check_markup(text: str, markup: TextMarkup, limits: RequestLimits) -> str:
     """Refused markup in `text` read as `markup`, and the speech bound as far as it is known
-    without the model: pauses exactly, words at their floor of one token, CJK characters at
-    theirs (`text_markup.CJK_FLOOR_TOKENS`; the worker checks again with real counts).
+    without the model: pauses exactly, CJK characters as the worker counts them
+    (`text_markup.CJK_SECONDS_PER_CHARACTER`), the other words and numbers at their floor of
+    one token each (`SpeechCount.floor_seconds`; the worker counts their real tokens).
     Returns `text` as written."""
     try:
         segments = parse_markup(model_text(text, markup), max_break_s=limits.max_break_seconds)
@@ -80,17 +80,23 @@ def check_markup(text: str, markup: TextMarkup, limits: RequestLimits) -> str:
         refuse_many_breaks(segments, limits.max_breaks)
     except MarkupError as e:
         raise rule(str(e)) from e
-    words = " ".join(s for s in segments if isinstance(s, str))
-    floor = minimum_text_tokens(words)
-    estimate = speech_seconds(floor, pause_seconds(segments))
+    count, pauses = speech_floor(segments)
+    estimate = count.floor_seconds(pauses)
     if estimate > limits.max_speech_seconds:
-        detail = f"at least {floor:,} words or numbers"
-        if cjk := cjk_characters(words):
-            counted = f"{cjk_floor(words):,.0f}"
-            detail += f", counting {cjk:,} Chinese, Japanese or Korean characters as {counted},"
-        detail += f" and {pause_seconds(segments):g} s of pauses"
+        if not count.cjk_characters:
+            detail = f"at least {count.tokens:,} words or numbers and {pauses:g} s of pauses"
+        else:
+            words_s = f"at least {count.tokens:,} other words or numbers" if count.tokens else ""
+            detail = count.describe(words_s, f"{pauses:g} s of pauses" if pauses else "")
         raise rule(speech_limit_message(estimate, limits.max_speech_seconds, detail))
     return text
+
+
+def speech_floor(segments: list[Segment]) -> tuple[SpeechCount, float]:
+    """What submit counts of parsed text (`SpeechCount.floor_seconds` of it is the estimate):
+    its CJK characters, one token per other word or number, and its pauses."""
+    words = " ".join(s for s in segments if isinstance(s, str))
+    return SpeechCount.of(words, minimum_text_tokens), pause_seconds(segments)
 
 
 def plain_hint(text: str) -> str:

@@ -16,7 +16,8 @@ Three kinds of markup reach us:
   decoded from an entity.
 
 `parse_markup` is pure and torch-free: the producer runs it at submit and the worker again.
-The speech estimate (`SECONDS_PER_TEXT_TOKEN`) is here too, so both sides count alike.
+The speech estimate (`SpeechCount`: CJK characters per character, the rest per text token) is
+here too, so both sides count alike.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import html
 import math
 import re
+import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # CosyVoice 2's documented control tags (upstream CosyVoice2Tokenizer's special tokens after
@@ -85,7 +88,8 @@ _LITERAL_ANGLE_RE = re.compile(r"<(?=[A-Za-z/|])")
 
 # Speech per text token after normalisation: ~3.3 Qwen2 tokens per second of read speech in
 # English (~14 characters/s, ~4 characters/token) and in Chinese (~4.5 characters/s, ~1.4
-# characters/token); CosyVoice 2 emits 25 speech tokens/s, i.e. ~7.5 per text token.
+# characters/token); CosyVoice 2 emits 25 speech tokens/s, i.e. ~7.5 per text token. The speech
+# bound counts CJK characters per character instead (`CJK_SECONDS_PER_CHARACTER`).
 SECONDS_PER_TEXT_TOKEN = 0.3
 _WORD_OR_NUMBER_RE = re.compile(r"[^\W\d_]+|\d+")
 # A high estimate of the same count from characters alone (the producer has no tokenizer), so
@@ -98,19 +102,24 @@ _LATIN_RE = re.compile(r"[A-Za-z]")
 _DIGIT_RE = re.compile(r"\d")
 _OTHER_LETTER_RE = re.compile(r"[^\W\d_A-Za-z]")
 _SYMBOL_RE = re.compile(r"[^\w\s]|_")
-# Chinese, Japanese and Korean write no spaces between words, so a run of letters is a clause,
-# not a word: per character, a floor on Qwen2's tokens (its Han tokens hold at most 4
-# characters; formal Chinese measured 0.46 tokens per character, modern prose 0.7-0.8,
-# classical 0.9; polite Japanese kana 0.4; Korean 0.9-1.1). As speech: 0.12 s per Han
-# character, 0.09 s per kana, 0.15 s per Hangul syllable, about half of what each is read in.
-CJK_FLOOR_TOKENS = {"han": 0.4, "kana": 0.3, "hangul": 0.5}
-_CJK_FLOOR_RATES = (
-    (
-        re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]"),
-        CJK_FLOOR_TOKENS["han"],
-    ),
-    (re.compile("[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9d]"), CJK_FLOOR_TOKENS["kana"]),
-    (re.compile("[\uac00-\ud7a3]"), CJK_FLOOR_TOKENS["hangul"]),
+# Chinese, Japanese and Korean are estimated per character, not per token, the same way at the
+# producer and at the worker: a tokenizer's count of them says little about their speech (Qwen2
+# makes 0.46 tokens of formal Chinese per character, 0.7-0.8 of prose, 1.2 of Cantonese; the
+# tiny test model's byte BPE ~3), while each Han character or Hangul syllable is one spoken
+# syllable and each kana about one mora. Read speech runs ~5 syllables/s in Mandarin (5.2 in
+# Pellegrino et al. 2011, news reading 240-300 characters a minute) and in Korean (5-6), and
+# ~8 morae/s in Japanese (7.8): 0.2 s per Han character or Hangul syllable, 0.125 s per kana.
+# The rest of the text (Latin, digits ...) counts by its text tokens.
+CJK_SECONDS_PER_CHARACTER = {"han": 0.2, "kana": 0.125, "hangul": 0.2}
+_HAN = "\u3005-\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"  # 々〆〇 too
+_KANA = "\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9d"
+_HANGUL = "\uac00-\ud7a3"
+_CJK_PATTERNS = (re.compile(f"[{_HAN}]"), re.compile(f"[{_KANA}]"), re.compile(f"[{_HANGUL}]"))
+_CJK_RE = re.compile(f"[{_HAN}{_KANA}{_HANGUL}]+")
+# The submit floor of a word or number outside CJK characters: one text token (0.3 s), but in a
+# text that holds CJK it may be read as one syllable (0.2 s: "5m" is 五米), so it counts as that.
+_WORD_FLOOR_BESIDE_CJK_S = min(
+    SECONDS_PER_TEXT_TOKEN, CJK_SECONDS_PER_CHARACTER["han"], CJK_SECONDS_PER_CHARACTER["hangul"]
 )
 
 
@@ -355,23 +364,81 @@ def speech_seconds(text_tokens: int, pauses_s: float = 0.0) -> float:
 def minimum_text_tokens(text: str) -> int:
     """A floor on the text tokens `text` becomes after normalisation, without the model: every
     run of letters or of digits is at least one Qwen2 token (its pre-tokenizer never joins two
-    such runs, and a number is spoken as at least one word), and a run of Chinese, Japanese or
-    Korean, which writes no spaces between words (a whole clause is one run), at least its
-    characters at `CJK_FLOOR_TOKENS`."""
-    return sum(
-        max(1, math.ceil(cjk_floor(run)))
-        for run in _WORD_OR_NUMBER_RE.findall(CONTROL_TAG_RE.sub(" ", text))
-    )
+    such runs, and a number is spoken as at least one word). Applied to the rest of a text
+    beside its CJK characters (`SpeechCount`), which count per character."""
+    return len(_WORD_OR_NUMBER_RE.findall(CONTROL_TAG_RE.sub(" ", text)))
 
 
-def cjk_floor(text: str) -> float:
-    """The floor on the Qwen2 tokens of the CJK characters in `text` (`CJK_FLOOR_TOKENS`)."""
-    return sum(rate * len(pattern.findall(text)) for pattern, rate in _CJK_FLOOR_RATES)
+@dataclass(frozen=True)
+class SpeechCount:
+    """What a text's speech estimate counts: its Chinese, Japanese and Korean characters, each
+    at its seconds (`CJK_SECONDS_PER_CHARACTER`), and the text tokens of the rest. The producer
+    and the worker count CJK characters with the same code, so for a text of only those the two
+    estimates are equal; the rest is counted by the producer at its floor (one per word or
+    number) and by the worker with the model's tokenizer."""
+
+    han: int = 0  # Han characters
+    kana: int = 0
+    hangul: int = 0  # Hangul syllables
+    tokens: int = 0  # of the rest: the spans between CJK characters that hold a letter or digit
+
+    @classmethod
+    def of(
+        cls, text: str, count_tokens: Callable[[str], int], *, whole_tokens: int | None = None
+    ) -> SpeechCount:
+        """`count_tokens` is given each span between CJK characters that holds a letter or a
+        digit, stripped; `whole_tokens`, the text's own count when known, stands for it in a
+        text without CJK."""
+        han, kana, hangul = (len(pattern.findall(text)) for pattern in _CJK_PATTERNS)
+        if not han + kana + hangul:
+            tokens = whole_tokens if whole_tokens is not None else count_tokens(text.strip())
+            return cls(tokens=tokens if _speakable(text) else 0)
+        spans = (span.strip() for span in _CJK_RE.split(text))
+        return cls(han, kana, hangul, sum(count_tokens(span) for span in spans if _speakable(span)))
+
+    def __add__(self, other: SpeechCount) -> SpeechCount:
+        return SpeechCount(
+            self.han + other.han,
+            self.kana + other.kana,
+            self.hangul + other.hangul,
+            self.tokens + other.tokens,
+        )
+
+    @property
+    def cjk_characters(self) -> int:
+        return self.han + self.kana + self.hangul
+
+    @property
+    def cjk_s(self) -> float:
+        """The CJK characters' speech, from whole counts: equal wherever they are equal."""
+        rates = CJK_SECONDS_PER_CHARACTER
+        return self.han * rates["han"] + self.kana * rates["kana"] + self.hangul * rates["hangul"]
+
+    def seconds(self, pauses_s: float = 0.0) -> float:
+        """The worker's estimate: CJK characters at their seconds, the rest's real tokens."""
+        return self.cjk_s + speech_seconds(self.tokens, pauses_s)
+
+    def floor_seconds(self, pauses_s: float = 0.0) -> float:
+        """The producer's estimate, `tokens` being its floor of one per word or number: never
+        above what the worker counts. Beside CJK characters a word or number may be read as one
+        syllable (5m is 五米), so there each counts as that (0.2 s), else as one token."""
+        per_word = _WORD_FLOOR_BESIDE_CJK_S if self.cjk_characters else SECONDS_PER_TEXT_TOKEN
+        return self.cjk_s + self.tokens * per_word + pauses_s
+
+    def describe(self, *rest: str) -> str:
+        """The count for a message: "1,000 Chinese, Japanese or Korean characters, 200 s at ..."
+        before the parts of `rest` that are not empty, joined by semicolons."""
+        rates = CJK_SECONDS_PER_CHARACTER
+        cjk = (
+            f"{self.cjk_characters:,} Chinese, Japanese or Korean characters, "
+            f"{self.cjk_s:,.0f} s at {rates['han']:g} s a Han character or Hangul syllable "
+            f"and {rates['kana']:g} s a kana"
+        )
+        return "; ".join(([cjk] if self.cjk_characters else []) + [part for part in rest if part])
 
 
-def cjk_characters(text: str) -> int:
-    """How many Han, kana and Hangul characters `text` holds."""
-    return sum(len(pattern.findall(text)) for pattern, _ in _CJK_FLOOR_RATES)
+def _speakable(text: str) -> bool:
+    return any(unicodedata.category(c)[0] in ("L", "N") for c in text)
 
 
 def estimated_text_tokens(text: str) -> int:

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from shared.errors import InvalidRequestError
-from shared.text_markup import speech_limit_message, speech_seconds
 from workers.engine import family_stages, modes
 from workers.engine.api import (
     ChunkSink,
@@ -42,6 +41,7 @@ from workers.engine.devices import resolve_device, resolve_dtype
 from workers.engine.modes import MAX_PROMPT_TEXT_TOKENS, raw_text, with_text_prefix
 from workers.engine.prompt_models import PromptModels
 from workers.engine.requests import RequestPlan, RequestState
+from workers.engine.speech_bound import check_speech_bound
 from workers.engine.stages import FlowStage, ModuleFlow, SpeechTokenStage, VocoderStage
 from workers.engine.stream_join import StreamJoiner
 from workers.engine.streaming import PieceStream, StreamSchedule
@@ -272,7 +272,10 @@ class SynthesisPipeline:
             raw=raw_text(self.family, request.mode),
         )
         check_speech_bound(
-            pieces, self.options.max_speech_seconds, per_piece=request.split_past_limit
+            pieces,
+            self.options.max_speech_seconds,
+            self.frontend.count_tokens,
+            per_piece=request.split_past_limit,
         )
         return pieces
 
@@ -394,25 +397,6 @@ def engine_output(samples: np.ndarray, sample_rate: int, state: RequestState) ->
         text_tokens=state.text_tokens,
         seed=state.seed,
     )
-
-
-def check_speech_bound(pieces: list[TextPiece], limit_s: float, *, per_piece: bool = False) -> None:
-    """Refuse, before any synthesis, a request whose speech estimate (text tokens after
-    normalisation, plus pauses) is over `limit_s`: a runaway expansion would outlast the job
-    timeout and be retried. `per_piece` (a document's segment): the text is split again, at
-    the pieces the model's own count made, and each piece alone must be within `limit_s`."""
-    if per_piece:
-        for piece in pieces:
-            check_speech_bound([piece], limit_s)
-        return
-    tokens = sum(len(piece.ids) for piece in pieces)
-    pauses = sum(piece.pause_before_s or 0.0 for piece in pieces) + pieces[-1].pause_after_s
-    estimate = speech_seconds(tokens, pauses)
-    if estimate > limit_s:
-        detail = f"{tokens:,} text tokens after normalisation in {len(pieces)} pieces"
-        if pauses:
-            detail += f", {pauses:g} s of pauses"
-        raise InvalidRequestError(f"text: {speech_limit_message(estimate, limit_s, detail)}")
 
 
 def _check_request(request: SynthesisInput) -> None:

@@ -40,6 +40,8 @@ PLAIN = {"special_token.txt", "tags.txt"}
 REFUSED_JOB = {
     "readme.md": "special token <|endoftext|>",
     "attachment.txt": "of speech (at least 527 words or numbers",
+    # 787 Han characters, ~157 s (Qwen2 would count ~165-190 s): the worker refused it too
+    "zh_commas.txt": "of speech (787 Chinese, Japanese or Korean characters, 157 s",
 }
 # Words each text must be heard saying (its captions show them), beyond the manifest's own.
 MUST_SAY = {

@@ -15,6 +15,7 @@ from shared.text_markup import (
     CONTROL_TAGS,
     MarkupError,
     Pause,
+    SpeechCount,
     minimum_text_tokens,
     parse_markup,
     speech_seconds,
@@ -181,17 +182,29 @@ def test_breaks_between_words_are_bounded_and_the_bound_is_a_setting() -> None:
     assert validate_request({"text": broken(60)}, RequestLimits(max_breaks=60))
 
 
-def test_the_speech_floor_counts_cjk_characters_not_one_token_a_clause() -> None:
+def test_the_speech_estimate_counts_cjk_characters_not_one_token_a_clause() -> None:
     """Chinese writes no spaces: a clause is one run of letters, once counted as one token, so
     a 2,000-character chapter (~1,600 Qwen2 tokens, ~480 s) passed submit and failed in the
-    worker. Each character now counts at its floor (CJK_FLOOR_TOKENS)."""
-    assert minimum_text_tokens("今天天气很好，我们一起去公园散步吧。") == 3 + 4
-    assert minimum_text_tokens("감사합니다 안녕하세요") == 3 + 3
-    assert minimum_text_tokens("ありがとうございます") == 3
+    worker. Each CJK character now counts its speech (0.2 s a Han character or Hangul
+    syllable, 0.125 s a kana), the same at submit and in the worker; other words one token."""
+    assert minimum_text_tokens("今天天气很好，我们一起去公园散步吧。") == 2  # two runs of letters
+    assert SpeechCount.of("今天天气很好，我们一起去公园散步吧。", minimum_text_tokens) == (
+        SpeechCount(han=16)
+    )
+    korean = SpeechCount.of("감사합니다 안녕하세요 3개", minimum_text_tokens)
+    assert korean == SpeechCount(hangul=11, tokens=1)
+    assert korean.floor_seconds() == pytest.approx(11 * 0.2 + 0.2)  # "3" may be read as 세
+    japanese = SpeechCount.of("ありがとうございます、人々。", minimum_text_tokens)
+    assert japanese == SpeechCount(han=2, kana=10)  # 々 is a Han character, not a word
+    assert japanese.floor_seconds() == pytest.approx(2 * 0.2 + 10 * 0.125)
+    assert SpeechCount.of("hello world", minimum_text_tokens).floor_seconds() == pytest.approx(0.6)
     chapter = (CORPUS / "zh_commas.txt").read_text(encoding="utf-8").strip()
     message = rejected(text=(chapter * 3)[:2000])
-    assert message.startswith("text: about ")
-    assert "counting 1,8" in message and "Chinese, Japanese or Korean characters as 7" in message
+    assert message.startswith("text: about 3")  # 1,8xx Han characters, 3xx s
+    assert "1,8" in message and "Chinese, Japanese or Korean characters, 3" in message
+    assert "s at 0.2 s a Han character or Hangul syllable and 0.125 s a kana" in message
     for name in ("zh_novel.txt", "ja.txt", "ko.txt", "yue.txt", "classical.txt"):
         text = (CORPUS / name).read_text(encoding="utf-8")
         assert validate_request({"text": text}, LIMITS).text == text.strip()
+    # 787 Han characters, ~157 s: Qwen2's count (0.7-0.8 a character) is ~165-190 s
+    assert "787 Chinese, Japanese or Korean characters" in rejected(text=chapter)
