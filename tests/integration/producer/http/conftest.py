@@ -10,6 +10,7 @@ Three fronts, each its own process:
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -135,6 +136,22 @@ def fresh_db(server: RedisServer, name: str) -> str:
     url = server.url.rsplit("/", 1)[0] + f"/{DATABASES[name]}"
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+def submitted_id(response: httpx.Response) -> str:
+    """The id of a 202 answer (the body shown when it is not one)."""
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def stop_front_and_pool(front: Front, pool: subprocess.Popen[bytes], cluster: Cluster) -> None:
+    """A module's front, then its pool (SIGTERM: a clean stop), then anything left."""
+    front.stop()
+    pool.send_signal(signal.SIGTERM)
+    try:
+        pool.wait(timeout=60)
+    finally:
+        cluster.stop_all()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ count summed over every tenant's jobs.
 from __future__ import annotations
 
 import re
-import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,13 @@ import redis
 from shared.document_state import PLAN_HEAD_BYTES
 from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster, wait_for
-from tests.integration.producer.http.conftest import Front, fresh_db, start_front
+from tests.integration.producer.http.conftest import (
+    Front,
+    fresh_db,
+    start_front,
+    stop_front_and_pool,
+    submitted_id,
+)
 
 KEYS = {"alpha": "alpha-key-" + "1" * 20, "beta": "beta-key-" + "2" * 20}
 OPERATOR = "operator-key-" + "4" * 20
@@ -93,18 +98,18 @@ def made(
             wait_for(
                 lambda: alpha.get("/readyz").status_code == 200, READY_TIMEOUT_S, "a ready worker"
             )
-            job = _submitted(
+            job = submitted_id(
                 alpha.post(
                     "/v1/jobs",
                     json={"text": "Hello.", "idempotency_key": "ord-1", "output_key": "o/1.wav"},
                 )
             )
-            streamed = _submitted(alpha.post("/v1/jobs", json={"text": "Hi.", "stream": True}))
-            document = _submitted(
+            streamed = submitted_id(alpha.post("/v1/jobs", json={"text": "Hi.", "stream": True}))
+            document = submitted_id(
                 alpha.post("/v1/documents", json={"text": "One. Two.", "idempotency_key": "d-1"})
             )
             long_text = " ".join(f"Sentence number {i} is here." for i in range(12_000))
-            long_document = _submitted(alpha.post("/v1/documents", json={"text": long_text}))
+            long_document = submitted_id(alpha.post("/v1/documents", json={"text": long_text}))
             assert alpha.delete(f"/v1/documents/{long_document}").status_code == 200
             prompt = (tiny_model_dir / "prompt.wav").read_bytes()
             voice = _upload(alpha, "alice", prompt)
@@ -120,17 +125,7 @@ def made(
         assert segment_job is not None
         yield Made(front, job, streamed, document, segment_job.decode(), long_document)
     finally:
-        front.stop()
-        pool.send_signal(signal.SIGTERM)
-        try:
-            pool.wait(timeout=60)
-        finally:
-            cluster.stop_all()
-
-
-def _submitted(response: httpx.Response) -> str:
-    assert response.status_code == 202, response.text
-    return str(response.json()["id"])
+        stop_front_and_pool(front, pool, cluster)
 
 
 def _upload(http: httpx.Client, name: str, audio: bytes) -> httpx.Response:
@@ -203,7 +198,7 @@ def test_another_tenants_names_answer_as_names_never_used(made: Made, tiny_model
             assert theirs.status_code == fresh.status_code == 202
             assert theirs.json()["id"] not in (made.job, made.document)
             assert _answer(theirs, theirs.json()["id"]) == _answer(fresh, fresh.json()["id"])
-        own = _submitted(beta.post("/v1/jobs", json={"text": "Hi.", "output_key": "o/1.wav"}))
+        own = submitted_id(beta.post("/v1/jobs", json={"text": "Hi.", "output_key": "o/1.wav"}))
         uri = _ended(beta, own)["result"]["uri"]
         assert uri.endswith("/tenants/beta/o/1.wav"), uri
         prompt = (tiny_model_dir / "prompt.wav").read_bytes()

@@ -5,7 +5,6 @@ the default tenant), a worker pool on the scripted engine, a real Redis, real fi
 from __future__ import annotations
 
 import hashlib
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +21,13 @@ from shared.settings import Settings, load_settings
 from shared.tenants import TENANT_META_KEY
 from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster, json_queue, wait_for
-from tests.integration.producer.http.conftest import Front, fresh_db, start_front
+from tests.integration.producer.http.conftest import (
+    Front,
+    fresh_db,
+    start_front,
+    stop_front_and_pool,
+    submitted_id,
+)
 
 KEYS = {
     "alpha": "alpha-key-" + "1" * 20,
@@ -69,17 +74,7 @@ def scope(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
         settings = load_settings(None, redis_url=url, api_keys=API_KEYS)
         yield Scope(front, settings)
     finally:
-        front.stop()
-        pool.send_signal(signal.SIGTERM)
-        try:
-            pool.wait(timeout=60)
-        finally:
-            cluster.stop_all()
-
-
-def _submitted(response: httpx.Response) -> str:
-    assert response.status_code == 202, response.text
-    return str(response.json()["id"])
+        stop_front_and_pool(front, pool, cluster)
 
 
 def _error(response: httpx.Response, status: int) -> dict:
@@ -111,27 +106,27 @@ def _sha256(path: Path) -> str:
 def test_another_tenants_idempotency_key_makes_the_callers_own_job(scope: Scope) -> None:
     job = {"text": "Your order has shipped.", "idempotency_key": "order-42-shipped"}
     with scope.http("alpha") as alpha, scope.http("beta") as beta:
-        alphas = _submitted(alpha.post("/v1/jobs", json=job))
-        betas = _submitted(beta.post("/v1/jobs", json=job))
+        alphas = submitted_id(alpha.post("/v1/jobs", json=job))
+        betas = submitted_id(beta.post("/v1/jobs", json=job))
         assert betas != alphas  # beta's own new job, not alpha's id
         assert beta.get(f"/v1/jobs/{betas}").json()["tenant"] == "beta"
-        assert _submitted(beta.post("/v1/jobs", json=job)) == betas  # dedupes within beta
-        assert _submitted(alpha.post("/v1/jobs", json=job)) == alphas
+        assert submitted_id(beta.post("/v1/jobs", json=job)) == betas  # dedupes within beta
+        assert submitted_id(alpha.post("/v1/jobs", json=job)) == alphas
         # beta claims a key first: alpha's submit of it still makes alpha's job
         first = {"text": "Claimed first.", "idempotency_key": "order-43-shipped"}
-        claimed = _submitted(beta.post("/v1/jobs", json=first))
-        own = _submitted(alpha.post("/v1/jobs", json=first))
+        claimed = submitted_id(beta.post("/v1/jobs", json=first))
+        own = submitted_id(alpha.post("/v1/jobs", json=first))
         assert own != claimed and alpha.get(f"/v1/jobs/{own}").json()["tenant"] == "alpha"
 
 
 def test_another_tenants_document_key_does_not_name_its_document(scope: Scope) -> None:
     document = {"text": "One short document.", "idempotency_key": "report-7"}
     with scope.http("alpha") as alpha, scope.http("beta") as beta:
-        alphas = _submitted(alpha.post("/v1/documents", json=document))
-        betas = _submitted(beta.post("/v1/documents", json=document))
+        alphas = submitted_id(alpha.post("/v1/documents", json=document))
+        betas = submitted_id(beta.post("/v1/documents", json=document))
         assert betas != alphas  # beta cannot learn alpha's document id from the key
-        assert _submitted(beta.post("/v1/documents", json=document)) == betas
-        assert _submitted(alpha.post("/v1/documents", json=document)) == alphas
+        assert submitted_id(beta.post("/v1/documents", json=document)) == betas
+        assert submitted_id(alpha.post("/v1/documents", json=document)) == alphas
 
 
 def test_a_key_sent_again_with_another_body_names_the_first_job_whatever_it_asks(
@@ -143,12 +138,12 @@ def test_a_key_sent_again_with_another_body_names_the_first_job_whatever_it_asks
     first = {"text": "The first words.", "idempotency_key": "order-44", "format": "wav"}
     other = {"text": "Other words.", "idempotency_key": "order-44", "format": "mp3"}
     with scope.http("alpha") as alpha:
-        job_id = _submitted(alpha.post("/v1/jobs", json=first))
-        assert _submitted(alpha.post("/v1/jobs", json=other)) == job_id
+        job_id = submitted_id(alpha.post("/v1/jobs", json=first))
+        assert submitted_id(alpha.post("/v1/jobs", json=other)) == job_id
         batch = alpha.post("/v1/jobs:batch", json={"requests": [other, {**other, "seed": 1}]})
         assert batch.status_code == 202 and batch.json()["ids"] == [job_id, job_id]
         assert _ended(alpha, job_id)["result"]["format"] == "wav"  # the first request's
-        document = _submitted(alpha.post("/v1/documents", json=other))
+        document = submitted_id(alpha.post("/v1/documents", json=other))
         assert document != job_id
 
 
@@ -158,7 +153,7 @@ def test_a_key_sent_again_with_another_body_names_the_first_job_whatever_it_asks
 def test_audio_lands_under_the_tenants_prefix_and_a_named_key_stays_there(scope: Scope) -> None:
     storage = scope.front.storage
     with scope.http("alpha") as alpha, scope.http("beta") as beta:
-        alphas = _submitted(alpha.post("/v1/jobs", json={"text": "Alpha speaks."}))
+        alphas = submitted_id(alpha.post("/v1/jobs", json={"text": "Alpha speaks."}))
         result = _ended(alpha, alphas)["result"]
         stored = _path(result["uri"])
         relative = stored.relative_to(storage).as_posix()
@@ -166,7 +161,7 @@ def test_audio_lands_under_the_tenants_prefix_and_a_named_key_stays_there(scope:
         before = _sha256(stored)
         # beta names alpha's automatic key as its own output_key: it lands in beta's prefix
         own_key = relative.removeprefix("tenants/alpha/")
-        betas = _submitted(beta.post("/v1/jobs", json={"text": "Beta.", "output_key": own_key}))
+        betas = submitted_id(beta.post("/v1/jobs", json={"text": "Beta.", "output_key": own_key}))
         landed = _path(_ended(beta, betas)["result"]["uri"]).relative_to(storage).as_posix()
         assert landed == f"tenants/beta/{own_key}"
         assert _sha256(stored) == before == result["sha256"]
@@ -226,7 +221,7 @@ def test_the_worker_refuses_a_key_outside_the_jobs_tenant_and_keeps_running(
 def test_a_tenants_document_is_written_under_its_prefix(scope: Scope) -> None:
     text = " ".join(f"Sentence number {n} of a short report for beta." for n in range(12))
     with scope.http("beta") as beta:
-        document_id = _submitted(beta.post("/v1/documents", json={"text": text}))
+        document_id = submitted_id(beta.post("/v1/documents", json={"text": text}))
     with CosyqClient(scope.settings, tenant="beta") as client:
         result = client.document_result(document_id, timeout=120)
     assert result.segments > 1
