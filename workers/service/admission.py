@@ -36,6 +36,9 @@ JOB_FUNCTIONS: dict[str, tuple[str, str]] = {
     keys.ADD_VOICE_FUNCTION: ("workers.tasks", "add_voice"),
     ASSEMBLE_DOCUMENT_FUNCTION: ("workers.documents.job", "assemble_document"),
 }
+# What a refused call of ours most likely is: a later release's producer, this worker not
+# upgraded yet (README "Upgrading": workers first)
+LATER_RELEASE = "; a job of a later release? upgrade this worker"
 
 
 class RefusedJobError(Exception):
@@ -48,6 +51,11 @@ class Refusal:
 
     message: str
     kind: str = "invalid_request"
+    # The job is its tenant's (checked) and only its call is not this worker's: a function or
+    # an argument of another release (a front upgraded before its workers). It keeps its tags
+    # and its webhook or document is told, as for any failed job; every other refusal (a job
+    # no cosyq producer made) is told to nobody.
+    told: bool = False
 
 
 def resolve_job_function(func_name: str | None) -> Callable[..., Any]:
@@ -97,7 +105,9 @@ def screen(job: Job, tenants: Collection[str] = (DEFAULT_TENANT,)) -> Refusal | 
         )
     if func_name not in JOB_FUNCTIONS:
         allowed = ", ".join(sorted(JOB_FUNCTIONS))
-        return Refusal(f"job function {func_name!r} is not allowed (allowed: {allowed})")
+        later = LATER_RELEASE if (func_name or "").startswith("workers.") else ""
+        message = f"job function {func_name!r} is not allowed (allowed: {allowed}){later}"
+        return Refusal(message, told=_tenants_own(job, tenants))
     if instance is not None:
         return Refusal("job must not be bound to an instance")
     if args:
@@ -110,6 +120,15 @@ def screen(job: Job, tenants: Collection[str] = (DEFAULT_TENANT,)) -> Refusal | 
     if hooks:
         return Refusal(f"job must not carry {', '.join(hooks)}: cosyq jobs use none")
     return _check_tenant(job, tenants) or _check_signature(func_name, kwargs)
+
+
+def _tenants_own(job: Job, tenants: Collection[str]) -> bool:
+    """A call of cosyq's shape (keyword arguments only, a readable meta, no hooks) in its
+    tenant's queue: a job of its tenant, of another release (told)."""
+    shaped = job.instance is None and not job.args and isinstance(job.kwargs, dict)
+    return (
+        shaped and _is_json(job.meta) and not _hooks_named(job) and not _check_tenant(job, tenants)
+    )
 
 
 def _check_tenant(job: Job, known: Collection[str]) -> Refusal | None:
@@ -152,6 +171,7 @@ def _is_json(value: object) -> bool:
 
 
 def _check_signature(func_name: str, kwargs: dict[str, Any]) -> Refusal | None:
+    """The arguments bind to the function (the job is its tenant's: told)."""
     try:
         function = resolve_job_function(func_name)
     except RefusedJobError as e:
@@ -159,7 +179,7 @@ def _check_signature(func_name: str, kwargs: dict[str, Any]) -> Refusal | None:
     try:
         inspect.signature(function).bind(**kwargs)
     except TypeError as e:
-        return Refusal(f"job arguments do not fit {func_name}: {e}")
+        return Refusal(f"job arguments do not fit {func_name}: {e}{LATER_RELEASE}", told=True)
     return None
 
 

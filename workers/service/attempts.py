@@ -27,6 +27,7 @@ from rq.queue import Queue
 from rq.utils import now
 from rq.worker import SimpleWorker
 
+from producer.webhooks.bodies import keep_body
 from shared import job_events, keys
 from shared.job_index import record_failure
 from shared.logs import get_logger
@@ -121,12 +122,20 @@ class AttemptBooks:
     def refuse(
         self, job: Job, queue: Queue, refusal: admission.Refusal, *, model_idle: bool = True
     ) -> None:
-        """Fail a job that must not run: no retry, no callbacks, no webhooks, nothing imported.
+        """Fail a job that must not run: no retry, no callbacks, no RQ webhooks, nothing
+        imported. A job refused `told` (its tenant's, a call of another release) keeps its meta
+        and tells its webhook or document it failed, as any failed job does; any other is
+        nobody's (its meta is replaced by the reason).
 
         The write waits out an outage: a refusal is a verdict on a hash that was read."""
         log.warning("job_refused", job_id=job.id, queue=queue.name, reason=refusal.message)
         metrics.record_job(queue.name, "refused")
-        job.meta = {keys.ERROR_META_KEY: {"kind": refusal.kind, "message": refusal.message}}
+        error = {"kind": refusal.kind, "message": refusal.message}
+        job.meta = (
+            {**job.meta, keys.ERROR_META_KEY: error}
+            if refusal.told
+            else {keys.ERROR_META_KEY: error}
+        )
         job.retries_left = 0
         job.webhooks = []
         job._success_callback_name = job._failure_callback_name = None
@@ -135,12 +144,16 @@ class AttemptBooks:
 
         def write() -> None:
             with self.worker.connection.pipeline() as pipe:
+                if refusal.told:
+                    job_events.job_ended(pipe, job, "job.failed", self.webhooks)
                 admission.record_refusal(job, f"{refusal.kind}: {refusal.message}", pipe)
                 pipe.lrem(queue.intermediate_queue_key, 1, job.id)
                 self.worker.increment_failed_job_count(pipe)
                 pipe.execute()
 
         until_reachable(write, "job_refusal_unrecorded")
+        if refusal.told:  # best effort: else the housekeeping keeps it (`keep_unkept`)
+            keep_body(self.worker.connection, job, "job.failed", self.webhooks)
         self.on_end(model_idle)
 
     def refuse_unreadable(self, job_id: str, queue: Queue, error: Exception) -> None:

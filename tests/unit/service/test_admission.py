@@ -80,3 +80,30 @@ def test_json_serializer_never_falls_back_to_pickle() -> None:
     plain = Job(connection=OFFLINE, serializer=JSONSerializer)
     plain.data = payload
     assert screen(plain) is not None
+
+
+@pytest.mark.parametrize(
+    ("candidate", "told"),
+    [
+        # a later release's call, its tenant's own: its submitter is told (README "Upgrading")
+        (lambda: job(request={"text": "hi"}, options={}), True),
+        (lambda: job("workers.tasks.synthesize_v2", request={"text": "hi"}), True),
+        # no cosyq producer's job: told to nobody
+        (lambda: job("os.system", "id"), False),
+        (lambda: job("workers.tasks.synthesize_v2", "positional"), False),
+        (lambda: job("workers.tasks.x", on_failure=Callback("os.system")), False),
+        (lambda: job(request={}, on_failure=Callback("os.system")), False),
+    ],
+)
+def test_a_call_of_another_release_is_told_and_a_foreign_job_is_not(
+    candidate: Any, told: bool
+) -> None:
+    refusal = screen(candidate())
+    assert refusal is not None and refusal.told is told
+
+
+def test_a_job_of_an_unknown_tenant_is_told_to_nobody() -> None:
+    foreign = job("workers.tasks.synthesize_v2", request={})
+    foreign.meta = {"cosyq_tenant": "mallory"}
+    refusal = screen(foreign)
+    assert refusal is not None and not refusal.told
