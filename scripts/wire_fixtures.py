@@ -108,6 +108,13 @@ def submit(settings: Any) -> dict[str, str]:
     return ids
 
 
+def contract() -> dict[str, Any]:
+    """What the release's worker accepts: the request fields it knows (it refuses others)."""
+    from shared.jobs import SynthesisRequest  # noqa: PLC0415
+
+    return {"request_fields": sorted(SynthesisRequest.model_fields)}
+
+
 def run_worker(settings: Any) -> None:
     from workers.worker import CosyqWorker  # noqa: PLC0415
 
@@ -216,7 +223,8 @@ def main(folder: Path) -> None:
             connection = redis.Redis.from_url(server.url)
             ids = submit(settings)
             write(folder, "queued.json", {"ids": ids, "keys": dump(connection, root),
-                                          "files": stored_files(root)})  # fmt: skip
+                                          "files": stored_files(root),
+                                          "contract": contract()})  # fmt: skip
             run_worker(settings)
             write(folder, "finished.json", {"ids": ids, "keys": dump(connection, root),
                                             "files": stored_files(root)})  # fmt: skip

@@ -28,6 +28,7 @@ class Fixture:
     ids: dict[str, str]  # the jobs' and the document's ids by role (speech, streamed, ...)
     keys: list[dict[str, Any]]
     files: dict[str, str]  # storage key -> base64 content
+    contract: dict[str, Any]  # queued.json: what its worker accepts (request_fields)
 
     def entry(self, key: str) -> dict[str, Any]:
         return next(e for e in self.keys if e["key"] == key)
@@ -42,7 +43,7 @@ def load(release: str, stage: str) -> Fixture:
     """`stage`: "queued" or "finished"."""
     data = json.loads((WIRE / release / f"{stage}.json").read_text(encoding="utf-8"))
     assert data["format"] == 1, f"{release}/{stage}.json: format {data['format']}"
-    return Fixture(release, data["ids"], data["keys"], data["files"])
+    return Fixture(release, data["ids"], data["keys"], data["files"], data.get("contract", {}))
 
 
 def restore(
