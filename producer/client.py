@@ -53,6 +53,7 @@ from shared.jobs import (
     SynthesisRequest,
     retry_intervals,
     validate_request,
+    wire_request,
 )
 from shared.output_keys import place_output_key
 from shared.results import SynthesisResult
@@ -319,7 +320,7 @@ class CosyqClient:
             retry = Retry(max=retries, interval=retry_intervals(retries, backoff))
         return Queue.prepare_data(
             self.job_function,
-            kwargs={"request": request.model_dump(mode="json")},
+            kwargs={"request": wire_request(request)},
             job_id=job.job_id,
             timeout=self.settings.job_timeout_s,
             result_ttl=self.settings.result_ttl_s,

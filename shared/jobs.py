@@ -48,6 +48,7 @@ __all__ = [
     "check_prompt_uri",
     "describe_errors",
     "validate_request",
+    "wire_request",
 ]
 
 Mode = Literal["zero_shot", "cross_lingual", "instruct2"]
@@ -408,6 +409,16 @@ def nested_deeper(value: object, limit: int) -> bool:
             children = item.values() if isinstance(item, Mapping) else item
             stack.extend((child, depth + 1) for child in children)
     return False
+
+
+def wire_request(request: SynthesisRequest) -> dict[str, Any]:
+    """The request as its job carries it: the contract's version, then only the fields set to
+    other than their defaults. A worker of an earlier release refuses a field it does not know
+    (extra="forbid"), so a field added since (`markup` after 5e9718f) fails only the jobs that
+    ask for it, loudly, never every job a front of the later release queues (README
+    "Upgrading"); the worker's `validate_request` puts the defaults back."""
+    fields = request.model_dump(mode="json", exclude_defaults=True)
+    return {"schema_version": request.schema_version, **fields}
 
 
 def validate_request(
