@@ -154,5 +154,7 @@ class PlanWrites:
         (shared/job_index.py)."""
         ttl, tenant = self.settings.result_ttl_s, self.record.tenant or DEFAULT_TENANT
         save_plan(pipe, self.record, self.job_ids, ttl)
-        claim(pipe, self.claims, ttl_s=self.settings.idempotency_ttl_s)
+        # the id alone: a front of an earlier release (a rolling upgrade, a rollback) answers
+        # a resubmit with the key's whole value, which must then be the document's id
+        claim(pipe, self.claims, ttl_s=self.settings.idempotency_ttl_s, stamped=False)
         index_document(pipe, tenant, self.record.document_id, keep_s=ttl)

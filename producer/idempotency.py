@@ -1,7 +1,8 @@
 """Idempotency keys: the first submit of a key makes the job, later ones get its id.
 
 Each key (`cosyq:idem:<sha256>`; a document's `cosyq:document-idem:<sha256>`) holds
-`<job id> <claimed at> <enqueued at>` (Redis server seconds) for `COSYQ_IDEMPOTENCY_TTL_S`,
+`<job id> <claimed at> <enqueued at>` (Redis server seconds; a document's key its id alone, the
+form fronts of earlier releases read) for `COSYQ_IDEMPOTENCY_TTL_S`,
 and is written only in the transaction that enqueues its job (`claim`): a submitter killed at
 any point leaves either the job and its key, or neither, never a key naming a job that will
 never exist. The submitter WATCHes each key as it reads the holder (`holders`), so of two
@@ -44,12 +45,14 @@ end
 return answers
 """
 
-# KEYS: idempotency keys. ARGV: ttl, then one job id per key: each key names its job, claimed
-# and enqueued now.
+# KEYS: idempotency keys. ARGV: ttl, stamped (1 or 0), then one job id per key: each key names
+# its job, claimed and enqueued now (stamped), or its id alone.
 _CLAIM_SCRIPT = """
 local now = redis.call('TIME')[1]
 for i, key in ipairs(KEYS) do
-  redis.call('SET', key, ARGV[1 + i] .. ' ' .. now .. ' ' .. now, 'EX', ARGV[1])
+  local value = ARGV[2 + i]
+  if ARGV[2] == '1' then value = value .. ' ' .. now .. ' ' .. now end
+  redis.call('SET', key, value, 'EX', ARGV[1])
 end
 return 0
 """
@@ -72,12 +75,18 @@ def holders(
     return [_text(reply) or None for reply in replies]
 
 
-def claim(pipe: Pipeline, claims: Sequence[tuple[str, str]], *, ttl_s: int) -> None:
+def claim(
+    pipe: Pipeline, claims: Sequence[tuple[str, str]], *, ttl_s: int, stamped: bool = True
+) -> None:
     """Queue, in the transaction that enqueues the jobs (after `holders` found the keys
-    free), each key's claim for its job."""
+    free), each key's claim for its job: `<id> <claimed at> <enqueued at>`, or (`stamped`
+    False) `<id>` alone, the form a document's key had before 950dc28 and a front of such a
+    release reads whole as the id (`holders` reads both alike: enqueued, or no time: never in
+    flight, the holder's existence decides)."""
     if claims:
         keys = [key for key, _ in claims]
-        pipe.eval(_CLAIM_SCRIPT, len(claims), *keys, ttl_s, *(job_id for _, job_id in claims))
+        ids = [job_id for _, job_id in claims]
+        pipe.eval(_CLAIM_SCRIPT, len(claims), *keys, ttl_s, int(stamped), *ids)
 
 
 def _text(reply: bytes | str | None) -> str:

@@ -10,6 +10,9 @@ from collections.abc import Callable
 import pytest
 
 from producer import CosyqClient
+from shared import keys
+from shared.document_state import DOCUMENT_IDEMPOTENCY_PREFIX
+from shared.document_state import idempotency_key as document_idempotency_key
 from tests.doubles import wire
 from tests.integration.upgrade.conftest import TENANT, Upgraded
 
@@ -42,3 +45,28 @@ def test_a_job_the_current_front_queues_asks_an_earlier_worker_only_what_it_know
     for job_id in ids:
         sent = wire.read_call(old.connection, job_id)[2]["request"]
         assert set(sent) <= known, f"{release} does not know {sorted(set(sent) - known)}"
+
+
+def test_the_current_fronts_idempotency_keys_read_right_by_an_earlier_front(
+    release: str, upgrade: Callable[..., Upgraded]
+) -> None:
+    """A release whose document key held the document's id alone reads the whole value as the
+    id: a later front's `<id> <claimed at> <enqueued at>` was answered to a resubmit as the
+    document's id (202, then 404). Every release reads a job's key's first word."""
+    old = upgrade(release, "queued")
+    written = {e["key"]: e["value"] for e in old.fixture.keys if "idem:" in e["key"]}
+    (old_document_key,) = [
+        v for k, v in written.items() if k.startswith(DOCUMENT_IDEMPOTENCY_PREFIX)
+    ]
+    whole = len(old_document_key.split()) == 1  # this release reads the value as the id
+    with CosyqClient(old.settings) as client:
+        job_id = client.submit({"text": "seconds:0.05 Fresh.", "idempotency_key": "fresh"})
+        document_id = client.submit_document({**DOCUMENT, "idempotency_key": "fresh"})
+    job_key = old.connection.get(keys.idempotency_key("fresh", "default"))
+    document_key = old.connection.get(document_idempotency_key("fresh", "default"))
+    assert job_key is not None and job_key.split()[0] == job_id.encode()
+    assert document_key is not None
+    if whole:
+        assert document_key == document_id.encode()
+    else:
+        assert document_key.split()[0] == document_id.encode()
