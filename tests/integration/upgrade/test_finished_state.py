@@ -28,6 +28,7 @@ from tests.integration.upgrade.conftest import (
 
 pytestmark = pytest.mark.parametrize("release", wire.RELEASES)
 ACME_KEY = "acme-key-" + "5" * 24
+OPERATOR_KEY = "operator-key-" + "3" * 24
 
 
 def test_results_documents_and_voices_read_back_and_keys_still_dedupe(
@@ -64,6 +65,7 @@ def test_the_front_serves_what_an_earlier_release_wrote(
     ids = old.fixture.ids
     env = deployment_env(redis_url, tmp_path)
     env["COSYQ_API_KEYS"] = f"{API_KEY},{TENANT}:{ACME_KEY}"
+    env["COSYQ_OPERATOR_KEYS"] = OPERATOR_KEY
     front = start_front(tmp_path / "front", redis_url, **env)
     try:
         with front.http() as http, front.http(ACME_KEY) as acme:
@@ -74,6 +76,11 @@ def test_the_front_serves_what_an_earlier_release_wrote(
             voices = http.get("/v1/audio/voices")
             tenant_job = acme.get(f"/v1/jobs/{ids['tenant_speech']}/audio")
             not_acme = acme.get(f"/v1/jobs/{ids['speech']}")
+        with front.http(OPERATOR_KEY) as operator:  # the operator's page over its index
+            pages = [
+                operator.get(page)
+                for page in ("/ui/jobs", f"/ui/jobs/{ids['speech']}", "/ui/documents")
+            ]
     finally:
         front.stop()
     assert job.status_code == 200 and job.json()["state"] == "finished", (
@@ -87,6 +94,8 @@ def test_the_front_serves_what_an_earlier_release_wrote(
     assert voices.status_code == 200 and VOICE in json.dumps(voices.json())
     assert tenant_job.status_code == 200 and tenant_job.content[:4] == b"RIFF"
     assert not_acme.status_code == 404  # the tenant tag an earlier release wrote still holds
+    assert [page.status_code for page in pages] == [200, 200, 200]
+    assert ids["speech"] in pages[0].text and ids["document"] in pages[2].text
 
 
 def test_a_webhook_event_an_earlier_worker_recorded_is_delivered(
