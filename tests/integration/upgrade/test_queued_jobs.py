@@ -67,11 +67,12 @@ def test_an_idempotency_key_an_earlier_release_claimed_still_dedupes(
 
 
 def test_a_key_an_earlier_front_claimed_before_its_job_is_held_for_the_grace_only(
-    release: str, upgrade: Callable[..., Upgraded]
+    release: str, upgrade: Callable[..., Upgraded], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An earlier release claimed a key (`<job id> <claimed at>`) before enqueueing its job,
     then marked it enqueued: a key caught between the two, its job not in Redis, may be a
     submit still on its way (COSYQ_IDEMPOTENCY_CLAIM_GRACE_S), and is free once older."""
+    monkeypatch.setenv("COSYQ_IDEMPOTENCY_CLAIM_GRACE_S", "3600")  # a slow test stays in it
     old = upgrade(release, "queued")
     speech_id = old.fixture.ids["speech"]
     request = old.fixture.call(speech_id)[2]["request"]
