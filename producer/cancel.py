@@ -2,7 +2,9 @@
 
 The flag `cosyq:cancel:<id>` is set first, whatever the state, so a job that a worker pops in
 the instant between our read and RQ's `Job.cancel()` is still stopped: the worker checks the
-flag before it starts a job and at every piece or LLM step (workers/service/cancels.py). A
+flag at every piece or LLM step, and before it starts a job, in the MULTI/EXEC that marks it
+started under WATCH of its hash and flag (workers/service/cancels.claim_start): that start
+and this cancel's transaction serialise on the hash, so a job told `canceled` never starts. A
 job still waiting (queued, scheduled for a retry, deferred) is then canceled with RQ's own
 `Job.cancel()`: out of its queue and registries, status `canceled`, in the canceled registry.
 A job that already ended is left exactly as it is. No worker ever sees a job canceled while

@@ -1,7 +1,9 @@
 """CosyqWorker subclasses that deliver a stop at the worst moment of a dequeue, on purpose.
 
 A last few kill themselves between two writes of a job's outcome (KillAfterWebhookEvent) or
-in the middle of a document's assembly (KilledBeforeAssembly, KilledMidAssembly).
+in the middle of a document's assembly (KilledBeforeAssembly, KilledMidAssembly), and two run
+a cancel, the producer's own, at the worst moment of a job's start (CanceledBeforeClaim,
+CanceledInsideClaim).
 
 Run with the stock CLI (`rq worker -w tests.doubles.racy_workers:<Class>`), so each test also
 covers the path without a pool. Each hook fires once, on the first pop that returns a job
@@ -174,6 +176,74 @@ class RedisGoneBeforeStarted(CosyqWorker):
         if not self.fired:
             self.fired = True
             _shut_down_redis(self.connection)
+
+
+CANCEL_VERDICT_PREFIX = "test:cancel-verdict:"  # + job id -> what the racing cancel answered
+
+
+class CanceledBeforeClaim(CosyqWorker):
+    """Runs a cancel of the first job it takes after its look at the cancel flag (found none)
+    and before the job's start: the moment a DELETE lands between the two by chance. The
+    cancel's answer is kept under CANCEL_VERDICT_PREFIX + job id."""
+
+    fired = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        begin = self.books.begin
+
+        def canceled_then_begun(job: Any, queue: Queue) -> Any:
+            if not self.fired:
+                self.fired = True
+                _cancel(self, job.id)
+            return begin(job, queue)
+
+        self.books.begin = canceled_then_begun  # type: ignore[method-assign]
+
+
+class CanceledInsideClaim(CosyqWorker):
+    """Runs a cancel of the first job it takes inside the start's claim, once the claim has
+    read the flag and the status and before its MULTI/EXEC (workers/service/cancels.py)."""
+
+    fired = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        from redis.client import Pipeline  # noqa: PLC0415
+
+        from workers.service import housekeeping  # noqa: PLC0415
+
+        claim, multi, armed = housekeeping.claim_start, Pipeline.multi, [""]
+
+        def claim_with_cancel(connection: Any, job_id: str, *args: Any, **kwargs: Any) -> bool:
+            armed[0] = job_id
+            try:
+                return claim(connection, job_id, *args, **kwargs)
+            finally:
+                armed[0] = ""
+
+        def multi_after_cancel(pipe: Pipeline) -> None:
+            if armed[0] and not self.fired:
+                self.fired = True
+                _cancel(self, armed[0])
+            multi(pipe)
+
+        housekeeping.claim_start = claim_with_cancel  # type: ignore[assignment]
+        Pipeline.multi = multi_after_cancel  # type: ignore[method-assign]
+
+
+def _cancel(worker: CosyqWorker, job_id: str) -> None:
+    """The producer's cancel of `job_id` (its webhook told, as the front tells it), on a
+    connection of its own; its answer kept for the test."""
+    from producer.cancel import cancel_job  # noqa: PLC0415
+    from producer.tracking import JobTracker  # noqa: PLC0415
+
+    connection = redis_connection(worker.settings)
+    tracker = JobTracker(connection, worker.settings)
+    policy = job_events.WebhookPolicy.from_settings(worker.settings)
+    outcome = cancel_job(connection, tracker, job_id, flag_ttl_s=600, webhooks=policy)
+    connection.set(CANCEL_VERDICT_PREFIX + job_id, outcome.verdict)
+    connection.close()
 
 
 def _shut_down_redis(connection: redis.Redis) -> None:

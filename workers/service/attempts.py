@@ -1,7 +1,9 @@
 """One attempt's books: what every job gets, whether it runs alone or in a batch.
 
-- `begin`: cap the timeout, count the attempt, give the default retry policy and claim the
-  heartbeat, in one round trip written before RQ marks the job started (see reaper.py for why);
+- `begin`: cap the timeout, count the attempt, give the default retry policy, mark the job
+  started and claim the heartbeat, in one MULTI/EXEC that a cancel's flag or transaction, come
+  first, refuses (workers/service/cancels.claim_start: the job is then recorded canceled and
+  never starts), written before RQ registers the job (see reaper.py for why);
 - `register` (a batched job; RQ's own execute does it for a lone one): the execution, the
   started registry, `started_at`;
 - `succeed` / `fail`: RQ's own finalize steps (result TTL, registries, retries);
@@ -33,7 +35,7 @@ from shared.job_index import record_failure
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.tenants import TENANT_META_KEY
-from workers.service import admission, metrics, outcomes
+from workers.service import admission, cancels, metrics, outcomes
 from workers.service.dequeue import push_back
 from workers.service.housekeeping import Housekeeper
 from workers.service.outage import REDIS_OUTAGE, until_reachable
@@ -87,12 +89,17 @@ class AttemptBooks:
     # -- both paths ----------------------------------------------------------------------------
 
     def begin(self, job: Job, queue: Queue) -> Attempt | None:
-        """Claim the attempt; None when Redis is away (the job is back at its queue's head)."""
+        """Claim the attempt; None when Redis is away (the job is back at its queue's head) or
+        a cancel came first (the job is recorded canceled, never started)."""
         try:
-            self._claim(job)
+            claimed = self._claim(job)
         except REDIS_OUTAGE as e:
             log.warning("job_not_started", job_id=job.id, error=str(e))
-            self.push_back(job.id, queue)
+            cancels.give_back_claimed(self.worker.connection, job.id, queue)
+            return None
+        if not claimed:
+            connection = self.worker.connection
+            cancels.record_canceled(connection, job, queue, webhooks=self.webhooks)
             return None
         return Attempt(job, queue)
 
@@ -205,7 +212,8 @@ class AttemptBooks:
             attempt.execution = self.worker.prepare_execution(job)
         except REDIS_OUTAGE as e:
             log.warning("job_not_started", job_id=job.id, error=str(e))
-            self.push_back(job.id, queue)  # a reaper ignores an entry whose job is queued
+            # queued again (a reaper ignores an entry whose job is queued)
+            cancels.give_back_claimed(self.worker.connection, job.id, queue)
             return False
         try:
             self.worker.prepare_job_execution(job, len(self.worker.queues) == 1)
@@ -244,24 +252,32 @@ class AttemptBooks:
 
     # -- inside begin --------------------------------------------------------------------------
 
-    def _claim(self, job: Job) -> None:
+    def _claim(self, job: Job) -> bool:
         """A job requeued by hand (`rq requeue`, rq-dashboard, `cosyq failed --requeue`) keeps
         its meta: its old failure is cleared here, the attempt count goes on, and its run
-        count (the webhook id of its next outcome, shared/webhooks.event_id) goes up."""
-        job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
-        previous = job.meta.get(keys.ATTEMPT_META_KEY, 0)
-        job.meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
-        if job.meta.pop(keys.ERROR_META_KEY, None) is not None:
-            run = job.meta.get(keys.RUN_META_KEY, 1)
-            job.meta[keys.RUN_META_KEY] = (run if isinstance(run, int) else 1) + 1
+        count (the webhook id of its next outcome, shared/webhooks.event_id) goes up. False,
+        the job untouched (its run count is the one a cancel's event was told under), when a
+        cancel came first."""
+        meta = dict(job.meta)
+        previous = meta.get(keys.ATTEMPT_META_KEY, 0)
+        meta[keys.ATTEMPT_META_KEY] = (previous if isinstance(previous, int) else 0) + 1
+        if meta.pop(keys.ERROR_META_KEY, None) is not None:
+            run = meta.get(keys.RUN_META_KEY, 1)
+            meta[keys.RUN_META_KEY] = (run if isinstance(run, int) else 1) + 1
+        retries = (job.retries_left, job.retry_intervals)
         apply_default_retries(
             job,
             max_retries=self.settings.max_retries,
             backoff_base_s=self.settings.retry_backoff_s,
         )
-        fields: dict[str, str | int] = {"meta": json.dumps(job.meta)}
+        fields: dict[str, str | int] = {"meta": json.dumps(meta)}
         if job.retries_left is not None:
             fields["retries_left"] = job.retries_left
         if job.retry_intervals is not None:
             fields["retry_intervals"] = json.dumps(job.retry_intervals)
-        self.housekeeper.begin_job(job.id, fields)
+        if not self.housekeeper.begin_job(job.id, fields):
+            job.retries_left, job.retry_intervals = retries
+            return False
+        job.meta = meta
+        job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
+        return True

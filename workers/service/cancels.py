@@ -3,6 +3,12 @@
 `cosyq cancel` (producer/cancel.py) sets `cosyq:cancel:<id>` before anything else, so:
 - before a popped job starts, `canceled_before_start` reads the flag and the job's status (RQ's
   `Job.cancel()` may have run on it after the pop): a canceled job is recorded and never runs;
+- that read is only the quick look: the start itself is `claim_start`, one MULTI/EXEC under
+  WATCH of the job's hash and its flag that marks the job `started` only if neither a flag nor
+  a cancel's transaction came first. A cancel's own transaction WATCHes the hash too, so the two
+  serialise: either the cancel cancels the job (`canceled`) and the claim then finds it so and
+  never starts it, or the claim marks it started and the cancel reads that (`stopping`): a job
+  a cancel was told `canceled` for is never seen `started`;
 - while it runs, `CancelFlag` is the engine's `should_stop()`: one EXISTS at most every
   `COSYQ_CANCEL_CHECK_MS`, so a check per LLM step costs nothing;
 - the engine then raises `SynthesisCanceled`; the job boundary calls `record_canceled`: status
@@ -17,7 +23,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import redis
 from rq.job import Job, JobStatus
@@ -31,6 +38,7 @@ from shared.logs import get_logger
 from workers.service.outage import until_reachable
 
 log = get_logger(__name__)
+CLAIM_TRIES = 20  # a popped job changes a few times at most meanwhile (its cancels)
 
 
 class CancelFlag:
@@ -69,6 +77,65 @@ def canceled_before_start(connection: redis.Redis, job: Job) -> bool:
         log.warning("cancel_check_failed", job_id=job.id, error=str(e))
         return False
     return bool(flagged) or (status or b"").decode() == JobStatus.CANCELED.value
+
+
+def claim_start(
+    connection: redis.Redis,
+    job_id: str,
+    fields: Mapping[str, str | int],
+    *,
+    heartbeat: tuple[str, str, int],
+) -> bool:
+    """Mark the job `started` with `fields` and set its heartbeat (key, holder, TTL in ms), in
+    one MULTI/EXEC under WATCH of its hash and its cancel flag; False, nothing written, when a
+    cancel came first (the flag is set, or the job's status is `canceled`). A cancel racing it
+    makes its EXEC fail and the state is read again; so does a lost answer (redis-py's
+    WatchError), which finds the job as this claim left it. A Redis outage is raised."""
+    job_key, flag_key = Job.key_for(job_id), keys.cancel_key(job_id)
+    heartbeat_key, holder, ttl_ms = heartbeat
+    with connection.pipeline() as pipe:
+        for _ in range(CLAIM_TRIES):
+            try:
+                pipe.watch(job_key, flag_key)
+                status = pipe.hget(job_key, "status")
+                if pipe.exists(flag_key) or status in (b"canceled", "canceled"):
+                    return False
+                pipe.multi()
+                started: dict[str, str | int] = {**fields, "status": JobStatus.STARTED.value}
+                pipe.hset(job_key, mapping=cast(Mapping[Any, Any], started))
+                pipe.set(heartbeat_key, holder, px=ttl_ms)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                pipe.reset()
+    raise redis.ConnectionError(f"job {job_id} changed {CLAIM_TRIES} times while being started")
+
+
+def give_back_claimed(connection: redis.Redis, job_id: str, queue: Queue) -> None:
+    """A popped job that will not run now back at the head of its queue, its status `queued`
+    again if `claim_start` marked it started (a cancel then cancels it as waiting); waits out an
+    outage."""
+    job_key = Job.key_for(job_id)
+
+    def give_back() -> None:
+        with connection.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(job_key)
+                    started = pipe.hget(job_key, "status") in (b"started", "started")
+                    if not started and pipe.lpos(queue.key, job_id) is not None:
+                        return  # given back by a try whose answer was lost
+                    pipe.multi()
+                    if started:
+                        pipe.hset(job_key, "status", JobStatus.QUEUED.value)
+                    pipe.lpush(queue.key, job_id)
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    pipe.reset()
+
+    until_reachable(give_back, "job_push_back_failed")
+    log.info("job_pushed_back", job_id=job_id, queue=queue.name)
 
 
 def record_canceled(

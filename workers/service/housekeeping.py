@@ -23,13 +23,13 @@ from typing import Any, cast
 
 import redis
 from redis.client import Pipeline
-from rq.job import Job
 from rq.queue import Queue
 
 from shared import keys
 from shared.job_index import record_stopped_worker
 from shared.logs import get_logger
 from workers.service import metrics
+from workers.service.cancels import claim_start
 from workers.service.host import rss_mb
 from workers.service.orphans import OrphanSweep
 from workers.service.reaper import Reaper
@@ -153,25 +153,30 @@ class Housekeeper:
         self.stats.state = state
         self._guarded("publish_stats", self.publish_stats)
 
-    def begin_job(self, job_id: str, job_fields: Mapping[str, str | int]) -> None:
-        """Claim the job's heartbeat and write `job_fields` to its hash, in one round trip;
-        called before RQ marks the job started (see workers/reaper.py for why). With
-        wait_replicas, the same round trip WAITs for them (NotReplicatedError if too few)."""
+    def begin_job(self, job_id: str, job_fields: Mapping[str, str | int]) -> bool:
+        """Claim the job's start against its cancels (workers/service/cancels.claim_start):
+        `job_fields` and status `started` written to its hash and its heartbeat set, in one
+        MULTI/EXEC; False, nothing written, when a cancel came first. Called before RQ
+        registers the job (see workers/reaper.py for why). With wait_replicas, the stats write
+        after it WAITs for them (NotReplicatedError if too few): replication keeps order, so
+        replicas that have that write have the claim."""
+        heartbeat = (keys.job_heartbeat_key(job_id), self.stats.name, self.ttl_ms)
+        if not claim_start(self.connection, job_id, job_fields, heartbeat=heartbeat):
+            return False
         with self._lock:
             self._job_ids[job_id] = None
             self.stats.state, self.stats.current_job = WorkerState.BUSY, ",".join(self._job_ids)
         with self.connection.pipeline(transaction=False) as pipe:
-            pipe.hset(Job.key_for(job_id), mapping=cast(Mapping[Any, Any], job_fields))
-            pipe.set(keys.job_heartbeat_key(job_id), self.stats.name, px=self.ttl_ms)
             self._queue_stats(pipe)
             if self.wait_replicas:
-                pipe.wait(self.wait_replicas, self.wait_timeout_ms)  # same connection: our writes
+                pipe.wait(self.wait_replicas, self.wait_timeout_ms)  # the stats write's offset
             replies = pipe.execute()
         if self.wait_replicas and int(replies[-1]) < self.wait_replicas:
             raise NotReplicatedError(
                 f"job {job_id}: attempt on {replies[-1]} of {self.wait_replicas} replicas after "
                 f"{self.wait_timeout_ms} ms"
             )
+        return True
 
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""

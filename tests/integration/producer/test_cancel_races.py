@@ -7,7 +7,9 @@ state a cancel acts on is the job's state when it acts, never an earlier read of
 - a worker that pops the job, sees the flag and cancels it itself, between a cancel's flag and
   its transaction, cancels it for that cancel: it says `canceled` (not `already_canceled`);
 - the same against a real pool of workers popping the jobs the cancels race for: of each job's
-  cancels exactly one says `canceled` when the job never ran, none when it ran.
+  cancels exactly one says `canceled` when the job never ran, none when it ran; a job a cancel
+  was told `canceled` for is never `started` after (its status history, read by MONITOR) and
+  stores nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from shared.job_events import WebhookPolicy
 from shared.settings import Settings, load_settings
 from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 from tests.doubles.harness import json_queue, named, pool_of_two, statuses, wait_for
+from tests.doubles.status_history import StatusHistory, started_after_canceled
 from workers.service import cancels
 
 HOOK = "http://127.0.0.1:9/hooks/"
@@ -167,10 +170,13 @@ def test_cancels_racing_a_pool_say_canceled_once_for_a_job_that_never_ran(
     saw a flag, some run. Whatever the timing, judged once the pool has stopped (a job a worker
     popped an instant before a cancel's transaction canceled it is started yet, and stopped at
     its first step): a job canceled with no cancel told `stopping` has exactly one `canceled`
-    answer, a finished job none, and each job tells its webhook exactly one event."""
+    answer, a finished job none, and each job tells its webhook exactly one event. A job
+    that a cancel was told `canceled` for is never `started` after its `canceled` and stores
+    nothing (the worker's start is claimed against the cancel: workers/service/cancels.py)."""
     overrides = {"COSYQ_WEBHOOK_ALLOWED_URLS": HOOK, "COSYQ_WEBHOOK_ALLOW_PRIVATE": "true"}
     connection = redis.Redis.from_url(redis_url)
     rounds: list[tuple[Job, Counter[str]]] = []
+    history = StatusHistory(redis_url)
     with pool_of_two(redis_url, tmp_path, overrides) as cluster:
         warm = waiting_job(connection, DEFAULT_TENANT)  # both workers up: the jobs meet idle ones
         wait_for(lambda: statuses(connection, [warm]) == ["finished"], 120, "the first job")
@@ -180,11 +186,15 @@ def test_cancels_racing_a_pool_say_canceled_once_for_a_job_that_never_ran(
             assert len(outcomes) == POOL_CANCELERS  # none raised
             rounds.append((job, Counter(outcome.verdict for outcome in outcomes)))
             wait_for(lambda job=job: ended(connection, job), 60, "its end")
+    history.stop()
     by_worker = {e["job_id"] for e in named(cluster.events("pool.log"), "job_canceled")}
     tally: Counter[str] = Counter()
     for job, verdicts in rounds:
         [status] = statuses(connection, [job])
         assert len(told(connection, job)) == 1, told(connection, job)
+        if verdicts["canceled"]:  # told it will not run: it never starts after, stores nothing
+            assert not started_after_canceled(history.statuses(job.id)), history.statuses(job.id)
+            assert list(tmp_path.rglob(f"{job.id}*")) == [], status
         if status != "canceled":  # it ran: no cancel may say it will not
             assert verdicts["canceled"] == 0, (status, verdicts)
         elif verdicts["stopping"]:  # it ran and was stopped (or a worker started it, above)
