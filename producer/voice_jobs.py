@@ -13,7 +13,7 @@ summary.
 from __future__ import annotations
 
 import io
-import re
+import time
 import uuid
 
 import redis
@@ -32,6 +32,7 @@ from shared.jobs import DEFAULT_VOICE
 from shared.settings import Settings
 from shared.storage import open_storage
 from shared.submitted import record_submitted
+from shared.voice_uploads import UPLOAD_FILE_RE, VoiceUpload, forget_upload, note_upload
 from shared.voices import (
     VoiceRegistry,
     VoiceSummary,
@@ -45,7 +46,6 @@ from shared.voices import (
 )
 
 UPLOAD_CONTENT_TYPE = "application/octet-stream"  # any format soundfile reads
-UPLOAD_FILE_RE = re.compile(r"[0-9a-f]{32}\.[a-z0-9]{1,8}")  # new_upload_key's file names
 # soundfile's major format names -> the suffix an upload is stored with
 _SUFFIX_OF_FORMAT = {
     "WAV": "wav",
@@ -105,11 +105,14 @@ def enqueue_add_voice(
         VoiceRegistry(connection, owner).check_room(name, settings.max_voices(owner))
     storage = open_storage(settings)
     key = new_upload_key(owner, name, audio)
+    # noted first: a process killed before its job is in leaves a recording housekeeping finds
+    upload = VoiceUpload(owner, name, storage.uri_for(key), uuid.uuid4().hex)
+    note_upload(connection, upload, at=time.time() + settings.voice_upload_grace_s)
     stored = storage.put(key, audio, UPLOAD_CONTENT_TYPE, {"voice": name})
     data = Queue.prepare_data(
         function,
         kwargs={"name": name, "prompt_audio": stored.uri, "transcript": transcript, "owner": owner},
-        job_id=uuid.uuid4().hex,
+        job_id=upload.job_id,
         timeout=settings.job_timeout_s,
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.failure_ttl_s,
@@ -123,6 +126,7 @@ def enqueue_add_voice(
         return _enqueue_in_room(connection, settings, tenant, data)
     except (QueueFullError, TenantQuotaError):
         storage.delete(key)  # nothing will ever read it
+        forget_upload(connection, upload)
         raise
 
 

@@ -49,6 +49,10 @@ CANCEL_PREFIX = PREFIX + "cancel:"  # + job id -> the cancel's token (result TTL
 # the job hash's field naming the cancel (its token) a canceled job is told to: the one whose
 # flag the worker read, or whose own transaction canceled it (producer/cancel.py)
 CANCELED_BY_FIELD = "cosyq_canceled_by"
+# Voice uploads in flight (shared/voice_uploads.py): sorted set of upload JSON (owner, name,
+# recording URI, add-voice job id) scored by when housekeeping looks at it; and its lock.
+VOICE_UPLOADS = PREFIX + "voice-uploads"
+VOICE_UPLOAD_SWEEP_LOCK = PREFIX + "voice-upload-sweep-lock"  # one sweeper per tick
 AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # + job id -> Redis Stream of a streamed job's audio chunks
 # Webhooks (shared/webhooks.py, producer/webhooks/): the workers' outbox (a Redis Stream read by the
 # dispatchers' consumer group), deliveries waiting for their next try, and dead letters.

@@ -153,6 +153,13 @@ class Settings(
         ge=0,
         description="how long workers share the default voice's features in Redis (0: never)",
     )
+    voice_upload_grace_s: float = Field(
+        3600.0,
+        gt=0,
+        description="a voice recording uploaded this long ago whose add-voice job never came "
+        "(its front was killed mid upload) or failed for good, and that no voice names, is "
+        "deleted by a worker's housekeeping",
+    )
 
     # Queueing
     max_queue_depth: int = Field(

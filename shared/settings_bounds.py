@@ -64,6 +64,7 @@ CEILINGS: dict[str, float] = {
     "max_breaks": 10**6,
     "max_prompt_seconds": HOUR,  # the speech tokenizer takes 30 s of it at most anyway
     "default_voice_cache_ttl_s": RETENTION_S,
+    "voice_upload_grace_s": WAIT_S,
     # Queueing and results
     "max_queue_depth": COUNT,
     "backpressure_timeout_s": WAIT_S,

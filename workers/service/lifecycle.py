@@ -48,6 +48,7 @@ from workers.service.outage import wait_for_redis
 from workers.service.reaper import Reaper, release_job
 from workers.service.webhook_bodies import UnkeptBodies
 from workers.voices.book import VoiceBook
+from workers.voices.uploads import VoiceUploadSweep
 
 log = get_logger(__name__)
 
@@ -127,6 +128,11 @@ class WorkerLifecycle:
             self.housekeeper.extra_duties.append(cleanup)  # deletes through the probed storage
             self.housekeeper.extra_duties.append(
                 ExpiredSegments(
+                    self.housekeeper.connection, self.settings, holder=name, storage=storage
+                )
+            )
+            self.housekeeper.extra_duties.append(
+                VoiceUploadSweep(
                     self.housekeeper.connection, self.settings, holder=name, storage=storage
                 )
             )

@@ -31,10 +31,12 @@ from shared.errors import (
     VoiceMismatchError,
 )
 from shared.settings import Settings, load_settings
+from shared.storage import open_storage
 from shared.voices import VoiceRegistry
 from tests.doubles.rq_workers import engines_reused, run_cosyq_burst
 from workers.engine.api import ModelIdentity
 from workers.voices.profiles import RegisteredVoices
+from workers.voices.uploads import VoiceUploadSweep
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -374,3 +376,22 @@ def test_uploads_queued_together_never_pass_max_voices_at_the_worker(
     assert sorted(outcomes.values()) == sorted([*kept, "refused"]) and len(kept) == 1
     [refused] = [name for name, outcome in outcomes.items() if outcome == "refused"]
     assert uploads(settings, refused) == [] and len(uploads(settings, kept[0])) == 1
+
+
+def test_housekeeping_keeps_a_recording_its_job_or_its_voice_needs(
+    client: CosyqClient, settings: Settings, prompt_bytes: bytes
+) -> None:
+    """The sweep of voice recordings a killed front left (shared/voice_uploads.py) never takes
+    one whose add-voice job still waits, nor one its voice names (a crash leaves an orphan:
+    tests/integration/producer/http/test_front_crash.py)."""
+    sweep = VoiceUploadSweep(
+        client.connection, settings, holder="test", storage=open_storage(settings)
+    )
+    due = time.time() + settings.voice_upload_grace_s + 1
+    job_id = client.add_voice("alice", prompt_bytes, "One.", filename="a.wav")
+    assert sweep.sweep(due) == [] and len(uploads(settings, "alice")) == 1  # its job waits
+    run_cosyq_burst(settings)
+    summary = client.wait_for_voice(job_id, timeout=5)
+    assert sweep.sweep(due + settings.voice_upload_grace_s + 1) == []
+    assert uploads(settings, "alice") == [summary.source_uri]  # its voice names it
+    assert client.connection.zcard(keys.VOICE_UPLOADS) == 0  # nothing left to look at

@@ -2,6 +2,9 @@
 supervisor restarts it: the client's retry with its idempotency key must get the thing it
 asked for (the one that went in, or a new one), never an id of nothing.
 
+The same for a voice upload, whose recording is written before its job is enqueued: a worker's
+housekeeping deletes it once nothing will name it.
+
 The kill lands deterministically: the front reaches Redis through a proxy that holds back
 its submit's transaction (tests/doubles/redis_proxy.py), everything it sent before that (its
 reads of the idempotency key and the queue depths) applied, and the test kills it there.
@@ -12,17 +15,22 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
-from shared.keys import WEBHOOK_OUTBOX
+from shared.keys import VOICE_UPLOADS, WEBHOOK_OUTBOX
+from shared.settings import load_settings
+from shared.storage import open_storage
 from tests.conftest import RedisServer
 from tests.doubles.redis_proxy import HoldingProxy
 from tests.integration.producer.http.conftest import DATABASES, fresh_db, start_front
+from tests.integration.producer.http.test_jobs_api import tone_wav
 from tests.integration.producer.webhook_rig import SECRET
+from workers.voices.uploads import VoiceUploadSweep
 
 RECEIVER = "http://127.0.0.1:9/"  # never called: the test reads the outbox
 CLAIM_TIMEOUT_S = 60.0  # a bound for something that happens at once, never a guess at a race
@@ -201,3 +209,48 @@ def test_a_submit_whose_exec_answer_is_lost_enqueues_its_job_once(
         proxy.close()
     queued = [i for key in connection.keys("rq:queue:*") for i in connection.lrange(key, 0, -1)]
     assert queued == [job_id]
+
+
+def _upload_until_killed(url: str) -> None:
+    with contextlib.suppress(httpx.TransportError):
+        httpx.post(
+            url + "/v1/audio/voices",
+            data={"name": "alice", "transcript": "Hello."},
+            files={"file": ("alice.wav", tone_wav(), "audio/wav")},
+            timeout=CLAIM_TIMEOUT_S * 2,
+        )
+
+
+def test_a_recording_whose_front_died_before_its_job_is_deleted_by_housekeeping(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A voice upload's front killed between writing the recording and enqueueing the job that
+    registers it: a worker's housekeeping deletes the recording once COSYQ_VOICE_UPLOAD_GRACE_S
+    has passed (shared/voice_uploads.py), not before."""
+    url = fresh_db(redis_server, "crash")
+    proxy = HoldingProxy(redis_server.port)
+    front = start_front(tmp_path / "front", proxy.url(DATABASES["crash"]))
+    try:
+        proxy.hold_next_exec(b"rq:job:")
+        poster = threading.Thread(target=_upload_until_killed, args=(front.url,))
+        poster.start()
+        assert proxy.held.wait(CLAIM_TIMEOUT_S), "the front never sent its transaction"
+        front.process.send_signal(signal.SIGKILL)
+        front.process.wait(timeout=CLAIM_TIMEOUT_S)
+        poster.join(CLAIM_TIMEOUT_S)
+    finally:
+        front.stop()
+        proxy.close()
+    connection = redis.Redis.from_url(url)
+    assert not connection.keys("rq:job:*")
+    [recording] = (front.storage / "voices").rglob("*.wav")  # written, and nothing names it
+
+    monkeypatch.setenv("COSYQ_REDIS_URL", url)
+    monkeypatch.setenv("COSYQ_STORAGE_URL", front.storage.as_uri())
+    settings = load_settings(env_file=None)
+    sweep = VoiceUploadSweep(connection, settings, holder="test", storage=open_storage(settings))
+    assert sweep.sweep(time.time()) == [] and recording.exists()  # within its grace: kept
+    later = time.time() + settings.voice_upload_grace_s + 1
+    assert sweep.sweep(later) == [recording.as_uri()]
+    assert not recording.exists() and connection.zcard(VOICE_UPLOADS) == 0
+
