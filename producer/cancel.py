@@ -23,11 +23,18 @@ flag to a token of its own, and the job's hash names the cancel it is told to
 the job, saw the flag and canceled it first (workers/service/cancels.py), the token the worker
 read in the flag. Every cancel that set the flag while the job waited reads the state again
 after the worker's record (its EXEC is refused), and finds its own token there or not.
+
+A transaction whose answer is lost (the connection dropped after Redis applied it: redis-py
+raises WatchError, or ConnectionError when it cannot reconnect at once) is read back the same
+way, by this same cancel with its token: it finds its own token and says `canceled`, never
+`already_canceled` for what it did itself. Redis away meanwhile is waited out for
+COSYQ_CANCEL_LOST_ANSWER_WAIT_S (then TransientError: whether it applied is unknown).
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +46,7 @@ from rq.job import Job
 from producer.tracking import JobTracker
 from producer.webhooks.bodies import keep_body
 from shared import keys
+from shared.connection import REDIS_OUTAGE
 from shared.errors import JobNotFoundError, TransientError
 from shared.job_events import WebhookPolicy, job_ended
 
@@ -46,6 +54,8 @@ CancelVerdict = Literal["canceled", "stopping", "already_canceled", "already_end
 WAITING_STATES = frozenset({"queued", "scheduled", "deferred"})
 ENDED_STATES = frozenset({"finished", "failed", "stopped"})
 CANCEL_TRIES = 20  # a waiting job changes state a few times at most (popped, started, ended)
+LOST_ANSWER_WAIT_S = 10.0  # COSYQ_CANCEL_LOST_ANSWER_WAIT_S's default
+LOST_ANSWER_PAUSE_S = 1.0  # the longest pause between two reads back while Redis is away
 
 
 @dataclass(frozen=True)
@@ -77,23 +87,32 @@ def cancel_job(
     *,
     flag_ttl_s: int,
     webhooks: WebhookPolicy | None = None,
+    lost_answer_wait_s: float = LOST_ANSWER_WAIT_S,
 ) -> CancelOutcome:
     """Cancel one job (see the module docstring); JobNotFoundError for an unknown id.
-    `webhooks`: tell a waiting job's cancel to its webhook (None: the caller tells)."""
+    `webhooks`: tell a waiting job's cancel to its webhook (None: the caller tells).
+    `lost_answer_wait_s`: how long Redis may stay away once this cancel's transaction was
+    sent and its answer lost (then TransientError: whether it applied is unknown)."""
     job = tracker.fetch(job_id)
     mine = _Canceler(secrets.token_hex(16))
+    changes, lost = 0, _LostAnswer(lost_answer_wait_s)
     with connection.pipeline() as pipe:
-        for _ in range(CANCEL_TRIES):
+        while changes < CANCEL_TRIES:
             try:
                 outcome, acted = _cancel_watched(
                     connection, pipe, job, mine, flag_ttl_s=flag_ttl_s, webhooks=webhooks
                 )
-            except redis.WatchError:  # the job changed meanwhile: read its state again
-                pipe.reset()
-                continue
-            if acted and webhooks is not None:  # a worker's cancel keeps its own body
-                keep_body(connection, job, "job.canceled", webhooks)
-            return outcome
+            except redis.WatchError:  # the job changed meanwhile (or the EXEC's answer was lost)
+                changes += 1
+            except REDIS_OUTAGE as e:
+                if not mine.sent:
+                    raise  # nothing done that only this cancel can tell
+                lost.wait_once(job_id, e)  # then read back, this cancel's token in hand
+            else:
+                if acted and webhooks is not None:  # a worker's cancel keeps its own body
+                    keep_body(connection, job, "job.canceled", webhooks)
+                return outcome
+            pipe.reset()
     raise TransientError(
         f"job {job_id} changed state {CANCEL_TRIES} times while being canceled; try again"
     )
@@ -101,11 +120,35 @@ def cancel_job(
 
 @dataclass
 class _Canceler:
-    """One cancel: its token (it is told `canceled` when the job's hash names it) and the
-    waiting state it last read (what a job a worker canceled for it was)."""
+    """One cancel: its token (it is told `canceled` when the job's hash names it), the
+    waiting state it last read (what a job a worker canceled for it was) and whether it has
+    sent its transaction (whose answer may be lost: only its token then tells it applied)."""
 
     token: str
     waited: str = "queued"
+    sent: bool = False
+
+
+class _LostAnswer:
+    """Redis away after this cancel sent its transaction: each `wait_once` sleeps a little
+    longer (up to LOST_ANSWER_PAUSE_S), until `wait_s` has passed (then TransientError)."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self.since: float | None = None
+        self.pause_s = 0.05
+
+    def wait_once(self, job_id: str, error: Exception) -> None:
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        left = self.since + self.wait_s - now
+        if left <= 0:
+            raise TransientError(
+                f"job {job_id}: Redis went away as it was being canceled and was still away "
+                f"{self.wait_s:g} s later ({error}); whether it was canceled is unknown: try again"
+            ) from error
+        time.sleep(min(self.pause_s, left))
+        self.pause_s = min(self.pause_s * 2, LOST_ANSWER_PAUSE_S)
 
 
 def _cancel_watched(
@@ -126,8 +169,8 @@ def _cancel_watched(
         raise JobNotFoundError(f"no job {job.id} (deleted while being canceled)")
     state = _text(raw) or "unknown"
     if state == "canceled":  # by a worker for this cancel's flag, or by another cancel
-        if _text(canceler) == mine.token:
-            return CancelOutcome(job.id, "canceled", mine.waited), False
+        if _text(canceler) == mine.token:  # also this cancel's own EXEC, its answer lost
+            return CancelOutcome(job.id, "canceled", mine.waited), mine.sent
         return CancelOutcome(job.id, "already_canceled", state), False
     if state in ENDED_STATES:
         return CancelOutcome(job.id, "already_ended", state), False
@@ -146,6 +189,7 @@ def _cancel_watched(
         # job's executions outside the transaction and finds one gone: ValueError)
         raise redis.WatchError(f"job {job.id} changed while being canceled") from e
     pipe.hset(job.key, keys.CANCELED_BY_FIELD, mine.token)
+    mine.sent = True
     pipe.execute()
     return CancelOutcome(job.id, "canceled", state), True
 

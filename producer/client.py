@@ -381,7 +381,14 @@ class CosyqClient:
         (the outcome says which). Raises JobNotFoundError for an unknown or expired id."""
         hooks = WebhookPolicy.from_settings(self.settings) if tell else None
         ttl = self.settings.result_ttl_s
-        return cancel_job(self.connection, self.tracker, job_id, flag_ttl_s=ttl, webhooks=hooks)
+        return cancel_job(
+            self.connection,
+            self.tracker,
+            job_id,
+            flag_ttl_s=ttl,
+            webhooks=hooks,
+            lost_answer_wait_s=self.settings.cancel_lost_answer_wait_s,
+        )
 
     def result(self, job_id: str, timeout: float | None = None) -> SynthesisResult:
         """Wait up to `timeout` seconds (default settings.wait_timeout_s; 0: do not wait) for

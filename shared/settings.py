@@ -189,6 +189,12 @@ class Settings(
     cancel_check_ms: float = Field(
         100.0, ge=0, description="a running job reads its cancel flag at most this often (ms)"
     )
+    cancel_lost_answer_wait_s: float = Field(
+        10.0,
+        gt=0,
+        description="a cancel whose transaction's answer was lost with Redis waits this long "
+        "for Redis to read back what it did (then: try again)",
+    )
     max_retries: int = Field(2, ge=0, description="retries of a transient failure")
     retry_backoff_s: float = Field(
         5.0, ge=0, description="retry k waits retry_backoff_s * 2**(k-1) seconds"

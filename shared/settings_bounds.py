@@ -76,6 +76,7 @@ CEILINGS: dict[str, float] = {
     "result_ttl_s": RETENTION_S,
     "failure_ttl_s": RETENTION_S,
     "cancel_check_ms": HOUR * 1000,
+    "cancel_lost_answer_wait_s": WAIT_S,
     "max_retries": 20,  # retry k waits COSYQ_RETRY_BACKOFF_S * 2**(k-1): 20 at 1 h is 60 years
     "retry_backoff_s": HOUR,
     "result_poll_interval_s": HOUR,

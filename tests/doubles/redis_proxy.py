@@ -9,7 +9,9 @@ waits for an answer that never comes, its transaction never applied. Whatever th
 queued after its MULTI is dropped by Redis when the process dies and its connection closes.
 `cut_next_exec(marker)` instead lets that piece through and cuts the connection when Redis
 answers, its answer dropped: the transaction applied, the client told only that the connection
-was lost (as when Redis restarts, or the network drops, between the two).
+was lost (as when Redis restarts, or the network drops, between the two); with `refuse=n`, the
+next `n` connections made after that are closed at once, unanswered (Redis away a moment: the
+client's first reconnects fail).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class HoldingProxy:
         self._marker = b""
         self._cut = False
         self._cutting: set[socket.socket] = set()  # upstreams whose next answer ends them
+        self._refusing = 0  # connections still to close unanswered once the cut is made
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = [self._listener]
@@ -41,8 +44,8 @@ class HoldingProxy:
         self._marker = marker
         self._armed.set()
 
-    def cut_next_exec(self, marker: bytes = b"") -> None:
-        self._cut = True
+    def cut_next_exec(self, marker: bytes = b"", *, refuse: int = 0) -> None:
+        self._cut, self._refusing = True, refuse
         self.hold_next_exec(marker)
 
     def close(self) -> None:
@@ -56,6 +59,10 @@ class HoldingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._refusing and self.held.is_set():
+                self._refusing -= 1
+                client.close()
+                continue
             upstream = socket.create_connection(("127.0.0.1", self.redis_port))
             self._sockets += [client, upstream]
             threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()

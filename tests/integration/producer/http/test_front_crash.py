@@ -22,12 +22,13 @@ import httpx
 import pytest
 import redis
 
+from shared import keys
 from shared.keys import VOICE_UPLOADS, WEBHOOK_OUTBOX
 from shared.settings import load_settings
 from shared.storage import open_storage
 from tests.conftest import RedisServer
 from tests.doubles.redis_proxy import HoldingProxy
-from tests.integration.producer.http.conftest import DATABASES, fresh_db, start_front
+from tests.integration.producer.http.conftest import DATABASES, fresh_db, queued_job, start_front
 from tests.integration.producer.http.test_jobs_api import tone_wav
 from tests.integration.producer.webhook_rig import SECRET
 from workers.voices.uploads import VoiceUploadSweep
@@ -254,3 +255,32 @@ def test_a_recording_whose_front_died_before_its_job_is_deleted_by_housekeeping(
     assert sweep.sweep(later) == [recording.as_uri()]
     assert not recording.exists() and connection.zcard(VOICE_UPLOADS) == 0
 
+
+@pytest.mark.parametrize("refused", [0, 6], ids=["back_at_once", "away_a_moment"])
+def test_a_cancel_whose_exec_answer_is_lost_says_canceled(
+    redis_server: RedisServer, tmp_path: Path, refused: int
+) -> None:
+    """Redis applies the cancel's transaction and the connection drops before its answer,
+    then (`away_a_moment`) refuses the front's next connections: the cancel reads the job back
+    with its own token and says `canceled` (it said `already_canceled`, or failed, for what it
+    did itself); its event is told once, and a second cancel says `already_canceled`."""
+    url = fresh_db(redis_server, "crash")
+    connection = redis.Redis.from_url(url, decode_responses=True)
+    job_id = queued_job(connection, {"text": "Never.", "webhook": {"url": RECEIVER + "x"}})
+    proxy = HoldingProxy(redis_server.port)
+    hooks = {"COSYQ_WEBHOOK_ALLOWED_URLS": RECEIVER, "COSYQ_WEBHOOK_ALLOW_PRIVATE": "true"}
+    front = start_front(tmp_path / "front", proxy.url(DATABASES["crash"]), **hooks)
+    try:
+        proxy.cut_next_exec(keys.CANCELED_BY_FIELD.encode(), refuse=refused)
+        with front.http(None) as http:
+            answer = http.delete(f"/v1/jobs/{job_id}")
+            assert proxy.held.is_set()
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"] == "canceled", answer.text
+            again = http.delete(f"/v1/jobs/{job_id}")
+            assert again.json()["result"] == "already_canceled", again.text
+    finally:
+        front.stop()
+        proxy.close()
+    events = [f["event"] for _, f in connection.xrange(WEBHOOK_OUTBOX) if f["job_id"] == job_id]
+    assert events == ["job.canceled"]
