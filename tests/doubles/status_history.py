@@ -26,7 +26,8 @@ STOP_TIMEOUT_S = 30.0
 class StatusHistory:
     def __init__(self, redis_url: str) -> None:
         self._url = redis_url
-        self._client = redis.Redis.from_url(redis_url)
+        # no read timeout (redis-py's default is 5 s): a worker may start for longer in silence
+        self._client = redis.Redis.from_url(redis_url, socket_timeout=None)
         self._marker = f"status-history-end-{uuid.uuid4().hex}"
         self._listening = threading.Event()
         self._writes: list[tuple[str, str]] = []  # (hash key, status), in Redis's order

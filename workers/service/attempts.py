@@ -36,7 +36,6 @@ from shared.logs import get_logger
 from shared.settings import Settings
 from shared.tenants import TENANT_META_KEY
 from workers.service import admission, cancels, metrics, outcomes
-from workers.service.dequeue import push_back
 from workers.service.housekeeping import Housekeeper
 from workers.service.outage import REDIS_OUTAGE, until_reachable
 from workers.service.retries import apply_default_retries
@@ -178,10 +177,6 @@ class AttemptBooks:
             ),
             "job_refusal_unrecorded",
         )
-
-    def push_back(self, job_id: str, queue: Queue) -> None:
-        """Return a popped job, not started, to the head of its queue (waits out an outage)."""
-        push_back(self.worker.connection, job_id, queue)
 
     # -- one job -------------------------------------------------------------------------------
 
