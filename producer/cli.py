@@ -2,7 +2,8 @@
 
 Each command group lives in its own module under `producer/commands/` exposing
 `register(subparsers)`; its handlers take `(args, context)` and return the exit status. Add a
-group by appending its module to `COMMAND_MODULES`. Settings come from COSYQ_* variables and
+group by naming its commands' module in `COMMANDS`: a command line registers only the module
+of the command it names (shared/cli_commands.py). Settings come from COSYQ_* variables and
 `.env`; logs go to stderr, command output to stdout.
 
 Exit status: one table for every command, in `producer/commands/exits.py` (0 done, 1 failed,
@@ -17,32 +18,41 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 from rich.console import Console
 
-from producer.client import CosyqClient
 from producer.commands.exits import exit_status, quiet_broken_pipe
+from shared.cli_commands import chosen_modules
 from shared.connection import settings_error
 from shared.console import CommandConsole, EscapingConsole
 from shared.errors import CosyqError, SettingsError
 from shared.logs import configure_logging
 from shared.settings import Settings, load_settings
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "producer.commands.submit",  # submit FILE.jsonl, say "text"
-    "producer.commands.inspect",  # status, failed, result
-    "producer.commands.cancel",  # cancel JOB_ID...
-    "producer.commands.stream",  # stream JOB_ID
-    "producer.commands.documents",  # document submit|status|retry|result
-    "producer.commands.voices",  # voices list|add|rm
-    "producer.commands.serve",  # serve (the HTTP front; needs cosyq[http])
-    "producer.commands.webhooks",  # webhooks run|failed
-    "producer.commands.bench_ui",  # bench ui (the /ui page with many jobs in Redis)
-)
+if TYPE_CHECKING:
+    from producer.client import CosyqClient
+
+# Each command → the module that registers it (in help's order).
+COMMANDS: dict[str, str] = {
+    "submit": "producer.commands.submit",  # submit FILE.jsonl
+    "say": "producer.commands.submit",  # say "text"
+    "status": "producer.commands.inspect",
+    "failed": "producer.commands.inspect",
+    "result": "producer.commands.inspect",
+    "cancel": "producer.commands.cancel",  # cancel JOB_ID...
+    "stream": "producer.commands.stream",  # stream JOB_ID
+    "document": "producer.commands.documents",  # document submit|status|retry|result
+    "voices": "producer.commands.voices",  # voices list|add|rm
+    "serve": "producer.commands.serve",  # serve (the HTTP front; needs cosyq[http])
+    "webhooks": "producer.commands.webhooks",  # webhooks run|failed
+    "bench": "producer.commands.bench_ui",  # bench ui (the /ui page with many jobs in Redis)
+}
+TOP_OPTIONS_WITH_VALUE = frozenset({"--env-file"})
 
 PIPED_WIDTH = 160  # columns for tables when stdout is not a terminal
-ClientFactory = Callable[[Settings], CosyqClient]
+ClientFactory = Callable[[Settings], "CosyqClient"]
 
 
 @dataclass
@@ -55,7 +65,8 @@ class CliContext:
     err: Console  # progress, warnings, problems (stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with argv's command alone when it names one."""
     parser = argparse.ArgumentParser(
         prog="cosyq",
         description="cosyq producer: submit speech jobs to Redis and read their results",
@@ -64,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--env-file", default=".env", help="settings file read besides COSYQ_* (default .env)"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
+    modules = chosen_modules(argv, COMMANDS, options_with_value=TOP_OPTIONS_WITH_VALUE)
+    for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
     return parser
 
@@ -74,7 +86,8 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | N
 
     `client_factory` lets tests (and embedding code) choose how the client is built.
     """
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     err = EscapingConsole(stderr=True, highlight=False, soft_wrap=True)
     try:
         settings = load_settings(env_file=args.env_file)
@@ -83,7 +96,7 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | N
         return 2
     configure_logging(settings, stream=sys.stderr)
     context = CliContext(
-        settings=settings, make_client=client_factory or CosyqClient, out=_stdout(), err=err
+        settings=settings, make_client=client_factory or _client, out=_stdout(), err=err
     )
     try:
         return context.out.exit_status(int(args.handler(args, context) or 0))
@@ -92,6 +105,13 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory | N
     except (CosyqError, redis.RedisError) as e:
         err.print(f"cosyq: {_one_line(e, settings)}", markup=False)
         return exit_status(e)
+
+
+def _client(settings: Settings) -> CosyqClient:
+    """The client, imported once a command needs one (redis's asyncio client, rq, numpy)."""
+    from producer.client import CosyqClient  # noqa: PLC0415
+
+    return CosyqClient(settings)
 
 
 def _one_line(error: CosyqError | redis.RedisError, settings: Settings) -> str:

@@ -2,7 +2,9 @@
 
 Each command group lives in its own module exposing `register(subparsers)`; registering stays
 cheap (no torch import) so `cosyq-worker --help` is instant, and each command imports what it
-needs when it runs. Add a group by appending its module to `COMMAND_MODULES`.
+needs when it runs. Add a group by naming its commands' module in `COMMANDS`: a command line
+registers only the module of the command it names (shared/cli_commands.py), so `bench` or
+`doctor` starts without the service's modules (redis's asyncio client, rq, numpy).
 """
 
 from __future__ import annotations
@@ -13,34 +15,38 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from shared.cli_commands import chosen_modules
 from shared.errors import SettingsError
 
 EXIT_SETTINGS = 2  # as `run` and `pool` exit on a bad setting (workers/service/commands.py)
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "workers.service.commands",
-    "workers.tools.model_cli",
-    "workers.tools.deploy_cli",
-    "workers.tools.bench.cli",
-    "workers.tools.doctor.cli",
-    "workers.coreml.convert.cli",
-)
+# Each command → the module that registers it (in help's order).
+COMMANDS: dict[str, str] = {
+    "run": "workers.service.commands",
+    "pool": "workers.service.commands",
+    "model": "workers.tools.model_cli",
+    "deploy": "workers.tools.deploy_cli",
+    "bench": "workers.tools.bench.cli",
+    "doctor": "workers.tools.doctor.cli",
+    "convert": "workers.coreml.convert.cli",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with argv's command alone when it names one."""
     parser = argparse.ArgumentParser(
         prog="cosyq-worker", description="cosyq worker: run, pool, model tools, benchmarks"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
+    for module_name in chosen_modules(argv, COMMANDS):
         importlib.import_module(module_name).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run the chosen command; its return value is the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except SettingsError as e:  # a tool's bad setting: one line, never a traceback

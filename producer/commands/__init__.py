@@ -1,1 +1,1 @@
-"""Command groups of `cosyq`, one module each (see producer/cli.py COMMAND_MODULES)."""
+"""Command groups of `cosyq`, one module each (see producer/cli.py COMMANDS)."""
