@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic_core import PydanticCustomError
 
+from shared.invisible import strip_invisible
 from shared.request_limits import RequestLimits
 from shared.text_markup import (
     MarkupError,
@@ -39,7 +40,10 @@ def rule(message: str) -> PydanticCustomError:
 
 
 def check_text_like(value: str, limit: int, *, required: bool) -> str:
-    value = value.strip()
+    """`value` trimmed and without its invisible format characters (`shared.invisible`: the
+    worker reads none of them), checked: not empty if `required`, at most `limit` characters,
+    no control character, valid UTF-8."""
+    value = strip_invisible(value).strip()
     if required and not value:
         raise rule("must not be empty (after trimming whitespace)")
     if len(value) > limit:

@@ -12,6 +12,9 @@ wetext (grammars shipped in the wheel, offline) does the work, with these correc
   The span is then cut in halves, down to single words and runs of digits, each normalised
   alone: only what wetext cannot read is left as written, and the log says which span kind
   failed (`normalisation_span_failed`, never the text).
+- Invisible format characters (zero width space, joiners outside emoji, word joiner, an
+  inner byte order mark, soft hyphen: `shared.invisible`) are dropped first, even with
+  normalisation off: they are never speech, and split a word for the tokenizer.
 - Width forms are folded first (`fold_widths`: "ｺｰﾋｰ", "１２３", vertical "︒").
 - Symbols it reads wrong or not at all are rewritten first (`spoken_symbols`).
 - Korean: wetext has no grammar for it (its English one read "3,500원" "three thousand five
@@ -33,6 +36,7 @@ import threading
 import unicodedata
 from typing import Any, Literal
 
+from shared.invisible import strip_invisible
 from shared.text_markup import CONTROL_TAG_RE
 from workers.engine.korean_numbers import HANGUL_RE, korean
 from workers.engine.spoken_symbols import REWRITES
@@ -175,7 +179,7 @@ class TextNormalizer:
         """`text` with whitespace collapsed and, between control tags, spelled out. `language`
         is the request's (auto, en, zh, ja); `no_letters` the language of a stretch with no
         letters (default: `choose_language` of this text)."""
-        text = _SPACES_RE.sub(" ", text).strip()
+        text = _SPACES_RE.sub(" ", strip_invisible(text)).strip()
         korean_digits = language == "ko"
         language = READ_AS.get(language, language)
         no_letters = no_letters or choose_language(language, text)

@@ -20,6 +20,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from shared.errors import EmptyTextError, InvalidRequestError
+from shared.invisible import strip_invisible
 from shared.sentences import CLOSING, SENTENCE_END
 from shared.text_markup import (
     CONTROL_TAG_RE,
@@ -116,7 +117,10 @@ class TextFrontend:
                 pause = (pause or 0.0) + segment.seconds
                 continue
             final = index == last_words
-            chunks = [segment.strip()] if raw else self._chunks(segment, spoken_in, final=final)
+            if raw:
+                chunks = [strip_invisible(segment).strip()]
+            else:
+                chunks = self._chunks(segment, spoken_in, final=final)
             for chunk in filter(speakable, chunks):
                 pieces.append(TextPiece(chunk, tuple(self.user_ids(chunk, field)), pause))
                 pause = None
@@ -149,7 +153,7 @@ class TextFrontend:
         words = " ".join(
             s for s in _markup(transcript, "prompt_text", allow_breaks=False) if isinstance(s, str)
         )
-        return self.user_ids(words.strip(), "prompt_text")
+        return self.user_ids(strip_invisible(words).strip(), "prompt_text")
 
     def instruction_ids(self, instruction: str) -> list[int]:
         """instruct2's instruction, not normalised, ending in <|endofprompt|> (added by us; one
