@@ -4,10 +4,11 @@ wetext (grammars shipped in the wheel, offline) does the work, with these correc
 - Language per span: a text is cut into spans by script (`text_spans`: CJK or Latin letters,
   digits and symbols going with a neighbour by the rule written there) and each span is read
   in its own language: a CJK span Japanese if it holds kana or the request says ja, else
-  Chinese; a Latin span in the request's language if it names one, else English; a text with
-  no letters in the request's language, else the voice transcript's, else English. So a
-  Chinese date no longer makes an English sentence's "1st" "一秒t". (wetext's own `auto` reads
-  a text of only digits as Chinese.)
+  Chinese, sentence by sentence where a span with kana holds a Chinese sentence
+  (`cjk_sentences`); a Latin span in the request's language if it names one, else English;
+  a text with no letters in the request's language, else the voice transcript's, else
+  English. So a Chinese date no longer makes an English sentence's "1st" "一秒t". (wetext's
+  own `auto` reads a text of only digits as Chinese.)
 - Failures per span: wetext raises when no grammar path fits (one "₹500" in a paragraph).
   The span is then cut in halves, down to single words and runs of digits, each normalised
   alone: only what wetext cannot read is left as written, and the log says which span kind
@@ -38,6 +39,7 @@ from typing import Any, Literal
 
 from shared.invisible import strip_invisible
 from shared.text_markup import CONTROL_TAG_RE
+from workers.engine.cjk_sentences import sentence_languages
 from workers.engine.korean_numbers import HANGUL_RE, korean
 from workers.engine.spoken_symbols import REWRITES
 from workers.engine.text_spans import HAN_RE, Span, japanese_kana, split_spans
@@ -202,13 +204,19 @@ class TextNormalizer:
         """One stretch between tags, span by span; a span of mostly Hangul is Korean, which
         wetext has no grammar for: its numbers are written out in Hangul (`korean_numbers`), as
         is a stretch of no letters in a text whose `language` is ko."""
-        return "".join(
-            _korean_span(span.text)
-            if (span.script == "latin" and _mostly_hangul(span.text))
-            or (span.script is None and korean_digits)
-            else self._span(span.text, span_language(span, requested, no_letters), span.script)
-            for span in split_spans(text)
-        )
+        parts = []
+        for span in split_spans(text):
+            if (span.script == "latin" and _mostly_hangul(span.text)) or (
+                span.script is None and korean_digits
+            ):
+                parts.append(_korean_span(span.text))
+            elif span.script == "cjk":  # by sentence where Chinese and Japanese mix
+                for sentence, language in sentence_languages(span.text, requested):
+                    parts.append(self._span(sentence, language, span.script))
+            else:
+                read_in = span_language(span, requested, no_letters)
+                parts.append(self._span(span.text, read_in, span.script))
+        return "".join(parts)
 
     def _span(self, text: str, language: Language, kind: str | None) -> str:
         """Normalise one span, keeping a space on each side if it had one."""
