@@ -16,6 +16,8 @@ wetext (grammars shipped in the wheel, offline) does the work, with these correc
 - Invisible format characters (zero width space, joiners outside emoji, word joiner, an
   inner byte order mark, soft hyphen: `shared.invisible`) are dropped first, even with
   normalisation off: they are never speech, and split a word for the tokenizer.
+- Cantonese (`yue`, read with the Chinese grammar): numbers spoken Cantonese's own way are
+  written so first (`cantonese_numbers`: 23 廿三, 2個 兩個).
 - Width forms are folded first (`fold_widths`: "ｺｰﾋｰ", "１２３", vertical "︒").
 - Symbols it reads wrong or not at all are rewritten first (`spoken_symbols`).
 - Korean: wetext has no grammar for it (its English one read "3,500원" "three thousand five
@@ -39,6 +41,7 @@ from typing import Any, Literal
 
 from shared.invisible import strip_invisible
 from shared.text_markup import CONTROL_TAG_RE
+from workers.engine.cantonese_numbers import cantonese
 from workers.engine.cjk_sentences import sentence_languages
 from workers.engine.korean_numbers import HANGUL_RE, korean
 from workers.engine.spoken_symbols import REWRITES
@@ -182,7 +185,7 @@ class TextNormalizer:
         is the request's (auto, en, zh, ja); `no_letters` the language of a stretch with no
         letters (default: `choose_language` of this text)."""
         text = _SPACES_RE.sub(" ", strip_invisible(text)).strip()
-        korean_digits = language == "ko"
+        asked = language  # ko and yue read their own numbers (`_stretch`)
         language = READ_AS.get(language, language)
         no_letters = no_letters or choose_language(language, text)
         if not self.enabled or not text:
@@ -192,27 +195,31 @@ class TextNormalizer:
         position = 0
         for tag in self.kept.finditer(text):
             stretch = text[position : tag.start()]
-            parts.append(self._stretch(stretch, language, no_letters, korean_digits))
+            parts.append(self._stretch(stretch, language, no_letters, asked))
             parts.append(tag.group())
             position = tag.end()
-        parts.append(self._stretch(text[position:], language, no_letters, korean_digits))
+        parts.append(self._stretch(text[position:], language, no_letters, asked))
         return _CJK_GAP_RE.sub("", "".join(parts)).strip()
 
-    def _stretch(
-        self, text: str, requested: str, no_letters: Language, korean_digits: bool = False
-    ) -> str:
+    def _stretch(self, text: str, requested: str, no_letters: Language, asked: str = "") -> str:
         """One stretch between tags, span by span; a span of mostly Hangul is Korean, which
         wetext has no grammar for: its numbers are written out in Hangul (`korean_numbers`), as
-        is a stretch of no letters in a text whose `language` is ko."""
+        is a stretch of no letters in a text `asked` as ko. In a text asked as yue the numbers of
+        a Chinese sentence and of a stretch of no letters are first written as Cantonese says
+        them (`cantonese_numbers`: 23 廿三, 2個 兩個)."""
         parts = []
         for span in split_spans(text):
             if (span.script == "latin" and _mostly_hangul(span.text)) or (
-                span.script is None and korean_digits
+                span.script is None and asked == "ko"
             ):
                 parts.append(_korean_span(span.text))
             elif span.script == "cjk":  # by sentence where Chinese and Japanese mix
                 for sentence, language in sentence_languages(span.text, requested):
-                    parts.append(self._span(sentence, language, span.script))
+                    cantonese_zh = asked == "yue" and language == "zh"
+                    written = cantonese(sentence) if cantonese_zh else sentence
+                    parts.append(self._span(written, language, span.script))
+            elif span.script is None and asked == "yue":
+                parts.append(self._span(cantonese(span.text), no_letters, span.script))
             else:
                 read_in = span_language(span, requested, no_letters)
                 parts.append(self._span(span.text, read_in, span.script))
