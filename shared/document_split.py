@@ -10,13 +10,15 @@ separating paragraphs and its `<break>`s kept as pauses. Every paragraph of plai
 Markdown goes through the same parser, so refused markup is refused here, at submit.
 
 Splitting: sentences (`shared.sentences`, the engine's rule) are packed into segments of at most
-`max_chars` characters and `max_speech_s` estimated seconds (`estimated_text_tokens`: a high
-estimate from characters, digits counted as the words they become, since the producer has no
-tokenizer; the worker speaks a segment its own count finds longer piece by piece, never refuses
-it). A growing segment's size is kept as its parts are added (`Size`), never measured again
-from its start, so splitting is linear in the text whatever its sentences' lengths. A segment
-never ends inside a sentence unless that sentence alone is too long: then it is cut at clause
-marks, then between words. Inside a segment a paragraph or heading boundary is written as a
+`max_chars` characters and `max_speech_s` estimated seconds: Chinese, Japanese and Korean
+characters as the worker's speech bound counts them (`SpeechCount`: 0.2 s a Han character or
+Hangul syllable, 0.125 s a kana), the rest by `estimated_text_tokens` (a high estimate from
+characters, digits counted as the words they become, since the producer has no tokenizer; the
+worker speaks a segment its own count finds longer piece by piece, never refuses it). A growing
+segment's size is kept as its parts are added (`Size`), never measured again from its start, so
+splitting is linear in the text whatever its sentences' lengths. A segment never ends inside a
+sentence unless that sentence alone is too long: then it is cut at clause marks, then between
+words. Inside a segment a paragraph or heading boundary is written as a
 `<break>` of its pause, so the job makes the same pause a segment boundary would; between
 segments the assembler inserts `pause_before_s`. An SSML `<break>` at a boundary replaces the
 boundary's pause, as a break replaces the gap between pieces inside a job.
@@ -32,7 +34,9 @@ from typing import Any, Literal
 
 from shared.sentences import split_sentences
 from shared.text_markup import (
+    CJK_RUN_RE,
     Pause,
+    SpeechCount,
     TextCounts,
     literal,
     parse_markup,
@@ -171,13 +175,34 @@ def _inline_words(token: Any) -> str:
 
 
 @dataclass(frozen=True)
+class Words:
+    """What a segment's speech is estimated from: its CJK characters (`SpeechCount`, as the
+    worker counts them) and the text counts of the rest (the stretches between them that hold a
+    letter or digit: punctuation between CJK characters is silent, as the worker counts it)."""
+
+    cjk: SpeechCount = field(default_factory=SpeechCount)
+    rest: TextCounts = field(default_factory=TextCounts)
+
+    @classmethod
+    def of(cls, text: str) -> Words:
+        rest = (TextCounts.of(s) for s in CJK_RUN_RE.split(text) if has_words(s))
+        return cls(SpeechCount.of(text, lambda _: 0), sum(rest, TextCounts()))
+
+    def __add__(self, other: Words) -> Words:
+        return Words(self.cjk + other.cjk, self.rest + other.rest)
+
+    def seconds(self, pauses_s: float = 0.0) -> float:
+        return self.cjk.cjk_s + speech_seconds(self.rest.estimated_tokens(), pauses_s)
+
+
+@dataclass(frozen=True)
 class Size:
     """A segment's measure: its rendered characters (parts joined by spaces, without SSML's
-    <speak>), the text counts of its words and its pauses. Each added part adds its own."""
+    <speak>), the counts of its words and its pauses. Each added part adds its own."""
 
     chars: int = 0
     parts: int = 0
-    counts: TextCounts = field(default_factory=TextCounts)
+    counts: Words = field(default_factory=Words)
     pauses_s: float = 0.0
     breaks: int = 0  # pauses between words (`text_markup.words_breaks`)
     words: bool = False  # words so far
@@ -189,7 +214,7 @@ class Size:
             seconds = self.pauses_s + part.seconds
             return Size(chars, self.parts + 1, self.counts, seconds, self.breaks, self.words, True)
         breaks = self.breaks + (1 if self.words and self.paused else 0)
-        counts = self.counts + TextCounts.of(part)
+        counts = self.counts + Words.of(part)
         return Size(chars, self.parts + 1, counts, self.pauses_s, breaks, True, False)
 
     def within(self, limits: SplitLimits, *, ssml: bool) -> bool:
@@ -197,8 +222,7 @@ class Size:
             return False
         if self.breaks > limits.max_breaks:
             return False
-        seconds = speech_seconds(self.counts.estimated_tokens(), self.pauses_s)
-        return seconds <= limits.max_speech_s
+        return self.counts.seconds(self.pauses_s) <= limits.max_speech_s
 
 
 def measure(parts: list[str | Pause], *, ssml: bool) -> Size:

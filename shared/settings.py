@@ -296,7 +296,8 @@ class Settings(
     document_segment_speech_s: float = Field(
         90.0,
         gt=0,
-        description="most speech a segment is estimated at (a high estimate from its characters, "
+        description="most speech a segment is estimated at (Chinese, Japanese and Korean "
+        "characters as the worker counts them, a high estimate from the other characters, "
         "digits as the words they become, and pauses); a segment the worker's own count puts "
         "over COSYQ_MAX_SPEECH_SECONDS is spoken piece by piece, never refused",
     )

@@ -115,7 +115,7 @@ _HAN = "\u3005-\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134
 _KANA = "\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9d"
 _HANGUL = "\uac00-\ud7a3"
 _CJK_PATTERNS = (re.compile(f"[{_HAN}]"), re.compile(f"[{_KANA}]"), re.compile(f"[{_HANGUL}]"))
-_CJK_RE = re.compile(f"[{_HAN}{_KANA}{_HANGUL}]+")
+CJK_RUN_RE = re.compile(f"[{_HAN}{_KANA}{_HANGUL}]+")  # what SpeechCount counts per character
 # The submit floor of a word or number outside CJK characters: one text token (0.3 s), but in a
 # text that holds CJK it may be read as one syllable (0.2 s: "5m" is 五米), so it counts as that.
 _WORD_FLOOR_BESIDE_CJK_S = min(
@@ -393,7 +393,7 @@ class SpeechCount:
         if not han + kana + hangul:
             tokens = whole_tokens if whole_tokens is not None else count_tokens(text.strip())
             return cls(tokens=tokens if _speakable(text) else 0)
-        spans = (span.strip() for span in _CJK_RE.split(text))
+        spans = (span.strip() for span in CJK_RUN_RE.split(text))
         return cls(han, kana, hangul, sum(count_tokens(span) for span in spans if _speakable(span)))
 
     def __add__(self, other: SpeechCount) -> SpeechCount:
