@@ -2,7 +2,8 @@
 
 A job's result carries its pieces with start and end seconds; a document's manifest carries
 every piece of every segment on the document's time line. Either becomes cues here; the
-formatting of times and blocks is the libraries', never ours. The cue text is ours to make safe
+formatting of times and blocks is the libraries', never ours. A piece too long to read at once
+is cut into several cues (`shared.caption_cues`). The cue text is ours to make safe
 (`srt_text`, `vtt_text`): a piece's text is what a tenant wrote, and may hold "-->" (an arrow in
 prose; webvtt-py refuses to write it), `<` and `&` (WebVTT's markup: `<c.x>`, `<v Name>`), or,
 read raw (CosyVoice 3's cross_lingual), blank lines and a line like a cue's timing: in the file
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.caption_cues import cut_caption
 from shared.results import PieceTiming
 
 CaptionFormat = Literal["srt", "vtt"]
@@ -89,8 +91,17 @@ def render(cues: Iterable[Cue], fmt: str) -> str:
 
 
 def cues_from_pieces(pieces: Iterable[PieceTiming], offset_s: float = 0.0) -> list[Cue]:
-    """A job's pieces as cues, shifted by `offset_s` (a segment's start in its document)."""
-    return [Cue(offset_s + p.start_s, offset_s + p.end_s, p.text) for p in pieces]
+    """A job's pieces as cues, shifted by `offset_s` (a segment's start in its document); a
+    piece longer than a cue holds (`caption_cues`: 84 characters, 24 CJK) is cut into several,
+    at sentence ends first, then clause marks (CJK punctuation among them)."""
+    return [
+        cue for p in pieces for cue in cut_cue(offset_s + p.start_s, offset_s + p.end_s, p.text)
+    ]
+
+
+def cut_cue(start_s: float, end_s: float, text: str) -> list[Cue]:
+    """One stretch of timed text as the cues it is cut into (`caption_cues.cut_caption`)."""
+    return [Cue(start, end, part) for start, end, part in cut_caption(text, start_s, end_s)]
 
 
 def _vtt_time(seconds: float) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import soundfile as sf
 
 from shared.audio import soundfile_codecs
-from shared.captions import Cue, cues_from_pieces
+from shared.captions import Cue, cues_from_pieces, cut_cue
 from shared.document_state import SegmentDone, SegmentPlan
 from shared.errors import InvalidRequestError
 from workers.engine.fades import DEFAULT_FADE_S, fade_ramp
@@ -88,7 +88,7 @@ def write_document(
                 PlacedSegment(plan.index, plan.plain, done.job_id, start, position / sample_rate)
             )
             found = cues_from_pieces(done.pieces, offset_s=start)
-            cues.extend(found or [Cue(start, position / sample_rate, plan.plain)])
+            cues.extend(found or cut_cue(start, position / sample_rate, plan.plain))
     return AssembledAudio(position, sample_rate, placed, cues)
 
 
