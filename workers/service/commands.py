@@ -16,6 +16,7 @@ from shared.errors import CosyqError, SettingsError, TransientError
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, load_settings
 from workers.service import control, metrics
+from workers.service.cache_folders import check_worker_folders
 from workers.service.metrics import MetricsServer
 from workers.service.outage import RedisRefusedError
 from workers.service.pool import Pool, PoolConfig
@@ -68,6 +69,7 @@ def run_worker(args: argparse.Namespace) -> int:
     settings: Settings | None = None
     try:
         settings = load_settings()
+        check_worker_folders(settings)  # before Redis, storage and the model: one line, exit 2
         configure_logging(settings)
         worker = CosyqWorker(
             args.queues,
@@ -115,6 +117,7 @@ def _serve_worker_metrics(worker: CosyqWorker, settings: Settings) -> MetricsSer
 def run_pool(args: argparse.Namespace) -> int:
     try:
         settings = load_settings()
+        check_worker_folders(settings)  # its workers would each fail on it, backing off
     except CosyqError as e:
         print(f"cosyq-worker: {e}", file=sys.stderr)
         return EXIT_START_FAILED

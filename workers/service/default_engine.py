@@ -18,6 +18,7 @@ from workers.engine.text_split import SplitConfig
 from workers.model.heap import HeapPolicy
 from workers.model.llm.decoder_choice import DecodeChoice
 from workers.service.backend import select_backend
+from workers.service.cache_folders import check_writable
 
 log = get_logger(__name__)
 
@@ -116,6 +117,8 @@ def engine_from_settings(settings: Settings) -> SynthesisEngine:
             hash_cache_dir=settings.hash_cache_dir,
         )
     precision = llm_precision_for(settings, choice.device, choice.backend)
+    if precision == "int8":  # `auto` chose it: its graphs' folder, probed before the model loads
+        check_writable("ort_cache_dir", settings.ort_cache_dir)
     return build_engine(
         settings.model_dir,
         device=choice.device,

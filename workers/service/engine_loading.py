@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from shared.errors import ModelLoadError
+from shared.errors import ModelLoadError, SettingsError
 from shared.settings import Settings
 from workers.engine.api import SynthesisEngine
 from workers.engine.quality import import_measures
@@ -54,7 +54,7 @@ def load_engine(settings: Settings) -> LoadedEngine:
     started = time.perf_counter()
     try:
         engine = factory(settings)
-    except ModelLoadError:
+    except (ModelLoadError, SettingsError):  # already one clear line
         raise
     except Exception as e:
         raise ModelLoadError(
