@@ -33,6 +33,19 @@ from shared.results import JobFailure, SynthesisResult
 from shared.settings import Settings
 from shared.tenants import DEFAULT_TENANT, TENANT_META_KEY
 
+# A job's hash for one reader in one round trip, read past its tenant tag only for its owner (or
+# an operator key): another tenant's job answers nil, as an id never made does, its hash's size
+# and its result unread. KEYS[1]: the job's hash; ARGV: the reader's tenant, "1" for an
+# operator key, the meta key of the tenant tag. The tag is in RQ's meta, JSON (JSONSerializer).
+OWNED_JOB_SCRIPT = """
+if ARGV[2] ~= '1' then
+  local meta = redis.call('HGET', KEYS[1], 'meta')
+  if not meta then return false end
+  local ok, decoded = pcall(cjson.decode, meta)
+  if not ok or type(decoded) ~= 'table' or decoded[ARGV[3]] ~= ARGV[1] then return false end
+end
+return redis.call('HGETALL', KEYS[1])
+"""
 TERMINAL_STATES = frozenset({"finished", "failed", "stopped", "canceled"})
 FIRST_POLL_S = 0.05  # polls start fast and back off to settings.result_poll_interval_s
 OUTAGE_RETRY_FIRST_S, OUTAGE_RETRY_MAX_S = 0.5, 10.0  # as the worker waits for Redis
@@ -143,6 +156,7 @@ class JobTracker:
     def __init__(self, connection: redis.Redis, settings: Settings) -> None:
         self.connection = connection
         self.settings = settings
+        self._owned_job = connection.register_script(OWNED_JOB_SCRIPT)
 
     def fetch(self, job_id: str) -> Job:
         check_job_id(job_id)  # InvalidJobIdError for "../x", never RQ's ValueError
@@ -150,6 +164,21 @@ class JobTracker:
             return Job.fetch(job_id, connection=self.connection, serializer=JSONSerializer)
         except NoSuchJobError as e:
             raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)") from e
+
+    def fetch_owned(self, job_id: str, tenant: str, *, operator: bool = False) -> Job:
+        """The job if `tenant` owns it (any job for an operator); JobNotFoundError alike for an
+        id never made and for another tenant's job, whose hash is read no further than its
+        tenant tag, inside Redis (the reply, and the time, are an unknown id's)."""
+        check_job_id(job_id)
+        key = Job.key_for(job_id)
+        fields = self._owned_job(
+            keys=[key], args=[tenant, "1" if operator else "0", TENANT_META_KEY]
+        )
+        if not fields:
+            raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
+        job = Job(job_id, connection=self.connection, serializer=JSONSerializer)
+        job.restore(dict(zip(fields[::2], fields[1::2], strict=True)))
+        return job
 
     def status(self, job_id: str) -> JobStatus:
         return job_status(self.fetch(job_id))

@@ -159,11 +159,15 @@ def check_owner(context: Context, job_id: str, tenant: str | None) -> None:
 
 async def owned_job(request: Request, context: Context, job_id: str) -> Job:
     """The job, once its owner is checked: 404 for an id never submitted and the same 404 for
-    another tenant's job, the same Redis read before either (its hash), nothing of the job
-    read past its tenant tag first (its result, its failure), so no answer, and no time
-    taken, tells another tenant that the id exists."""
+    another tenant's job, the same Redis read before either (one script that reads the hash
+    only for its owner: another's answers nil, as an unknown id's), nothing of the job read
+    past its tenant tag (its hash, its result, its failure), so no answer, no byte from Redis
+    and no time taken tells another tenant that the id exists."""
     request.state.job_id = checked_job_id(job_id)
-    job = await run_in_threadpool(context.client.tracker.fetch, job_id)
+    tracker, tenant = context.client.tracker, context.client.tenant
+    job = await run_in_threadpool(
+        lambda: tracker.fetch_owned(job_id, tenant, operator=context.operator)
+    )
     check_owner(context, job_id, tenant_of_job(job))
     return job
 

@@ -11,6 +11,7 @@ count summed over every tenant's jobs.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import uuid
@@ -23,6 +24,7 @@ import httpx
 import pytest
 import redis
 
+from producer.tracking import OWNED_JOB_SCRIPT
 from shared.document_state import PLAN_HEAD_BYTES
 from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster, wait_for
@@ -38,6 +40,13 @@ KEYS = {"alpha": "alpha-key-" + "1" * 20, "beta": "beta-key-" + "2" * 20}
 OPERATOR = "operator-key-" + "4" * 20
 READY_TIMEOUT_S = 90.0
 DONE_TIMEOUT_S = 60.0
+# What refusing a job reads: one script (tracking.py's _OWNED_JOB) that reads the hash's meta
+# for its tenant tag and stops there; MONITOR shows the script's call and the commands it ran.
+OWNED_JOB_SHA = hashlib.sha1(OWNED_JOB_SCRIPT.encode()).hexdigest()
+OWNED_JOB_READ = [
+    f"EVALSHA {OWNED_JOB_SHA} 1 rq:job:ID beta 0 cosyq_tenant",
+    "HGET rq:job:ID meta",
+]
 VARYING_HEADERS = frozenset({"date", "server"})
 JOB_ROUTES = (
     ("GET", "/v1/jobs/{}"),
@@ -252,9 +261,10 @@ def monitor(made: Made) -> Iterator[Monitor]:
 def test_refusing_another_tenants_job_reads_of_redis_what_an_unknown_id_reads(
     made: Made, monitor: Monitor
 ) -> None:
-    """Only the job's hash, then the refusal: never its result or failure first, which a job
-    never made has none of (a finished job's result stream read before the owner check
-    made refusing it slower than refusing an id never made)."""
+    """Only the job's tenant tag, inside Redis, then the refusal: never its hash, its result or
+    its failure, which a job never made has none of (a finished job's result stream read
+    before the owner check made refusing it slower than refusing an id never made; its whole
+    hash, read then refused, sent 2,588 bytes where an unknown id's sent 1,356)."""
     with made.http("beta") as beta:
         for method, route in JOB_ROUTES:
             for theirs in (made.job, made.streamed, made.segment_job):
@@ -267,7 +277,21 @@ def test_refusing_another_tenants_job_reads_of_redis_what_an_unknown_id_reads(
                     if other == unknown:
                         break
                 assert other == unknown, (method, route)
-                assert other == ["HGETALL rq:job:ID"], (method, route)
+                assert other == OWNED_JOB_READ, (method, route)
+
+
+def test_refusing_another_tenants_job_sends_what_refusing_an_unknown_id_sends(made: Made) -> None:
+    """Counted by Redis itself (no MONITOR here: it is sent every command): alpha's finished
+    job, refused to beta, sent 1,232 bytes more than an id never made (its hash). The least of
+    five tries of each leaves out the worker's polls and heartbeats in between."""
+    connection = redis.Redis.from_url(made.front.redis_url)
+    with made.http("beta") as beta:
+        for theirs in (made.job, made.streamed):
+            other = min(_bytes_sent(connection, beta, f"/v1/jobs/{theirs}") for _ in range(5))
+            unknown = min(
+                _bytes_sent(connection, beta, f"/v1/jobs/{uuid.uuid4().hex}") for _ in range(5)
+            )
+            assert abs(other - unknown) < 512, (other, unknown)
 
 
 def test_refusing_another_tenants_document_reads_the_head_of_its_plan_alone(
@@ -287,17 +311,20 @@ def test_refusing_another_tenants_document_reads_the_head_of_its_plan_alone(
                 other = monitor.naming(beta, method, route, theirs)
                 unknown = monitor.naming(beta, method, route, never)
                 assert other == unknown == [head], (method, route)
-        sent = [_bytes_sent(connection, beta, ident) for ident in (made.long_document, "0" * 32)]
+        sent = [
+            _bytes_sent(connection, beta, f"/v1/documents/{ident}")
+            for ident in (made.long_document, "0" * 32)
+        ]
         assert abs(sent[0] - sent[1]) < 64 * 1024, (sent, plan_bytes)
     with made.http("alpha") as alpha:  # alpha's own reads go on past the head
         assert alpha.get(f"/v1/documents/{made.long_document}").json()["state"] == "canceled"
 
 
-def _bytes_sent(connection: redis.Redis, http: httpx.Client, document_id: str) -> int:
-    """What Redis sent its clients while `http` asked for the document (its server's count:
-    the worker's heartbeats add a few hundred bytes, a plan read adds the plan)."""
+def _bytes_sent(connection: redis.Redis, http: httpx.Client, path: str) -> int:
+    """What Redis sent its clients while `http` was refused `path` (its server's count: the
+    worker's heartbeats add a few hundred bytes, a plan read adds the plan)."""
     before = int(connection.info("stats")["total_net_output_bytes"])
-    assert http.get(f"/v1/documents/{document_id}").status_code == 404
+    assert http.get(path).status_code == 404
     return int(connection.info("stats")["total_net_output_bytes"]) - before
 
 
