@@ -17,6 +17,7 @@ import redis
 from producer.http_bind import check_bind, check_port_free
 from shared.connection import check_redis, redis_connection
 from shared.errors import CosyqError, SettingsError, TransientError
+from shared.eviction import warn_if_evicting
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def check_redis_settings(settings: Settings) -> None:
     connection = redis_connection(settings)
     try:
         check_redis(connection, settings)  # a user without write permission (NOPERM) too
+        warn_if_evicting(connection, "serve")
     except (TransientError, redis.RedisError):
         pass  # away (or erring otherwise): the front starts, /readyz says why
     finally:

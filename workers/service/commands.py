@@ -13,6 +13,7 @@ import redis
 
 from shared.connection import check_redis, redis_connection, settings_error
 from shared.errors import CosyqError, SettingsError, TransientError
+from shared.eviction import warn_if_evicting
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, load_settings
 from workers.service import control, metrics
@@ -129,6 +130,7 @@ def run_pool(args: argparse.Namespace) -> int:
     try:
         with redis_connection(settings) as connection:
             check_redis(connection, settings)
+            warn_if_evicting(connection, "pool")
     except SettingsError as e:
         print(f"cosyq-worker pool: {e}", file=sys.stderr)
         return EXIT_START_FAILED

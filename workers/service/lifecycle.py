@@ -25,6 +25,7 @@ from rq.serializers import JSONSerializer
 
 from shared.connection import follow_master, redis_connection
 from shared.errors import CosyqError, StorageError
+from shared.eviction import warn_if_evicting
 from shared.job_events import WebhookPolicy
 from shared.jobs import RequestLimits
 from shared.logs import configure_logging, get_logger
@@ -145,6 +146,8 @@ class WorkerLifecycle:
         host.limit_threads_after_load(self.threads)
         self._install(loaded, storage)
         wait_for_redis(self.connection)
+        if self.channel is None:  # a pool's slot: the pool warned
+            warn_if_evicting(self.connection, "worker")
         if before_ready is not None:
             before_ready()
         self._announce_ready(loaded, facts)
