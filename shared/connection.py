@@ -40,6 +40,7 @@ from redis.sentinel import (
 from shared import keys
 from shared.errors import SettingsError, TransientError
 from shared.first_contact import (
+    AsyncFirstContactConnection,
     FirstContactConnection,
     PlainTextRedisError,
     SilentServerError,
@@ -89,6 +90,8 @@ def async_redis_connection(settings: Settings, *, max_connections: int) -> aiore
             password=address.password,
             max_connections=max_connections,
         )
+    if urlsplit(settings.redis_url).scheme == "redis":  # its first reply marks the process
+        options["connection_class"] = AsyncFirstContactConnection
     return aioredis.Redis.from_url(settings.redis_url, max_connections=max_connections, **options)
 
 

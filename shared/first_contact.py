@@ -15,6 +15,16 @@ restarting behind a proxy looks the same and is waited out. COSYQ_REDIS_SILENT_C
 the rule off. A proxy that takes connections for a Redis that is down (docker-proxy with the
 container stopped) looks the same too: a longer COSYQ_REDIS_SILENT_CLOSE_S waits it out longer.
 
+`cosyq serve` applies the rule at start-up (its check before uvicorn starts); once running it
+exits on nothing, and a Redis error is a 503 and a /readyz that says why (`silent_close_hint`:
+a process that never had a reply and sees a silent close may be named at no Redis, which a
+front started while Redis was away, and a service then taking the port, would only ever call
+an outage). The front's asyncio client marks the process on its first reply too
+(`AsyncFirstContactConnection`): a front process that had served asyncio requests alone
+(/readyz; each uvicorn worker of `--workers N` starts unmarked) met its synchronous client's
+first connection with the start-up rule, so during an outage behind a proxy a submit waited
+COSYQ_REDIS_SILENT_CLOSE_S and was told that Redis is no Redis.
+
 The reverse, a rediss:// URL naming a plain-text Redis, times out its TLS handshake (the Redis
 waits for the end of a line), as a Redis busy with a script would: such a timeout is checked
 with a plain-text PING, and only a Redis's reply to it makes it `PlainTextRedisError`.
@@ -28,6 +38,7 @@ import time
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 SILENT_CLOSE_TRIES = 3  # tries, all closed without a reply, before the server is refused
@@ -89,6 +100,28 @@ class FirstContactConnection(redis.Connection):
                         "TLS-only Redis (use rediss://)"
                     ) from e
                 time.sleep(self.silent_close_s / (SILENT_CLOSE_TRIES - 1))
+
+
+class AsyncFirstContactConnection(aioredis.Connection):
+    """redis-py's asyncio TCP connection whose answered handshake marks the process, as the
+    synchronous one's does; it waits out no silent close (a running front's /readyz must
+    answer at once: `silent_close_hint` says what such a close may mean)."""
+
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        await super().on_connect_check_health(check_health=check_health)
+        FIRST_CONTACT.answered = True
+
+
+def silent_close_hint(error: BaseException) -> str:
+    """What a Redis error may mean, for a running process's messages: a close before any reply
+    while this process has never had one is named as maybe no Redis; "" otherwise."""
+    if FIRST_CONTACT.answered or not closed_without_reply(error):
+        return ""
+    return (
+        "closed without a reply, and no Redis has answered this process yet: not a Redis"
+        " (another service on that port?), a TLS-only Redis (use rediss://), or a Redis still"
+        " starting behind a proxy"
+    )
 
 
 class _ClosedSilentlyError(redis.ConnectionError):

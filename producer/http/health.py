@@ -22,6 +22,7 @@ from producer.http.auth import KeyCheck
 from producer.http.context import FrontContext, context_of
 from producer.http.errors import SERVER_ERROR, ApiError
 from shared import keys
+from shared.first_contact import silent_close_hint
 from shared.settings_env import redact_urls
 from shared.storage_probe import probe_storage
 
@@ -85,11 +86,12 @@ async def readyz(request: Request) -> JSONResponse:
         await context.aredis.ping()
         workers = await ready_workers(context)
     except redis.RedisError as e:
+        hint = silent_close_hint(e)  # started with Redis away, and now a service on its port?
         raise await _not_ready(
             request,
             "redis_unreachable",
             "Redis is unreachable",
-            f"Redis at {context.settings.redis_url}: {e}",
+            f"Redis at {context.settings.redis_url}: {e}" + (f" ({hint})" if hint else ""),
         ) from e
     storage = await run_in_threadpool(probe_storage, context.storage, mode="read")
     if not storage.ok:

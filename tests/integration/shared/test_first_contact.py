@@ -5,6 +5,7 @@ Tiny socket servers of the test's own, not whatever listens on 5432 here."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import struct
@@ -18,9 +19,15 @@ import pytest
 import redis
 
 from shared import first_contact
-from shared.connection import check_redis, is_outage, misconfiguration, redis_connection
+from shared.connection import (
+    async_redis_connection,
+    check_redis,
+    is_outage,
+    misconfiguration,
+    redis_connection,
+)
 from shared.errors import SettingsError, TransientError
-from shared.first_contact import SilentServerError
+from shared.first_contact import SilentServerError, silent_close_hint
 from shared.settings import load_settings
 from tests.doubles.redis_servers import free_port, tls_redis
 
@@ -130,6 +137,43 @@ def test_the_first_reply_marks_the_process(redis_url: str) -> None:
     check_redis(connection, settings)
     connection.close()
     assert first_contact.FIRST_CONTACT.answered
+
+
+def test_the_asyncio_clients_first_reply_marks_the_process(redis_url: str) -> None:
+    """The front's asyncio client (its /readyz, its waits): a front process that served only
+    those applied the start-up rule to its synchronous client's first connection."""
+    settings = load_settings(env_file=None, redis_url=redis_url)
+    client = async_redis_connection(settings, max_connections=2)
+
+    async def ping() -> None:
+        await client.ping()
+        await client.aclose()
+
+    asyncio.run(ping())
+    assert first_contact.FIRST_CONTACT.answered
+
+
+def test_a_running_front_names_a_silent_close_before_any_reply(closing: ClosingServer) -> None:
+    """Started while Redis was away, then a service on its port: the front's asyncio client
+    waits nothing out (its /readyz answers at once) but says what the close may mean."""
+    settings = load_settings(env_file=None, redis_url=f"redis://127.0.0.1:{closing.port}/0")
+    client = async_redis_connection(settings, max_connections=2)
+
+    async def ping() -> redis.RedisError:
+        try:
+            await client.ping()
+        except redis.RedisError as e:
+            return e
+        finally:
+            await client.aclose()
+        raise AssertionError("a server that closes every connection answered")
+
+    error = asyncio.run(ping())
+    assert isinstance(error, redis.ConnectionError) and closing.accepted >= 1
+    assert silent_close_hint(error).startswith("closed without a reply, and no Redis has")
+    assert "use rediss://" in silent_close_hint(error)
+    first_contact.FIRST_CONTACT.answered = True  # Redis answered this process before: an outage
+    assert silent_close_hint(error) == ""
 
 
 def test_a_redis_at_maxclients_is_an_outage(tmp_path: Path) -> None:
