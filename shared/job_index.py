@@ -280,6 +280,23 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# Stopped workers older than STOPPED_KEEP_S leave the sorted set and their stats the hash; so do
+# stats no name in the set holds (a release that trimmed the set alone left them).
+_TRIM_STOPPED = f"""
+local cutoff = '(' .. (tonumber(ARGV[1]) - {STOPPED_KEEP_S})
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', cutoff)
+if redis.call('HLEN', KEYS[2]) <= redis.call('ZCARD', KEYS[1]) then return 0 end
+local gone = 0
+for _, name in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if not redis.call('ZSCORE', KEYS[1], name) then
+    redis.call('HDEL', KEYS[2], name)
+    gone = gone + 1
+  end
+end
+return gone
+"""
+
+
 def record_stopped_worker(
     target: Redis | Pipeline, name: str, stats: dict[str, str], *, at: float | None = None
 ) -> None:
@@ -287,7 +304,8 @@ def record_stopped_worker(
     stamp = time.time() if at is None else at
     target.zadd(keys.STOPPED_WORKERS, {name: stamp})
     target.hset(keys.STOPPED_WORKER_STATS, name, json.dumps({**stats, "stopped_at": stamp}))
-    target.zremrangebyscore(keys.STOPPED_WORKERS, "-inf", f"({stamp - STOPPED_KEEP_S}")
+    # the names trimmed take their stats with them (the hash grew by one field a recycle)
+    target.eval(_TRIM_STOPPED, 2, keys.STOPPED_WORKERS, keys.STOPPED_WORKER_STATS, stamp)
 
 
 def stopped_workers(connection: Redis, *, now: float | None = None) -> list[dict[str, Any]]:

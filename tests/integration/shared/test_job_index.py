@@ -89,6 +89,21 @@ def test_stopped_workers_are_listed_for_an_hour(redis_url: str) -> None:
     assert connection.hkeys(keys.STOPPED_WORKER_STATS) == [b"w-new"]  # the old one pruned
 
 
+def test_stopped_workers_stats_go_with_them_when_no_one_reads_the_fleet_view(
+    redis_url: str,
+) -> None:
+    """A fleet nobody watches on /ui: every recycle records its worker, and the ones past the
+    hour leave the hash too, not the sorted set alone (the hash grew by one field a recycle);
+    stats an older release left with no name in the set go as well."""
+    connection = redis.Redis.from_url(redis_url)
+    connection.hset(keys.STOPPED_WORKER_STATS, "w-stray", "{}")  # an older release's leftover
+    for i in range(50):
+        record_stopped_worker(connection, f"w-{i}", {"host": "h"}, at=1000.0 + 600 * i)
+    kept = {f"w-{i}".encode() for i in range(43, 50)}  # the last hour, its ends included
+    assert set(connection.zrange(keys.STOPPED_WORKERS, 0, -1)) == kept
+    assert set(connection.hkeys(keys.STOPPED_WORKER_STATS)) == kept
+
+
 def test_an_old_entry_goes_only_once_its_job_has_expired(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
