@@ -53,6 +53,7 @@ CANCELED_BY_FIELD = "cosyq_canceled_by"
 # recording URI, add-voice job id) scored by when housekeeping looks at it; and its lock.
 VOICE_UPLOADS = PREFIX + "voice-uploads"
 VOICE_UPLOAD_SWEEP_LOCK = PREFIX + "voice-upload-sweep-lock"  # one sweeper per tick
+CANCELED_SWEEP_LOCK = PREFIX + "canceled-sweep-lock"  # one expired-cancel sweeper per tick
 AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # + job id -> Redis Stream of a streamed job's audio chunks
 # Webhooks (shared/webhooks.py, producer/webhooks/): the workers' outbox (a Redis Stream read by the
 # dispatchers' consumer group), deliveries waiting for their next try, and dead letters.
@@ -60,6 +61,7 @@ WEBHOOK_OUTBOX = PREFIX + "webhooks:outbox"
 WEBHOOK_GROUP = "cosyq-webhooks"  # the dispatchers' consumer group on the outbox
 WEBHOOK_RETRY = PREFIX + "webhooks:retry"  # sorted set: delivery JSON scored by its next try
 WEBHOOK_DEAD = PREFIX + "webhooks:dead"  # hash: webhook id -> delivery JSON with why it died
+WEBHOOK_DEAD_AT = PREFIX + "webhooks:dead-at"  # sorted set: webhook id -> when it died
 WEBHOOK_EVENT_SEEN_PREFIX = PREFIX + "webhooks:seen:"  # + webhook id: its event was appended
 WEBHOOK_BODY_PREFIX = PREFIX + "webhooks:body:"  # + webhook id: a job event's body, kept
 WEBHOOK_UNKEPT = PREFIX + "webhooks:unkept"  # sorted set: a job event with no body kept yet ->

@@ -162,7 +162,9 @@ class WebhookDispatcher:
             raise problem from error
 
     def _next(self, count: int) -> list[Entry]:
-        self.store.promote_due(time.time(), count)
+        now = time.time()
+        self.store.promote_due(now, count)
+        self.store.drop_old_dead(now - self.settings.failure_ttl_s, count)
         idle_ms = int(self.settings.webhook_claim_idle_s * 1000)
         mine = {entry_id for entry_id, _ in self.in_flight.values()}
         entries = [
