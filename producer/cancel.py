@@ -189,6 +189,7 @@ def _cancel_watched(
         # job's executions outside the transaction and finds one gone: ValueError)
         raise redis.WatchError(f"job {job.id} changed while being canceled") from e
     pipe.hset(job.key, keys.CANCELED_BY_FIELD, mine.token)
+    pipe.expire(job.key, flag_ttl_s)  # RQ keeps a canceled job for ever: kept as a result is
     mine.sent = True
     pipe.execute()
     return CancelOutcome(job.id, "canceled", state), True

@@ -17,6 +17,11 @@
   cancel whose token the flag held (`keys.CANCELED_BY_FIELD`, unless a cancel's own transaction
   named itself first): that cancel, reading the job again, answers `canceled`; the others
   `already_canceled`.
+
+RQ keeps a canceled job's hash and its canceled-registry entry for ever (its registry has no
+cleanup), so the canceled hash is given the job's result TTL here (and by `cosyq cancel` for a
+waiting one), and `ExpiredCancels`, a housekeeping duty, drops registry entries whose job has
+expired (and gives a hash canceled before this release, with no TTL, the result TTL).
 """
 
 from __future__ import annotations
@@ -35,10 +40,29 @@ from rq.utils import now, utcformat
 from producer.webhooks import bodies
 from shared import job_events, keys
 from shared.logs import get_logger
+from shared.settings import Settings
+from workers.documents.duty import LockedDuty
 from workers.service.outage import until_reachable
 
 log = get_logger(__name__)
 CLAIM_TRIES = 20  # a popped job changes a few times at most meanwhile (its cancels)
+RQ_DEFAULT_RESULT_TTL_S = 500  # RQ's own, for a job enqueued without one
+CANCELED_SWEEP_BATCH = 100  # oldest entries of each canceled registry looked at per tick
+# The oldest ARGV[2] entries of a canceled registry: one whose job hash is gone leaves it, a
+# hash kept for ever (canceled before its TTL was set) is given ARGV[3] seconds.
+_EXPIRED_CANCELS = """
+local gone = 0
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
+  local ttl = redis.call('TTL', ARGV[1] .. id)
+  if ttl == -2 then
+    redis.call('ZREM', KEYS[1], id)
+    gone = gone + 1
+  elseif ttl == -1 then
+    redis.call('EXPIRE', ARGV[1] .. id, ARGV[3])
+  end
+end
+return gone
+"""
 
 
 class CancelFlag:
@@ -162,6 +186,7 @@ def record_canceled(
             job.set_status(JobStatus.CANCELED, pipeline=pipe)
             CanceledJobRegistry(queue.name, connection=connection).add(job, pipeline=pipe)
             pipe.hset(job.key, mapping={"ended_at": utcformat(now()), "retries_left": 0})
+            pipe.expire(job.key, canceled_keep_s(job))
             pipe.delete(keys.cancel_key(job.id))
             pipe.execute()
 
@@ -169,3 +194,36 @@ def record_canceled(
     if webhooks is not None:
         bodies.keep_body(connection, job, "job.canceled", webhooks)
     log.info("job_canceled", job_id=job.id, queue=queue.name)
+
+
+def canceled_keep_s(job: Job) -> int:
+    """How long a canceled job stays: its result TTL (RQ's default when it has none; at least
+    1 s: RQ's -1, for ever, is what a cancel must not leave)."""
+    ttl = job.result_ttl
+    return max(1, RQ_DEFAULT_RESULT_TTL_S if ttl is None else int(ttl))
+
+
+class ExpiredCancels(LockedDuty):
+    """A housekeeping duty: the canceled registries of `queues` lose the jobs that expired."""
+
+    lock_key = keys.CANCELED_SWEEP_LOCK
+
+    def __init__(
+        self, connection: redis.Redis, settings: Settings, *, holder: str, queues: list[Queue]
+    ) -> None:
+        super().__init__(connection, settings, holder=holder)
+        self.queues = queues
+        self._sweep = connection.register_script(_EXPIRED_CANCELS)
+
+    def tick(self) -> list[str]:
+        """The queues whose canceled registry lost an entry this tick."""
+        if not self.holds_this_tick():
+            return []
+        swept = []
+        args: list[str | int] = [Job.redis_job_namespace_prefix, CANCELED_SWEEP_BATCH]
+        args.append(self.settings.result_ttl_s)
+        for queue in self.queues:
+            registry = CanceledJobRegistry(queue.name, connection=self.connection)
+            if int(self._sweep(keys=[registry.key], args=args)):
+                swept.append(queue.name)
+        return swept

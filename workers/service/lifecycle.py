@@ -41,6 +41,7 @@ from workers.documents.keepalive import DocumentKeepalive
 from workers.documents.sweep import AssemblySweep
 from workers.service import control, host, metrics
 from workers.service.admission import CosyqJob
+from workers.service.cancels import ExpiredCancels
 from workers.service.engine_loading import LoadedEngine, load_engine
 from workers.service.housekeeping import Housekeeper, WorkerState, WorkerStats, utc_now_iso
 from workers.service.job_runtime import WorkerRuntime, install_runtime, prompt_roots
@@ -115,6 +116,14 @@ class WorkerLifecycle:
             )
             self.housekeeper.extra_duties.append(
                 UnkeptBodies(self.housekeeper.connection, self.settings, holder=name)
+            )
+            self.housekeeper.extra_duties.append(
+                ExpiredCancels(
+                    self.housekeeper.connection,
+                    self.settings,
+                    holder=name,
+                    queues=self.housekeeper.queues,
+                )
             )
             if self.channel is not None:
                 self.housekeeper.extra_duties.append(self._watch_parent)
