@@ -55,6 +55,10 @@ VOICE_UPLOADS = PREFIX + "voice-uploads"
 VOICE_UPLOAD_SWEEP_LOCK = PREFIX + "voice-upload-sweep-lock"  # one sweeper per tick
 CANCELED_SWEEP_LOCK = PREFIX + "canceled-sweep-lock"  # one expired-cancel sweeper per tick
 AUDIO_STREAM_PREFIX = PREFIX + "audio:"  # + job id -> Redis Stream of a streamed job's audio chunks
+# A job's stored audio, deleted once the job has expired (workers/service/audio_expiry.py):
+AUDIO_RECORDS = PREFIX + "audio-records"  # hash: job id -> JSON {key, tenant}
+AUDIO_DUE = PREFIX + "audio-due"  # sorted set: job id -> when to look at its job again
+AUDIO_EXPIRY_LOCK = PREFIX + "audio-expiry-lock"  # one deleter per housekeeping tick
 # Webhooks (shared/webhooks.py, producer/webhooks/): the workers' outbox (a Redis Stream read by the
 # dispatchers' consumer group), deliveries waiting for their next try, and dead letters.
 WEBHOOK_OUTBOX = PREFIX + "webhooks:outbox"

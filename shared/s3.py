@@ -125,6 +125,14 @@ class S3Access:
         except Exception as e:
             raise _translate(e, uri, "read") from e
 
+    def metadata(self, bucket: str, key: str, uri: str) -> dict[str, str]:
+        """An object's user metadata (HEAD); ObjectNotFoundError when it is not there."""
+        try:
+            response = self.client().head_object(Bucket=bucket, Key=key)
+            return dict(response.get("Metadata") or {})
+        except Exception as e:
+            raise _translate(e, uri, "read") from e
+
     def open(self, bucket: str, key: str, uri: str) -> tuple[Any, int, dict[str, str]]:
         """An object's streaming body (`iter_chunks`, `close`), its size and its user metadata,
         for relaying it without holding it in memory (the HTTP front's audio downloads)."""

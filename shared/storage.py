@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from shared.audio_notes import AudioNote, note_path
+from shared.audio_notes import AudioNote, note_path, read_note
 from shared.errors import (
     CosyqError,
     InvalidRequestError,
@@ -148,6 +148,10 @@ class Storage(ABC):
     def check_readable(self) -> None:
         """Raise unless the base URI can be read (a folder that lists, a bucket that answers)."""
 
+    def job_of(self, key: str) -> str | None:
+        """The job whose audio is at `key` now; None when none is there or it cannot tell."""
+        return None
+
     def get(self, uri: str) -> bytes:
         """Read a whole object; ObjectNotFoundError when it is not there."""
         parts = urlsplit(uri)
@@ -247,6 +251,18 @@ class FileStorage(Storage):
 
     def uri_for(self, key: str) -> str:
         return (self.root / check_output_key(key, limit=1024)).as_uri()
+
+    def job_of(self, key: str) -> str | None:
+        """The note's job, while the note describes the very file at `key`."""
+        path = self.root / check_output_key(key, limit=1024)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise file_error(e, f"cannot read {path}") from e
+        note = read_note(path)
+        return note.job_id if note is not None and note.describes(stat) else None
 
     def check_readable(self) -> None:
         try:
@@ -378,6 +394,15 @@ class S3Storage(Storage):
 
     def check_readable(self) -> None:
         self._s3.check_bucket(self.bucket, self.base_uri)
+
+    def job_of(self, key: str) -> str | None:
+        """The object's job id metadata."""
+        full_key = self._full_key(key)
+        uri = f"s3://{self.bucket}/{full_key}"
+        try:
+            return self._s3.metadata(self.bucket, full_key, uri).get(JOB_ID_METADATA)
+        except ObjectNotFoundError:
+            return None
 
     def _full_key(self, key: str) -> str:
         key = check_output_key(key, limit=1024)

@@ -36,7 +36,7 @@ from shared.logs import get_logger, job_context, log_synthesis_finished
 from shared.output_keys import check_tenant_key
 from shared.prompt_uris import check_prompt_uri
 from shared.results import ModelInfo, PieceTiming, QualityReport, StageTimings, SynthesisResult
-from shared.storage import StoredObject, audio_metadata, object_key
+from shared.storage import StoredObject, audio_metadata, object_key, stored_key
 from shared.storage_retry import Backoff, put_with_retries
 from shared.tenants import DEFAULT_TENANT
 from workers.documents.job import record_finished_segment
@@ -50,6 +50,7 @@ from workers.engine.api import (
     stop_if_asked,
 )
 from workers.service import levels, metrics, quality
+from workers.service.audio_expiry import remember_audio
 from workers.service.audio_stream import AudioStreamWriter
 from workers.service.failures import classify
 from workers.service.job_context import JobContext
@@ -281,6 +282,7 @@ def finish_synthesis(
         _log_finished(request, result, synthesis_s=synthesized - prepared.started)
         metrics.record_quality(report.verdict, report.action, report.retries)
         _record_outcome(runtime, context, result)
+        _remember_audio(runtime, context, stored)
         if context.document is not None and context.connection is not None:
             record_finished_segment(context.connection, runtime.settings, context.document, result)
         return result
@@ -366,6 +368,19 @@ def _store(
         attempts=runtime.settings.storage_write_attempts,
         backoff=Backoff.from_settings(runtime.settings),
     )
+
+
+def _remember_audio(runtime: WorkerRuntime, context: JobContext, stored: StoredObject) -> None:
+    """Where the audio is, for its deletion once the job expires (workers/service/audio_expiry;
+    a document's segments are its document's to delete). A Redis blip costs the record: the
+    audio then stays, as it did before records, never the job its result."""
+    key = stored_key(runtime.storage.base_uri, stored.uri)
+    if context.connection is None or context.document is not None or key is None:
+        return
+    try:
+        remember_audio(context.connection, runtime.settings, context.job_id, key, context.tenant)
+    except REDIS_OUTAGE as e:
+        log.warning("job_audio_unrecorded", job_id=context.job_id, error=str(e))
 
 
 def _record_outcome(runtime: WorkerRuntime, context: JobContext, result: SynthesisResult) -> None:

@@ -41,6 +41,7 @@ from workers.documents.keepalive import DocumentKeepalive
 from workers.documents.sweep import AssemblySweep
 from workers.service import control, host, metrics
 from workers.service.admission import CosyqJob
+from workers.service.audio_expiry import ExpiredAudio
 from workers.service.cancels import ExpiredCancels
 from workers.service.engine_loading import LoadedEngine, load_engine
 from workers.service.housekeeping import Housekeeper, WorkerState, WorkerStats, utc_now_iso
@@ -143,6 +144,11 @@ class WorkerLifecycle:
             )
             self.housekeeper.extra_duties.append(
                 VoiceUploadSweep(
+                    self.housekeeper.connection, self.settings, holder=name, storage=storage
+                )
+            )
+            self.housekeeper.extra_duties.append(
+                ExpiredAudio(
                     self.housekeeper.connection, self.settings, holder=name, storage=storage
                 )
             )

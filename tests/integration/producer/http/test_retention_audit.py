@@ -212,9 +212,26 @@ def after_retention(rig: Rig) -> None:
 def test_everything_a_tenant_made_goes_once_retention_passes(rig: Rig, tmp_path: Path) -> None:
     prompt = (write_model_dir(tmp_path / "prompt") / "prompt.wav").read_bytes()
     made = run_every_feature(rig, prompt)
+    files = stored_files(rig.front.storage)
     time.sleep(RETENTION_S + 1)
     after_retention(rig)
     try:
         wait_for(lambda: not leftovers(rig.connection, made), 30, "retention to pass")
     except AssertionError:
         pytest.fail("left after retention:\n" + "\n".join(leftovers(rig.connection, made)))
+    # a job's audio and note, its voice's recording: all gone; a document keeps what it
+    # assembled (README), nothing of its segments
+    try:
+        wait_for(lambda: not stored_left(rig, files), 30, "the stored audio to go")
+    except AssertionError:
+        pytest.fail("stored after retention:\n" + "\n".join(stored_left(rig, files)))
+
+
+def stored_left(rig: Rig, before: list[str]) -> list[str]:
+    now = set(stored_files(rig.front.storage))
+    assembled = [n for n in before if "documents/" in n and "/segments/" not in n]
+    return [name for name in before if name in now and name not in assembled]
+
+
+def stored_files(root: Path) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
