@@ -186,9 +186,10 @@ class Settings(
     job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
     result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
     failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
-    keep_audio: bool = Field(
-        False,
-        description="keep a job's stored audio after its result expires (else workers delete it)",
+    audio_retention: Literal["unnamed", "with_result", "keep"] = Field(
+        "unnamed",
+        description="a job's stored audio once its result expires: unnamed deletes audio at keys "
+        "cosyq chose and keeps a caller's output_key; with_result deletes both; keep keeps all",
     )
     cancel_check_ms: float = Field(
         100.0, ge=0, description="a running job reads its cancel flag at most this often (ms)"

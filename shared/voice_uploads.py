@@ -25,8 +25,12 @@ from rq.job import Job
 from rq.utils import as_text
 
 from shared import keys
+from shared.connection import REDIS_OUTAGE
 from shared.errors import InvalidRequestError, UnknownVoiceError
+from shared.logs import get_logger
 from shared.voices import VoiceRegistry
+
+log = get_logger(__name__)
 
 PENDING_STATES = frozenset({"queued", "started", "scheduled", "deferred"})
 UPLOAD_FILE_RE = re.compile(r"[0-9a-f]{32}\.[a-z0-9]{1,8}")  # an upload's file: <random>.<suffix>
@@ -68,6 +72,18 @@ def note_upload(connection: redis.Redis, upload: VoiceUpload, *, at: float) -> N
 def forget_upload(connection: redis.Redis, upload: VoiceUpload) -> None:
     """The recording was deleted by its writer itself (its job refused for room)."""
     connection.zrem(keys.VOICE_UPLOADS, upload.member())
+
+
+def settle_upload(connection: redis.Redis | None, upload: VoiceUpload) -> None:
+    """Its add-voice job settled the upload (the voice names it, or it was refused for good and
+    deleted): the note goes now, not a grace later, so the owner's voice name is kept no longer
+    than needed. A Redis blip leaves it to the sweep, which judges it the same way."""
+    if connection is None:
+        return
+    try:
+        forget_upload(connection, upload)
+    except REDIS_OUTAGE as e:
+        log.warning("voice_upload_note_kept", job_id=upload.job_id, error=str(e))
 
 
 def due_uploads(connection: redis.Redis, now: float, batch: int) -> list[bytes]:

@@ -39,6 +39,7 @@ from shared.results import ModelInfo, PieceTiming, QualityReport, StageTimings, 
 from shared.storage import StoredObject, audio_metadata, object_key, stored_key
 from shared.storage_retry import Backoff, put_with_retries
 from shared.tenants import DEFAULT_TENANT
+from shared.voice_uploads import VoiceUpload, settle_upload
 from workers.documents.job import record_finished_segment
 from workers.engine.api import (
     StopCheck,
@@ -93,17 +94,25 @@ def add_voice(
     ):
         check_readable_prompt(runtime, prompt_audio)
         voice_profiles.check_job_owner(owner, context.scope_tenant)
-        summary = voice_profiles.add_voice(
-            runtime.engine,
-            runtime.storage,
-            runtime.voices.registered_voices.registry_of(owner),
-            name=name,
-            prompt_audio=prompt_audio,
-            transcript=transcript,
-            max_transcript_chars=runtime.limits.max_text_chars,
-            max_prompt_seconds=runtime.settings.max_prompt_seconds,
-            max_voices=None if owner == keys.SHARED_VOICES else runtime.settings.max_voices(owner),
-        )
+        upload = VoiceUpload(owner, name, prompt_audio, context.job_id)
+        try:
+            summary = voice_profiles.add_voice(
+                runtime.engine,
+                runtime.storage,
+                runtime.voices.registered_voices.registry_of(owner),
+                name=name,
+                prompt_audio=prompt_audio,
+                transcript=transcript,
+                max_transcript_chars=runtime.limits.max_text_chars,
+                max_prompt_seconds=runtime.settings.max_prompt_seconds,
+                max_voices=None
+                if owner == keys.SHARED_VOICES
+                else runtime.settings.max_voices(owner),
+            )
+        except InvalidRequestError:
+            settle_upload(context.connection, upload)  # refused for good: add_voice deleted it
+            raise
+        settle_upload(context.connection, upload)  # the voice names it now
         log.info("voice_added", speech_tokens=summary.get("speech_tokens"))
         return summary
 
@@ -282,7 +291,7 @@ def finish_synthesis(
         _log_finished(request, result, synthesis_s=synthesized - prepared.started)
         metrics.record_quality(report.verdict, report.action, report.retries)
         _record_outcome(runtime, context, result)
-        _remember_audio(runtime, context, stored)
+        _remember_audio(runtime, context, stored, named=request.output_key is not None)
         if context.document is not None and context.connection is not None:
             record_finished_segment(context.connection, runtime.settings, context.document, result)
         return result
@@ -370,7 +379,9 @@ def _store(
     )
 
 
-def _remember_audio(runtime: WorkerRuntime, context: JobContext, stored: StoredObject) -> None:
+def _remember_audio(
+    runtime: WorkerRuntime, context: JobContext, stored: StoredObject, *, named: bool
+) -> None:
     """Where the audio is, for its deletion once the job expires (workers/service/audio_expiry;
     a document's segments are its document's to delete). A Redis blip costs the record: the
     audio then stays, as it did before records, never the job its result."""
@@ -378,7 +389,9 @@ def _remember_audio(runtime: WorkerRuntime, context: JobContext, stored: StoredO
     if context.connection is None or context.document is not None or key is None:
         return
     try:
-        remember_audio(context.connection, runtime.settings, context.job_id, key, context.tenant)
+        remember_audio(
+            context.connection, runtime.settings, context.job_id, key, context.tenant, named=named
+        )
     except REDIS_OUTAGE as e:
         log.warning("job_audio_unrecorded", job_id=context.job_id, error=str(e))
 

@@ -1,4 +1,4 @@
-"""Delete a job's audio once its result has expired (unless COSYQ_KEEP_AUDIO).
+"""Delete a job's audio once its result has expired, as COSYQ_AUDIO_RETENTION says.
 
 A result lives COSYQ_RESULT_TTL_S; its audio (and, in a folder, the note beside it) stayed in
 storage for ever: once the job's hash is gone nothing names the file, so nobody could delete
@@ -40,10 +40,18 @@ GONE = -2  # PTTL of a key that does not exist
 
 
 def remember_audio(
-    connection: redis.Redis, settings: Settings, job_id: str, key: str, tenant: str | None
+    connection: redis.Redis,
+    settings: Settings,
+    job_id: str,
+    key: str,
+    tenant: str | None,
+    *,
+    named: bool,
 ) -> None:
-    """Note where `job_id`'s audio is, to be deleted once the job has expired."""
-    if settings.keep_audio:
+    """Note where `job_id`'s audio is, to be deleted once the job has expired; nothing under
+    `keep`, nor for a key its caller `named` (an output_key) under `unnamed`: a pipeline that
+    names where its audio goes keeps it there (its product, not our cache)."""
+    if settings.audio_retention == "keep" or (named and settings.audio_retention == "unnamed"):
         return
     record = json.dumps({"key": key, "tenant": tenant})
     with connection.pipeline() as pipe:
@@ -83,7 +91,7 @@ class ExpiredAudio(StorageDuty):
         deleted = False
         if key is None or not owns_key(tenant, key):
             log.error("job_audio_record_refused", job_id=job_id)
-        elif self.settings.keep_audio:
+        elif self.settings.audio_retention == "keep":
             pass
         elif self.storage.job_of(key) == job_id:
             self.storage.delete(key)

@@ -49,7 +49,7 @@ def _exists(storage: Storage, key: str) -> bool:
 def test_expired_jobs_audio_is_deleted_and_nothing_else(
     settings_for: MakeSettings, redis_url: str
 ) -> None:
-    settings = settings_for(redis_url=redis_url)
+    settings = settings_for(redis_url=redis_url, audio_retention="with_result")
     connection = redis.Redis.from_url(redis_url)
     storage = open_storage(settings)
     plain, reused = "tenants/alpha/2026/12/07/job-a.wav", "tenants/alpha/take.wav"
@@ -65,7 +65,7 @@ def test_expired_jobs_audio_is_deleted_and_nothing_else(
         ("job-d", "tenants/beta/2026/12/07/job-d.wav", "beta"),
         ("job-e", stranger, "alpha"),
     ]:
-        remember_audio(connection, settings, job_id, key, tenant)
+        remember_audio(connection, settings, job_id, key, tenant, named=key == reused)
     connection.hset(Job.key_for("job-d"), "status", "finished")
     connection.expire(Job.key_for("job-d"), 3600)
     _due_now(connection, "job-a", "job-b", "job-d", "job-e")
@@ -76,7 +76,7 @@ def test_expired_jobs_audio_is_deleted_and_nothing_else(
     assert _exists(storage, "tenants/beta/2026/12/07/job-d.wav")
     assert connection.zrange(keys.AUDIO_DUE, 0, -1) == [b"job-d"]  # looked at again later
     assert connection.zscore(keys.AUDIO_DUE, "job-d") > 3000  # at the job's own expiry
-    remember_audio(connection, settings, "job-c", reused, "alpha")
+    remember_audio(connection, settings, "job-c", reused, "alpha", named=True)
     _due_now(connection, "job-c")
     connection.delete(keys.AUDIO_EXPIRY_LOCK)  # the next tick
     assert duty.tick() == ["job-c"]
@@ -87,8 +87,20 @@ def test_expired_jobs_audio_is_deleted_and_nothing_else(
         assert left == kept  # each deleted file's note went with it
 
 
-def test_keep_audio_records_nothing(settings_for: MakeSettings, redis_url: str) -> None:
-    settings = settings_for(redis_url=redis_url, keep_audio=True)
+@pytest.mark.parametrize(
+    ("retention", "named", "recorded"),
+    [
+        ("keep", False, False),
+        ("keep", True, False),
+        ("unnamed", False, True),
+        ("unnamed", True, False),  # the default: a caller's output_key is its own to delete
+        ("with_result", True, True),
+    ],
+)
+def test_what_audio_retention_records(
+    settings_for: MakeSettings, redis_url: str, retention: str, named: bool, recorded: bool
+) -> None:
+    settings = settings_for(redis_url=redis_url, audio_retention=retention)
     connection = redis.Redis.from_url(redis_url)
-    remember_audio(connection, settings, "job-a", "tenants/alpha/a.wav", "alpha")
-    assert not connection.exists(keys.AUDIO_RECORDS, keys.AUDIO_DUE)
+    remember_audio(connection, settings, "job-a", "tenants/alpha/a.wav", "alpha", named=named)
+    assert connection.exists(keys.AUDIO_RECORDS, keys.AUDIO_DUE) == (2 if recorded else 0)

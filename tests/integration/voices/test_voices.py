@@ -32,6 +32,7 @@ from shared.errors import (
 )
 from shared.settings import Settings, load_settings
 from shared.storage import open_storage
+from shared.voice_uploads import VoiceUpload
 from shared.voices import VoiceRegistry
 from tests.doubles.rq_workers import engines_reused, run_cosyq_burst
 from workers.engine.api import ModelIdentity
@@ -376,6 +377,9 @@ def test_uploads_queued_together_never_pass_max_voices_at_the_worker(
     assert sorted(outcomes.values()) == sorted([*kept, "refused"]) and len(kept) == 1
     [refused] = [name for name, outcome in outcomes.items() if outcome == "refused"]
     assert uploads(settings, refused) == [] and len(uploads(settings, kept[0])) == 1
+    # both jobs settled their uploads: no note waits a grace for the sweep (it held the
+    # tenant's voice names an hour after nothing needed them)
+    assert client.connection.zcard(keys.VOICE_UPLOADS) == 0
 
 
 def test_housekeeping_keeps_a_recording_its_job_or_its_voice_needs(
@@ -392,6 +396,9 @@ def test_housekeeping_keeps_a_recording_its_job_or_its_voice_needs(
     assert sweep.sweep(due) == [] and len(uploads(settings, "alice")) == 1  # its job waits
     run_cosyq_burst(settings)
     summary = client.wait_for_voice(job_id, timeout=5)
+    assert client.connection.zcard(keys.VOICE_UPLOADS) == 0  # its job settled the note
+    note = VoiceUpload(tenants.DEFAULT_TENANT, "alice", summary.source_uri, job_id)
+    client.connection.zadd(keys.VOICE_UPLOADS, {note.member(): 0})  # as if settling was lost
     assert sweep.sweep(due + settings.voice_upload_grace_s + 1) == []
     assert uploads(settings, "alice") == [summary.source_uri]  # its voice names it
     assert client.connection.zcard(keys.VOICE_UPLOADS) == 0  # nothing left to look at
