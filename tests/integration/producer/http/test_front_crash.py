@@ -13,9 +13,11 @@ reads of the idempotency key and the queue depths) applied, and the test kills i
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -28,7 +30,13 @@ from shared.settings import load_settings
 from shared.storage import open_storage
 from tests.conftest import RedisServer
 from tests.doubles.redis_proxy import HoldingProxy
-from tests.integration.producer.http.conftest import DATABASES, fresh_db, queued_job, start_front
+from tests.integration.producer.http.conftest import (
+    DATABASES,
+    Front,
+    fresh_db,
+    queued_job,
+    start_front,
+)
 from tests.integration.producer.http.test_jobs_api import tone_wav
 from tests.integration.producer.webhook_rig import SECRET
 from workers.voices.uploads import VoiceUploadSweep
@@ -44,18 +52,27 @@ def _post_until_killed(url: str, body: dict) -> None:
         httpx.post(url, json=body, timeout=CLAIM_TIMEOUT_S * 2)
 
 
+def _kill_when_held(
+    proxy: HoldingProxy, front: Front, marker: bytes, call: Callable[[], None], what: str
+) -> None:
+    """Run `call` (a request the front dies under) and SIGKILL the front once its transaction
+    holding `marker` is held at the proxy (`what`: the assertion's message if it never is)."""
+    proxy.hold_next_exec(marker)
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert proxy.held.wait(CLAIM_TIMEOUT_S), what
+    front.process.send_signal(signal.SIGKILL)
+    front.process.wait(timeout=CLAIM_TIMEOUT_S)
+    caller.join(CLAIM_TIMEOUT_S)
+
+
 def _killed_at_the_exec(proxy: HoldingProxy, root: Path, path: str, body: dict) -> None:
     """POST `body` to a front behind `proxy`; SIGKILL it once its transaction that enqueues
     jobs is held."""
     front = start_front(root, proxy.url(DATABASES["crash"]))
     try:
-        proxy.hold_next_exec(b"rq:job:")
-        poster = threading.Thread(target=_post_until_killed, args=(front.url + path, body))
-        poster.start()
-        assert proxy.held.wait(CLAIM_TIMEOUT_S), "the front never sent its transaction"
-        front.process.send_signal(signal.SIGKILL)
-        front.process.wait(timeout=CLAIM_TIMEOUT_S)
-        poster.join(CLAIM_TIMEOUT_S)
+        post = functools.partial(_post_until_killed, front.url + path, body)
+        _kill_when_held(proxy, front, b"rq:job:", post, "the front never sent its transaction")
     finally:
         front.stop()
 
@@ -154,15 +171,12 @@ def test_a_document_cancel_killed_midway_has_told_the_documents_end(
     proxy = HoldingProxy(redis_server.port)
     first = start_front(tmp_path / "first", proxy.url(DATABASES["crash"]), **hooks)
     try:
-        proxy.hold_next_exec(segments["1"].encode())  # segment 0 canceled, then the kill
-        canceling = threading.Thread(
-            target=lambda: _delete_until_killed(f"{first.url}/v1/documents/{document_id}")
+        cancel = functools.partial(
+            _delete_until_killed, f"{first.url}/v1/documents/{document_id}"
+        )  # segment 0 canceled, then the kill
+        _kill_when_held(
+            proxy, first, segments["1"].encode(), cancel, "the front never canceled segment 1"
         )
-        canceling.start()
-        assert proxy.held.wait(CLAIM_TIMEOUT_S), "the front never canceled segment 1"
-        first.process.send_signal(signal.SIGKILL)
-        first.process.wait(timeout=CLAIM_TIMEOUT_S)
-        canceling.join(CLAIM_TIMEOUT_S)
     finally:
         first.stop()
         proxy.close()
@@ -232,13 +246,8 @@ def test_a_recording_whose_front_died_before_its_job_is_deleted_by_housekeeping(
     proxy = HoldingProxy(redis_server.port)
     front = start_front(tmp_path / "front", proxy.url(DATABASES["crash"]))
     try:
-        proxy.hold_next_exec(b"rq:job:")
-        poster = threading.Thread(target=_upload_until_killed, args=(front.url,))
-        poster.start()
-        assert proxy.held.wait(CLAIM_TIMEOUT_S), "the front never sent its transaction"
-        front.process.send_signal(signal.SIGKILL)
-        front.process.wait(timeout=CLAIM_TIMEOUT_S)
-        poster.join(CLAIM_TIMEOUT_S)
+        upload = functools.partial(_upload_until_killed, front.url)
+        _kill_when_held(proxy, front, b"rq:job:", upload, "the front never sent its transaction")
     finally:
         front.stop()
         proxy.close()
