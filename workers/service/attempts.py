@@ -265,7 +265,8 @@ class AttemptBooks:
             max_retries=self.settings.max_retries,
             backoff_base_s=self.settings.retry_backoff_s,
         )
-        fields: dict[str, str | int] = {"meta": json.dumps(meta)}
+        # a started job names its worker from the claim on (RQ writes it again as it registers)
+        fields: dict[str, str | int] = {"meta": json.dumps(meta), "worker_name": self.worker.name}
         if job.retries_left is not None:
             fields["retries_left"] = job.retries_left
         if job.retry_intervals is not None:
@@ -273,6 +274,6 @@ class AttemptBooks:
         if not self.housekeeper.begin_job(job.id, fields):
             job.retries_left, job.retry_intervals = retries
             return False
-        job.meta = meta
+        job.meta, job.worker_name = meta, self.worker.name
         job.timeout = effective_timeout(job.timeout, self.settings.job_timeout_s)
         return True
