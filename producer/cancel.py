@@ -29,14 +29,23 @@ raises WatchError, or ConnectionError when it cannot reconnect at once) is read 
 way, by this same cancel with its token: it finds its own token and says `canceled`, never
 `already_canceled` for what it did itself. Redis away meanwhile is waited out for
 COSYQ_CANCEL_LOST_ANSWER_WAIT_S (then TransientError: whether it applied is unknown).
+
+A caller's retry of a cancel whose answer it never got (a 503, a dropped connection) is a new
+cancel: with an idempotency key (`Idempotency-Key` on DELETE) both are one. The key, per tenant
+and hashed as a submit's is (`keys.tenant_digest`), makes the cancel's token, so the retry finds
+its own token on a job its first try canceled; and each try that decides (`canceled` in its
+transaction, `stopping` with the flag) records its verdict and the state it read at
+`cosyq:idem:cancel:<job id>:<digest>` for the flag's TTL, which a retry answers with: the same
+body as the first try's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import redis
 from redis.client import Pipeline
@@ -47,8 +56,9 @@ from producer.tracking import JobTracker
 from producer.webhooks.bodies import keep_body
 from shared import keys
 from shared.connection import REDIS_OUTAGE
-from shared.errors import JobNotFoundError, TransientError
+from shared.errors import InvalidRequestError, JobNotFoundError, TransientError
 from shared.job_events import WebhookPolicy, job_ended
+from shared.jobs import MAX_IDEMPOTENCY_KEY_CHARS
 
 CancelVerdict = Literal["canceled", "stopping", "already_canceled", "already_ended"]
 WAITING_STATES = frozenset({"queued", "scheduled", "deferred"})
@@ -88,13 +98,18 @@ def cancel_job(
     flag_ttl_s: int,
     webhooks: WebhookPolicy | None = None,
     lost_answer_wait_s: float = LOST_ANSWER_WAIT_S,
+    idempotency: str | None = None,
 ) -> CancelOutcome:
     """Cancel one job (see the module docstring); JobNotFoundError for an unknown id.
     `webhooks`: tell a waiting job's cancel to its webhook (None: the caller tells).
     `lost_answer_wait_s`: how long Redis may stay away once this cancel's transaction was
-    sent and its answer lost (then TransientError: whether it applied is unknown)."""
+    sent and its answer lost (then TransientError: whether it applied is unknown).
+    `idempotency`: the caller's key as `idempotency_digest` makes it; a cancel with the same
+    one answers as the first did."""
     job = tracker.fetch(job_id)
-    mine = _Canceler(secrets.token_hex(16))
+    mine = _Canceler.keyed(job_id, idempotency) if idempotency else _Canceler.fresh()
+    if (replay := mine.replay(connection)) is not None:
+        return replay
     changes, lost = 0, _LostAnswer(lost_answer_wait_s)
     with connection.pipeline() as pipe:
         while changes < CANCEL_TRIES:
@@ -125,8 +140,44 @@ class _Canceler:
     sent its transaction (whose answer may be lost: only its token then tells it applied)."""
 
     token: str
+    job_id: str = ""
+    record_key: str | None = None  # where a keyed cancel's verdict is kept for its retries
     waited: str = "queued"
     sent: bool = False
+
+    @classmethod
+    def fresh(cls) -> _Canceler:
+        return cls(secrets.token_hex(16))
+
+    @classmethod
+    def keyed(cls, job_id: str, digest: str) -> _Canceler:
+        token = hashlib.sha256(f"cancel {digest}".encode()).hexdigest()[:32]
+        return cls(token, job_id, keys.cancel_idempotency_key(job_id, digest))
+
+    def replay(self, connection: redis.Redis) -> CancelOutcome | None:
+        """What an earlier try with this key answered (None: none recorded)."""
+        if self.record_key is None or (raw := _text(connection.get(self.record_key))) is None:
+            return None
+        verdict, _, state = raw.partition(" ")
+        if verdict not in ("canceled", "stopping"):
+            return None
+        return CancelOutcome(self.job_id, cast(CancelVerdict, verdict), state)
+
+    def record(self, pipe: redis.Redis | Pipeline, verdict: str, state: str, ttl_s: int) -> None:
+        """Queue (or write) this keyed cancel's answer for its retries."""
+        if self.record_key is not None:
+            pipe.set(self.record_key, f"{verdict} {state}", ex=ttl_s)
+
+
+def idempotency_digest(key: str, tenant: str) -> str:
+    """A cancel's idempotency key as one tenant's name (keys.tenant_digest), checked as a
+    submit's is (InvalidRequestError)."""
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not key.isprintable():
+        raise InvalidRequestError(
+            f"idempotency_key: {len(key)} characters, must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} "
+            "printable characters"
+        )
+    return keys.tenant_digest(key, tenant)
 
 
 class _LostAnswer:
@@ -177,6 +228,7 @@ def _cancel_watched(
     # outside the transaction, at once: a worker popping the job from now on reads it first
     connection.set(keys.cancel_key(job.id), mine.token, ex=flag_ttl_s)
     if state not in WAITING_STATES:  # started (or a state RQ adds later): the worker stops it
+        mine.record(connection, "stopping", state, flag_ttl_s)
         return CancelOutcome(job.id, "stopping", state), False
     mine.waited = state
     pipe.multi()
@@ -189,6 +241,7 @@ def _cancel_watched(
         # job's executions outside the transaction and finds one gone: ValueError)
         raise redis.WatchError(f"job {job.id} changed while being canceled") from e
     pipe.hset(job.key, keys.CANCELED_BY_FIELD, mine.token)
+    mine.record(pipe, "canceled", state, flag_ttl_s)
     pipe.expire(job.key, flag_ttl_s)  # RQ keeps a canceled job for ever: kept as a result is
     mine.sent = True
     pipe.execute()

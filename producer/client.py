@@ -30,7 +30,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from producer import document_submit, documents
-from producer.cancel import CancelOutcome, cancel_job
+from producer.cancel import CancelOutcome, cancel_job, idempotency_digest
 from producer.idempotency import claim as claim_idempotency_keys
 from producer.idempotency import holders as idempotency_holders
 from producer.planned import OnSubmitted, PlannedJob, Prelude, require_voices, submit_meta
@@ -352,9 +352,11 @@ class CosyqClient:
         wait = self.settings.wait_timeout_s if timeout is None else timeout
         return documents.document_result(self, document_id, wait, on_progress)
 
-    def cancel_document(self, document_id: str) -> dict[int, CancelOutcome]:
+    def cancel_document(
+        self, document_id: str, *, idempotency_key: str | None = None
+    ) -> dict[int, CancelOutcome]:
         """Cancel the segments not done yet (outcome per index); the document reads canceled."""
-        return documents.cancel_document(self, document_id)
+        return documents.cancel_document(self, document_id, idempotency_key)
 
     def retry_document(self, document_id: str) -> list[int]:
         """Rerun only the failed or lost segments (or the assembly); their indices."""
@@ -374,21 +376,21 @@ class CosyqClient:
         Raises JobNotFoundError for an unknown or expired id."""
         return self.tracker.status(job_id)
 
-    def cancel(self, job_id: str, *, tell: bool = True) -> CancelOutcome:
+    def cancel(
+        self, job_id: str, *, tell: bool = True, idempotency_key: str | None = None
+    ) -> CancelOutcome:
         """Cancel a job: a waiting one never runs (its `job.canceled` webhook event told here,
         unless `tell` is False; a document's segment tells its document's), a running one stops
         at its next piece or LLM step (nothing stored), one that already ended is left as it is
-        (the outcome says which). Raises JobNotFoundError for an unknown or expired id."""
+        (the outcome says which). A retry with the first try's `idempotency_key` answers as it
+        did. Raises JobNotFoundError for an unknown or expired id."""
         hooks = WebhookPolicy.from_settings(self.settings) if tell else None
-        ttl = self.settings.result_ttl_s
+        key, wait_s = idempotency_key, self.settings.cancel_lost_answer_wait_s
+        idempotency = None if key is None else idempotency_digest(key, self.tenant)
         return cancel_job(
-            self.connection,
-            self.tracker,
-            job_id,
-            flag_ttl_s=ttl,
-            webhooks=hooks,
-            lost_answer_wait_s=self.settings.cancel_lost_answer_wait_s,
-        )
+            self.connection, self.tracker, job_id, flag_ttl_s=self.settings.result_ttl_s,
+            webhooks=hooks, lost_answer_wait_s=wait_s, idempotency=idempotency,
+        )  # fmt: skip
 
     def result(self, job_id: str, timeout: float | None = None) -> SynthesisResult:
         """Wait up to `timeout` seconds (default settings.wait_timeout_s; 0: do not wait) for

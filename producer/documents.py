@@ -71,7 +71,9 @@ class CosyqClient(Protocol):
 
     def queue_for(self, priority: str) -> str: ...
 
-    def cancel(self, job_id: str, *, tell: bool = True) -> CancelOutcome: ...
+    def cancel(
+        self, job_id: str, *, tell: bool = True, idempotency_key: str | None = None
+    ) -> CancelOutcome: ...
 
 
 QUEUED_STATES = frozenset({"queued", "deferred", "scheduled"})
@@ -334,18 +336,21 @@ def _redo(client: CosyqClient, plan: DocumentPlanRecord, redo: list[int]) -> lis
     return planned
 
 
-def cancel_document(client: CosyqClient, document_id: str) -> dict[int, CancelOutcome]:
+def cancel_document(
+    client: CosyqClient, document_id: str, idempotency_key: str | None = None
+) -> dict[int, CancelOutcome]:
     """Cancel every segment not done yet, each as `client.cancel` cancels a job (queued: never
     runs; running or in a batch: stops at its next step); done segments and a running assembly
     are left as they are. The outcome per segment index; the document then reads `canceled`.
     The first queued segment canceled tells `document.canceled` in its cancel's own transaction
     (shared/document_events.py: once per outcome, the other segments' cancels tell nothing), so
-    a process killed before it canceled the rest has told the document's end all the same."""
+    a process killed before it canceled the rest has told the document's end all the same.
+    `idempotency_key`: each segment's cancel's (a retry answers as the first try did)."""
     connection = client.connection
     load_plan(connection, document_id)  # DocumentNotFoundError for an unknown id
     done = done_segments(connection, document_id)
     return {
-        index: client.cancel(job_id)
+        index: client.cancel(job_id, idempotency_key=idempotency_key)
         for index, job_id in sorted(job_ids(connection, document_id).items())
         if index not in done
     }

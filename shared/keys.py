@@ -122,6 +122,12 @@ def idempotency_key(key: str, tenant: str) -> str:
     return IDEMPOTENCY_PREFIX + tenant_digest(key, tenant)
 
 
+def cancel_idempotency_key(job_id: str, digest: str) -> str:
+    """Where a keyed cancel of `job_id` keeps its verdict for its retries (producer/cancel.py);
+    `digest` is the key's `tenant_digest`. Two ':' at least after the prefix: never a submit's."""
+    return f"{IDEMPOTENCY_PREFIX}cancel:{job_id}:{digest}"
+
+
 def tenant_digest(key: str, tenant: str) -> str:
     """A caller's key as one tenant's Redis name: sha256 (any length, no odd characters),
     after `<tenant>:` for a named tenant, so two tenants' equal keys are two names. The default

@@ -27,6 +27,12 @@ def register(subparsers: Any) -> None:
         "4 no such job, 5 Redis unreachable.",
     )
     cancel.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    cancel.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="a retry with the same key says what the first try did (canceled, not "
+        "already canceled, when its answer was lost)",
+    )
     cancel.set_defaults(handler=run_cancel)
 
 
@@ -37,7 +43,7 @@ def run_cancel(args: argparse.Namespace, context: CliContext) -> int:
     with context.make_client(context.settings) as client:
         for job_id in args.job_ids:
             try:
-                outcome = client.cancel(job_id)
+                outcome = client.cancel(job_id, idempotency_key=args.idempotency_key)
             except JobNotFoundError as e:
                 context.err.print(str(e), markup=False)
                 status = max(status, EXIT_NOT_FOUND)

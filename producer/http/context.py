@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from rq.job import Job
 from rq.results import Result
 
@@ -131,3 +131,12 @@ def context_of(request: Request) -> FrontContext:
 
 
 Context = Annotated[FrontContext, Depends(context_of)]  # a route's `context: Context`
+# A cancel's `Idempotency-Key` header (DELETE /v1/jobs/{id}, /v1/documents/{id}): its retry
+# answers as its first try did (producer/cancel.py)
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="a retry of a cancel with the same key answers as its first try did",
+    ),
+]

@@ -8,6 +8,7 @@ the job's piece timings). As for jobs, a `prompt_audio` URI is refused over HTTP
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -15,7 +16,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.body import json_body, read_json_object
-from producer.http.context import Context
+from producer.http.context import Context, IdempotencyKey
 from producer.http.errors import ApiError
 from producer.http.jobs import JOB_ID_RE, _status, refuse_prompt_uri
 from producer.http.outcomes import failure_error
@@ -115,12 +116,16 @@ async def document_status(context: Context, document_id: str) -> DocumentStatusR
     "/v1/documents/{document_id}",
     responses={403: {"model": ErrorResponse, "description": "an operator key: not its own"}},
 )
-async def cancel_document(context: Context, document_id: str) -> DocumentStatusResponse:
-    """Cancel the segments not done yet (as DELETE /v1/jobs/{id} each); the document's status
-    after it (`canceled` once nothing runs; done segments and an assembly are left alone)."""
+async def cancel_document(
+    context: Context, document_id: str, idempotency_key: IdempotencyKey = None
+) -> DocumentStatusResponse:
+    """Cancel the segments not done yet (as DELETE /v1/jobs/{id} each, with its
+    `Idempotency-Key`); the document's status after it (`canceled` once nothing runs; done
+    segments and an assembly are left alone)."""
     await check_document_owner(context, document_id, change=True)
+    cancel = functools.partial(context.client.cancel_document, idempotency_key=idempotency_key)
     try:
-        await run_in_threadpool(context.client.cancel_document, document_id)
+        await run_in_threadpool(cancel, document_id)
     except DocumentNotFoundError as e:
         raise ApiError(404, str(e), code="document_not_found") from e
     return await _document_status(context, document_id)

@@ -9,6 +9,7 @@ credentials reach.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -19,7 +20,7 @@ from rq.job import Job
 from starlette.concurrency import run_in_threadpool
 
 from producer.http.body import json_body, read_json, read_json_object
-from producer.http.context import Context
+from producer.http.context import Context, IdempotencyKey
 from producer.http.errors import ApiError
 from producer.http.outcomes import failure_error, job_location
 from producer.http.responses import (
@@ -190,12 +191,16 @@ async def job_status(request: Request, context: Context, job_id: str) -> JobStat
         409: {"model": ErrorResponse, "description": "the job already ended"},
     },
 )
-async def cancel_job(request: Request, context: Context, job_id: str) -> CancelResponse:
+async def cancel_job(
+    request: Request, context: Context, job_id: str, idempotency_key: IdempotencyKey = None
+) -> CancelResponse:
     """Cancel: 200 with what happened (`canceled`, `stopping`, `already_canceled`), 409 when the
-    job already finished or failed (nothing changed), 404 for no such job."""
+    job already finished or failed (nothing changed), 404 for no such job. A retry with the
+    first try's `Idempotency-Key` answers as the first did (never `already_canceled`)."""
     status = await _status(request, context, job_id)  # 404: no such job, or another tenant's
     context.check_may_change(status.tenant, "job")
-    outcome = await run_in_threadpool(context.client.cancel, job_id)
+    cancel = functools.partial(context.client.cancel, idempotency_key=idempotency_key)
+    outcome = await run_in_threadpool(cancel, job_id)
     body = {"id": job_id, "result": outcome.verdict, "state": outcome.state}
     if outcome.verdict == "already_ended":
         raise ApiError(409, outcome.describe(), code="already_ended", extra=body)

@@ -11,7 +11,7 @@ queued after its MULTI is dropped by Redis when the process dies and its connect
 answers, its answer dropped: the transaction applied, the client told only that the connection
 was lost (as when Redis restarts, or the network drops, between the two); with `refuse=n`, the
 next `n` connections made after that are closed at once, unanswered (Redis away a moment: the
-client's first reconnects fail).
+client's first reconnects fail), until `accept_again()`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ class HoldingProxy:
     def cut_next_exec(self, marker: bytes = b"", *, refuse: int = 0) -> None:
         self._cut, self._refusing = True, refuse
         self.hold_next_exec(marker)
+
+    def accept_again(self) -> None:
+        """Redis back after `cut_next_exec(refuse=...)`: new connections are forwarded again."""
+        self._refusing = 0
 
     def close(self) -> None:
         for sock in self._sockets:

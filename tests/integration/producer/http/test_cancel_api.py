@@ -66,3 +66,23 @@ def test_cosyq_cancel_and_result_exit_codes(
         assert connection.ttl(keys.cancel_key(job_id)) > 0
     finally:
         connection.close()
+
+
+def test_delete_with_an_idempotency_key_answers_its_retries_alike(
+    stalled: Front, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same key from `cosyq cancel --idempotency-key` (the same tenant) is the same cancel."""
+    mine = {"Idempotency-Key": "cancel-order-9"}
+    with stalled.http() as http:
+        job_id = http.post("/v1/jobs", json={"text": "never spoken, keyed"}).json()["id"]
+        bad = http.delete(f"/v1/jobs/{job_id}", headers={"Idempotency-Key": "x" * 256})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "idempotency_key"
+        first = http.delete(f"/v1/jobs/{job_id}", headers=mine)
+        assert first.status_code == 200 and first.json()["result"] == "canceled", first.text
+        assert http.delete(f"/v1/jobs/{job_id}", headers=mine).json() == first.json()
+    monkeypatch.setenv("COSYQ_REDIS_URL", stalled.redis_url)
+    keyed = ["cancel", "--idempotency-key", "cancel-order-9", job_id]
+    assert main(keyed, client_factory=CosyqClient) == 0
+    assert capsys.readouterr().out.strip() == first.json()["message"]
+    assert main(["cancel", job_id], client_factory=CosyqClient) == 0
+    assert "already canceled" in capsys.readouterr().out

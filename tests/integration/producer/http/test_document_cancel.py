@@ -46,6 +46,8 @@ def test_a_canceled_document_never_runs_reads_canceled_and_retry_requeues_it(
             client.document_result(document_id, timeout=5)
         again = client.cancel_document(document_id)  # a second cancel changes nothing
         assert not any(o.changed for o in again.values())
+        keyed = client.cancel_document(document_id, idempotency_key="doc-stop")
+        assert {o.verdict for o in keyed.values()} == {"already_canceled"}  # not its own
         assert client.retry_document(document_id) == sorted(segments)
         assert client.document_status(document_id).state == "running"
         assert connection.llen("rq:queue:cosyq-default") == len(segments)
@@ -86,10 +88,15 @@ def test_delete_on_a_document_cancels_its_segments(redis_url: str, tmp_path: Pat
             accepted = http.post("/v1/documents", json={"text": TEXT})
             assert accepted.status_code == 202, accepted.text
             document_id = accepted.json()["id"]
-            canceled = http.delete(f"/v1/documents/{document_id}")
+            bad = http.delete(f"/v1/documents/{document_id}", headers={"Idempotency-Key": ""})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "idempotency_key"
+            mine = {"Idempotency-Key": "stop-doc-1"}
+            canceled = http.delete(f"/v1/documents/{document_id}", headers=mine)
             assert canceled.status_code == 200, canceled.text
             body = canceled.json()
             assert body["state"] == "canceled" and body["failed"] == body["segments"] >= 3
+            again = http.delete(f"/v1/documents/{document_id}", headers=mine)
+            assert again.json() == body
             audio = http.get(f"/v1/documents/{document_id}/audio")
             assert audio.status_code == 422 and "canceled" in audio.json()["error"]["message"]
             assert http.delete("/v1/documents/" + "0" * 32).status_code == 404

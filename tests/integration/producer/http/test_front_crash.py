@@ -293,3 +293,45 @@ def test_a_cancel_whose_exec_answer_is_lost_says_canceled(
         proxy.close()
     events = [f["event"] for _, f in connection.xrange(WEBHOOK_OUTBOX) if f["job_id"] == job_id]
     assert events == ["job.canceled"]
+
+
+def test_a_cancel_retried_after_a_503_with_its_idempotency_key_says_canceled(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The cancel's transaction applies, its answer is lost and Redis stays away past
+    COSYQ_CANCEL_LOST_ANSWER_WAIT_S: the caller gets 503 and retries. With the first try's
+    Idempotency-Key the retry gets the first's body (`canceled`; it said `already_canceled` for
+    its own cancel); without it, or with another key, `already_canceled`; one event."""
+    url = fresh_db(redis_server, "crash")
+    connection = redis.Redis.from_url(url, decode_responses=True)
+    job_id = queued_job(connection, {"text": "Never.", "webhook": {"url": RECEIVER + "x"}})
+    proxy = HoldingProxy(redis_server.port)
+    hooks = {"COSYQ_WEBHOOK_ALLOWED_URLS": RECEIVER, "COSYQ_WEBHOOK_ALLOW_PRIVATE": "true"}
+    away = {"COSYQ_CANCEL_LOST_ANSWER_WAIT_S": "0.5", **hooks}
+    front = start_front(tmp_path / "front", proxy.url(DATABASES["crash"]), **away)
+    mine = {"Idempotency-Key": "stop-chapter-1"}
+    try:
+        proxy.cut_next_exec(keys.CANCELED_BY_FIELD.encode(), refuse=1_000_000)
+        with front.http(None) as http:
+            lost = http.delete(f"/v1/jobs/{job_id}", headers=mine)
+            assert proxy.held.is_set()
+            assert lost.status_code == 503, lost.text
+            proxy.accept_again()
+            retry = http.delete(f"/v1/jobs/{job_id}", headers=mine)
+            assert retry.status_code == 200, retry.text
+            assert retry.json() == {
+                "id": job_id,
+                "result": "canceled",
+                "state": "queued",
+                "message": f"job {job_id} canceled (it was queued; it will not run)",
+            }
+            assert http.delete(f"/v1/jobs/{job_id}", headers=mine).json() == retry.json()
+            other = http.delete(f"/v1/jobs/{job_id}", headers={"Idempotency-Key": "another"})
+            assert other.json()["result"] == "already_canceled", other.text
+            bare = http.delete(f"/v1/jobs/{job_id}")
+            assert bare.json()["result"] == "already_canceled", bare.text
+    finally:
+        front.stop()
+        proxy.close()
+    events = [f["event"] for _, f in connection.xrange(WEBHOOK_OUTBOX) if f["job_id"] == job_id]
+    assert events == ["job.canceled"]
