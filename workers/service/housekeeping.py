@@ -166,6 +166,15 @@ class Housekeeper:
         with self._lock:
             self._job_ids[job_id] = None
             self.stats.state, self.stats.current_job = WorkerState.BUSY, ",".join(self._job_ids)
+        try:
+            self._publish_claim(job_id)
+        except BaseException:
+            self._forget(job_id)  # the caller gives the job back: it is no longer ours
+            raise
+        return True
+
+    def _publish_claim(self, job_id: str) -> None:
+        """The stats write after a claim, and (wait_replicas) its WAIT."""
         with self.connection.pipeline(transaction=False) as pipe:
             self._queue_stats(pipe)
             if self.wait_replicas:
@@ -176,7 +185,21 @@ class Housekeeper:
                 f"job {job_id}: attempt on {replies[-1]} of {self.wait_replicas} replicas after "
                 f"{self.wait_timeout_ms} ms"
             )
-        return True
+
+    def _forget(self, job_id: str) -> None:
+        """A claimed job that will not run here after all (begin_job failed after its claim):
+        off the heartbeat list at once, so no refresh keeps it alive once it is given back
+        (another worker may take it), and its heartbeat key dropped if it still names us (best
+        effort: else it expires within the TTL; a job given back is queued, which a reaper
+        never takes). Not counted as a job done."""
+        with self._lock:
+            self._job_ids.pop(job_id, None)
+            self.stats.current_job = ",".join(self._job_ids)
+            if self.stats.state is WorkerState.BUSY and not self._job_ids:
+                self.stats.state = WorkerState.IDLE
+        key = keys.job_heartbeat_key(job_id)
+        with contextlib.suppress(redis.RedisError):
+            self._delete_if_ours(keys=[key], args=[self.stats.name])
 
     def end_job(self, job_id: str) -> None:
         """Drop the heartbeat; called after RQ removed the job from the started registry."""
