@@ -54,15 +54,28 @@ def unwritable_folder(path: Path) -> str | None:
     return None
 
 
+def unwritable_setting(name: str, path: Path) -> str | None:
+    """What is wrong, naming the folder setting `name`, when this process cannot write `path`
+    (`cosyq-worker doctor` shows it as its row's detail), else None."""
+    why = unwritable_folder(path)
+    if why is None:
+        return None
+    return (
+        f"{setting_name(name)}={path} cannot be written by this process ({why}): a worker "
+        f"keeps {CACHE_WRITES[name]} there"
+    )
+
+
+def setting_name(name: str) -> str:
+    return f"COSYQ_{name.upper()}"
+
+
 def check_writable(name: str, path: Path) -> None:
     """SettingsError (one line) when the folder setting `name` names a folder we cannot write."""
-    why = unwritable_folder(path)
-    if why is not None:
-        setting = f"COSYQ_{name.upper()}"
-        raise SettingsError(
-            f"{setting}={path} cannot be written by this process ({why}): a worker keeps "
-            f"{CACHE_WRITES[name]} there; make it writable or point {setting} elsewhere"
-        )
+    said = unwritable_setting(name, path)
+    if said is not None:
+        setting = setting_name(name)
+        raise SettingsError(f"{said}; make it writable or point {setting} elsewhere")
 
 
 def check_worker_folders(settings: Settings, *, platform: str = sys.platform) -> None:

@@ -25,10 +25,13 @@ from rq import Worker
 from shared.settings import Settings
 from shared.start_failures import record_start_failure
 from tests.conftest import free_port
+from tests.doubles.harness import REPO_ROOT
 from tests.doubles.redis_servers import secured_redis
+from tests.integration.service.test_cache_folders import as_a_service_user
 from workers.cli import main as worker_cli
 from workers.tools.doctor import coreml_run
 from workers.tools.doctor.checks import ROW_NAMES
+from workers.tools.doctor.host_checks import CACHE_FOLDERS_ROW
 from workers.tools.doctor.model_checks import CACHE
 from workers.tools.doctor.rows import COREML_ONLY_ON_MACOS
 from workers.tools.doctor.stack_checks import COREML_RUNTIME_ROW
@@ -156,6 +159,40 @@ def test_a_missing_model_file_is_named(host_env: Path, tiny_dir: Path) -> None:
     status, _, rows = doctor("--model-dir", str(damaged), "--quick")
     assert status == 1
     assert "CosyVoice-BlankEN/vocab.json" in rows["layout and strict checkpoint load"]["detail"]
+
+
+def test_an_unwritable_hash_cache_is_one_row_and_the_model_is_still_checked(
+    host_env: Path, tiny_dir: Path
+) -> None:
+    """As a service user (root without its override of file modes): a 0555 hash cache was a
+    bare PermissionError traceback from the model load; now the row `run` and `pool` refuse to
+    start for, naming the folder and the setting, and every other check runs."""
+    folder = host_env / "hashes"
+    folder.mkdir(mode=0o555)
+    folder.chmod(0o555)
+    command = [sys.executable, "-m", "workers.cli", "doctor", "--json", "--quick"]
+    done = subprocess.run(
+        as_a_service_user([*command, "--model-dir", str(tiny_dir)]),
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},  # this checkout's code
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    rows = {row["name"]: row for row in json.loads(done.stdout)["rows"]}
+    cache = rows[CACHE_FOLDERS_ROW]
+    assert cache["status"] == "fail"
+    assert cache["detail"] == (
+        f"COSYQ_HASH_CACHE_DIR={folder} cannot be written by this process (Permission denied):"
+        " a worker keeps checkpoint hashes there"
+    )
+    assert "COSYQ_HASH_CACHE_DIR" in cache["hint"]
+    failed = [name for name, row in rows.items() if row["status"] == "fail"]
+    assert failed == [CACHE_FOLDERS_ROW]  # the model loaded and was hashed, uncached
+    assert rows["checkpoint hashes"]["figures"]["sha256"].keys() == {"llm.pt", "flow.pt", "hift.pt"}
+    assert list(folder.iterdir()) == []
 
 
 def test_unwritable_storage_fails(

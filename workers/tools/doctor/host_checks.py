@@ -1,4 +1,5 @@
-"""Host rows: OS and architecture, Rosetta 2, macOS version, Python, threads, OMP_WAIT_POLICY.
+"""Host rows: OS and architecture, Rosetta 2, macOS version, Python, threads, OMP_WAIT_POLICY,
+precision, and the cache folders a worker writes.
 
 Everything the seed guide warns about on a host, checked with the same functions a worker uses
 at start-up (`workers.service.host`), so doctor and the worker cannot disagree.
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 from shared.errors import ModelLoadError
 from shared.settings import Settings
+from workers.service.cache_folders import setting_name, unwritable_setting, worker_folders
 from workers.service.host import is_translated, physical_cores, threads_per_worker
 from workers.tools.doctor.rows import Row, fail, ok, skip
 
@@ -24,6 +26,7 @@ PYTHON_ROW = "Python"
 THREADS_ROW = "threads per worker"
 OMP_ROW = "OMP_WAIT_POLICY"
 PRECISION_ROW = "precision (COSYQ_DTYPE)"
+CACHE_FOLDERS_ROW = "cache folders writable"
 ROW_NAMES = (  # in report order
     OS_ROW,
     ROSETTA_ROW,
@@ -32,6 +35,7 @@ ROW_NAMES = (  # in report order
     THREADS_ROW,
     OMP_ROW,
     PRECISION_ROW,
+    CACHE_FOLDERS_ROW,
 )
 MIN_PYTHON = (3, 11)
 MACOS_COREML = (14, 0)  # the conversion's lowest target: flow and HiFT on Core ML
@@ -59,7 +63,23 @@ def host_rows(settings: Settings, *, system: str = sys.platform) -> list[Row]:
         threads_row(settings),
         omp_row(settings),
         precision_row(settings),
+        cache_folders_row(settings, system=system),
     ]
+
+
+def cache_folders_row(settings: Settings, *, system: str = sys.platform) -> Row:
+    """The cache folders a worker with these settings writes (the probe `run` and `pool` make
+    at start, workers/service/cache_folders.py), each made if missing and written once."""
+    names = worker_folders(settings, platform=system)
+    bad = {
+        name: why for name in names if (why := unwritable_setting(name, getattr(settings, name)))
+    }
+    if bad:
+        named = " and ".join(setting_name(name) for name in bad)
+        hint = f"make the folder writable by the worker's user, or point {named} elsewhere"
+        return fail(GROUP, CACHE_FOLDERS_ROW, "; ".join(bad.values()), hint)
+    shown = ", ".join(f"{setting_name(name)}={getattr(settings, name)}" for name in names)
+    return ok(GROUP, CACHE_FOLDERS_ROW, f"{shown}: written and removed a probe file")
 
 
 def precision_row(settings: Settings) -> Row:

@@ -31,6 +31,7 @@ from workers.model.directory import (
     combined_hash,
 )
 from workers.service.backend import coreml_dir_for
+from workers.service.cache_folders import unwritable_folder
 from workers.tools.doctor.rows import COREML_ONLY_ON_MACOS, Row, fail, ok, one_line, skip
 
 GROUP = "model"
@@ -47,9 +48,14 @@ def model_rows(settings: Settings, root: Path | None, *, system: str = sys.platf
     if root is None:
         missing = fail(GROUP, LAYOUT, "no model directory configured", NO_MODEL_HINT)
         return [missing, *(skip(GROUP, n, "no model directory") for n in (HASHES, PACKAGES, CACHE))]
-    layout = layout_row(root, settings.hash_cache_dir)
+    # an unwritable hash cache is the host row's ✗ (host_checks.cache_folders_row): hashed
+    # here without it, so the model is still checked
+    hash_cache: Path | None = settings.hash_cache_dir
+    if unwritable_folder(settings.hash_cache_dir) is not None:
+        hash_cache = None
+    layout = layout_row(root, hash_cache)
     hashes = (
-        hashes_row(root, settings.hash_cache_dir)
+        hashes_row(root, hash_cache)
         if layout.status.value == "ok"
         else skip(GROUP, HASHES, "the model directory did not load")
     )
@@ -59,14 +65,14 @@ def model_rows(settings: Settings, root: Path | None, *, system: str = sys.platf
     return [layout, hashes, packages, cache]
 
 
-def layout_row(root: Path, hash_cache: Path) -> Row:
+def layout_row(root: Path, hash_cache: Path | None) -> Row:
     from workers.model.loader import load_model  # noqa: PLC0415 (torch only when doctor runs)
 
     started = time.perf_counter()
     try:
         ModelDirectory(root).check_layout()
         loaded = load_model(root, device="cpu", hash_cache_dir=hash_cache)
-    except CosyqError as e:
+    except (CosyqError, OSError) as e:  # OSError: a file this process may not read
         return fail(
             GROUP,
             LAYOUT,
@@ -92,7 +98,7 @@ def layout_row(root: Path, hash_cache: Path) -> Row:
     )
 
 
-def hashes_row(root: Path, hash_cache: Path) -> Row:
+def hashes_row(root: Path, hash_cache: Path | None) -> Row:
     try:
         hashes = checkpoint_hashes(ModelDirectory(root), hash_cache)
     except OSError as e:
