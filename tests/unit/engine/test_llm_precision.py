@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 from structlog.testing import capture_logs
 
 from shared.errors import ModelLoadError, SettingsError
-from shared.settings import Settings, load_settings
+from shared.settings import load_settings
 from workers.engine.api import SynthesisInput
 from workers.engine.batch_session import PipelineBatchSession
 from workers.engine.cpu_features import HostCPU
@@ -34,15 +33,6 @@ CPU = torch.device("cpu")
 
 def host(*flags: str) -> HostCPU:
     return HostCPU(model="Test CPU", machine="x86_64", flags=flags, cores=2)
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for name in list(os.environ):
-        if name.upper().startswith("COSYQ_") and name.lower()[6:] in Settings.model_fields:
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def test_the_setting_defaults_to_auto_and_refuses_other_values(

@@ -3,7 +3,6 @@ one line naming the setting (the start refused: tests/integration/service/test_c
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -12,14 +11,7 @@ from shared.errors import SettingsError
 from shared.settings import load_settings
 from workers.service.cache_folders import check_worker_folders, worker_folders
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for name in list(os.environ):
-        if name.upper().startswith("COSYQ_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/unit/conftest.py
 
 
 def test_the_folders_a_worker_writes_are_those_its_settings_use(clean_env: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,15 +9,7 @@ import pytest
 from shared.errors import SettingsError
 from shared.settings import Settings, load_settings, redact_url
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No COSYQ_ settings from the caller's shell, and a cwd without a .env."""
-    for name in list(os.environ):
-        if name.upper().startswith("COSYQ_") and name.lower()[6:] in Settings.model_fields:
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/unit/conftest.py
 
 
 def test_defaults(clean_env: Path) -> None:

@@ -5,9 +5,7 @@ reached socket timeouts, thread waits and time arithmetic later as an OverflowEr
 from __future__ import annotations
 
 import math
-import os
 import typing
-from pathlib import Path
 
 import annotated_types
 import pytest
@@ -18,13 +16,7 @@ from shared.settings import Settings, load_settings
 from shared.settings_bounds import CEILINGS, FLOORS, spelled
 from shared.settings_tenants import TenantQuota
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in list(os.environ):
-        if name.upper().startswith("COSYQ_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/unit/conftest.py
 
 
 def _numeric(field: FieldInfo) -> bool:

@@ -4,7 +4,6 @@ the home folder and a relative path is made absolute; an S3 endpoint needs its s
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,7 @@ from shared.errors import SettingsError
 from shared.settings import load_settings
 from shared.settings_paths import FOLDER_FIELDS
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for name in list(os.environ):
-        if name.upper().startswith("COSYQ_"):
-            monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/unit/conftest.py
 
 
 @pytest.mark.parametrize("name", sorted(FOLDER_FIELDS))
