@@ -30,17 +30,21 @@ MAX_NOTE_BYTES = 4096  # a note is ~200 bytes; anything longer is not one
 
 @dataclass(frozen=True)
 class AudioNote:
-    """What a job wrote at a path, and the file it wrote there."""
+    """What a job (or a document's assembler: `document_id`, `job_id` "") wrote at a path,
+    and the file it wrote there."""
 
     job_id: str
     sha256: str
     size: int
     inode: int
     mtime_ns: int
+    document_id: str = ""
 
     @classmethod
-    def of(cls, stat: os.stat_result, *, job_id: str, sha256: str) -> AudioNote:
-        return cls(job_id, sha256, stat.st_size, stat.st_ino, stat.st_mtime_ns)
+    def of(
+        cls, stat: os.stat_result, *, job_id: str, sha256: str, document_id: str = ""
+    ) -> AudioNote:
+        return cls(job_id, sha256, stat.st_size, stat.st_ino, stat.st_mtime_ns, document_id)
 
     def describes(self, stat: os.stat_result) -> bool:
         """The note was written for the file `stat` is of (not one renamed over it since)."""
@@ -68,7 +72,9 @@ def read_note(audio: Path) -> AudioNote | None:
         note = AudioNote(**fields) if isinstance(fields, dict) else None
     except (OSError, ValueError, TypeError):
         return None
-    texts = note is not None and all(isinstance(v, str) for v in (note.job_id, note.sha256))
+    texts = note is not None and all(
+        isinstance(v, str) for v in (note.job_id, note.sha256, note.document_id)
+    )
     numbers = note is not None and all(
         isinstance(v, int) for v in (note.size, note.inode, note.mtime_ns)
     )

@@ -188,8 +188,9 @@ class Settings(
     failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
     audio_retention: Literal["unnamed", "with_result", "keep"] = Field(
         "unnamed",
-        description="a job's stored audio once its result expires: unnamed deletes audio at keys "
-        "cosyq chose and keeps a caller's output_key; with_result deletes both; keep keeps all",
+        description="a job's stored audio (and a document's file, manifest and captions) once its "
+        "result expires: unnamed deletes what is at keys cosyq chose and keeps a caller's "
+        "output_key; with_result deletes both; keep keeps all",
     )
     cancel_check_ms: float = Field(
         100.0, ge=0, description="a running job reads its cancel flag at most this often (ms)"
@@ -316,7 +317,9 @@ class Settings(
         900, ge=0, le=10000, description="silence before and after a Markdown heading"
     )
     document_keep_segments: bool = Field(
-        False, description="keep each segment's audio after the document is assembled"
+        False,
+        description="keep each segment's audio after the document is assembled (until the "
+        "document expires, as COSYQ_AUDIO_RETENTION says)",
     )
     document_claim_ttl_s: float = Field(
         30.0, gt=0, description="an assembler whose heartbeat is this old has died"

@@ -105,6 +105,7 @@ def object_key(
 
 
 JOB_ID_METADATA = "job-id"  # the audio object's metadata naming the job that wrote it
+DOCUMENT_ID_METADATA = "document-id"  # an assembled document's files': the document's id
 
 
 def audio_metadata(*, job_id: str, sha256: str, duration_s: float) -> dict[str, str]:
@@ -150,6 +151,15 @@ class Storage(ABC):
 
     def job_of(self, key: str) -> str | None:
         """The job whose audio is at `key` now; None when none is there or it cannot tell."""
+        return None
+
+    def document_of(self, key: str) -> str | None:
+        """The document whose assembled file is at `key` now; None when none is there or it
+        cannot tell (a file written before notes were kept beside a document's files)."""
+        return None
+
+    def remove_empty_folder(self, key: str) -> None:
+        """Remove the folder `key` (a prefix ending in "/") if it is empty; S3 has none."""
         return None
 
     def get(self, uri: str) -> bytes:
@@ -254,6 +264,15 @@ class FileStorage(Storage):
 
     def job_of(self, key: str) -> str | None:
         """The note's job, while the note describes the very file at `key`."""
+        note = self._note(key)
+        return note.job_id or None if note is not None else None
+
+    def document_of(self, key: str) -> str | None:
+        """The note's document, while the note describes the very file at `key`."""
+        note = self._note(key)
+        return note.document_id or None if note is not None else None
+
+    def _note(self, key: str) -> AudioNote | None:
         path = self.root / check_output_key(key, limit=1024)
         try:
             stat = path.stat()
@@ -262,7 +281,11 @@ class FileStorage(Storage):
         except OSError as e:
             raise file_error(e, f"cannot read {path}") from e
         note = read_note(path)
-        return note.job_id if note is not None and note.describes(stat) else None
+        return note if note is not None and note.describes(stat) else None
+
+    def remove_empty_folder(self, key: str) -> None:
+        with contextlib.suppress(OSError):  # not empty, not there: nothing to do
+            (self.root / check_output_key(key.rstrip("/"), limit=1024)).rmdir()
 
     def check_readable(self) -> None:
         try:
@@ -314,13 +337,15 @@ def _write_atomically(path: Path, data: bytes | BinaryIO) -> os.stat_result:
 
 
 def _write_note(path: Path, written: os.stat_result, metadata: Mapping[str, str]) -> bool:
-    """A job's audio (its metadata names the job and the sha256): its note beside it, after it
-    is in place. A note not written costs a GET a hash, never a wrong answer: any note left
-    there describes another file (shared/audio_notes.py). False: no note for this write."""
+    """A job's audio or a document's file (its metadata names the job or the document, and the
+    sha256): its note beside it, after it is in place. A note not written costs a GET a hash,
+    never a wrong answer: any note left there describes another file (shared/audio_notes.py).
+    False: no note for this write."""
     job_id, sha256 = metadata.get(JOB_ID_METADATA), metadata.get("sha256")
-    if job_id is None or sha256 is None:
+    document_id = metadata.get(DOCUMENT_ID_METADATA)
+    if (job_id is None and document_id is None) or sha256 is None:
         return False
-    note = AudioNote.of(written, job_id=job_id, sha256=sha256)
+    note = AudioNote.of(written, job_id=job_id or "", sha256=sha256, document_id=document_id or "")
     try:
         _write_atomically(note_path(path), note.encode())
     except OSError as e:
@@ -397,12 +422,19 @@ class S3Storage(Storage):
 
     def job_of(self, key: str) -> str | None:
         """The object's job id metadata."""
+        return self._metadata(key).get(JOB_ID_METADATA)
+
+    def document_of(self, key: str) -> str | None:
+        """The object's document id metadata."""
+        return self._metadata(key).get(DOCUMENT_ID_METADATA)
+
+    def _metadata(self, key: str) -> Mapping[str, str]:
         full_key = self._full_key(key)
         uri = f"s3://{self.bucket}/{full_key}"
         try:
-            return self._s3.metadata(self.bucket, full_key, uri).get(JOB_ID_METADATA)
+            return self._s3.metadata(self.bucket, full_key, uri)
         except ObjectNotFoundError:
-            return None
+            return {}
 
     def _full_key(self, key: str) -> str:
         key = check_output_key(key, limit=1024)

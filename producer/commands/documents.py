@@ -6,7 +6,8 @@ file with captions.
 the manifest chapter.json; `--no-wait` prints the document id and returns. `result ID --out`
 fetches a finished one; `retry ID` reruns only the failed (or lost) segments.
 `backfill-records` (an operator's, once after an upgrade) writes the segments' record of every
-live document submitted before records existed (producer/segment_records.py).
+live document submitted before records existed (producer/segment_records.py) and the outputs'
+record of every assembled one whose assembler wrote none (producer/output_records.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from producer.commands.out_file import (
     write_replacing,
 )
 from producer.documents import DocumentStatus
+from producer.output_records import backfill_output_records
 from producer.segment_records import backfill_segment_records
 from shared.document_state import DocumentFailedError, DocumentNotFoundError, DocumentResult
 from shared.errors import InvalidRequestError, ResultTimeoutError
@@ -98,7 +100,8 @@ def register(subparsers: Any) -> None:
     backfill = commands.add_parser(
         "backfill-records",
         help="write the segments' record of each live document submitted before records "
-        "existed, so its segment audio is deleted once its plan expires",
+        "existed, so its segment audio is deleted once its plan expires, and the outputs' "
+        "record of each assembled one lacking it, so its files follow COSYQ_AUDIO_RETENTION",
     )
     backfill.set_defaults(handler=run_backfill)
 
@@ -107,10 +110,13 @@ def run_backfill(args: argparse.Namespace, context: CliContext) -> int:
     """Prints the id of each document given a record, then how many on stderr."""
     with context.make_client(context.settings) as client:
         written = backfill_segment_records(client.connection, context.settings.result_ttl_s)
-    for document_id in written:
+        outputs = backfill_output_records(client.connection, context.settings)
+    for document_id in [*written, *(d for d in outputs if d not in written)]:
         context.out.print(document_id, markup=False)
     context.err.print(
-        f"wrote the segments' record of {counted(len(written), 'document')}", markup=False
+        f"wrote the segments' record of {counted(len(written), 'document')}, the outputs' "
+        f"record of {counted(len(outputs), 'assembled document')}",
+        markup=False,
     )
     return 0
 

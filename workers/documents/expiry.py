@@ -96,6 +96,9 @@ class ExpiredSegments(StorageDuty):
             return False
         for key in keys:
             self.storage.delete(key)
+        folder = tenant_prefix(record.tenant or DEFAULT_TENANT) + document_folder(document_id)
+        self.storage.remove_empty_folder(folder + "segments/")
+        self.storage.remove_empty_folder(folder)  # its file named elsewhere, or never made
         segments_forgotten(self.connection, document_id)
         log.info("document_segments_expired", document_id=document_id, segments=len(keys))
         return True

@@ -27,6 +27,7 @@ from rq import get_current_job
 from shared.audio import CONTENT_TYPES
 from shared.captions import render
 from shared.document_events import document_finished
+from shared.document_outputs import document_own_folder, outputs_of, remember_outputs
 from shared.document_state import (
     DocumentPlanRecord,
     DocumentResult,
@@ -49,7 +50,7 @@ from shared.logs import get_logger
 from shared.output_keys import check_document_keys
 from shared.results import SynthesisResult
 from shared.settings import Settings
-from shared.storage import Storage
+from shared.storage import DOCUMENT_ID_METADATA, Storage
 from shared.tenants import DEFAULT_TENANT
 from shared.webhooks import allowed_prefixes
 from workers.documents.audio import AssembledAudio, write_document
@@ -125,6 +126,9 @@ def delete_segments(connection: redis.Redis, storage: Storage, plan: DocumentPla
     were checked (`check_plan_keys`)."""
     for segment in plan.segments:
         storage.delete(segment.key)
+    folder = document_own_folder(plan.document_id, plan.tenant)
+    storage.remove_empty_folder(folder + "segments/")
+    storage.remove_empty_folder(folder)  # a named file's document: nothing left in it
     segments_deleted(connection, plan.document_id)
     segments_forgotten(connection, plan.document_id)
 
@@ -202,7 +206,7 @@ def _write(
         digest = _sha256(path)
         if not claim.held():
             raise TransientError(f"document {plan.document_id}: lost the assembly claim")
-        metadata = {"document-id": plan.document_id, "sha256": digest}
+        metadata = {DOCUMENT_ID_METADATA: plan.document_id, "sha256": digest}
         metadata["duration-s"] = f"{audio.duration_s:.3f}"
         key = f"{plan.output_key}.{plan.format}"
         stored = storage.put_file(key, path, CONTENT_TYPES[plan.format], metadata)
@@ -233,7 +237,8 @@ def _publish(
     connection: redis.Redis, settings: Settings, plan: DocumentPlanRecord, result: DocumentResult
 ) -> DocumentResult:
     """The result and its `document.finished` event in one MULTI: both, or neither (and the
-    note that its segments' audio is to be deleted, unless it is kept)."""
+    note that its segments' audio is to be deleted, unless it is kept, and the record that
+    deletes its outputs once the result has expired: shared/document_outputs.py)."""
     with connection.pipeline() as pipe:
         key = document_key(plan.document_id, "result")
         pipe.set(key, result.model_dump_json(), ex=settings.result_ttl_s)
@@ -241,6 +246,7 @@ def _publish(
         document_finished(pipe, plan, result, allowed, settings.webhook_allow_private)
         if not settings.document_keep_segments:
             note_segments_pending(pipe, plan.document_id)
+        remember_outputs(pipe, settings, plan.document_id, outputs_of(plan, settings))
         pipe.execute()
     return result
 
@@ -283,8 +289,9 @@ def _side_files(
     }
     uris = {}
     for ext, (text, content_type) in files.items():
-        meta = {"document-id": plan.document_id}
-        stored = storage.put(f"{plan.output_key}.{ext}", text.encode(), content_type, meta)
+        data = text.encode()
+        meta = {DOCUMENT_ID_METADATA: plan.document_id, "sha256": hashlib.sha256(data).hexdigest()}
+        stored = storage.put(f"{plan.output_key}.{ext}", data, content_type, meta)
         uris[ext] = stored.uri
     return uris
 

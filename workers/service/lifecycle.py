@@ -38,6 +38,7 @@ from shared.voices import VoiceRegistry
 from workers.documents.cleanup import SegmentCleanup
 from workers.documents.expiry import ExpiredSegments
 from workers.documents.keepalive import DocumentKeepalive
+from workers.documents.outputs_expiry import ExpiredOutputs
 from workers.documents.sweep import AssemblySweep
 from workers.service import control, host, metrics
 from workers.service.admission import CosyqJob
@@ -149,6 +150,11 @@ class WorkerLifecycle:
             )
             self.housekeeper.extra_duties.append(
                 ExpiredAudio(
+                    self.housekeeper.connection, self.settings, holder=name, storage=storage
+                )
+            )
+            self.housekeeper.extra_duties.append(
+                ExpiredOutputs(
                     self.housekeeper.connection, self.settings, holder=name, storage=storage
                 )
             )

@@ -95,7 +95,8 @@ def test_segments_left_by_an_assembler_killed_while_deleting_them_are_deleted_by
     assert not any(p.exists() for p in segments)
     assert connection.zscore(SEGMENTS_PENDING, document_id) is None
     files = sorted(p.name for p in (out / "documents" / document_id).iterdir() if p.is_file())
-    assert files == ["doc.json", "doc.mp3", "doc.srt", "doc.vtt"]  # the document's own kept
+    own = ["doc.json", "doc.mp3", "doc.srt", "doc.vtt"]  # the document's own kept, with notes
+    assert files == sorted(own + [f".{name}.cosyq.json" for name in own])
 
 
 def test_an_assembler_that_finishes_leaves_no_note(redis_url: str, tmp_path: Path) -> None:

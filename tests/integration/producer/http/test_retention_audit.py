@@ -55,6 +55,8 @@ LONG_LIVED = (
     "cosyq:worker-stats:",
     "cosyq:document-segment-records",
     "cosyq:document-segments-due",
+    "cosyq:document-output-records",
+    "cosyq:document-outputs-due",
 )
 
 
@@ -143,11 +145,14 @@ def run_every_feature(rig: Rig, prompt: bytes) -> set[str]:
         assert beta.delete(f"/v1/jobs/{doomed}").status_code in (200, 409)
         document = alpha.post("/v1/documents", json={"text": "One. " * 60, "webhook": hook})
         document_id = submitted_id(document)
+        book = {"text": "Two. " * 60, "output_key": "named/book"}  # the caller's: it stays
+        named_document = submitted_id(alpha.post("/v1/documents", json=book))
         for http, job_id in [*jobs, (beta, doomed)]:
             _ended(http, f"/v1/jobs/{job_id}")
             made.add(job_id)
-        _ended(alpha, f"/v1/documents/{document_id}")
-        made.add(document_id)
+        for made_document in (document_id, named_document):
+            _ended(alpha, f"/v1/documents/{made_document}")
+            made.add(made_document)
         assert beta.delete("/v1/audio/voices/erasable").status_code == 404  # not beta's
         assert alpha.delete("/v1/audio/voices/erasable").status_code == 204
     wait_for(lambda: len(rig.receiver.calls) >= 2, 30, "the webhooks")
@@ -219,23 +224,30 @@ def test_everything_a_tenant_made_goes_once_retention_passes(rig: Rig, tmp_path:
         wait_for(lambda: not leftovers(rig.connection, made), 30, "retention to pass")
     except AssertionError:
         pytest.fail("left after retention:\n" + "\n".join(leftovers(rig.connection, made)))
-    # a job's audio and note, its voice's recording: all gone; a document keeps what it
-    # assembled (README), nothing of its segments
+    # a job's audio and note, its voice's recording, a document's file, manifest, captions
+    # and segments, and the folders named by its id: all gone
     try:
-        wait_for(lambda: not stored_left(rig, files), 30, "the stored audio to go")
+        wait_for(lambda: not stored_left(rig, files, made), 30, "the stored audio to go")
     except AssertionError:
-        pytest.fail("stored after retention:\n" + "\n".join(stored_left(rig, files)))
+        pytest.fail("stored after retention:\n" + "\n".join(stored_left(rig, files, made)))
 
 
-def stored_left(rig: Rig, before: list[str]) -> list[str]:
-    """Stored files of the first round still there, but a document's assembled files and the
-    audio at a caller's output_key (COSYQ_AUDIO_RETENTION=unnamed, the default, keeps them),
-    which must still be there."""
+def stored_left(rig: Rig, before: list[str], made: set[str]) -> list[str]:
+    """Stored files of the first round still there, and folders named by what the tenants made,
+    but the files at a caller's output_key (COSYQ_AUDIO_RETENTION=unnamed, the default, keeps
+    them: a job's audio, a document's file, manifest and captions), which must still be
+    there."""
     now = set(stored_files(rig.front.storage))
-    assembled = [n for n in before if "documents/" in n and "/segments/" not in n]
-    named = [n for n in before if "/named/" in n]  # take.wav and its note
-    assert named and all(n in now for n in named), "a caller's output_key must stay"
-    return [name for name in before if name in now and name not in assembled + named]
+    named = [n for n in before if "/named/" in n]  # take.wav, book.wav .json .srt .vtt, notes
+    products = {Path(n).name for n in named if not n.endswith(".cosyq.json")}
+    assert products == {"take.wav", "book.wav", "book.json", "book.srt", "book.vtt"}
+    assert all(n in now for n in named), "a caller's output_key must stay"
+    folders = [
+        str(path.relative_to(rig.front.storage))
+        for path in rig.front.storage.rglob("*")
+        if path.is_dir() and any(thing in path.name for thing in made)
+    ]
+    return [name for name in before if name in now and name not in named] + folders
 
 
 def stored_files(root: Path) -> list[str]:
