@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from producer.client import CosyqClient
+    from producer.erasure import Erasure
     from producer.tracking import JobOutcome, JobStatus
     from shared.audio_stream import AudioChunk
     from shared.errors import (
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
         JobNotFoundError,
         QueueFullError,
         ResultTimeoutError,
+        StillRunningError,
         StreamExpiredError,
         StreamFailedError,
         StreamNotRequestedError,
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "AudioChunk": "shared.audio_stream",
     "CosyqClient": "producer.client",
+    "Erasure": "producer.erasure",
     "InvalidRequestError": "shared.errors",
     "JobCanceledError": "shared.errors",
     "JobFailedError": "shared.errors",
@@ -49,6 +52,7 @@ _HOMES = {
     "QueueFullError": "shared.errors",
     "ResultTimeoutError": "shared.errors",
     "Settings": "shared.settings",
+    "StillRunningError": "shared.errors",
     "StreamExpiredError": "shared.errors",
     "StreamFailedError": "shared.errors",
     "StreamNotRequestedError": "shared.errors",
@@ -63,6 +67,7 @@ _HOMES = {
 __all__ = [
     "AudioChunk",
     "CosyqClient",
+    "Erasure",
     "InvalidRequestError",
     "JobCanceledError",
     "JobFailedError",
@@ -73,6 +78,7 @@ __all__ = [
     "QueueFullError",
     "ResultTimeoutError",
     "Settings",
+    "StillRunningError",
     "StreamExpiredError",
     "StreamFailedError",
     "StreamNotRequestedError",

@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "failed": "producer.commands.inspect",
     "result": "producer.commands.inspect",
     "cancel": "producer.commands.cancel",  # cancel JOB_ID...
+    "erase": "producer.commands.erase",  # erase ID... [--document] [--output-key]
     "stream": "producer.commands.stream",  # stream JOB_ID
     "document": "producer.commands.documents",  # document submit|status|retry|result
     "voices": "producer.commands.voices",  # voices list|add|rm

@@ -31,6 +31,7 @@ from rq.serializers import JSONSerializer
 
 from producer import document_submit, documents
 from producer.cancel import CancelOutcome, cancel_job, idempotency_digest
+from producer.erasure import Erasing
 from producer.idempotency import claim as claim_idempotency_keys
 from producer.idempotency import holders as idempotency_holders
 from producer.planned import OnSubmitted, PlannedJob, Prelude, require_voices, submit_meta
@@ -70,7 +71,7 @@ _DEPTHS_SCRIPT = (
 )
 
 
-class CosyqClient:
+class CosyqClient(Erasing):
     """Submit synthesis jobs and read their results; built from Settings.
 
     Options (keyword-only): `tenant` is whose jobs these are ("default"; one of

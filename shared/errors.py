@@ -123,6 +123,11 @@ class JobFailedError(CosyqError):
         self.reason = message
 
 
+class StillRunningError(CosyqError):
+    """An erasure found its job (or a document's segment or assembly) still running after its
+    cancel: it stops at its next step; nothing was erased (erase it again once it has)."""
+
+
 class JobCanceledError(JobFailedError):
     """The job was canceled (`cosyq cancel`, `DELETE /v1/jobs/{id}`): it has no result."""
 

@@ -15,15 +15,17 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from producer.erasure import erase_document
 from producer.http.body import json_body, read_json_object
 from producer.http.context import Context, IdempotencyKey
-from producer.http.errors import ApiError
+from producer.http.errors import ApiError, erased
 from producer.http.jobs import JOB_ID_RE, _status, refuse_prompt_uri
 from producer.http.outcomes import failure_error
 from producer.http.responses import (
     ERRORS,
     DocumentAccepted,
     DocumentStatusResponse,
+    ErasureResponse,
     ErrorResponse,
     Responses,
 )
@@ -117,12 +119,27 @@ async def document_status(context: Context, document_id: str) -> DocumentStatusR
     responses={403: {"model": ErrorResponse, "description": "an operator key: not its own"}},
 )
 async def cancel_document(
-    context: Context, document_id: str, idempotency_key: IdempotencyKey = None
-) -> DocumentStatusResponse:
+    context: Context,
+    document_id: str,
+    *,
+    erase: bool = False,
+    output_key: bool = False,
+    idempotency_key: IdempotencyKey = None,
+) -> DocumentStatusResponse | ErasureResponse:
     """Cancel the segments not done yet (as DELETE /v1/jobs/{id} each, with its
     `Idempotency-Key`); the document's status after it (`canceled` once nothing runs; done
-    segments and an assembly are left alone)."""
+    segments and an assembly are left alone). `erase=true`: cancel, then erase it now, as
+    DELETE /v1/jobs/{id}?erase=true a job."""
     await check_document_owner(context, document_id, change=True)
+    if erase:
+        client, storage = context.client, context.storage
+        try:
+            erasure = await erased(
+                lambda: erase_document(client, document_id, output_key=output_key, storage=storage)
+            )
+        except DocumentNotFoundError as e:  # erased meanwhile
+            raise document_not_found(document_id) from e
+        return ErasureResponse.model_validate(erasure.as_json())
     cancel = functools.partial(context.client.cancel_document, idempotency_key=idempotency_key)
     try:
         await run_in_threadpool(cancel, document_id)

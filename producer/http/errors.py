@@ -13,7 +13,7 @@ its failure kind (FAILED_JOB_STATUS).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -21,14 +21,17 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from producer.erasure import Erasure
 from shared.errors import (
     CosyqError,
     InvalidRequestError,
     JobFailedError,
     JobNotFoundError,
     QueueFullError,
+    StillRunningError,
     TenantQuotaError,
     TransientError,
     UnknownVoiceError,
@@ -251,3 +254,12 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
         app.add_exception_handler(kind, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+
+
+async def erased(erase: Callable[[], Erasure]) -> Erasure:
+    """Run an erasure off the event loop; its StillRunningError as 409 `still_running` with
+    Retry-After (erase again once it has stopped: nothing was erased)."""
+    try:
+        return await run_in_threadpool(erase)
+    except StillRunningError as e:
+        raise ApiError(409, str(e), code="still_running", headers={"Retry-After": "1"}) from e

@@ -19,14 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from rq.job import Job
 from starlette.concurrency import run_in_threadpool
 
+from producer.erasure import erase_job
 from producer.http.body import json_body, read_json, read_json_object
 from producer.http.context import Context, IdempotencyKey
-from producer.http.errors import ApiError
+from producer.http.errors import ApiError, erased
 from producer.http.outcomes import failure_error, job_location
 from producer.http.responses import (
     ERRORS,
     BatchAccepted,
     CancelResponse,
+    ErasureResponse,
     ErrorResponse,
     JobAccepted,
     JobStatusResponse,
@@ -188,17 +190,32 @@ async def job_status(request: Request, context: Context, job_id: str) -> JobStat
     "/v1/jobs/{job_id}",
     responses={
         403: {"model": ErrorResponse, "description": "an operator key: another tenant's job"},
-        409: {"model": ErrorResponse, "description": "the job already ended"},
+        409: {"model": ErrorResponse, "description": "ended (cancel); still stopping (erase)"},
     },
 )
 async def cancel_job(
-    request: Request, context: Context, job_id: str, idempotency_key: IdempotencyKey = None
-) -> CancelResponse:
+    request: Request,
+    context: Context,
+    job_id: str,
+    *,
+    erase: bool = False,
+    output_key: bool = False,
+    idempotency_key: IdempotencyKey = None,
+) -> CancelResponse | ErasureResponse:
     """Cancel: 200 with what happened (`canceled`, `stopping`, `already_canceled`), 409 when the
     job already finished or failed (nothing changed), 404 for no such job. A retry with the
-    first try's `Idempotency-Key` answers as the first did (never `already_canceled`)."""
+    first try's `Idempotency-Key` answers as the first did (never `already_canceled`).
+    `erase=true`: cancel it if need be, then erase it now (producer/erasure.py;
+    `output_key=true` deletes a caller's output_key too): 200 with what was deleted, 409
+    `still_running` while it stops."""
     status = await _status(request, context, job_id)  # 404: no such job, or another tenant's
     context.check_may_change(status.tenant, "job")
+    if erase:
+        client, storage = context.client, context.storage
+        erasure = await erased(
+            lambda: erase_job(client, job_id, output_key=output_key, storage=storage)
+        )
+        return ErasureResponse.model_validate(erasure.as_json())
     cancel = functools.partial(context.client.cancel, idempotency_key=idempotency_key)
     outcome = await run_in_threadpool(cancel, job_id)
     body = {"id": job_id, "result": outcome.verdict, "state": outcome.state}

@@ -114,6 +114,16 @@ class JobStatusResponse(BaseModel):
     error: JobError | None = None
 
 
+class ErasureResponse(BaseModel):
+    """What `DELETE ...?erase=true` deleted (producer/erasure.py)."""
+
+    id: str
+    kind: Literal["job", "document"]
+    erased: bool = True
+    deleted: list[str] = Field(description="the stored objects deleted (URIs)")
+    kept: list[str] = Field(description="a caller's output_key kept (erase it: output_key=true)")
+
+
 class CancelResponse(BaseModel):
     model_config = _examples(
         {

@@ -1,0 +1,44 @@
+"""`cosyq erase` with real Redis and no worker: a queued job or document is canceled and erased
+at once (nothing of it left in Redis), a second erasure exits 4 as for an unknown id, a bad id
+exits 2 before anything is erased."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from producer import CosyqClient
+from producer.cli import main
+from tests.doubles.harness import Cluster, client_settings
+
+
+def test_cosyq_erase_forgets_queued_jobs_and_documents(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cluster = Cluster(redis_url=redis_url, root=tmp_path)
+    with CosyqClient(client_settings(cluster, monkeypatch)) as client:
+        job_id = client.submit({"text": "Erasable queued words.", "idempotency_key": "k-1"})
+        document_id = client.submit_document({"text": "Erasable document words."})
+        assert main(["erase", job_id]) == 0
+        assert json.loads(capsys.readouterr().out) == {
+            "id": job_id,
+            "kind": "job",
+            "deleted": [],
+            "kept": [],
+        }
+        assert main(["erase", "--document", document_id]) == 0
+        assert json.loads(capsys.readouterr().out)["kind"] == "document"
+        names = [raw.decode() for raw in client.connection.scan_iter(count=1000)]
+        assert [n for n in names if job_id in n or document_id in n] == []
+        for raw in client.connection.scan_iter(count=1000):
+            if client.connection.type(raw) == b"string":
+                assert b"Erasable" not in (client.connection.get(raw) or b"")
+        assert main(["erase", job_id]) == 4  # erased: as an id never made
+        assert main(["erase", "--document", document_id]) == 4
+        assert main(["erase", "../x", job_id]) == 2
+        assert client.submit({"text": "Erasable queued words.", "idempotency_key": "k-1"}) != job_id
