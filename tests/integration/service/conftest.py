@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from shared.settings import Settings
 from tests.doubles.harness import Cluster
+from tests.integration.conftest import S3Endpoint
+from tests.integration.shared.test_storage import file_settings, make_bucket, s3_settings
 from workers.service.template import EXEC, TEMPLATE
 from workers.tools.local_redis import LocalRedis
 
@@ -46,3 +49,14 @@ def persistent_redis(tmp_path: Path) -> Iterator[LocalRedis]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["file", "s3"])
+def storage_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Settings]:
+    """Settings (extra fields as keywords) on a folder, and on a bucket of moto's S3 server."""
+    if request.param == "file":
+        return lambda **extra: file_settings(tmp_path / "out", **extra)
+    endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = f"stored-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+    make_bucket(endpoint, bucket)
+    return lambda **extra: s3_settings(endpoint, f"s3://{bucket}/tts", **extra)

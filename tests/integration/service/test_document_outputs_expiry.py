@@ -26,22 +26,11 @@ from shared.document_state import document_key
 from shared.documents import segment_key
 from shared.settings import Settings
 from shared.storage import DOCUMENT_ID_METADATA, Storage, audio_metadata, open_storage
-from tests.integration.conftest import S3Endpoint
-from tests.integration.shared.test_storage import file_settings, make_bucket, s3_settings
+from tests.integration.shared.test_storage import file_settings
 from workers.documents.outputs_expiry import ExpiredOutputs
 
 MakeSettings = Callable[..., Settings]
 EXTS = ("mp3", "json", "srt", "vtt")
-
-
-@pytest.fixture(params=["file", "s3"])
-def settings_for(request: pytest.FixtureRequest, tmp_path: Path) -> MakeSettings:
-    if request.param == "file":
-        return lambda **extra: file_settings(tmp_path / "out", **extra)
-    endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
-    bucket = f"outputs-{tmp_path.name.lower().replace('_', '-')[-40:]}"
-    make_bucket(endpoint, bucket)
-    return lambda **extra: s3_settings(endpoint, f"s3://{bucket}/tts", **extra)
 
 
 def _assemble(storage: Storage, stem: str, document_id: str) -> list[str]:
@@ -75,9 +64,9 @@ def _tick(connection: redis.Redis, duty: ExpiredOutputs, *document_ids: str) -> 
 
 
 def test_expired_documents_outputs_go_as_retention_says(
-    settings_for: MakeSettings, redis_url: str
+    storage_settings: MakeSettings, redis_url: str
 ) -> None:
-    settings = settings_for(redis_url=redis_url, audio_retention="unnamed")
+    settings = storage_settings(redis_url=redis_url, audio_retention="unnamed")
     connection = redis.Redis.from_url(redis_url)
     storage = open_storage(settings)
     own_stem = "tenants/alpha/documents/doc-a/doc-a"
@@ -113,9 +102,9 @@ def test_expired_documents_outputs_go_as_retention_says(
 
 
 def test_with_result_deletes_a_named_output_only_while_it_is_the_documents(
-    settings_for: MakeSettings, redis_url: str
+    storage_settings: MakeSettings, redis_url: str
 ) -> None:
-    settings = settings_for(redis_url=redis_url, audio_retention="with_result")
+    settings = storage_settings(redis_url=redis_url, audio_retention="with_result")
     connection = redis.Redis.from_url(redis_url)
     storage = open_storage(settings)
     stem = "tenants/alpha/books/ch1"
