@@ -192,9 +192,11 @@ def _stop_document(client: CosyqClient, document_id: str) -> None:
     assembly = state.assembly_job_id(client.connection, document_id)
     if assembly is not None and client.tracker.states([assembly])[0] in ("queued", "deferred"):
         client.cancel(assembly)  # it never runs
+    # an assembler that published the result only deletes segments now: nothing it writes
+    assembled = client.connection.exists(state.document_key(document_id, "result"))
     writing = client.connection.exists(state.document_key(document_id, "claim"))
     started = assembly is not None and client.tracker.states([assembly])[0] == "started"
-    if running or writing or started:
+    if running or (not assembled and (writing or started)):
         raise StillRunningError(f"document {document_id} is stopping: erase it again once it has")
 
 

@@ -163,11 +163,12 @@ def test_a_running_job_is_stopped_then_erased(front: tuple[Front, redis.Redis]) 
         queued = submitted_id(alpha.post("/v1/jobs", json={"text": "Erasable queued."}))
         path = f"/v1/jobs/{running}"
         wait_for(lambda: alpha.get(path).json()["state"] == "started", 60, "it to start")
+        # the one worker is busy: the queued job waits until the running one stops
+        queued_erased = alpha.delete(f"/v1/jobs/{queued}", params={"erase": "true"})
         stopping = alpha.delete(path, params={"erase": "true"})
         assert stopping.status_code == 409, stopping.text
         assert stopping.json()["error"]["code"] == "still_running"
         assert stopping.headers["retry-after"] == "1"
-        queued_erased = alpha.delete(f"/v1/jobs/{queued}", params={"erase": "true"})
         assert queued_erased.status_code == 200, queued_erased.text
         assert queued_erased.json() == {
             "id": queued,
