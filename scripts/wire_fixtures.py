@@ -22,18 +22,31 @@ import base64
 import io
 import json
 import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
 import sys
 import tempfile
 import uuid
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import redis
 import soundfile as sf
+from wire_normalise import (
+    EPOCH,
+    Normaliser,
+    group_position,
+    stream_ids,
+    ttl_bucket_ms,
+)  # beside this script
 
-FORMAT = 1  # of the files written here (tests/doubles/wire.py reads them)
+FORMAT = 2  # of the files written here (tests/doubles/wire.py reads them)
 STORAGE_URI, STORAGE_PATH = "{storage_uri}", "{storage_path}"
 TENANT = "acme"
 WEBHOOK = "http://127.0.0.1:9/hook"
@@ -54,12 +67,45 @@ DOCUMENT = {
     "seed": 5,
 }
 VOICE = "upgrade-voice"
+# started.json: the jobs workers are killed in ({marks}: the `once:` markers' folder)
+KILLED = {
+    "text": "seconds:0.05 A job its worker died in. once:{marks}/a kill",
+    "seed": 11,
+    "idempotency_key": "upgrade-killed",
+    "webhook": {"url": WEBHOOK},
+}
+KILLED_DOCUMENT = {
+    "text": "seconds:0.05 A document whose worker died in its segment. once:{marks}/d kill",
+    "seed": 13,
+}
+KILLED_BATCH = {
+    "batch_killed": {"text": "seconds:0.05 A batch's row that kills. once:{marks}/b kill"},
+    "batch_held": {"text": "seconds:0.05 The batch's other row.", "webhook": {"url": WEBHOOK}},
+}
+HOST = socket.gethostname().split(".")[0]  # worker names start with it
 
 
-def fixed_uuids() -> None:
+def fixed_uuids(first: int = 1) -> None:
     """uuid4 from a counter: the same ids at each run of one release."""
-    counter = iter(range(1, 1 << 62))
+    counter = iter(range(first, 1 << 62))
     uuid.uuid4 = lambda: uuid.UUID(int=(0xC0 << 120) | next(counter))  # type: ignore[assignment]
+
+
+def fixed_wav_stamps() -> None:
+    """libsndfile stamps a float WAV's PEAK chunk (a document's segment) with the time it was
+    written: the release's encoder writes EPOCH there instead, in place (same bytes long)."""
+    real = sf.write
+
+    def write(file: Any, *args: Any, **kwargs: Any) -> None:
+        real(file, *args, **kwargs)
+        if isinstance(file, io.BytesIO):
+            data = file.getbuffer()
+            at = bytes(data).find(b"PEAK")
+            if at >= 0:  # "PEAK", size, version, then the timestamp (uint32, little-endian)
+                struct.pack_into("<I", data, at + 12, EPOCH)
+            del data
+
+    sf.write = write
 
 
 def environment(root: Path, redis_url: str) -> None:
@@ -183,23 +229,113 @@ def transient(key: bytes) -> bool:
     return key.endswith(b"lock") or key.startswith((b"rq:worker", b"rq:clean_"))
 
 
-def dump(connection: redis.Redis, root: Path) -> list[dict[str, Any]]:
+def dump(connection: redis.Redis, root: Path, start: float) -> list[dict[str, Any]]:
+    """Every key but the transient ones, normalised (scripts/wire_normalise.py): the run
+    having started at `start` (the server's clock), two runs write the same text."""
     keys = sorted(key for key in connection.keys("*") if not transient(key))
     text = json.dumps([dump_key(connection, key) for key in keys])
-    # the storage root as the files name it, a URI and a path: the loader puts its own
+    normaliser = Normaliser(start=start, end=server_time(connection), host=HOST)
+    entries = json.loads(relocated(text, root))
+    normaliser.learn(texts(entries))
+    return sorted(
+        (normalised_entry(normaliser, entry) for entry in entries), key=lambda e: e["key"]
+    )
+
+
+def relocated(text: str, root: Path) -> str:
+    """The storage root as the files name it, a URI and a path: the loader puts its own."""
     text = text.replace((root / "out").as_uri(), STORAGE_URI)
     text = text.replace(str(root / "out"), STORAGE_PATH)
-    text = text.replace(str(root), "{scratch}")  # the model folder: a cache's note of it
-    return list(json.loads(text))
+    return text.replace(str(root), "{scratch}")  # the model folder, `once:` markers
 
 
-def stored_files(root: Path) -> dict[str, str]:
-    out = root / "out"
-    return {
-        str(path.relative_to(out)): base64.b64encode(path.read_bytes()).decode("ascii")
-        for path in sorted(out.rglob("*"))
-        if path.is_file()
-    }
+def server_time(connection: redis.Redis) -> float:
+    seconds, micros = connection.time()
+    return seconds + micros / 1e6
+
+
+def texts(entries: list[dict[str, Any]]) -> list[str]:
+    """Every text of the entries, scores written out (the normaliser ranks the instants it
+    finds there)."""
+    found: list[str] = []
+
+    def text(value: str) -> str:
+        found.append(value)
+        return value
+
+    def score(value: float) -> float:
+        found.append(repr(value))
+        return value
+
+    for entry in entries:
+        mapped(entry, text, score)
+    return found
+
+
+def _score_member(pair: list[Any]) -> tuple[float, str]:
+    return pair[1], json.dumps(pair[0])
+
+
+def normalised_entry(normaliser: Normaliser, entry: dict[str, Any]) -> dict[str, Any]:
+    entry = mapped(entry, normaliser.text, normaliser.score)
+    if entry["type"] == "hash":
+        entry["value"] = {k: normaliser.field(k, v) for k, v in entry["value"].items()}
+    entry["key"] = normaliser.key(entry["key"])
+    entry["ttl_ms"] = ttl_bucket_ms(entry["ttl_ms"])
+    return entry
+
+
+def mapped(
+    entry: dict[str, Any], text: Callable[[str], str], score: Callable[[float], float]
+) -> dict[str, Any]:
+    """`entry` with `text` applied to its key and every text in its value (not base64'd bytes)
+    and `score` to its sorted set's scores."""
+
+    def one(value: Any) -> Any:
+        if isinstance(value, str):
+            return text(value)
+        if "base64" in value:
+            return value
+        return {kind: text(inner) for kind, inner in value.items()}
+
+    kind, value = entry["type"], entry["value"]
+    if kind == "hash":
+        value = {text(field): one(v) for field, v in value.items()}
+        value = dict(sorted(value.items()))
+    elif kind in ("list", "set"):
+        value = [one(v) for v in value]
+    elif kind == "zset":
+        # Redis's own order once put back: equal scores (whole seconds that became one) by member
+        value = sorted(([one(member), score(s)] for member, s in value), key=_score_member)
+    elif kind == "stream":
+        ids = stream_ids([i for i, _ in value])
+        value = [[ids[i], {k: one(v) for k, v in fields.items()}] for i, fields in value]
+        groups = [
+            {**g, "last_delivered_id": group_position(ids, g["last_delivered_id"])}
+            for g in entry["groups"]
+        ]
+        entry = {**entry, "groups": groups}
+    else:
+        value = one(value)
+    return {**entry, "key": text(entry["key"]), "value": value}
+
+
+def stored_files(root: Path, start: float, end: float) -> dict[str, str]:
+    """Every stored file, base64'd; a JSON file's (a manifest, an audio note's) storage root and
+    times normalised as the keys' are."""
+    out, files = root / "out", {}
+    normaliser = Normaliser(start=start, end=end, host=HOST)
+    for path in sorted(out.rglob("*")):
+        if not path.is_file():
+            continue
+        content = path.read_bytes()
+        if path.suffix == ".json":
+            text = relocated(content.decode("utf-8"), root)
+            normaliser.learn([text])
+            content = normaliser.text(text).encode("utf-8")
+        name = normaliser.text(str(path.relative_to(out)))  # a date folder: EPOCH's
+        files[name] = base64.b64encode(content).decode("ascii")
+    return files
 
 
 def write(folder: Path, name: str, content: dict[str, Any]) -> None:
@@ -213,6 +349,7 @@ def main(folder: Path) -> None:
     from workers.tools.local_redis import LocalRedis  # noqa: PLC0415
 
     fixed_uuids()
+    fixed_wav_stamps()
     with tempfile.TemporaryDirectory(prefix="cosyq-wire-") as scratch:
         root = Path(scratch)
         server = LocalRedis(root / "redis")
@@ -221,19 +358,81 @@ def main(folder: Path) -> None:
             environment(root, server.url)
             settings = load_settings(env_file=None)
             connection = redis.Redis.from_url(server.url)
+            start = server_time(connection)
             ids = submit(settings)
-            write(folder, "queued.json", {"ids": ids, "keys": dump(connection, root),
-                                          "files": stored_files(root),
+            write(folder, "queued.json", {**snapshot(connection, root, start, ids),
                                           "contract": contract()})  # fmt: skip
             run_worker(settings)
-            write(folder, "finished.json", {"ids": ids, "keys": dump(connection, root),
-                                            "files": stored_files(root)})  # fmt: skip
+            write(folder, "finished.json", snapshot(connection, root, start, ids))
+            connection.flushall()
+            shutil.rmtree(root / "out")
+            start = server_time(connection)
+            ids = killed_mid_job(settings, root)
+            write(folder, "started.json", snapshot(connection, root, start, ids))
             connection.close()
         finally:
             server.stop()
 
 
+def snapshot(
+    connection: redis.Redis, root: Path, start: float, ids: dict[str, str]
+) -> dict[str, Any]:
+    """The ids, the keys and the stored files, normalised (the run started at `start`)."""
+    keys = dump(connection, root, start)
+    return {"ids": ids, "keys": keys, "files": stored_files(root, start, server_time(connection))}
+
+
+def killed_mid_job(settings: Any, root: Path) -> dict[str, str]:
+    """Workers SIGKILLed while they hold their jobs (the engine's `once:<marker> kill`: the
+    marker is written, then the process killed): a lone worker mid-job (a speech job with a
+    webhook), another mid-segment of a document, a batching one (COSYQ_BATCH_SIZE=2) holding
+    a batch of two. Their heartbeats last COSYQ_HEARTBEAT_TTL_S=300 here, so no later worker's
+    reaper takes an earlier one's job before the dump; the ids by role."""
+    from producer import CosyqClient  # noqa: PLC0415
+
+    marks = root / "m"
+    marks.mkdir()
+    batching = {
+        "COSYQ_ENGINE": "tests.doubles.engines:batching",
+        "COSYQ_BATCH_SIZE": "2",
+        "COSYQ_BATCH_WAIT_MS": "2000",  # the first job waits for the second: one batch
+    }
+    with CosyqClient(settings) as client:
+        ids = {"killed": client.submit({**KILLED, "text": KILLED["text"].format(marks=marks)})}
+        killed_worker(1, {})
+        document = {**KILLED_DOCUMENT, "text": KILLED_DOCUMENT["text"].format(marks=marks)}
+        ids["killed_document"] = client.submit_document(document)
+        killed_worker(2, {})
+        for role, request in KILLED_BATCH.items():
+            ids[role] = client.submit({**request, "text": request["text"].format(marks=marks)})
+        killed_worker(3, batching)
+        jobs = f"cosyq:document:{ids['killed_document']}:jobs"
+        ids["killed_segment"] = client.connection.hget(jobs, "0").decode()
+    return ids
+
+
+def killed_worker(number: int, env: dict[str, str]) -> None:
+    """One worker of the release in its own process, its uuids from `number` << 16, until
+    its engine kills it."""
+    command = [sys.executable, __file__, "--worker", str(number << 16)]
+    worker_env = {**os.environ, "COSYQ_HEARTBEAT_TTL_S": "300", **env}
+    code = subprocess.run(command, env=worker_env, timeout=120, check=False).returncode
+    if code != -signal.SIGKILL:
+        raise RuntimeError(f"worker {number} exited {code}: no job killed it")
+
+
+def worker_main(first_uuid: int) -> None:
+    from shared.settings import load_settings  # noqa: PLC0415
+
+    fixed_uuids(first_uuid)
+    fixed_wav_stamps()
+    run_worker(load_settings(env_file=None))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker_main(int(sys.argv[2]))
+    elif len(sys.argv) == 2:
+        main(Path(sys.argv[1]).resolve())
+    else:
         sys.exit(__doc__)
-    main(Path(sys.argv[1]).resolve())

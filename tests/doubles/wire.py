@@ -10,16 +10,35 @@ upgraded deployment finds them.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import redis
 
-WIRE = Path(__file__).resolve().parents[1] / "data" / "wire"
+ROOT = Path(__file__).resolve().parents[2]
+WIRE = ROOT / "tests" / "data" / "wire"
 RELEASES = tuple(sorted(p.name for p in WIRE.iterdir() if p.is_dir())) if WIRE.is_dir() else ()
+YEAR_S = 366 * 86400
+
+
+def _normaliser() -> ModuleType:
+    """scripts/wire_normalise.py (beside the script that runs on any release's code)."""
+    spec = importlib.util.spec_from_file_location(
+        "wire_normalise", ROOT / "scripts" / "wire_normalise.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+normalise = _normaliser()
 
 
 @dataclass(frozen=True)
@@ -29,6 +48,7 @@ class Fixture:
     keys: list[dict[str, Any]]
     files: dict[str, str]  # storage key -> base64 content
     contract: dict[str, Any]  # queued.json: what its worker accepts (request_fields)
+    epoch: int | None = None  # format 2: its instants are normalised, the dump at epoch + 1 s
 
     def entry(self, key: str) -> dict[str, Any]:
         return next(e for e in self.keys if e["key"] == key)
@@ -40,29 +60,70 @@ class Fixture:
 
 
 def load(release: str, stage: str) -> Fixture:
-    """`stage`: "queued" or "finished"."""
+    """`stage`: "queued", "finished" or "started" (workers killed holding their jobs)."""
     data = json.loads((WIRE / release / f"{stage}.json").read_text(encoding="utf-8"))
-    assert data["format"] == 1, f"{release}/{stage}.json: format {data['format']}"
-    return Fixture(release, data["ids"], data["keys"], data["files"], data.get("contract", {}))
+    assert data["format"] in (1, 2), f"{release}/{stage}.json: format {data['format']}"
+    epoch = normalise.EPOCH if data["format"] == 2 else None
+    contract = data.get("contract", {})
+    return Fixture(release, data["ids"], data["keys"], data["files"], contract, epoch)
 
 
 def restore(
-    connection: redis.Redis, fixture: Fixture, storage: Path, replace: dict[str, str]
+    connection: redis.Redis,
+    fixture: Fixture,
+    storage: Path,
+    replace: dict[str, str],
+    *,
+    age_s: float = 0.0,
 ) -> None:
     """Every key (with its TTL) and every stored file, the storage root being `storage` and
-    each of `replace`'s keys in the keys' text its value (a webhook receiver's address)."""
-    text = json.dumps(fixture.keys)
-    for old, new in replace.items():
-        text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
-    text = text.replace("{storage_uri}", storage.as_uri()).replace("{storage_path}", str(storage))
+    each of `replace`'s keys in the keys' text its value (a webhook receiver's address).
+
+    A normalised fixture's instants are put back as if it was dumped `age_s` ago (now, by
+    default): its keys whose TTL is `age_s` or less are gone, the others' TTLs that much less."""
+    shift = _shift(connection, fixture, age_s)
+    text = shift(_placed(json.dumps(fixture.keys), storage, replace))
     pipe = connection.pipeline(transaction=False)
     for entry in json.loads(text):
+        if entry["ttl_ms"] is not None:
+            entry["ttl_ms"] -= int(age_s * 1000)
+            if entry["ttl_ms"] <= 0:
+                continue
         _write(pipe, entry)
     pipe.execute()
     for name, content in fixture.files.items():
         path = storage / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(content))
+        data = base64.b64decode(content)
+        if fixture.epoch is not None and name.endswith(".json"):  # a manifest, an audio note
+            data = shift(_placed(data.decode("utf-8"), storage, {})).encode("utf-8")
+        path.write_bytes(data)
+
+
+def _placed(text: str, storage: Path, replace: dict[str, str]) -> str:
+    for old, new in replace.items():
+        text = text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
+    return text.replace("{storage_uri}", storage.as_uri()).replace("{storage_path}", str(storage))
+
+
+MINUTE_KEY = re.compile(r'("cosyq:throughput:(?:[^:"]+:)?)(\d{8})"')
+
+
+def _shift(connection: redis.Redis, fixture: Fixture, age_s: float) -> Any:
+    """The text's normalised instants (and minute buckets) moved to the load's time."""
+    if fixture.epoch is None:
+        return lambda text: text
+    seconds, micros = connection.time()  # type: ignore[misc]
+    by_s = seconds + micros / 1e6 - age_s - normalise.AFTER_RUN
+    low, high = fixture.epoch - 86400, fixture.epoch + YEAR_S
+
+    def shifted(text: str) -> str:
+        text = MINUTE_KEY.sub(
+            lambda m: f'{m.group(1)}{(int(m.group(2)) * 60 + int(by_s)) // 60}"', text
+        )
+        return normalise.shift_times(text, by_s, low=low, high=high)
+
+    return shifted
 
 
 def _write(pipe: Any, entry: dict[str, Any]) -> None:
