@@ -48,18 +48,21 @@ class Upgraded:
 def upgrade(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., Upgraded]]:
-    """`upgrade(release, stage, replace)`: the release's keys and files at `stage` ("queued" or
-    "finished") put back in the test's clean database (each `replace` key in them replaced by
-    its value), the current code's settings set."""
+    """`upgrade(release, stage, replace, age_s=0)`: the release's keys and files at `stage`
+    ("queued", "finished" or "started") put back in the test's clean database (each `replace`
+    key in them replaced by its value) as they were `age_s` after the dump, the current code's
+    settings set."""
     opened: list[redis.Redis] = []
 
-    def put_back(release: str, stage: str, replace: dict[str, str] | None = None) -> Upgraded:
+    def put_back(
+        release: str, stage: str, replace: dict[str, str] | None = None, age_s: float = 0.0
+    ) -> Upgraded:
         for name, value in deployment_env(redis_url, tmp_path).items():
             monkeypatch.setenv(name, value)
         fixture = wire.load(release, stage)
         connection = redis.Redis.from_url(redis_url)
         opened.append(connection)
-        wire.restore(connection, fixture, tmp_path / "out", replace or {})
+        wire.restore(connection, fixture, tmp_path / "out", replace or {}, age_s=age_s)
         return Upgraded(fixture, load_settings(env_file=None), connection, tmp_path / "out")
 
     yield put_back
