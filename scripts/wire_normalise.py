@@ -35,7 +35,11 @@ MINUTE_S = 60
 ISO = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|\+00:00)")
 # Unix seconds (10 digits, optional fraction or exponent-free float) and milliseconds (13 digits,
 # as a stream id's first part); not inside a longer run of digits, letters or a hex id.
-UNIX = re.compile(r"(?<![\w.])(\d{10}|\d{13})(\.\d+)?(?![\w.])")
+# A request's seed (any 32-bit number: 1 in ~120 is in a year of Unix seconds) is no time.
+NOT_A_SEED = "".join(
+    rf"(?<!seed{quote}:{space})" for quote in ('"', r'\\"', r'\\\\\\"') for space in ("", " ")
+)
+UNIX = re.compile(rf"(?<![\w.]){NOT_A_SEED}(\d{{10}}|\d{{13}})(\.\d+)?(?![\w.])")
 # A storage key's date folder (`<tenant>/2026/12/08/<job id>.wav`): the run's day, EPOCH's.
 DATE_FOLDER = re.compile(r"(?<![\w])(\d{4})/(\d\d)/(\d\d)/")
 MINUTE_KEY = re.compile(r"^(cosyq:throughput:(?:[^:]+:)?)(\d{8})$")

@@ -121,3 +121,17 @@ def test_the_loader_puts_the_instants_back_at_its_own_time(
     assert abs(int(claimed[1]) - (seconds - 60)) < 5
     minutes = [int(k.rsplit(b":", 1)[1]) for k in connection.keys("cosyq:throughput:*")]
     assert len(minutes) == 1 and abs(minutes[0] - (seconds - 60) // 60) <= 1
+
+
+def test_a_seed_that_looks_like_a_time_is_kept() -> None:
+    """A request's seed is any 32-bit number: one in a run's year of Unix seconds stays."""
+    start = datetime.now(UTC).timestamp()
+    normaliser = wire.normalise.Normaliser(start=start, end=start + 1, host=HOST)
+    seed = int(start)
+    for text in (
+        json.dumps({"seed": seed, "at": seed}),
+        json.dumps(json.dumps({"seed": seed, "at": seed})),
+        json.dumps(json.dumps(json.dumps({"seed": seed, "at": seed}))),
+    ):
+        normalised = normaliser.text(text)
+        assert str(seed) in normalised and str(EPOCH) in normalised, normalised
