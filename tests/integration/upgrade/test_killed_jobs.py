@@ -8,13 +8,16 @@ document told once."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
 from producer import CosyqClient
 from shared import keys
+from shared.job_events import WebhookPolicy
 from tests.doubles import wire
 from tests.doubles.rq_workers import run_cosyq_burst
 from tests.integration.upgrade.conftest import Upgraded
@@ -91,3 +94,38 @@ def test_a_segment_whose_document_expired_meanwhile_fails_saying_so(
         status.failure.message
     )
     assert old.connection.xlen(f"rq:results:{segment}") == 1  # the failure, once
+
+
+def test_two_upgraded_workers_reaping_at_once_give_each_job_back_once(
+    release: str, upgrade: Callable[..., Upgraded], tmp_path: Path
+) -> None:
+    """A pool's workers start together, each reaping at start-up: whoever removes a started
+    entry owns its job, so each killed job is back in its queue once, never run twice."""
+    from workers.service.reaper import Reaper  # noqa: PLC0415 (the worker's side)
+
+    old = upgrade(release, "started", {"{scratch}": str(tmp_path)}, age_s=HEARTBEAT_TTL_S + 1)
+    names = [k.decode().removeprefix("rq:queue:") for k in old.connection.smembers("rq:queues")]
+    start = threading.Barrier(2)
+    reaped: list[list[str]] = [[], []]
+
+    def reap(slot: int) -> None:
+        connection = redis.Redis.from_url(old.settings.redis_url)
+        webhooks = WebhookPolicy.from_settings(old.settings)
+        reaper = Reaper(connection, names, heartbeat_ttl_s=10, webhooks=webhooks)
+        start.wait(timeout=30)
+        reaped[slot] = [r.job_id for r in reaper.reap()]
+        connection.close()
+
+    threads = [threading.Thread(target=reap, args=(slot,)) for slot in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    ids = old.fixture.ids
+    assert sorted(reaped[0] + reaped[1]) == sorted(ids[role] for role in JOBS)
+    queued = [
+        job_id.decode()
+        for name in names
+        for job_id in old.connection.lrange(f"rq:queue:{name}", 0, -1)
+    ]
+    assert sorted(queued) == sorted(ids[role] for role in JOBS)  # each once
