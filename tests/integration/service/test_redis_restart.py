@@ -17,6 +17,21 @@ from tests.doubles.harness import (
 )
 from workers.tools.local_redis import LocalRedis
 
+# What a worker logs where a Redis call fails and it carries on (workers/service).
+OUTAGE_EVENTS = {
+    "dequeue_failed",
+    "job_outcome_unrecorded",
+    "job_not_started",
+    "job_bookkeeping_failed",
+    "cancel_check_failed",
+    "worker_heartbeat_failed",
+    "worker_state_unrecorded",
+    "housekeeping_redis_error",
+    "suspension_check_failed",
+    "maintenance_failed",
+    "give_back_failed",
+}
+
 
 def test_workers_reconnect_and_every_job_completes(
     persistent_redis: LocalRedis, tmp_path: Path
@@ -38,8 +53,10 @@ def test_workers_reconnect_and_every_job_completes(
         stop = named(events, "pool_stopping")[0]["timestamp"]
         # The workers rode out the outage: none exited before the stop, none crashed.
         assert [e for e in named(events, "slot_exited") if e["timestamp"] < stop] == []
-        # they did notice Redis was gone (idle: at the dequeue; busy: writing an outcome)
-        assert named(events, "dequeue_failed") or named(events, "job_outcome_unrecorded")
+        # they did notice Redis was gone, wherever a worker was when it went (idle: at the
+        # dequeue; busy: claiming a job, checking its cancel flag, writing its outcome; any
+        # time: the heartbeat or a housekeeping duty): which of these is the timing's choice
+        assert [e for e in events if e["event"] in OUTAGE_EVENTS], "no worker saw the outage"
         assert "Traceback" not in (tmp_path / "pool.log").read_text()
     finally:
         cluster.stop_all()
