@@ -120,6 +120,7 @@ CEILINGS: dict[str, float] = {
     "http_max_waits": 10**6,
     "http_max_body_bytes": 2**30,
     "http_max_upload_bytes": 2**30,
+    "http_max_json_values": 10**8,
     "http_request_read_timeout_s": WAIT_S,
     "http_max_batch": 10**6,
     "http_retry_after_s": DAY,

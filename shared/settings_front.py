@@ -48,6 +48,13 @@ class FrontSettings(BaseModel):
     http_max_body_bytes: int = Field(
         2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
     )
+    http_max_json_values: int = Field(
+        65536,
+        gt=0,
+        description="most values and keys a JSON request body may hold (each `[` or `{` one "
+        "more), counted before it is parsed: parsing holds the front's event loop, and 2 MB of "
+        "`[],[],...` took it for ~0.2 s, every tenant's requests waiting",
+    )
     http_max_upload_bytes: int = Field(
         16 * 1024 * 1024,
         gt=0,

@@ -1,7 +1,9 @@
 """Reading a request body: JSON (an object, or for batches a list), or a 400 that says why; and
 how a route documents the model its body is checked against.
 
-The size cap is enforced before this (middleware.BodyLimit), so the whole body is in memory.
+The size cap is enforced before this (middleware.BodyLimit), so the whole body is in memory;
+one holding more JSON items than COSYQ_HTTP_MAX_JSON_VALUES is refused before it is parsed
+(json_items.py: parsing holds the event loop, for every tenant).
 Bodies are read here rather than by FastAPI's own body parameters for two reasons: the job
 contract is checked with the deployment's limits (`validate_request(body, limits)`, limits from
 settings), which FastAPI cannot pass to a model's validators; and a body that is empty, not
@@ -20,6 +22,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from producer.http.errors import ApiError, validation_failed
+from producer.http.json_items import json_items_over
 
 Model = TypeVar("Model", bound=BaseModel)
 SCHEMA_REF = "#/components/schemas/{model}"
@@ -29,6 +32,14 @@ async def read_json(request: Request) -> Any:
     raw = await request.body()
     if not raw.strip():
         raise ApiError(400, "request: the body is empty; send a JSON object", code="invalid_json")
+    limit = request.app.state.cosyq.settings.http_max_json_values
+    if json_items_over(raw, limit):  # refused unparsed: parsing it would hold the event loop
+        raise ApiError(
+            413,
+            f"request body holds more than {limit:,} JSON values and keys "
+            "(COSYQ_HTTP_MAX_JSON_VALUES)",
+            code="body_too_large",
+        )
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
