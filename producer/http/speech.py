@@ -143,7 +143,8 @@ def pcm_of(wav: bytes) -> bytes:
 
 
 async def speech_body(request: Request) -> SpeechRequest:
-    return parse_speech(await read_json_object(request))
+    """Checked in a thread, as a job's body is (jobs.job_body): not on the event loop."""
+    return await run_in_threadpool(parse_speech, await read_json_object(request))
 
 
 _SPEECH_RESPONSES: Responses = {
@@ -167,7 +168,7 @@ async def create_speech(
 ) -> Response:
     payload = job_payload(speech)
     try:
-        checked = validate_request(payload, context.client.limits)
+        checked = await run_in_threadpool(validate_request, payload, context.client.limits)
     except InvalidRequestError as e:
         raise InvalidRequestError(renamed(str(e))) from e
     held = context.waits.take(context.client.tenant)  # before the submit: a refusal queues none
