@@ -35,7 +35,7 @@ from shared.text_markup import (
     refuse_special_tokens,
     text_file_lines,
 )
-from shared.validation_messages import describe_errors
+from shared.validation_messages import describe_errors, unknown_fields
 from shared.webhooks import WebhookTarget, check_webhook_url
 
 __all__ = [
@@ -430,6 +430,8 @@ def validate_request(
         data = data.model_dump()
     if not isinstance(data, Mapping):
         raise InvalidRequestError(f"request: must be a JSON object (got {type(data).__name__})")
+    if (unknown := unknown_fields(data, SynthesisRequest)) is not None:
+        raise InvalidRequestError(unknown)
     try:
         return SynthesisRequest.model_validate(dict(data), context={"limits": limits})
     except ValidationError as e:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from producer.http.errors import ApiError, validation_failed
 from producer.http.json_items import json_items_over
+from shared.validation_messages import unknown_fields
 
 Model = TypeVar("Model", bound=BaseModel)
 SCHEMA_REF = "#/components/schemas/{model}"
@@ -67,6 +68,13 @@ async def read_json_object(request: Request) -> dict[str, Any]:
 
 def parse_body(model: type[Model], body: Any) -> Model:
     """`body` as `model`, or the 400 of errors.validation_failed (as for FastAPI's own)."""
+    if isinstance(body, dict) and (unknown := unknown_fields(body, model)) is not None:
+        raise ApiError(
+            400,
+            unknown,
+            param=next(k for k in body if k not in model.model_fields),
+            code="invalid_value",
+        )
     try:
         return model.model_validate(body)
     except ValidationError as e:
