@@ -183,7 +183,13 @@ class Settings(
         "flight) counts as taken; keys are now claimed with their job, and one whose job is "
         "gone (rq empty, deleted, expired) is free at once",
     )
-    job_timeout_s: int = Field(600, gt=0, description="longest a job may run")
+    job_timeout_s: int = Field(
+        600,
+        gt=0,
+        description="longest one attempt of a job may run; a job past it fails transient and is "
+        "retried (COSYQ_MAX_RETRIES) on a recycled worker: up to (1 + COSYQ_MAX_RETRIES) times "
+        "this in all",
+    )
     result_ttl_s: int = Field(86400, gt=0, description="how long results are kept")
     failure_ttl_s: int = Field(604800, gt=0, description="how long failed jobs are kept")
     audio_retention: Literal["unnamed", "with_result", "keep"] = Field(
