@@ -6,6 +6,7 @@ What a hostile tenant uploads as a voice prompt to make the front or a worker de
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import soundfile as sf
@@ -38,3 +39,31 @@ def silent_flac(
 def decoded_bytes(seconds: float, *, rate: int = 48000, channels: int = 2) -> int:
     """What `silent_flac` decodes to as float32 samples (soundfile's array)."""
     return round(seconds * rate) * channels * 4
+
+
+def lying_wav(
+    samples: bytes, *, rate: int = 16000, channels: int = 1, data_bytes: int | None = None
+) -> bytes:
+    """A PCM16 WAV of `samples` whose header states `rate`, `channels` and a data chunk of
+    `data_bytes` (default: the truth), whatever the bytes hold."""
+    block = channels * 2
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, rate * block, block, 16)
+    stated = len(samples) if data_bytes is None else data_bytes
+    chunks = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+    chunks += b"data" + struct.pack("<I", stated) + samples
+    return b"RIFF" + struct.pack("<I", len(chunks)) + chunks
+
+
+def silent_mp3(seconds: float, *, rate: int = 16000) -> bytes:
+    """`seconds` of silence as MP3 at its lowest bitrate (8 kbps at 16 kHz: ~1 KB a second)."""
+    buffer = io.BytesIO()
+    block = np.zeros(rate * 10, dtype=np.float32)
+    with sf.SoundFile(
+        buffer, "w", rate, 1, format="MP3", subtype="MPEG_LAYER_III",
+        compression_level=0.99, bitrate_mode="CONSTANT",
+    ) as out:  # fmt: skip
+        left = round(seconds * rate)
+        while left > 0:
+            out.write(block[: min(left, len(block))])
+            left -= len(block)
+    return buffer.getvalue()
