@@ -49,7 +49,7 @@ class FrontSettings(BaseModel):
         2 * 1024 * 1024, gt=0, description="largest JSON request body (a batch of jobs included)"
     )
     http_max_json_values: int = Field(
-        65536,
+        131072,
         gt=0,
         description="most values and keys a JSON request body may hold (each `[` or `{` one "
         "more), counted before it is parsed: parsing holds the front's event loop, and 2 MB of "
