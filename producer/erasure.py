@@ -12,9 +12,10 @@ job's or document's (`Storage.job_of`, `Storage.document_of`: a key a later job 
 that job's audio), in what its tenant owns (`owns_key`, keys derived as the workers derive them
 for a document). Then Redis: the job's hash (its text, result and failure), its registries'
 entries, its audio stream, its audio record, its idempotency key; a document's plan, its
-segment jobs, its assembly job, result, records and idempotency key. What stays until its own
-retention holds ids only, never text or audio: the operator page's indexes, the submitted
-set, the webhook outbox's events already made (an erasure makes none). Erasing again answers
+segment jobs, its assembly job, result, records and idempotency key; every copy of its webhook
+events (producer/webhooks/forget.py: not delivered after the erasure). What stays until its own
+retention holds ids only, never text or audio: the operator page's indexes and the submitted
+set (an erasure makes no event). Erasing again answers
 as for an id never made (JobNotFoundError, DocumentNotFoundError): nothing of it is left.
 """
 
@@ -28,6 +29,7 @@ from rq.job import Job
 
 from producer.cancel import ENDED_STATES, CancelOutcome
 from producer.tracking import JobTracker, job_status, tenant_of_job
+from producer.webhooks.forget import forget_document_events, forget_job_events
 from shared import document_state as state
 from shared import keys
 from shared.document_outputs import (
@@ -98,6 +100,10 @@ def erase_job(
     request = job.kwargs.get("request") if isinstance(job.kwargs, dict) else None
     idem = request.get("idempotency_key") if isinstance(request, dict) else None
     tenant = tenant_of_job(job) or DEFAULT_TENANT
+    run = job.meta.get(keys.RUN_META_KEY, 1)
+    memory_s = int(client.settings.webhook_event_memory_hours * 3600)
+    runs = run if isinstance(run, int) else 1
+    forget_job_events(client.connection, job_id, tenant_of_job(job) or "", runs, memory_s)
     with client.connection.pipeline() as pipe:
         if isinstance(idem, str):
             _drop_if_names(client, keys.idempotency_key(idem, tenant), job_id)
@@ -182,6 +188,7 @@ def erase_document(
         storage.delete(key)
         erasure.deleted.append(storage.uri_for(key))
     _forget_document(client, document_id, plan)
+    forget_document_events(client.connection, document_id)
     return erasure
 
 

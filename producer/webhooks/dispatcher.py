@@ -40,6 +40,7 @@ from producer.webhooks.bodies import (
     was_sent,
 )
 from producer.webhooks.delivery import Sender
+from producer.webhooks.forget import was_erased
 from producer.webhooks.records import Answer, Delivery
 from producer.webhooks.store import Entry, WebhookStore
 from shared.connection import settings_error
@@ -59,6 +60,11 @@ BodyOf = Callable[[WebhookEvent], str | None]  # the JSON body, None while it is
 
 class EventUnsendable(Exception):
     """An event that must never be sent (its job is gone, or is not the event tenant's)."""
+
+
+class EventErased(Exception):
+    """An event of a job or document erased since it was made (producer/webhooks/forget.py):
+    dropped, never sent."""
 
 
 class EventSuperseded(Exception):
@@ -220,6 +226,9 @@ class WebhookDispatcher:
         except EventSuperseded as e:
             log.warning("webhook_superseded", webhook_id=fields.get("webhook_id"), reason=str(e))
             return self.store.delivered(entry_id)  # off the books: the job's own end tells
+        except EventErased:
+            log.info("webhook_erased", webhook_id=fields.get("webhook_id"))
+            return self.store.delivered(entry_id)  # off the books: its subject was erased
         if not delivery.body:  # the job has not ended yet: look again after a pause
             return self._later(entry_id, delivery, Answer(False, "job not done yet"))
         answer = self.sender.send(delivery)
@@ -263,6 +272,8 @@ class WebhookDispatcher:
         delivery = _placeholder(fields)
         if not delivery.event.tenant:
             raise EventUnsendable("the event names no tenant: nobody's, never sent")
+        if was_erased(self.store.connection, delivery.event.webhook_id):
+            raise EventErased(delivery.event.webhook_id)
         if delivery.body:
             return delivery
         body = self.body_of(delivery.event)
@@ -305,6 +316,8 @@ def job_body(tracker: JobTracker, event: WebhookEvent, memory_s: int) -> str | N
     EventUnsendable when the job is still in Redis but does not belong to the event's tenant (a
     job without a tenant belongs to nobody), or is gone and no body was kept for that tenant:
     no status leaves for that URL but its own tenant's."""
+    if was_erased(tracker.connection, event.webhook_id):
+        raise EventErased(event.webhook_id)
     if was_sent(tracker.connection, event):  # taken over from a dispatcher that booked it
         raise EventSuperseded(f"{event.event} was delivered already")
     kept = kept_body(tracker.connection, event)

@@ -22,7 +22,7 @@ from tests.integration.producer.http.conftest import Front, start_front, submitt
 ALPHA, BETA = "alpha-key-" + "7" * 20, "beta-key-" + "8" * 20
 DONE_TIMEOUT_S = 60.0
 # Keys that may still name an erased id (ids only, never text): the operator page's indexes,
-# the producer's submitted set, the webhook outbox (an event made before).
+# the producer's submitted set, the webhooks' id markers (an event's body: the erased marker).
 ID_ONLY = ("cosyq:index:", "cosyq:submitted", "cosyq:webhooks:")
 
 
@@ -35,6 +35,9 @@ def front(tmp_path: Path) -> Iterator[tuple[Front, redis.Redis]]:
         "COSYQ_TENANTS": "alpha,beta",
         "COSYQ_TENANT_REQUESTS_PER_MINUTE": "1000",
         "COSYQ_DOCUMENT_SEGMENT_CHARS": "200",
+        # webhooks on, no dispatcher: a job's event waits in the outbox, its body kept
+        "COSYQ_WEBHOOK_ALLOWED_URLS": "http://127.0.0.1:9/",
+        "COSYQ_WEBHOOK_ALLOW_PRIVATE": "1",
     }
     made = start_front(tmp_path / "front", server.url, **settings)
     cluster = Cluster(
@@ -101,16 +104,22 @@ def test_an_erased_job_or_document_leaves_nothing_behind_at_once(
         keyed_id = submitted_id(alpha.post("/v1/jobs", json=keyed))
         named = {"text": "Erasable named words.", "output_key": "named/take"}
         named_id = submitted_id(alpha.post("/v1/jobs", json=named))
+        hooked = {
+            "text": "Hooked words.",
+            "webhook": {"url": "http://127.0.0.1:9/hook"},
+            "metadata": {"who": "Erasable metadata"},
+        }
+        hooked_id = submitted_id(alpha.post("/v1/jobs", json=hooked))
         document = submitted_id(
             alpha.post("/v1/documents", json={"text": "Erasable document words. " * 20})
         )
         book = {"text": "Erasable book words. " * 20, "output_key": "named/book"}
         book_id = submitted_id(alpha.post("/v1/documents", json=book))
-        for job_id in (plain, keyed_id, named_id):
+        for job_id in (plain, keyed_id, named_id, hooked_id):
             _ended(alpha, f"/v1/jobs/{job_id}")
         for document_id in (document, book_id):
             _ended(alpha, f"/v1/documents/{document_id}")
-        ids = [plain, keyed_id, named_id, document, book_id]
+        ids = [plain, keyed_id, named_id, hooked_id, document, book_id]
         assert any(plain in name for name in _stored(root))
 
         # another tenant's id: what an unknown id of the same length answers, byte for byte
@@ -125,7 +134,7 @@ def test_an_erased_job_or_document_leaves_nothing_behind_at_once(
         assert theirs.content == nobody.content.replace(unknown.encode(), document.encode())
 
         erased = {}
-        for path in (f"/v1/jobs/{i}" for i in (plain, keyed_id)):
+        for path in (f"/v1/jobs/{i}" for i in (plain, keyed_id, hooked_id)):
             erased[path] = alpha.delete(path, params={"erase": "true"})
         path = f"/v1/jobs/{named_id}"  # its output_key asked for too
         erased[path] = alpha.delete(path, params={"erase": "true", "output_key": "true"})
