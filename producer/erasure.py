@@ -78,14 +78,20 @@ class Erasure:
 
 
 def erase_job(
-    client: CosyqClient, job_id: str, *, output_key: bool = False, storage: Storage | None = None
+    client: CosyqClient,
+    job_id: str,
+    *,
+    output_key: bool = False,
+    storage: Storage | None = None,
+    any_tenant: bool = False,
 ) -> Erasure:
-    """Erase one of the client's tenant's jobs (see the module docstring)."""
-    job = _owned_job(client, job_id)
+    """Erase one of the client's tenant's jobs (see the module docstring); `any_tenant`: a job
+    of any tenant or of nobody, as an operator (the CLI)."""
+    job = _owned_job(client, job_id, any_tenant)
     if _state(job) not in ENDED_STATES | {"canceled"}:
         if client.cancel(job_id).verdict == "stopping":
             raise StillRunningError(f"job {job_id} is stopping: erase it again once it has")
-        job = _owned_job(client, job_id)
+        job = _owned_job(client, job_id, any_tenant)
     erasure = Erasure(job_id, "job")
     result = job_status(job).result
     if result is not None:
@@ -115,9 +121,9 @@ def erase_job(
     return erasure
 
 
-def _owned_job(client: CosyqClient, job_id: str) -> Job:
+def _owned_job(client: CosyqClient, job_id: str, any_tenant: bool) -> Job:
     job = client.tracker.fetch(job_id)
-    if (tenant_of_job(job) or DEFAULT_TENANT) != client.tenant:
+    if not any_tenant and (tenant_of_job(job) or DEFAULT_TENANT) != client.tenant:
         raise JobNotFoundError(f"no job {job_id} (never submitted, or expired)")
     return job
 
@@ -157,11 +163,13 @@ def erase_document(
     *,
     output_key: bool = False,
     storage: Storage | None = None,
+    any_tenant: bool = False,
 ) -> Erasure:
-    """Erase one of the client's tenant's documents (see the module docstring)."""
+    """Erase one of the client's tenant's documents (see the module docstring); `any_tenant`:
+    one of any tenant or of nobody, as an operator (the CLI)."""
     connection = client.connection
     plan = state.load_plan(connection, document_id)  # DocumentNotFoundError
-    if (plan.tenant or DEFAULT_TENANT) != client.tenant:
+    if not any_tenant and (plan.tenant or DEFAULT_TENANT) != client.tenant:
         raise state.not_found(document_id)
     _stop_document(client, document_id)
     storage = storage or open_storage(client.settings)
@@ -243,15 +251,20 @@ def _forget_document(client: CosyqClient, document_id: str, plan: state.Document
 class Erasing:
     """`CosyqClient.erase` and `erase_document` (the client's own module is at its size)."""
 
-    def erase(self, job_id: str, *, output_key: bool = False) -> Erasure:
+    def erase(self, job_id: str, *, output_key: bool = False, any_tenant: bool = False) -> Erasure:
         """Erase one of this tenant's jobs now: canceled if it has not ended, then its stored
         audio at the key cosyq chose (a caller's `output_key` only with `output_key=True`),
         its text, result and keys in Redis. StillRunningError while it is stopping;
-        JobNotFoundError for an unknown id, another tenant's, or one erased already."""
-        return erase_job(cast("CosyqClient", self), job_id, output_key=output_key)
+        JobNotFoundError for an unknown id, another tenant's (unless `any_tenant`, as an
+        operator: `cosyq erase`), or one erased already."""
+        client = cast("CosyqClient", self)
+        return erase_job(client, job_id, output_key=output_key, any_tenant=any_tenant)
 
-    def erase_document(self, document_id: str, *, output_key: bool = False) -> Erasure:
+    def erase_document(
+        self, document_id: str, *, output_key: bool = False, any_tenant: bool = False
+    ) -> Erasure:
         """Erase one of this tenant's documents now, as `erase` erases a job: its segments,
         file, manifest and captions (those at a caller's `output_key` only with
         `output_key=True`), its plan, jobs and result in Redis."""
-        return erase_document(cast("CosyqClient", self), document_id, output_key=output_key)
+        client = cast("CosyqClient", self)
+        return erase_document(client, document_id, output_key=output_key, any_tenant=any_tenant)

@@ -42,3 +42,27 @@ def test_cosyq_erase_forgets_queued_jobs_and_documents(
         assert main(["erase", "--document", document_id]) == 4
         assert main(["erase", "../x", job_id]) == 2
         assert client.submit({"text": "Erasable queued words.", "idempotency_key": "k-1"}) != job_id
+
+
+def test_cosyq_erase_erases_any_tenants_job_as_an_operator(
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI holds Redis and is trusted as an operator (as `cosyq cancel`): a support desk
+    erasing a tenant's job on its behalf must not be told there is no such job."""
+    monkeypatch.setenv("COSYQ_TENANTS", "billing")
+    cluster = Cluster(redis_url=redis_url, root=tmp_path)
+    settings = client_settings(cluster, monkeypatch)
+    with CosyqClient(settings, tenant="billing") as billing:
+        job_id = billing.submit({"text": "Erasable billing words."})
+        document_id = billing.submit_document({"text": "Erasable billing document."})
+        assert main(["erase", job_id]) == 0
+        assert main(["erase", "--document", document_id]) == 0
+        assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [
+            job_id,
+            document_id,
+        ]
+        names = [raw.decode() for raw in billing.connection.scan_iter(count=1000)]
+        assert [n for n in names if job_id in n or document_id in n] == []
