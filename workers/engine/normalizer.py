@@ -20,6 +20,8 @@ wetext (grammars shipped in the wheel, offline) does the work, with these correc
   written so first (`cantonese_numbers`: 23 廿三, 2個 兩個).
 - Width forms are folded first (`fold_widths`: "ｺｰﾋｰ", "１２３", vertical "︒").
 - Symbols it reads wrong or not at all are rewritten first (`spoken_symbols`).
+- Chinese: a lone 2 is written 二 or 两 as Mandarin says it first (`chinese_numbers`: 3月2日
+  三月二日, 第2个 第二个, 2点 两点), wetext's choice depending only on the next character.
 - Korean: wetext has no grammar for it (its English one read "3,500원" "three thousand five
   hundred 원"); a span whose words are mostly Hangul has its numbers written out in Hangul
   (`korean_numbers`) and is not given to wetext.

@@ -15,7 +15,8 @@ before an amount already followed by its currency's name (or 万元, 亿元) is 
 "v2.3.1" is read "v二.三点一": written "2点3点1"; a phone number written in groups
 ("+86 138 0013 8000" was "正八十六一百三十八零零十三八千", "0755-8888 6666" "零七百五十五减
 ...") is written digit by digit, 1 as 幺, the groups apart, "+" as 加; a range "3～5" (the
-wave dash left unread) is "3到5".
+wave dash left unread) is "3到5"; a lone 2 is written 二 or 两 as Mandarin says it
+(`chinese_numbers`: 3月2日 三月二日, 第2个 第二个, 2点 两点, 2次 两次).
 Japanese: the same for ¥ before 円 and separators, versions, ranges (から) and phone numbers (after
 "番号は" wetext read "03-1234-5678" "〇三マイナス千二百三十四..."; now "ゼロ三の一二三四の
 五六七八", its own reading elsewhere); √ is "ルート"; "25℃" is read "二十五摂氏": ℃ and °C
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+
+from workers.engine.chinese_numbers import mandarin
 
 # sign: (singular, plural, minor singular, minor plural); "" minor: amounts are read decimal
 _CURRENCIES = {
@@ -128,7 +131,7 @@ def _version(match: re.Match[str]) -> str:
 
 
 def chinese(text: str) -> str:
-    text = _PHONE_RE.sub(lambda m: _phone(m, _ZH_PHONE_DIGITS, "加", " "), text)
+    text = mandarin(_PHONE_RE.sub(lambda m: _phone(m, _ZH_PHONE_DIGITS, "加", " "), text))
     text = _VERSION_RE.sub(_version, _THOUSANDS_SEPARATOR_RE.sub("", text))
     text = _ZH_YUAN_SCALE_RE.sub(r"\g<amount>\g<scale>元", _RANGE_RE.sub("到", text))
     return _ZH_SIGN_BEFORE_NAME_RE.sub(r"\g<amount>", text).replace("√", "根号")

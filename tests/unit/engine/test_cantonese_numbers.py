@@ -38,7 +38,8 @@ def test_yue_reads_numbers_as_cantonese_says_them(
 
 
 def test_zh_and_a_japanese_sentence_in_yue_text_are_unchanged(normalize: TextNormalizer) -> None:
-    assert normalize("今年23歲，2個。", "zh") == "今年二十三歲，二個。"
+    # zh: no 廿; 2個 is 兩個 by the Mandarin rule (`chinese_numbers`), not the Cantonese one
+    assert normalize("今年23歲，2個。", "zh") == "今年二十三歲，兩個。"
     assert normalize("今年23歲。今日は23日です。", "yue") == "今年廿三歲。今日は二十三日です。"
 
 
