@@ -8,8 +8,8 @@ paragraph of a Chinese sentence and a Japanese one was read wholly as Japanese (
 - a sentence with kana is Japanese;
 - a sentence without kana is Chinese when the request's language is `zh`, or, under `auto`,
   when it shows Chinese: a full-width comma "，" (Japanese writes "、") or a character Japanese
-  does not write (`CHINESE_ONLY`: simplified forms such as 这 们 说 时 气, particles such as
-  吗 呢 吧 啊);
+  does not write (`chinese_characters`, derived from OpenCC's tables: simplified forms such as
+  这 们 说 时 气 务 联, less Japanese shinjitai and everyday kanji; particles such as 吗 呢 吧);
 - any other sentence (Han only, nothing Chinese in it: "東京都港区。") is what the sentence before
   it is, the first one what the first decided sentence is: a kanji-only sentence between
   Japanese ones stays Japanese.
@@ -19,25 +19,19 @@ Under `ja` every sentence is Japanese, as before; a span without kana is Chinese
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from shared.sentences import split_sentences
+from workers.engine.chinese_characters import chinese_only
 from workers.engine.text_spans import japanese_kana
 
 CjkLanguage = Literal["zh", "ja"]
-# Characters of everyday Chinese that Japanese does not write: simplified forms whose Japanese
-# form differs (这 這, 说 説, 时 時, 气 気 ...) and Chinese particles and pronouns.
-CHINESE_ONLY = (
-    "这们吗呢吧么嘛啊呀您你她它很还说过对为时个样哪谁给让从气东车门问间见长开关发请谢语话电"
-    "认识进运动边头"
-)
-_CHINESE_RE = re.compile(f"[，{CHINESE_ONLY}]")
 
 
 def shows_chinese(sentence: str) -> bool:
     """True for a sentence with a full-width comma or a character only Chinese writes."""
-    return bool(_CHINESE_RE.search(sentence))
+    chinese = chinese_only()
+    return any(character == "，" or character in chinese for character in sentence)
 
 
 def _own(sentence: str, requested: str) -> CjkLanguage | None:
