@@ -8,8 +8,8 @@ ordinals, clock hours and several measure words wrong: 3月2日 was 三月两日
   clause or after 于, 至, 到, 和, 及, 或, 、 is a date too (于2日抵达, 2日，国务院...), unless a
   span of days follows (2日游, 2日内 stay 两日游, 两日内); 2月, 2号 wetext already reads 二;
 - an ordinal with 二: 第2个 -> 第二个;
-- a clock hour with 两: 2点, 2点半, 2点30分 -> 两点... (wetext reads 2:30 so already); a
-  decimal written with 点 (2点5) is left to wetext;
+- a clock hour with 两: 2点, 2点半, 2点30分 -> 两点... (2點 -> 兩點; wetext reads 2:30 so
+  already); a decimal written with 点 (2点5) is left to wetext;
 - a count before a measure word with 两: 2次 2种 2台 2部 2间 2样 2晚 2份 2句 and the traditional
   forms (2個 2隻 2張 ...) -> 两 (兩 before a traditional form), unless 第 makes it an ordinal or
   a term follows (2次方 is 二次方, squared).
@@ -30,7 +30,7 @@ _DAY_RE = re.compile(
     rf"{_ALONE}(?=\s?[日])(?!\s?日(?:游|遊|内|內|以内|以內|之内|之內|间|間))"
 )
 _ORDINAL_RE = re.compile(rf"(?<=第){_ALONE}")
-_CLOCK_RE = re.compile(rf"{_ALONE}(?=\s?[点點](?:$|[^0-9]|\d{{1,2}}\s?分))")
+_CLOCK_RE = re.compile(rf"{_ALONE}(?=\s?(?P<word>[点點])(?:$|[^0-9]|\d{{1,2}}\s?分))")
 # Measure words after which wetext writes 二 where Mandarin counts with 两 (it reads 个 只 本
 # 位 张 条 件 ... right already); traditional forms are written 兩.
 _SIMPLIFIED_MEASURES = "次种台部间样晚份句"
@@ -42,12 +42,12 @@ _MEASURE_RE = re.compile(
 
 
 def _count(match: re.Match[str]) -> str:
-    return "兩" if match["word"] in _TRADITIONAL_MEASURES else "两"
+    return "兩" if match["word"] in f"{_TRADITIONAL_MEASURES}點" else "两"
 
 
 def mandarin(text: str) -> str:
     """`text` with each lone 2 that wetext misreads written 二 or 两 (the rules above)."""
     text = _DAY_RE.sub("二", text)
     text = _ORDINAL_RE.sub("二", text)
-    text = _CLOCK_RE.sub("两", text)
+    text = _CLOCK_RE.sub(_count, text)
     return _MEASURE_RE.sub(_count, text)

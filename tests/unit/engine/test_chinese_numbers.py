@@ -16,7 +16,7 @@ from workers.engine.chinese_numbers import mandarin
         ("3月 2 日", "3月 二 日"),
         ("于2日抵达，2日内", "于二日抵达，2日内"),  # a date; a span of days is wetext's 两日
         ("第2个", "第二个"),
-        ("2点，2点半，2点30分", "两点，两点半，两点30分"),
+        ("2点，2点半，2点30分，2點", "两点，两点半，两点30分，兩點"),
         ("2次，2次方", "两次，2次方"),  # squared is wetext's 二次方
         ("2個，2张", "兩個，2张"),  # wetext reads 2张 两张 already
     ],
