@@ -20,6 +20,7 @@ import time
 import redis
 from pydantic import ValidationError
 
+from producer.segment_records import GONE, NO_TTL, SCAN_COUNT
 from shared.document_outputs import (
     OUTPUT_RECORDS,
     OUTPUTS_DUE,
@@ -32,9 +33,7 @@ from shared.logs import get_logger
 from shared.settings import Settings
 
 log = get_logger(__name__)
-SCAN_COUNT = 500  # keys per SCAN step: the walk never blocks Redis for long
 RESULT_SUFFIX = ":result"
-NO_TTL, GONE = -1, -2  # PTTL of a key that never expires, of one that is gone
 
 
 def backfill_output_records(connection: redis.Redis, settings: Settings) -> list[str]:
