@@ -96,6 +96,13 @@ def register(subparsers: Any) -> None:
         if name == "result":
             command.add_argument("--out", type=Path, help="write the audio, captions, manifest")
             command.add_argument("--wait", type=seconds, default=0.0, help="seconds to wait")
+        if name == "cancel":
+            command.add_argument(
+                "--idempotency-key",
+                metavar="KEY",
+                help="a retry with the same key says what the first try did (the segments it "
+                "canceled, not none, when its answer was lost)",
+            )
         command.set_defaults(handler=handler)
     backfill = commands.add_parser(
         "backfill-records",
@@ -245,10 +252,13 @@ def run_retry(args: argparse.Namespace, context: CliContext) -> int:
 
 def run_cancel(args: argparse.Namespace, context: CliContext) -> int:
     """0 when something was canceled or stops, else 0 too with "nothing to cancel" (every
-    segment already ended); 4 for no such document."""
+    segment already ended); 4 for no such document. A retry with the first try's
+    --idempotency-key names the segments the first try canceled."""
     with context.make_client(context.settings) as client:
         try:
-            outcomes = client.cancel_document(args.document_id)
+            outcomes = client.cancel_document(
+                args.document_id, idempotency_key=args.idempotency_key
+            )
         except DocumentNotFoundError as e:
             context.err.print(f"cosyq: {e}", markup=False)
             return EXIT_NOT_FOUND

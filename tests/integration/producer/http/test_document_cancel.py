@@ -76,6 +76,47 @@ def test_a_canceled_document_never_runs_reads_canceled_and_retry_requeues_it(
     connection.close()
 
 
+def cosyq(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real command line, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "producer.cli", *args],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_cosyq_document_cancel_with_an_idempotency_key_answers_its_retry_alike(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry of `cosyq document cancel --idempotency-key` (its first answer lost) names the
+    segments the first try canceled; without the key it is another cancel and names none."""
+    env = front_env(redis_url, tmp_path, COSYQ_DOCUMENT_SEGMENT_CHARS="80")
+    for name, value in env.items():
+        if name.startswith("COSYQ_"):
+            monkeypatch.setenv(name, value)
+    with CosyqClient(load_settings(env_file=None)) as client:
+        document_id = client.submit_document({"text": TEXT, "seed": 4})
+        segments = sorted(job_ids(client.connection, document_id))
+    assert len(segments) >= 3
+    too_long = ("document", "cancel", "--idempotency-key", "k" * 256, document_id)
+    refused = cosyq(env, tmp_path, *too_long)
+    assert refused.returncode == 1, refused.stderr  # an invalid request, as `cosyq cancel`'s
+    assert "idempotency_key: 256 characters" in refused.stderr and not refused.stdout
+    keyed = ("document", "cancel", "--idempotency-key", "stop-doc-7", document_id)
+    first = cosyq(env, tmp_path, *keyed)
+    assert first.returncode == 0, first.stderr
+    named = "segments canceled: " + ", ".join(str(i) for i in segments)
+    assert first.stdout.strip() == named
+    retry = cosyq(env, tmp_path, *keyed)
+    assert (retry.returncode, retry.stdout) == (0, first.stdout)
+    other = cosyq(env, tmp_path, "document", "cancel", document_id)
+    assert other.stdout.strip() == "segments canceled: none (every segment had ended)"
+
+
 def test_delete_on_a_document_cancels_its_segments(redis_url: str, tmp_path: Path) -> None:
     front = start_front(
         tmp_path / "front",
