@@ -141,7 +141,7 @@ class _Canceler:
 
     token: str
     job_id: str = ""
-    record_key: str | None = None  # where a keyed cancel's verdict is kept for its retries
+    digest: str | None = None  # a keyed cancel's (idempotency_digest)
     waited: str = "queued"
     sent: bool = False
 
@@ -152,7 +152,14 @@ class _Canceler:
     @classmethod
     def keyed(cls, job_id: str, digest: str) -> _Canceler:
         token = hashlib.sha256(f"cancel {digest}".encode()).hexdigest()[:32]
-        return cls(token, job_id, keys.cancel_idempotency_key(job_id, digest))
+        return cls(token, job_id, digest)
+
+    @property
+    def record_key(self) -> str | None:
+        """Where a keyed cancel's verdict is kept for its retries."""
+        if self.digest is None:
+            return None
+        return keys.cancel_idempotency_key(self.job_id, self.digest)
 
     def replay(self, connection: redis.Redis) -> CancelOutcome | None:
         """What an earlier try with this key answered (None: none recorded)."""
@@ -163,10 +170,13 @@ class _Canceler:
             return None
         return CancelOutcome(self.job_id, cast(CancelVerdict, verdict), state)
 
-    def record(self, pipe: redis.Redis | Pipeline, verdict: str, state: str, ttl_s: int) -> None:
-        """Queue (or write) this keyed cancel's answer for its retries."""
-        if self.record_key is not None:
+    def record(self, pipe: Pipeline, verdict: str, state: str, ttl_s: int) -> None:
+        """Queue this keyed cancel's answer for its retries, and its digest in the job's
+        index of them (`keys.cancel_records_key`: what an erasure deletes)."""
+        if self.record_key is not None and self.digest is not None:
             pipe.set(self.record_key, f"{verdict} {state}", ex=ttl_s)
+            pipe.sadd(keys.cancel_records_key(self.job_id), self.digest)
+            pipe.expire(keys.cancel_records_key(self.job_id), ttl_s)
 
 
 def idempotency_digest(key: str, tenant: str) -> str:
@@ -228,7 +238,9 @@ def _cancel_watched(
     # outside the transaction, at once: a worker popping the job from now on reads it first
     connection.set(keys.cancel_key(job.id), mine.token, ex=flag_ttl_s)
     if state not in WAITING_STATES:  # started (or a state RQ adds later): the worker stops it
-        mine.record(connection, "stopping", state, flag_ttl_s)
+        with connection.pipeline() as keep:  # the verdict and its index's TTL together
+            mine.record(keep, "stopping", state, flag_ttl_s)
+            keep.execute()
         return CancelOutcome(job.id, "stopping", state), False
     mine.waited = state
     pipe.multi()

@@ -11,11 +11,12 @@ caller's `output_key` only when `output_key=True` asks for it, each only while i
 job's or document's (`Storage.job_of`, `Storage.document_of`: a key a later job reused holds
 that job's audio), in what its tenant owns (`owns_key`, keys derived as the workers derive them
 for a document). Then Redis: the job's hash (its text, result and failure), its registries'
-entries, its audio stream, its audio record, its idempotency key; a document's plan, its
-segment jobs, its assembly job, result, records and idempotency key; every copy of its webhook
-events (producer/webhooks/forget.py: not delivered after the erasure). What stays until its own
-retention holds ids only, never text or audio: the operator page's indexes and the submitted
-set (an erasure makes no event). Erasing again answers
+entries, its audio stream, its audio record, its idempotency key, its keyed cancels'
+verdicts (`cancel_records`); a document's plan, its segment jobs, its assembly job, result,
+records and idempotency key; every copy of its webhook events (producer/webhooks/forget.py:
+not delivered after the erasure). What stays until its own retention holds ids only, never
+text or audio: the operator page's indexes and the submitted set (an erasure makes no
+event). Erasing again answers
 as for an id never made (JobNotFoundError, DocumentNotFoundError): nothing of it is left.
 """
 
@@ -110,15 +111,31 @@ def erase_job(
     memory_s = int(client.settings.webhook_event_memory_hours * 3600)
     runs = run if isinstance(run, int) else 1
     forget_job_events(client.connection, job_id, tenant_of_job(job) or "", runs, memory_s)
+    cancels = cancel_records(client.connection, [job_id])
     with client.connection.pipeline() as pipe:
         if isinstance(idem, str):
             _drop_if_names(client, keys.idempotency_key(idem, tenant), job_id)
         job.delete(pipeline=pipe, remove_from_queue=True)
-        pipe.delete(keys.audio_stream_key(job_id), keys.CANCEL_PREFIX + job_id)
+        pipe.delete(keys.audio_stream_key(job_id), keys.CANCEL_PREFIX + job_id, *cancels)
         pipe.hdel(keys.AUDIO_RECORDS, job_id)
         pipe.zrem(keys.AUDIO_DUE, job_id)
         pipe.execute()
     return erasure
+
+
+def cancel_records(connection: redis.Redis, job_ids: list[str]) -> list[str]:
+    """The verdicts of the jobs' keyed cancels (kept for their retries: the job's id and how
+    it was canceled) and the indexes that name them (`keys.cancel_records_key`)."""
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.smembers(keys.cancel_records_key(job_id))
+        found = pipe.execute()
+    names = [keys.cancel_records_key(job_id) for job_id in job_ids]
+    for job_id, digests in zip(job_ids, found, strict=True):
+        for digest in digests:
+            text = digest.decode() if isinstance(digest, bytes) else str(digest)
+            names.append(keys.cancel_idempotency_key(job_id, text))
+    return names
 
 
 def _owned_job(client: CosyqClient, job_id: str, any_tenant: bool) -> Job:
@@ -223,12 +240,16 @@ def _forget_document(client: CosyqClient, document_id: str, plan: state.Document
         tenant = plan.tenant or DEFAULT_TENANT
         _drop_if_names(client, state.idempotency_key(plan.idempotency_key, tenant), document_id)
     jobs = []
-    for job_id in [*job_ids, *([assembly] if assembly else [])]:
+    every_id = [*job_ids, *([assembly] if assembly else [])]
+    for job_id in every_id:
         try:
             jobs.append(client.tracker.fetch(job_id))
         except JobNotFoundError:
             continue  # expired already
+    cancels = cancel_records(connection, every_id)
     with connection.pipeline() as pipe:
+        if cancels:
+            pipe.delete(*cancels)
         for job in jobs:
             job.delete(pipeline=pipe, remove_from_queue=True)
             pipe.delete(keys.audio_stream_key(job.id), keys.CANCEL_PREFIX + job.id)

@@ -46,6 +46,8 @@ WORKER_STATS_PREFIX = PREFIX + "worker-stats:"  # + worker name -> hash of the w
 WORKER_STATES = ("starting", "loading", "idle", "busy", "retiring", "stopping")  # its "state"
 START_FAILURE_PREFIX = PREFIX + "start-failure:"  # + host:slot -> why workers there cannot start
 CANCEL_PREFIX = PREFIX + "cancel:"  # + job id -> the cancel's token (result TTL): stop it
+# + job id -> set of the digests of its keyed cancels (result TTL): what an erasure deletes
+CANCEL_RECORDS_PREFIX = PREFIX + "cancel-records:"
 # the job hash's field naming the cancel (its token) a canceled job is told to: the one whose
 # flag the worker read, or whose own transaction canceled it (producer/cancel.py)
 CANCELED_BY_FIELD = "cosyq_canceled_by"
@@ -163,6 +165,12 @@ def job_heartbeat_key(job_id: str) -> str:
 def cancel_key(job_id: str) -> str:
     """The flag a running job's worker checks at each piece or LLM step (shared/cancels)."""
     return CANCEL_PREFIX + job_id
+
+
+def cancel_records_key(job_id: str) -> str:
+    """The digests of `job_id`'s keyed cancels (`cancel_idempotency_key`): an erasure finds
+    their verdicts here, as it cannot make a caller's key from the job."""
+    return CANCEL_RECORDS_PREFIX + job_id
 
 
 def audio_stream_key(job_id: str) -> str:

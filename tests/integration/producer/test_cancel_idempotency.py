@@ -61,6 +61,8 @@ def test_a_keyed_cancel_of_a_scheduled_job_answers_its_retries_alike(
     beta = idempotency_digest("stop-order-7", "beta")  # the same words, another tenant's key
     assert cancel(connection, settings, job.id, beta) == "already_canceled canceled"
     assert connection.ttl(keys.cancel_idempotency_key(job.id, KEY)) in range(1, 61)
+    assert connection.smembers(keys.cancel_records_key(job.id)) == {KEY.encode()}  # erasure's
+    assert connection.ttl(keys.cancel_records_key(job.id)) in range(1, 61)
 
 
 def test_a_keyed_cancel_told_stopping_is_told_so_again_after_the_worker_stopped_it(

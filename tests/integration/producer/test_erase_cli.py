@@ -1,6 +1,7 @@
-"""`cosyq erase` with real Redis and no worker: a queued job or document is canceled and erased
-at once (nothing of it left in Redis), a second erasure exits 4 as for an unknown id, a bad id
-exits 2 before anything is erased."""
+"""`cosyq erase` with real Redis and no worker: a queued job or document (canceled with an
+idempotency key, or not yet) is canceled and erased at once (nothing of it left in Redis, its
+keyed cancels' answers neither), a second erasure exits 4 as for an unknown id, a bad id exits
+2 before anything is erased."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def test_cosyq_erase_forgets_queued_jobs_and_documents(
     with CosyqClient(client_settings(cluster, monkeypatch)) as client:
         job_id = client.submit({"text": "Erasable queued words.", "idempotency_key": "k-1"})
         document_id = client.submit_document({"text": "Erasable document words."})
+        # canceled with a key first: its answers kept for a retry go with the erasure
+        assert client.cancel(job_id, idempotency_key="stop-1").verdict == "canceled"
+        assert client.cancel_document(document_id, idempotency_key="stop-2")
         assert main(["erase", job_id]) == 0
         assert json.loads(capsys.readouterr().out) == {
             "id": job_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,15 +73,20 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
+    with started_rig(tmp_path, RETENTION_S) as made:
+        yield made
+
+
+@contextmanager
+def started_rig(tmp_path: Path, retention_s: int | None) -> Iterator[Rig]:
+    """The front, its dispatcher, a pool of one and a webhook receiver; `retention_s`: the
+    results', failures' and idempotency keys' (None: their defaults, a day)."""
     server = RedisServer(tmp_path / "redis")
     server.start()
     with webhook_receiver() as receiver:
         settings = {
             "COSYQ_API_KEYS": f"alpha:{ALPHA},beta:{BETA}",
             "COSYQ_TENANTS": "alpha,beta",
-            "COSYQ_RESULT_TTL_S": str(RETENTION_S),
-            "COSYQ_FAILURE_TTL_S": str(RETENTION_S),
-            "COSYQ_IDEMPOTENCY_TTL_S": str(RETENTION_S),
             "COSYQ_TENANT_REQUESTS_PER_MINUTE": "1000",
             "COSYQ_WEBHOOK_SECRET": SECRET,
             "COSYQ_WEBHOOK_ALLOWED_URLS": receiver.url,
@@ -88,6 +94,9 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
             "COSYQ_WEBHOOK_POLL_S": "0.1",
             "COSYQ_DOCUMENT_SEGMENT_CHARS": "200",
         }
+        if retention_s is not None:
+            for name in ("RESULT_TTL_S", "FAILURE_TTL_S", "IDEMPOTENCY_TTL_S"):
+                settings["COSYQ_" + name] = str(retention_s)
         front = start_front(
             tmp_path / "front", server.url, **settings, COSYQ_WEBHOOK_DISPATCH_IN_SERVE="1"
         )
