@@ -32,6 +32,7 @@ from shared.errors import (
     JobNotFoundError,
     QueueFullError,
     StillRunningError,
+    StorageError,
     TenantQuotaError,
     TransientError,
     UnknownVoiceError,
@@ -258,8 +259,20 @@ def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
 
 async def erased(erase: Callable[[], Erasure]) -> Erasure:
     """Run an erasure off the event loop; its StillRunningError as 409 `still_running` with
-    Retry-After (erase again once it has stopped: nothing was erased)."""
+    Retry-After (erase again once it has stopped: nothing was erased). A storage that refuses
+    a delete for good (its credentials may not delete) is 503 naming the object: the erasure
+    stopped there, before Redis, so the caller erases again once the operator lets it delete
+    (a StorageError reached no handler of its own and the caller's connection was reset)."""
     try:
         return await run_in_threadpool(erase)
     except StillRunningError as e:
         raise ApiError(409, str(e), code="still_running", headers={"Retry-After": "1"}) from e
+    except StorageError as e:
+        raise ApiError(
+            503,
+            f"the storage refused the erasure, nothing of it in Redis erased (erase it again "
+            f"once this front may delete there): {e}",
+            type_=SERVER_ERROR,
+            code="storage_refused",
+            headers={"Retry-After": "60"},
+        ) from e
