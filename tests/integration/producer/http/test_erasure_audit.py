@@ -78,11 +78,12 @@ def stored_traces(root: Path, ids: list[str], marks: list[str]) -> list[str]:
     return found
 
 
-def _webhooks_spent(connection: redis.Redis) -> bool:
-    """Every event's kept body has given way to its `sent` marker (a body still waiting for
-    its delivery is the job's status: its metadata, until sent)."""
+def _webhooks_spent(connection: redis.Redis, events: int) -> bool:
+    """The `events` kept bodies have given way to their `sent` markers (a body still waiting
+    for its delivery is the job's status: its metadata, until sent)."""
     kept = [connection.get(k) for k in connection.scan_iter("cosyq:webhooks:body:*")]
-    return bool(kept) and all(json.loads(v or b"{}").get("sent") is True for v in kept)
+    sent = [v for v in kept if json.loads(v or b"{}").get("sent") is True]
+    return len(sent) == len(kept) == events
 
 
 def _beta_view(http: httpx.Client, root: Path, jobs: list[str], document: str) -> dict:
@@ -127,7 +128,15 @@ def test_an_erasure_leaves_nothing_of_alphas_items_and_beta_as_it_was(rig: Rig) 
         stop = alpha.delete(f"/v1/jobs/{canceled}", headers={"Idempotency-Key": "alpha-stop"})
         assert stop.status_code == 200 and stop.json()["result"] in ("canceled", "stopping")
         assert _ended(alpha, f"/v1/jobs/{canceled}")["state"] == "canceled"
-        wait_for(lambda: _webhooks_spent(rig.connection), 30, "the webhooks delivered")
+        # job.finished of alpha's hooked job and of beta's
+        wait_for(lambda: _webhooks_spent(rig.connection, 2), 30, "the webhooks delivered")
+        # the assembler deletes a document's segments after it publishes the result
+        segments = [f"/{d}/segments/" for d in (document_id, beta_document)]
+        wait_for(
+            lambda: not any(p in n for p in segments for n in stored_files(root)),
+            30,
+            "the documents' segments deleted",
+        )
         ids = [finished, hooked, canceled, document_id]
         assert stored_traces(root, ids, marks), "alpha's files are there before the erasure"
         before = _beta_view(beta, root, theirs, beta_document)
