@@ -45,14 +45,18 @@ class HeldPipeline(ScriptedPipeline):
 def test_a_crashed_loop_settles_the_jobs_still_in_preparation_and_refuses_new_work() -> None:
     engine = BatchingScriptedEngine()
     pipeline = HeldPipeline(engine)
-    # its first step waits until a job is held in preparation, then the device is lost
-    decoder = CrashingDecoder(4, 0.0, crash_at=1, stepping=threading.Event(), go=pipeline.preparing)
+    # its first step waits until a job is held in preparation and another queued behind it
+    # (`crash`, set by the test once both are in), then the device is lost
+    crash = threading.Event()
+    decoder = CrashingDecoder(4, 0.0, crash_at=1, stepping=threading.Event(), go=crash)
     session = PipelineBatchSession(pipeline, decoder, 4)
     try:
         decoding = session.submit(request("On a row.", 1))
         assert decoder.stepping.wait(WAIT_S)  # its row is in the step that will fail
-        held = session.submit(request(HELD, 2))  # its front end is running
+        held = session.submit(request(HELD, 2))
+        assert pipeline.preparing.wait(WAIT_S)  # its front end is running
         behind = session.submit(request("Queued behind it.", 3))
+        crash.set()
         assert isinstance(decoding.exception(WAIT_S), DeviceLost)  # the loop has failed
         pipeline.release.set()  # the held front end ends after the crash
         for future in (held, behind):
