@@ -48,6 +48,12 @@ def own_redis(tmp_path: Path, batch_size: int) -> Iterator[tuple[LocalRedis, Clu
         server.stop()
 
 
+def at_its_dequeue(url: str) -> bool:
+    """Whether a worker registered on this Redis is idle (its dequeue has begun)."""
+    with redis.Redis.from_url(url) as probe:
+        return any(probe.hget(key, "state") == b"idle" for key in probe.smembers("rq:workers"))
+
+
 def assert_waiting_in_order(connection: redis.Redis, jobs: list[Job]) -> None:
     """Every job queued, never started, in this order at the head of its queue; no leftovers."""
     queued = [entry.decode() for entry in connection.lrange(DEFAULT_QUEUE_KEY, 0, -1)]
@@ -133,6 +139,10 @@ def test_sigterm_during_a_redis_outage_lets_an_idle_worker_leave(
     with own_redis(tmp_path, worker_batch_size) as (server, cluster):
         worker = cluster.start("run", log_name="w.log")
         wait_for(lambda: named(cluster.events("w.log"), "worker_ready"), 60, "ready")
+        # RQ's bootstrap writes to Redis after the worker said ready (registration, its state):
+        # an outage met there is waited out there. The dequeue marks the worker idle just
+        # before its pop: from then on its next Redis call is the pop.
+        wait_for(lambda: at_its_dequeue(server.url), 60, "the worker at its dequeue")
         server.stop()
         wait_for(lambda: named(cluster.events("w.log"), "dequeue_failed"), 30, "the outage seen")
         stopped_at = time.monotonic()
