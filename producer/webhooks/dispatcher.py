@@ -316,8 +316,6 @@ def job_body(tracker: JobTracker, event: WebhookEvent, memory_s: int) -> str | N
     EventUnsendable when the job is still in Redis but does not belong to the event's tenant (a
     job without a tenant belongs to nobody), or is gone and no body was kept for that tenant:
     no status leaves for that URL but its own tenant's."""
-    if was_erased(tracker.connection, event.webhook_id):
-        raise EventErased(event.webhook_id)
     if was_sent(tracker.connection, event):  # taken over from a dispatcher that booked it
         raise EventSuperseded(f"{event.event} was delivered already")
     kept = kept_body(tracker.connection, event)
