@@ -6,22 +6,36 @@ keyed cancels' answers neither), a second erasure exits 4 as for an unknown id, 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from producer import CosyqClient
 from producer.cli import main
+from tests.conftest import RedisServer
 from tests.doubles.harness import Cluster, client_settings
 
 
+@pytest.fixture
+def own_redis_url(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of the test's own: the session's is shared with other files' tests, one
+    of whose workers took the 'queued' job (the cancel said stopping) in a clean-clone run."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 def test_cosyq_erase_forgets_queued_jobs_and_documents(
-    redis_url: str,
+    own_redis_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    cluster = Cluster(redis_url=redis_url, root=tmp_path)
+    cluster = Cluster(redis_url=own_redis_url, root=tmp_path)
     with CosyqClient(client_settings(cluster, monkeypatch)) as client:
         job_id = client.submit({"text": "Erasable queued words.", "idempotency_key": "k-1"})
         document_id = client.submit_document({"text": "Erasable document words."})
@@ -49,7 +63,7 @@ def test_cosyq_erase_forgets_queued_jobs_and_documents(
 
 
 def test_cosyq_erase_erases_any_tenants_job_as_an_operator(
-    redis_url: str,
+    own_redis_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -57,7 +71,7 @@ def test_cosyq_erase_erases_any_tenants_job_as_an_operator(
     """The CLI holds Redis and is trusted as an operator (as `cosyq cancel`): a support desk
     erasing a tenant's job on its behalf must not be told there is no such job."""
     monkeypatch.setenv("COSYQ_TENANTS", "billing")
-    cluster = Cluster(redis_url=redis_url, root=tmp_path)
+    cluster = Cluster(redis_url=own_redis_url, root=tmp_path)
     settings = client_settings(cluster, monkeypatch)
     with CosyqClient(settings, tenant="billing") as billing:
         job_id = billing.submit({"text": "Erasable billing words."})
